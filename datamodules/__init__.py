@@ -1,0 +1,9 @@
+"""Data: raw rows (hub, local files, built-in) -> tokenized, dynamically padded batches.
+
+The batch contract shared by every task is documented in ``datamodules/text.py`` and the README.
+"""
+
+from datamodules.text import LengthBucketBatchSampler, TextDataModule
+from datamodules.text_classification import TextClassificationData
+
+__all__ = ["LengthBucketBatchSampler", "TextClassificationData", "TextDataModule"]

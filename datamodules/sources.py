@@ -1,0 +1,71 @@
+"""Where rows come from: a Hugging Face hub dataset, local files, or a dataset built into Trunk."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import datasets
+
+from datamodules import builtin
+
+# File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
+# because corpora such as SST-2 contain bare quote characters inside unquoted fields.
+FILE_FORMATS = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+BUILTIN_PREFIX = "trunk:"
+
+
+def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str) -> datasets.Dataset:
+    """Load one split.
+
+    ``dataset`` None: ``split`` is a local file path. ``dataset`` ``trunk:<name>``: a built-in dataset
+    (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
+    dataset directory) and ``split`` a split name such as ``train`` or ``validation[:50%]``.
+    ``role`` names the option for error messages (e.g. ``data.train``).
+    """
+    if dataset is None:
+        return _load_file(split, role)
+    if dataset.startswith(BUILTIN_PREFIX):
+        return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
+    try:
+        return datasets.load_dataset(dataset, dataset_config, split=split)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise ValueError(
+            f"Could not load split '{split}' ({role}) of dataset '{dataset}'"
+            f"{f' (config {dataset_config!r})' if dataset_config else ''}: {err}\n"
+            "Check the dataset name, data.dataset_config and the split name; hub datasets need network "
+            "access (or a filled Hugging Face cache). For local files, leave data.dataset unset and give paths."
+        ) from err
+
+
+def _load_file(path_str: str, role: str) -> datasets.Dataset:
+    path = Path(path_str).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{role}: file '{path_str}' does not exist. Give the path to a local "
+            f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
+        )
+    if path.suffix == ".gz":
+        suffix = Path(path.stem).suffix
+    else:
+        suffix = path.suffix
+    if suffix not in FILE_FORMATS:
+        raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
+    builder, options = FILE_FORMATS[suffix]
+    return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
+
+
+def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str) -> None:
+    """Fail early, naming the option to change, when a configured column is missing."""
+    for option, column in columns.items():
+        if column is not None and column not in ds.column_names:
+            raise KeyError(
+                f"{role} has no column '{column}' (set by data.{option}). Its columns are {ds.column_names}: "
+                f"set data.{option} to one of them."
+            )

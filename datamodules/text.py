@@ -1,0 +1,227 @@
+"""The shared base of text datamodules: splits, the tokenizer, dynamic padding, length bucketing.
+
+Batch contract (every task reads these keys; see README "Batches"):
+    input_ids       (B, T) long   token ids, padded with the tokenizer's [PAD] id (0) to the batch's longest
+    attention_mask  (B, T) long   1 at real tokens, 0 at padding
+    labels          task-specific: (B,) class ids, or (B, T) with -100 where no loss is taken
+    text            list[str]     the raw inputs (kept for predictions)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import datasets
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from tokenizers import Tokenizer
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
+
+from datamodules.sources import load_split
+from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
+
+ROLES = ("train", "validation", "test", "predict")
+STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
+
+
+def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    """Right-pad to the longest sequence: (B, T_max)."""
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), value, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out
+
+
+class LengthBucketBatchSampler(BatchSampler):
+    """Batches of similar length: less padding, so fewer wasted FLOPs.
+
+    Draws ``pool_batches * batch_size`` indices from ``sampler`` (random, or Lightning's distributed
+    sampler under DDP), sorts that pool by length, cuts it into batches and shuffles their order.
+    """
+
+    def __init__(self, sampler: Sampler, batch_size: int, drop_last: bool, lengths: Sequence[int], pool_batches: int = 50) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = lengths
+        self.pool_batches = pool_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        pool: list[int] = []
+        for index in self.sampler:
+            pool.append(index)
+            if len(pool) == self.pool_batches * self.batch_size:
+                yield from self._batches(pool)
+                pool = []
+        if pool:
+            yield from self._batches(pool)
+
+    def _batches(self, pool: list[int]) -> Iterator[list[int]]:
+        pool.sort(key=lambda i: self.lengths[i])
+        batches = [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
+        if self.drop_last and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        random.shuffle(batches)
+        yield from batches
+
+
+class TextDataModule(L.LightningDataModule):
+    """Loads splits (hub, local files or built-in), provides the tokenizer and the dataloaders.
+
+    Subclasses implement ``encode(ds, role) -> list[dict]`` (one dict of python values per example)
+    and ``collate(examples) -> batch``.
+
+    Args:
+        dataset: a hub dataset name (``glue``), a local dataset directory, ``trunk:sentiment`` for
+            the built-in data, or unset: then ``train`` / ``validation`` / ... are file paths.
+        dataset_config: the hub dataset's configuration (``sst2`` for ``glue``).
+        train, validation, test, predict: split names when ``dataset`` is set, else file paths
+            (csv, tsv, json, jsonl, parquet). Unset splits are skipped.
+        tokenizer: a ``tokenizer.json``, a directory holding one, or a Trunk ``.ckpt``; unset:
+            train a WordPiece tokenizer on the training split.
+        tokenizer_vocab_size: vocabulary size when training the tokenizer.
+        lowercase: lowercase text when training the tokenizer.
+        max_length: longer inputs are truncated (with one warning per split).
+        batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
+        bucket_by_length: batch training examples of similar length together.
+        num_workers: dataloader worker processes.
+    """
+
+    def __init__(
+        self,
+        dataset: str | None = None,
+        dataset_config: str | None = None,
+        train: str | None = None,
+        validation: str | None = None,
+        test: str | None = None,
+        predict: str | None = None,
+        tokenizer: str | None = None,
+        tokenizer_vocab_size: int = 8192,
+        lowercase: bool = True,
+        max_length: int = 128,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        bucket_by_length: bool = False,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.dataset, self.dataset_config = dataset, dataset_config
+        self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
+        self.tokenizer_path = tokenizer
+        self.tokenizer_vocab_size = tokenizer_vocab_size
+        self.lowercase = lowercase
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or 2 * batch_size
+        self.bucket_by_length = bucket_by_length
+        self.num_workers = num_workers
+        self._raw: dict[str, datasets.Dataset] = {}
+        self._encoded: dict[str, list[dict]] = {}
+        self._tokenizer: Tokenizer | None = None
+
+    # -- splits ----------------------------------------------------------------------------------
+    def raw(self, role: str) -> datasets.Dataset:
+        """The rows of one split, loaded once and checked for emptiness."""
+        if role not in self._raw:
+            spec = self.split_specs[role]
+            if spec is None:
+                raise ValueError(f"No {role} split is configured: set data.{role} (a file path, or a split name with data.dataset).")
+            ds = load_split(self.dataset, self.dataset_config, spec, f"data.{role}")
+            if len(ds) == 0:
+                raise ValueError(f"data.{role} ('{spec}') is empty: it has no rows. Point data.{role} at a split with data.")
+            self.check(ds, role)
+            self._raw[role] = ds
+        return self._raw[role]
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
+
+    def texts_for_tokenizer(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    # -- tokenizer -------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            if self.tokenizer_path is not None:
+                self._tokenizer = load_tokenizer(self.tokenizer_path)
+            else:
+                self._tokenizer = train_wordpiece(self.texts_for_tokenizer(), self.tokenizer_vocab_size, self.lowercase)
+                rank_zero_info(f"Trained a WordPiece tokenizer on data.train: {self._tokenizer.get_vocab_size()} tokens.")
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.token_to_id(PAD)
+
+    def tokenize(self, texts: list, role: str) -> list[list[int]]:
+        """Encode texts (str, or (str, str) pairs) to ids, truncating to max_length with one warning."""
+        tokenizer = self.tokenizer
+        tokenizer.enable_truncation(self.max_length)
+        encodings = tokenizer.encode_batch(texts)
+        truncated = sum(1 for e in encodings if e.overflowing)
+        if truncated:
+            rank_zero_warn(
+                f"{truncated} of {len(texts)} examples in data.{role} are longer than max_length={self.max_length} "
+                "tokens and were truncated. Raise data.max_length to keep them whole."
+            )
+        return [e.ids for e in encodings]
+
+    # -- Lightning hooks -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        for role in STAGE_ROLES[stage]:
+            if role == "validation" and self.split_specs[role] is None:
+                continue  # training without validation is allowed
+            if role not in self._encoded:
+                self._encoded[role] = self.encode(self.raw(role), role)
+        if stage == "fit" and self.trainer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
+            # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
+            Path(self.trainer.log_dir).mkdir(parents=True, exist_ok=True)
+            self.tokenizer.save(str(Path(self.trainer.log_dir) / "tokenizer.json"))
+
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        raise NotImplementedError
+
+    def collate(self, examples: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def _loader(self, role: str, train: bool = False) -> DataLoader:
+        examples = self._encoded[role]
+        size = self.batch_size if train else self.eval_batch_size
+        sampler = RandomSampler(examples) if train else SequentialSampler(examples)
+        if train and self.bucket_by_length:
+            batches = LengthBucketBatchSampler(sampler, size, False, [len(e["input_ids"]) for e in examples])
+        else:
+            batches = BatchSampler(sampler, size, drop_last=False)
+        return DataLoader(examples, batch_sampler=batches, collate_fn=self.collate, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._loader("validation") if "validation" in self._encoded else []
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+    # -- checkpoints: the tokenizer travels inside every Lightning checkpoint ----------------------
+    def state_dict(self) -> dict:
+        return {"tokenizer_json": self.tokenizer.to_str()}
+
+    def load_state_dict(self, state: dict) -> None:
+        restored = Tokenizer.from_str(state["tokenizer_json"])
+        if self._tokenizer is not None and restored.get_vocab() != self._tokenizer.get_vocab():
+            raise ValueError(
+                "The checkpoint's tokenizer differs from the one this datamodule built. Set data.tokenizer to "
+                "the checkpoint path so that the same tokenizer is used."
+            )
+        self._tokenizer = restored

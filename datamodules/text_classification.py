@@ -1,0 +1,101 @@
+"""Text (or text-pair) classification data: one label per example."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import datasets
+
+from datamodules.sources import check_columns
+from datamodules.text import TextDataModule, pad
+
+
+class TextClassificationData(TextDataModule):
+    """Rows with a text column (and optionally a second text column) and a label column.
+
+    Labels may be strings or integers. Label names come from the dataset's ``ClassLabel`` feature
+    when it has one, else from the sorted distinct labels of the training split; ``label_names``
+    fixes them (and their order) explicitly. The CLI links them, and the vocabulary size, into the model.
+
+    Args:
+        text_column: the column holding the text.
+        text_pair_column: a second text column for sentence-pair tasks (encoded as [CLS] a [SEP] b [SEP]).
+        label_column: the column holding the label (not needed in the predict split).
+        label_names: class names in id order; unset: taken from the data.
+        **kwargs: see ``TextDataModule`` (dataset, splits, tokenizer, batch size, ...).
+    """
+
+    def __init__(
+        self,
+        text_column: str = "text",
+        text_pair_column: str | None = None,
+        label_column: str = "label",
+        label_names: list[str] | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
+        self._label_names = list(label_names) if label_names is not None else None
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
+        if role != "predict":
+            columns["label_column"] = self.label_column
+        check_columns(ds, columns, f"data.{role}")
+
+    @property
+    def label_names(self) -> list[str]:
+        if self._label_names is None:
+            train = self.raw("train")
+            feature = train.features[self.label_column]
+            if isinstance(feature, datasets.ClassLabel):
+                self._label_names = list(feature.names)
+            else:
+                self._label_names = sorted({str(v) for v in train[self.label_column]}, key=_natural_key)
+        return self._label_names
+
+    def texts_for_tokenizer(self) -> Iterator[str]:
+        train = self.raw("train")
+        for column in (self.text_column, self.text_pair_column):
+            if column is not None:
+                yield from (t for t in train[column] if t)
+
+    def label_ids(self, ds: datasets.Dataset, role: str) -> list[int]:
+        feature = ds.features[self.label_column]
+        values = ds[self.label_column]
+        if isinstance(feature, datasets.ClassLabel):
+            if -1 in values:
+                raise ValueError(
+                    f"data.{role} has unlabelled rows (label -1, as in hub test splits whose labels are hidden). "
+                    "Evaluate on a labelled split, or use `trunk predict` for unlabelled data."
+                )
+            values = [feature.names[v] for v in values]
+        index = {name: i for i, name in enumerate(self.label_names)}
+        unknown = sorted({str(v) for v in values} - index.keys())
+        if unknown:
+            raise ValueError(
+                f"data.{role} has labels {unknown[:10]} that training never saw; the known labels are "
+                f"{self.label_names}. Fix the labels in data.{role}, or set data.label_names to the full label set."
+            )
+        return [index[str(v)] for v in values]
+
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        texts = ds[self.text_column]
+        if any(t is None for t in texts):
+            raise ValueError(f"data.{role}: column '{self.text_column}' has empty (null) cells; remove those rows.")
+        inputs = texts if self.text_pair_column is None else list(zip(texts, ds[self.text_pair_column]))
+        ids = self.tokenize(inputs, role)
+        labels = self.label_ids(ds, role) if role != "predict" else [None] * len(ids)
+        return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
+
+    def collate(self, examples: list[dict]) -> dict:
+        input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
+        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "text": [e["text"] for e in examples]}
+        if examples[0]["label"] is not None:
+            batch["labels"] = pad([[e["label"]] for e in examples], 0).squeeze(1)
+        return batch
+
+
+def _natural_key(label: str) -> tuple:
+    """Sort "2" before "10" when labels are numbers, else alphabetically."""
+    return (0, int(label), "") if label.lstrip("-").isdigit() else (1, 0, label)

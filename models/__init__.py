@@ -1,0 +1,19 @@
+"""Plain PyTorch models: no Lightning, no data, no files. Start reading at ``trunk.py``."""
+
+from models.heads import SequenceClassificationHead, pool
+from models.stems import TokenStem, sinusoidal_positions
+from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
+
+__all__ = [
+    "Attention",
+    "Backbone",
+    "Block",
+    "FeedForward",
+    "SequenceClassificationHead",
+    "TokenStem",
+    "Trunk",
+    "TrunkConfig",
+    "init_weights",
+    "pool",
+    "sinusoidal_positions",
+]

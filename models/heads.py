@@ -1,0 +1,36 @@
+"""Task heads: small modules that map trunk outputs (B, T, C) to task outputs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:
+    """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean over real (unpadded) tokens."""
+    if how == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+class SequenceClassificationHead(nn.Module):
+    """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier."""
+
+    def __init__(self, d_model: int, num_labels: int, pooling: Literal["cls", "mean"] = "cls", dropout: float = 0.1) -> None:
+        super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        self.pooling = pooling
+        self.dense = nn.Linear(d_model, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, num_labels)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, num_labels)."""
+        x = torch.tanh(self.dense(self.drop(pool(hidden, attention_mask, self.pooling))))
+        return self.classifier(self.drop(x))

@@ -1,0 +1,188 @@
+"""The trunk: a transformer encoder written from scratch.
+
+Read top to bottom: ``TrunkConfig`` -> ``Attention`` -> ``FeedForward`` -> ``Block`` -> ``Backbone``.
+A *stem* (see ``stems.py``) turns raw inputs into vectors, the ``Backbone`` mixes them, and a *head*
+(see ``heads.py``) turns them into task outputs. ``Trunk`` is stem + backbone: the part that is
+pretrained once and shared by every task.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class TrunkConfig:
+    """Architecture of the trunk. ``vocab_size`` and ``max_len`` size the text stem only."""
+
+    vocab_size: int = 8192
+    d_model: int = 256  # width
+    n_layers: int = 4  # depth
+    n_heads: int = 4
+    d_ff: int = 1024  # feed-forward width, usually 4 * d_model
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    max_len: int = 512
+    positions: Literal["learned", "sinusoidal"] = "learned"
+    norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "choose n_heads so that each head gets d_model / n_heads channels."
+            )
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+class Attention(nn.Module):
+    """Multi-head attention on ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
+
+    Self-attention when ``context`` is None, cross-attention on ``context`` otherwise; the same
+    weights layout serves both, so a decoder reuses this class unchanged.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """x: (B, T, C). key_padding_mask: (B, S) bool, True at real tokens. context: (B, S, C)."""
+        B, T, C = x.shape
+        source = x if context is None else context
+        S = source.shape[1]
+        q = self.q_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
+        k, v = self.kv_proj(source).view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+
+        mask = None
+        if key_padding_mask is not None:
+            mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        if causal:
+            # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
+            causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+            mask = causal_mask if mask is None else mask & causal_mask
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: expand, activate, project back."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff)
+        self.act = ACTIVATIONS[activation]()
+        self.drop = nn.Dropout(dropout)
+        self.fc_out = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.drop(self.act(self.fc_in(x))))
+
+
+class Block(nn.Module):
+    """One residual block: attention then feed-forward, each wrapped in LayerNorm + residual."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.norm_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
+        self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        if self.pre_norm:  # x + f(LN(x)): the residual stream is never normalised
+            x = x + self.drop(self.attn(self.norm_attn(x), key_padding_mask, causal=causal))
+            return x + self.drop(self.ff(self.norm_ff(x)))
+        x = self.norm_attn(x + self.drop(self.attn(x, key_padding_mask, causal=causal)))  # LN(x + f(x))
+        return self.norm_ff(x + self.drop(self.ff(x)))
+
+
+class Backbone(nn.Module):
+    """The encoder stack shared by every modality: (B, T, C) vectors in, (B, T, C) vectors out."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Pre-LN leaves the residual stream unnormalised, so it needs one LayerNorm at the very end.
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward: less memory for about a third more compute."""
+        self.grad_checkpointing = enable
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        for block in self.blocks:
+            if self.grad_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, key_padding_mask, causal, use_reentrant=False)
+            else:
+                x = block(x, key_padding_mask, causal)
+        return self.final_norm(x)
+
+
+class Trunk(nn.Module):
+    """Stem + backbone: the pretrained, shareable part of every model."""
+
+    def __init__(self, stem: nn.Module, backbone: Backbone) -> None:
+        super().__init__()
+        self.stem = stem
+        self.backbone = backbone
+
+    @property
+    def cfg(self) -> TrunkConfig:
+        return self.backbone.cfg
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C)."""
+        key_padding_mask = None if attention_mask is None else attention_mask.bool()
+        return self.backbone(self.stem(inputs), key_padding_mask)
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT/GPT initialisation: N(0, std) for matrices and embeddings, zero biases, unit LayerNorms."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * depth), so the
+    # stream's variance does not grow with depth.
+    n_layers = sum(isinstance(m, Block) for m in module.modules())
+    for name, p in module.named_parameters():
+        if name.endswith(("attn.out_proj.weight", "ff.fc_out.weight")):
+            nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * max(n_layers, 1)))

@@ -1,0 +1,66 @@
+"""Sequence classification: one label per text (or text pair), from a pooled trunk vector."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from models import SequenceClassificationHead, TrunkConfig, init_weights
+from tasks.base import OptimConfig, TrunkTask
+
+
+class SequenceClassification(TrunkTask):
+    """Classify a sequence from its [CLS] vector or the mean of its token vectors.
+
+    Args:
+        label_names: class names in label-id order; linked from the datamodule by the CLI.
+        trunk: architecture of the trunk (``vocab_size`` and ``max_len`` are linked from the data).
+        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        head_dropout: dropout inside the classification head.
+        optimizer: learning rate, weight decay and schedule.
+    """
+
+    def __init__(
+        self,
+        label_names: list[str],
+        trunk: TrunkConfig = TrunkConfig(),
+        pooling: Literal["cls", "mean"] = "cls",
+        head_dropout: float = 0.1,
+        optimizer: OptimConfig = OptimConfig(),
+    ) -> None:
+        if len(label_names) < 2:
+            raise ValueError(f"Classification needs at least 2 labels, got {label_names!r}.")
+        self.label_names = list(label_names)
+        super().__init__(trunk, optimizer)
+        self.save_hyperparameters()
+        self.head = SequenceClassificationHead(trunk.d_model, len(label_names), pooling, head_dropout)
+        init_weights(self.head, trunk.init_std)
+
+    def make_metrics(self) -> MetricCollection:
+        n = len(self.label_names)
+        return MetricCollection({"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")})
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, num_labels) logits."""
+        return self.head(self.trunk(input_ids, attention_mask), attention_mask)
+
+    def step(self, batch: dict, stage: str) -> torch.Tensor:
+        logits = self(batch["input_ids"], batch["attention_mask"])
+        loss = F.cross_entropy(logits.float(), batch["labels"])
+        self.metrics(stage).update(logits.argmax(-1), batch["labels"])
+        return loss
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+        probs = self(batch["input_ids"], batch["attention_mask"]).float().softmax(-1)
+        records = []
+        for i, row in enumerate(probs.tolist()):
+            best = max(range(len(row)), key=row.__getitem__)
+            record = {"label": self.label_names[best], "probs": dict(zip(self.label_names, row))}
+            if "text" in batch:
+                record = {"text": batch["text"][i], **record}
+            records.append(record)
+        return records
