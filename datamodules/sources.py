@@ -58,7 +58,16 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
     if suffix not in FILE_FORMATS:
         raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
     builder, options = FILE_FORMATS[suffix]
-    return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
+    try:
+        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
+    except ValueError as err:
+        if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
+            raise empty_split_error(role, path_str) from None
+        raise ValueError(f"{role}: could not read '{path}' as {suffix[1:]}: {err}") from err
+
+
+def empty_split_error(role: str, spec: str) -> ValueError:
+    return ValueError(f"{role} ('{spec}') is empty: it has no rows. Point {role} at a split with data.")
 
 
 def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str) -> None:

@@ -9,6 +9,9 @@ Batch contract (every task reads these keys; see README "Batches"):
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,8 +23,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from datamodules.sources import load_split
+from datamodules.sources import empty_split_error, load_split
 from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
+
+
+
+def cache_dir() -> Path:
+    """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
+    return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
+
 
 ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
@@ -129,7 +139,7 @@ class TextDataModule(L.LightningDataModule):
                 raise ValueError(f"No {role} split is configured: set data.{role} (a file path, or a split name with data.dataset).")
             ds = load_split(self.dataset, self.dataset_config, spec, f"data.{role}")
             if len(ds) == 0:
-                raise ValueError(f"data.{role} ('{spec}') is empty: it has no rows. Point data.{role} at a split with data.")
+                raise empty_split_error(f"data.{role}", spec)
             self.check(ds, role)
             self._raw[role] = ds
         return self._raw[role]
@@ -144,12 +154,37 @@ class TextDataModule(L.LightningDataModule):
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            if self.tokenizer_path is not None:
-                self._tokenizer = load_tokenizer(self.tokenizer_path)
-            else:
-                self._tokenizer = train_wordpiece(self.texts_for_tokenizer(), self.tokenizer_vocab_size, self.lowercase)
-                rank_zero_info(f"Trained a WordPiece tokenizer on data.train: {self._tokenizer.get_vocab_size()} tokens.")
+            self._tokenizer = load_tokenizer(self.tokenizer_path) if self.tokenizer_path else self._cached_trained_tokenizer()
         return self._tokenizer
+
+    def _cached_trained_tokenizer(self) -> Tokenizer:
+        """Train on data.train once per (data, options) and cache the result.
+
+        WordPiece training is not deterministic across processes (hash-order tie breaks), so every
+        DDP rank must read the same file rather than train its own: the launching process trains
+        and caches before the other ranks start.
+        """
+        train_spec = self.split_specs["train"]
+        if train_spec is None:
+            raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json or trunk checkpoint), or data.train to train one.")
+        source = Path(train_spec) if self.dataset is None else None
+        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config, train_spec, self.tokenizer_columns(),
+                          self.tokenizer_vocab_size, self.lowercase,
+                          [source.stat().st_size, source.stat().st_mtime_ns] if source and source.is_file() else None])
+        path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+        if path.is_file():
+            return load_tokenizer(path)
+        tokenizer = train_wordpiece(self.texts_for_tokenizer(), self.tokenizer_vocab_size, self.lowercase)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tokenizer.save(str(tmp))
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+        rank_zero_info(f"Trained a WordPiece tokenizer on data.train ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
+        return tokenizer
+
+    def tokenizer_columns(self) -> list:
+        """The columns whose text trains the tokenizer (part of the tokenizer cache key)."""
+        raise NotImplementedError
 
     @property
     def vocab_size(self) -> int:

@@ -13,7 +13,8 @@ from datamodules.text import TextDataModule, pad
 class TextClassificationData(TextDataModule):
     """Rows with a text column (and optionally a second text column) and a label column.
 
-    Labels may be strings or integers. Label names come from the dataset's ``ClassLabel`` feature
+    Labels may be strings or integers. Integer labels with word ``label_names`` (0/1 with
+    negative/positive) are positions in ``label_names``; otherwise labels match names as text. Label names come from the dataset's ``ClassLabel`` feature
     when it has one, else from the sorted distinct labels of the training split; ``label_names``
     fixes them (and their order) explicitly. The CLI links them, and the vocabulary size, into the model.
 
@@ -54,11 +55,13 @@ class TextClassificationData(TextDataModule):
                 self._label_names = sorted({str(v) for v in train[self.label_column]}, key=_natural_key)
         return self._label_names
 
+    def tokenizer_columns(self) -> list:
+        return [c for c in (self.text_column, self.text_pair_column) if c is not None]
+
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
-        for column in (self.text_column, self.text_pair_column):
-            if column is not None:
-                yield from (t for t in train[column] if t)
+        for column in self.tokenizer_columns():
+            yield from (t for t in train[column] if t)
 
     def label_ids(self, ds: datasets.Dataset, role: str) -> list[int]:
         feature = ds.features[self.label_column]
@@ -71,6 +74,8 @@ class TextClassificationData(TextDataModule):
                 )
             values = [feature.names[v] for v in values]
         index = {name: i for i, name in enumerate(self.label_names)}
+        if _names_by_position(values, self.label_names):
+            values = [self.label_names[v] if 0 <= v < len(self.label_names) else v for v in values]
         unknown = sorted({str(v) for v in values} - index.keys())
         if unknown:
             raise ValueError(
@@ -94,6 +99,11 @@ class TextClassificationData(TextDataModule):
         if examples[0]["label"] is not None:
             batch["labels"] = pad([[e["label"]] for e in examples], 0).squeeze(1)
         return batch
+
+
+def _names_by_position(values: list, label_names: list[str]) -> bool:
+    """Integer labels with word names (0/1 with negative/positive): label i means label_names[i]."""
+    return bool(values) and isinstance(values[0], int) and not any(n.lstrip("-").isdigit() for n in label_names)
 
 
 def _natural_key(label: str) -> tuple:

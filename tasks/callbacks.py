@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import lightning as L
+import yaml
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import SaveConfigCallback
 
@@ -45,6 +46,7 @@ class LogConfigCallback(SaveConfigCallback):
     """Save config.yaml in the log directory (Lightning's default) and log the resolved config to every logger."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        config = self.config.as_dict()
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # plain types only
+        config.pop("config", None)  # the paths of the YAML files themselves
         for logger in trainer.loggers:
             logger.log_hyperparams({"config": config})

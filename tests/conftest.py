@@ -1,0 +1,84 @@
+"""Test isolation: no network, no W&B account, caches in temporary directories."""
+
+import os
+import tempfile
+
+_TMP = tempfile.mkdtemp(prefix="trunk-tests-")
+# Set before datasets / wandb are imported anywhere: both read these at import time.
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    HF_DATASETS_CACHE=os.path.join(_TMP, "hf-datasets"),
+    WANDB_MODE="offline",
+    WANDB_DIR=os.path.join(_TMP, "wandb"),
+    WANDB_CACHE_DIR=os.path.join(_TMP, "wandb-cache"),
+    WANDB_CONFIG_DIR=os.path.join(_TMP, "wandb-config"),
+    WANDB_SILENT="true",
+    TRUNK_CACHE=os.path.join(_TMP, "trunk-cache"),
+)
+os.environ.pop("WANDB_API_KEY", None)
+
+import csv  # noqa: E402
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from datamodules.builtin import sentiment_example  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """Write rows as csv / tsv / jsonl, chosen by the file suffix."""
+    if path.suffix == ".jsonl":
+        import json
+
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if path.suffix == ".tsv" else ",")
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def sentiment_files(tmp_path: Path) -> dict[str, Path]:
+    """Small train / validation / test csv files of generated sentiment sentences."""
+    rng = random.Random(0)
+    sizes = {"train": 256, "validation": 64, "test": 64}
+    return {split: write_rows(tmp_path / f"{split}.csv", [sentiment_example(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
+TINY_MODEL = [
+    "--model=tasks.SequenceClassification",
+    "--model.trunk.d_model=32",
+    "--model.trunk.n_layers=2",
+    "--model.trunk.n_heads=4",
+    "--model.trunk.d_ff=64",
+    "--model.trunk.max_len=64",
+]
+
+
+@pytest.fixture
+def tiny_cli_args(sentiment_files, tmp_path: Path) -> list[str]:
+    """CLI arguments for a tiny, fast classification run in tmp_path (no subcommand)."""
+    return [
+        *TINY_MODEL,
+        "--data=datamodules.TextClassificationData",
+        f"--data.train={sentiment_files['train']}",
+        f"--data.validation={sentiment_files['validation']}",
+        f"--data.test={sentiment_files['test']}",
+        f"--data.predict={sentiment_files['test']}",
+        "--data.tokenizer_vocab_size=300",
+        "--data.max_length=64",
+        "--data.batch_size=32",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        "--seed_everything=0",
+    ]

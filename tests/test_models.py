@@ -1,0 +1,142 @@
+"""The from-scratch trunk against independent references, and its invariances."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from models import Attention, Backbone, SequenceClassificationHead, TokenStem, Trunk, TrunkConfig, init_weights, sinusoidal_positions
+
+
+def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, causal=False):
+    """Attention written out by hand: softmax(QK^T / sqrt(d) + mask) V, on the module's weights."""
+    B, T, C = x.shape
+    src = x if context is None else context
+    H, D = attn.n_heads, C // attn.n_heads
+    q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(B, T, H, D).transpose(1, 2)
+    kv = src @ attn.kv_proj.weight.T + attn.kv_proj.bias
+    k, v = kv[..., :C], kv[..., C:]
+    k = k.reshape(B, -1, H, D).transpose(1, 2)
+    v = v.reshape(B, -1, H, D).transpose(1, 2)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        S = k.shape[2]
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).tril(S - T).logical_not(), float("-inf"))
+    y = scores.softmax(-1) @ v
+    return y.transpose(1, 2).reshape(B, T, C) @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+@pytest.fixture
+def attn():
+    torch.manual_seed(0)
+    module = Attention(d_model=32, n_heads=4).eval()
+    init_weights(module, std=0.2)
+    for p in module.parameters():  # non-zero biases so that bias handling is tested too
+        if p.ndim == 1:
+            nn.init.normal_(p, std=0.1)
+    return module
+
+
+def test_attention_matches_naive_reference(attn):
+    x = torch.randn(3, 7, 32)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[2, 1:] = False
+    torch.testing.assert_close(attn(x, mask), naive_attention(attn, x, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(x, causal=True), naive_attention(attn, x, causal=True), atol=1e-5, rtol=1e-5)
+    ctx = torch.randn(3, 5, 32)
+    torch.testing.assert_close(attn(x, context=ctx), naive_attention(attn, x, context=ctx), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_matches_torch_multihead_attention(attn):
+    """Same weights loaded into torch.nn.MultiheadAttention give the same outputs."""
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.kv_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.kv_proj.bias]))
+        mha.out_proj.weight.copy_(attn.out_proj.weight)
+        mha.out_proj.bias.copy_(attn.out_proj.bias)
+    x = torch.randn(2, 6, 32)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    expected, _ = mha(x, x, x, key_padding_mask=~mask, need_weights=False)
+    torch.testing.assert_close(attn(x, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_padding_does_not_change_real_token_outputs(norm, positions):
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions)
+    trunk = Trunk(TokenStem(cfg), Backbone(cfg)).eval()
+    init_weights(trunk)
+    ids = torch.randint(5, 50, (2, 9))
+    short = trunk(ids, torch.ones_like(ids))
+    padded_ids = torch.cat([ids, torch.zeros(2, 7, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(2, 7, dtype=torch.long)], dim=1)
+    padded = trunk(padded_ids, mask)
+    torch.testing.assert_close(padded[:, :9], short, atol=1e-5, rtol=1e-5)
+
+    head = SequenceClassificationHead(32, 3, pooling="mean").eval()
+    torch.testing.assert_close(head(padded, mask), head(short, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
+
+
+def test_sinusoidal_positions_follow_the_formula():
+    table = sinusoidal_positions(10, 8)
+    pos, i = 7, 1
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 8)), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 8)), abs=1e-6)
+
+
+def test_init_follows_bert_gpt():
+    cfg = TrunkConfig(vocab_size=2000, d_model=64, n_layers=4, n_heads=4, d_ff=256)
+    trunk = Trunk(TokenStem(cfg), Backbone(cfg))
+    init_weights(trunk, std=0.02)
+    assert trunk.stem.token.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert trunk.backbone.blocks[0].ff.fc_in.bias.abs().sum() == 0
+    # residual projections scaled by 1/sqrt(2 * n_layers)
+    assert trunk.backbone.blocks[0].ff.fc_out.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.1)
+
+
+def test_causal_attention_ignores_future_tokens():
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16)
+    backbone = Backbone(cfg).eval()
+    x = torch.randn(1, 8, 32)
+    y = x.clone()
+    y[:, 5:] = torch.randn(1, 3, 32)
+    torch.testing.assert_close(backbone(x, causal=True)[:, :5], backbone(y, causal=True)[:, :5])
+
+
+def test_grad_checkpointing_gives_same_gradients():
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, dropout=0.0, attn_dropout=0.0)
+    backbone = Backbone(cfg)
+    x = torch.randn(2, 5, 32)
+    backbone(x).sum().backward()
+    expected = [p.grad.clone() for p in backbone.parameters()]
+    backbone.zero_grad()
+    backbone.set_grad_checkpointing(True)
+    backbone(x).sum().backward()
+    for g, p in zip(expected, backbone.parameters()):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_bad_configs_fail_clearly():
+    with pytest.raises(ValueError, match="not divisible by n_heads"):
+        TrunkConfig(d_model=30, n_heads=4)
+    cfg = TrunkConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8)
+    with pytest.raises(ValueError, match="exceeds the trunk's max_len=8"):
+        TokenStem(cfg)(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="pooling"):
+        SequenceClassificationHead(16, 2, pooling="max")
+
+
+def test_cls_pooling_reads_the_first_token():
+    head = SequenceClassificationHead(8, 2, pooling="cls", dropout=0.0)
+    hidden = torch.randn(1, 4, 8)
+    changed = hidden.clone()
+    changed[:, 1:] += 1.0
+    torch.testing.assert_close(head(hidden), head(changed))
