@@ -214,10 +214,12 @@ class TextDataModule(L.LightningDataModule):
                 continue  # training without validation is allowed
             if role not in self._encoded:
                 self._encoded[role] = self.encode(self.raw(role), role)
-        if stage == "fit" and self.trainer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
+        if stage == "fit" and self.trainer is not None:
             # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
-            Path(self.trainer.log_dir).mkdir(parents=True, exist_ok=True)
-            self.tokenizer.save(str(Path(self.trainer.log_dir) / "tokenizer.json"))
+            log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
+            if log_dir and self.trainer.is_global_zero:
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                self.tokenizer.save(str(Path(log_dir) / "tokenizer.json"))
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         raise NotImplementedError

@@ -78,7 +78,8 @@ class TrunkTask(L.LightningModule):
     def _run_stage(self, batch: dict, stage: str) -> torch.Tensor:
         loss = self.step(batch, stage)
         batch_size = batch["input_ids"].shape[0] if "input_ids" in batch else None
-        self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, batch_size=batch_size)
+        self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, batch_size=batch_size,
+                 sync_dist=stage != "train")  # epoch-level eval loss averaged over all processes
         # Logging the Metric objects lets Lightning compute them over the whole epoch (synced
         # across processes) and reset them, instead of averaging per-batch values.
         self.log_dict(self.metrics(stage), on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=batch_size)

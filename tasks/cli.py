@@ -34,7 +34,7 @@ class TrunkCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """With --ckpt_path, reuse the checkpoint's tokenizer and label names, so test/predict data
         is encoded exactly as in training (Lightning has already restored the model's hparams)."""
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path or ckpt_path in ("best", "last"):
             return
@@ -55,14 +55,16 @@ class TrunkCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
-def run_cli(args: list[str] | None = None) -> TrunkCLI:
-    """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point."""
+def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
+    """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point.
+    With ``run=False`` there is no subcommand: the classes are only instantiated."""
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
     return TrunkCLI(
         save_config_callback=LogConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )
 
 

@@ -1,0 +1,132 @@
+"""The `trunk` command end to end: fit -> validate -> test -> predict, checkpoints, precision, DDP, configs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO
+from tasks import SequenceClassification
+from tasks.cli import run_cli
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_path):
+    cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2"])
+    ckpt = cli.trainer.checkpoint_callback.best_model_path
+    assert ckpt and Path(ckpt).is_file()
+    test_acc_after_fit = cli.trainer.callback_metrics["test/acc"].item()  # the test split ran after fit
+    assert (Path(cli.trainer.log_dir) / "tokenizer.json").is_file()
+    assert (Path(cli.trainer.log_dir) / "config.yaml").is_file()
+    in_memory = [r for batch in cli.trainer.predict(cli.model, datamodule=cli.datamodule) for r in batch]
+
+    validated = run_cli(["validate", *tiny_cli_args, f"--ckpt_path={ckpt}"])
+    assert "val/acc" in validated.trainer.callback_metrics
+    tested = run_cli(["test", *tiny_cli_args, f"--ckpt_path={ckpt}"])
+    assert tested.trainer.callback_metrics["test/acc"] == pytest.approx(test_acc_after_fit)
+
+    out = tmp_path / "predictions.jsonl"
+    run_cli(["predict", *tiny_cli_args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
+    records = read_jsonl(out)
+    assert len(records) == 64
+    assert set(records[0]) == {"text", "label", "probs"}
+    assert set(records[0]["probs"]) == {"negative", "positive"} and records[0]["label"] in ("negative", "positive")
+    assert sum(records[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+    # save -> load reproduces the predictions exactly
+    assert [r["probs"] for r in records] == [r["probs"] for r in in_memory]
+
+    restored = SequenceClassification.load_from_checkpoint(ckpt)
+    assert restored.label_names == ["negative", "positive"]
+    for (name, a), b in zip(cli.model.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentiment_files, tmp_path):
+    """Label names and tokenizer come from the checkpoint: the predict file needs no label column."""
+    cli = run_cli(["fit", *tiny_cli_args])
+    ckpt = cli.trainer.checkpoint_callback.best_model_path
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "the film was great"}\n{"text": "the plot was not good"}\n')
+    out = tmp_path / "out.jsonl"
+    run_cli(["predict", "--model=tasks.SequenceClassification", "--data=datamodules.TextClassificationData",
+             f"--data.predict={texts}", f"--ckpt_path={ckpt}", f"--predictions.output={out}",
+             "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
+    assert [r["text"] for r in read_jsonl(out)] == ["the film was great", "the plot was not good"]
+
+
+def test_bf16_mixed_precision_run(tiny_cli_args):
+    cli = run_cli(["fit", *tiny_cli_args, "--trainer.precision=bf16-mixed"])
+    assert cli.trainer.precision == "bf16-mixed"
+    assert torch.isfinite(cli.trainer.callback_metrics["test/loss"])
+
+
+def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
+    """The real command with Lightning's `ddp` launcher: 2 processes, gloo, one shared tokenizer."""
+    args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
+    cmd = [sys.executable, "-m", "tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
+           "--trainer.max_epochs=2"]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "distributed_backend=gloo" in output and "Starting with 2 processes" in output
+    assert "test/acc" in output
+
+
+def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with W&B credentials
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml")])
+    assert os.environ["WANDB_MODE"] == "offline"
+    runs = list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run directory was written"
+    assert "test/acc" in cli.trainer.callback_metrics
+
+
+RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+PRESETS = sorted((REPO / "configs").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_config_instantiates(config, sentiment_files, tmp_path):
+    """Each recipe builds its model, data and trainer (data pointed at small generated files)."""
+    tiny_data = [
+        "--data.dataset=null", f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
+        "--data.test=null", "--data.predict=null", "--data.text_column=text", "--data.label_column=label",
+        "--data.label_names=null", "--data.tokenizer_vocab_size=300",
+    ]
+    cli = run_cli(["--config", str(config), *tiny_data, f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert cli.model.trunk.stem.token.num_embeddings == cli.datamodule.vocab_size  # linked, never typed
+    assert cli.model.label_names == ["negative", "positive"]
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_preset_config_merges_onto_a_recipe(preset, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(preset), "--print_config"])
+    assert exit_info.value.code == 0
+    merged = yaml.safe_load(capsys.readouterr().out)
+    assert contains(merged, yaml.safe_load(preset.read_text())), f"{preset.name} was not applied"
+
+
+def contains(full, part) -> bool:
+    """Every value in ``part`` appears in ``full`` (which also holds defaults filled in by the parser)."""
+    if isinstance(part, dict):
+        return isinstance(full, dict) and all(k in full and contains(full[k], v) for k, v in part.items())
+    if isinstance(part, list):
+        return isinstance(full, list) and len(full) == len(part) and all(contains(f, p) for f, p in zip(full, part))
+    return full == part
+
+
+def test_missing_checkpoint_path_is_a_clear_error(tiny_cli_args, tmp_path):
+    with pytest.raises(SystemExit, match="--ckpt_path .*does not exist"):
+        run_cli(["test", *tiny_cli_args, f"--ckpt_path={tmp_path / 'missing.ckpt'}"])
