@@ -71,6 +71,14 @@ class TrunkTask(L.LightningModule):
         """Loss for one batch; updates ``self.metrics(stage)``."""
         raise NotImplementedError
 
+    def setup(self, stage: str) -> None:
+        max_length = getattr(self.trainer.datamodule, "max_length", None) if self.trainer else None
+        if max_length is not None and max_length > self.trunk_config.max_len:
+            raise ValueError(
+                f"data.max_length={max_length} is longer than the trunk's max_len={self.trunk_config.max_len}: "
+                "lower data.max_length, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed)."
+            )
+
     # -- shared loop ---------------------------------------------------------------------------
     def metrics(self, stage: str) -> MetricCollection:
         return getattr(self, f"{stage}_metrics")

@@ -130,3 +130,8 @@ def contains(full, part) -> bool:
 def test_missing_checkpoint_path_is_a_clear_error(tiny_cli_args, tmp_path):
     with pytest.raises(SystemExit, match="--ckpt_path .*does not exist"):
         run_cli(["test", *tiny_cli_args, f"--ckpt_path={tmp_path / 'missing.ckpt'}"])
+
+
+def test_data_longer_than_the_trunk_is_a_clear_error(tiny_cli_args):
+    with pytest.raises(ValueError, match="data.max_length=64 is longer than the trunk's max_len=32"):
+        run_cli(["fit", *tiny_cli_args, "--model.trunk.max_len=32"])
