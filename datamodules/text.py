@@ -33,7 +33,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
 
 
-ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
 
 
@@ -168,7 +167,8 @@ class TextDataModule(L.LightningDataModule):
         if train_spec is None:
             raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json or trunk checkpoint), or data.train to train one.")
         source = Path(train_spec) if self.dataset is None else None
-        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config, train_spec, self.tokenizer_columns(),
+        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config,
+                          str(source.resolve()) if source else train_spec, self.tokenizer_columns(),
                           self.tokenizer_vocab_size, self.lowercase,
                           [source.stat().st_size, source.stat().st_mtime_ns] if source and source.is_file() else None])
         path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
