@@ -32,8 +32,8 @@ class TrunkCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
-        """With --ckpt_path, reuse the checkpoint's tokenizer and label names, so test/predict data
-        is encoded exactly as in training (Lightning has already restored the model's hparams)."""
+        """With --ckpt_path, reuse the checkpoint's tokenizer and label names and respect its max_len,
+        so test/predict data is encoded as in training (Lightning has already restored the model's hparams)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path or ckpt_path in ("best", "last"):
@@ -46,6 +46,9 @@ class TrunkCLI(LightningCLI):
         model_args = config.model.get("init_args") or {}
         if "label_names" in data_args and data_args.label_names is None and model_args.get("label_names"):
             data_args.label_names = model_args["label_names"]
+        trunk_max_len = (model_args.get("trunk") or {}).get("max_len")
+        if trunk_max_len and data_args.get("max_length", 0) > trunk_max_len:
+            data_args.max_length = trunk_max_len  # the checkpoint's position table sets the limit
 
     def after_fit(self) -> None:
         """Evaluate the best checkpoint on the test split right after training, when one is configured."""
