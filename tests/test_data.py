@@ -151,3 +151,22 @@ def test_hub_dataset_offline_gives_a_clear_error():
     dm = TextClassificationData(dataset="glue", dataset_config="sst2", train="train")
     with pytest.raises(ValueError, match="Could not load split 'train'.*dataset 'glue'"):
         dm.label_names
+
+
+def test_dataset_directory_with_classlabel_features(tmp_path):
+    """The hub code path (load_dataset by name + split), offline: a local dataset directory whose
+    parquet files carry a ClassLabel feature, like glue/sst2 on the hub."""
+    import datasets
+
+    features = datasets.Features({"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])})
+    rows = {"sentence": ["a bad film", "a good film"] * 8, "label": [0, 1] * 8}
+    (tmp_path / "sst").mkdir()
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "sst/train.parquet"))
+    hidden = {"sentence": ["unknown"] * 4, "label": [-1] * 4}
+    datasets.Dataset.from_dict(hidden, features=features).to_parquet(str(tmp_path / "sst/test.parquet"))
+    dm = TextClassificationData(dataset=str(tmp_path / "sst"), train="train", test="test", text_column="sentence", tokenizer_vocab_size=50)
+    assert dm.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
+    dm.setup("fit")
+    assert [e["label"] for e in dm._encoded["train"][:2]] == [0, 1]
+    with pytest.raises(ValueError, match="unlabelled rows .* use `trunk predict`"):
+        dm.setup("test")
