@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import datasets
+import torch
 
 from datamodules.sources import check_columns
 from datamodules.text import TextDataModule, pad
@@ -97,7 +98,7 @@ class TextClassificationData(TextDataModule):
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
         batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "text": [e["text"] for e in examples]}
         if examples[0]["label"] is not None:
-            batch["labels"] = pad([[e["label"]] for e in examples], 0).squeeze(1)
+            batch["labels"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)
         return batch
 
 
