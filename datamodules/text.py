@@ -27,7 +27,6 @@ from datamodules.sources import empty_split_error, load_split
 from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
 
 
-
 def cache_dir() -> Path:
     """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
     return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
@@ -78,8 +77,8 @@ class LengthBucketBatchSampler(BatchSampler):
 class TextDataModule(L.LightningDataModule):
     """Loads splits (hub, local files or built-in), provides the tokenizer and the dataloaders.
 
-    Subclasses implement ``encode(ds, role) -> list[dict]`` (one dict of python values per example)
-    and ``collate(examples) -> batch``.
+    Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
+    python values per example) and ``collate(examples) -> batch``.
 
     Args:
         dataset: a hub dataset name (``glue``), a local dataset directory, ``trunk:sentiment`` for
@@ -146,9 +145,6 @@ class TextDataModule(L.LightningDataModule):
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
 
-    def texts_for_tokenizer(self) -> Iterator[str]:
-        raise NotImplementedError
-
     # -- tokenizer -------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Tokenizer:
@@ -167,10 +163,10 @@ class TextDataModule(L.LightningDataModule):
         if train_spec is None:
             raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json or trunk checkpoint), or data.train to train one.")
         source = Path(train_spec) if self.dataset is None else None
+        stat = source.stat() if source and source.is_file() else None
         key = json.dumps([type(self).__name__, self.dataset, self.dataset_config,
                           str(source.resolve()) if source else train_spec, self.tokenizer_columns(),
-                          self.tokenizer_vocab_size, self.lowercase,
-                          [source.stat().st_size, source.stat().st_mtime_ns] if source and source.is_file() else None])
+                          self.tokenizer_vocab_size, self.lowercase, [stat.st_size, stat.st_mtime_ns] if stat else None])
         path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
         if path.is_file():
             return load_tokenizer(path)
@@ -182,9 +178,14 @@ class TextDataModule(L.LightningDataModule):
         rank_zero_info(f"Trained a WordPiece tokenizer on data.train ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
         return tokenizer
 
-    def tokenizer_columns(self) -> list:
+    def tokenizer_columns(self) -> list[str]:
         """The columns whose text trains the tokenizer (part of the tokenizer cache key)."""
         raise NotImplementedError
+
+    def texts_for_tokenizer(self) -> Iterator[str]:
+        train = self.raw("train")
+        for column in self.tokenizer_columns():
+            yield from (t for t in train[column] if t)
 
     @property
     def vocab_size(self) -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import datasets
 import torch
 
@@ -14,10 +12,11 @@ from datamodules.text import TextDataModule, pad
 class TextClassificationData(TextDataModule):
     """Rows with a text column (and optionally a second text column) and a label column.
 
-    Labels may be strings or integers. Integer labels with word ``label_names`` (0/1 with
-    negative/positive) are positions in ``label_names``; otherwise labels match names as text. Label names come from the dataset's ``ClassLabel`` feature
+    Labels may be strings or integers. Label names come from the dataset's ``ClassLabel`` feature
     when it has one, else from the sorted distinct labels of the training split; ``label_names``
-    fixes them (and their order) explicitly. The CLI links them, and the vocabulary size, into the model.
+    fixes them (and their order) explicitly. Integer labels with word ``label_names`` (0/1 with
+    negative/positive) are positions in ``label_names``; otherwise labels match names as text.
+    The CLI links the names, and the vocabulary size, into the model.
 
     Args:
         text_column: the column holding the text.
@@ -56,13 +55,8 @@ class TextClassificationData(TextDataModule):
                 self._label_names = sorted({str(v) for v in train[self.label_column]}, key=_natural_key)
         return self._label_names
 
-    def tokenizer_columns(self) -> list:
+    def tokenizer_columns(self) -> list[str]:
         return [c for c in (self.text_column, self.text_pair_column) if c is not None]
-
-    def texts_for_tokenizer(self) -> Iterator[str]:
-        train = self.raw("train")
-        for column in self.tokenizer_columns():
-            yield from (t for t in train[column] if t)
 
     def label_ids(self, ds: datasets.Dataset, role: str) -> list[int]:
         feature = ds.features[self.label_column]

@@ -72,7 +72,7 @@ class TrunkTask(L.LightningModule):
         raise NotImplementedError
 
     def setup(self, stage: str) -> None:
-        max_length = getattr(self.trainer.datamodule, "max_length", None) if self.trainer else None
+        max_length = getattr(self.trainer.datamodule, "max_length", None)
         if max_length is not None and max_length > self.trunk_config.max_len:
             raise ValueError(
                 f"data.max_length={max_length} is longer than the trunk's max_len={self.trunk_config.max_len}: "
