@@ -10,7 +10,11 @@ import lightning as L
 import torch
 from torchmetrics import MetricCollection
 
+from torch import nn
+
 from models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
+from tasks.finetuning import FinetuneConfig, GradualUnfreezing, set_trainable
+from tasks.pretrained import check_architecture, load_pretrained
 
 STAGES = ("train", "val", "test")
 
@@ -40,6 +44,25 @@ def lr_lambda(step: int, total_steps: int, cfg: OptimConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
+class WarmupDecayLR(torch.optim.lr_scheduler.LRScheduler):
+    """Each group's initial lr times ``lr_lambda(step)``. Unlike ``LambdaLR``, groups added during
+    training (gradual unfreezing) follow the same curve from their own ``initial_lr``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, cfg: OptimConfig) -> None:
+        self.total_steps, self.cfg = total_steps, cfg
+        super().__init__(optimizer)
+
+    def factor(self, step: int) -> float:
+        return lr_lambda(step, self.total_steps, self.cfg)
+
+    def get_lr(self) -> list[float]:
+        factor = self.factor(self.last_epoch)
+        return [group.setdefault("initial_lr", group["lr"]) * factor for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:  # plain values only, so checkpoints load with weights_only=True
+        return {k: v for k, v in super().state_dict().items() if k != "cfg"}
+
+
 def build_text_trunk(cfg: TrunkConfig) -> Trunk:
     trunk = Trunk(TokenStem(cfg), Backbone(cfg))
     init_weights(trunk, cfg.init_std)
@@ -54,11 +77,28 @@ class TrunkTask(L.LightningModule):
     metric objects per epoch) lives here once.
     """
 
-    def __init__(self, trunk: TrunkConfig, optimizer: OptimConfig) -> None:
+    def __init__(
+        self,
+        trunk: TrunkConfig = TrunkConfig(),
+        optimizer: OptimConfig = OptimConfig(),
+        init_from: str | None = None,
+        finetune: FinetuneConfig = FinetuneConfig(),
+    ) -> None:
         super().__init__()
         self.trunk_config = trunk
         self.optim_config = optimizer
+        self.finetune = finetune
         self.trunk = build_text_trunk(trunk)
+        if init_from:
+            pretrained = load_pretrained(init_from)
+            check_architecture(trunk, pretrained.config, init_from)
+            self.trunk.load_state_dict(pretrained.trunk_weights)
+        if finetune.freeze_layers > trunk.n_layers:
+            raise ValueError(f"finetune.freeze_layers={finetune.freeze_layers} exceeds the trunk's {trunk.n_layers} blocks.")
+        for depth in self.frozen_depths():
+            set_trainable(self.depth_groups()[depth], False)
+        if finetune.freeze_trunk:
+            set_trainable([self.trunk.backbone.final_norm], False)
         metrics = self.make_metrics()
         for stage in STAGES:  # one independent copy per stage, so epochs of train/val never mix
             setattr(self, f"{stage}_metrics", metrics.clone(prefix=f"{stage}/"))
@@ -102,21 +142,60 @@ class TrunkTask(L.LightningModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._run_stage(batch, "test")
 
+    # -- depths: freezing and layer-wise learning rates ------------------------------------------
+    def depth_groups(self) -> list[list[nn.Module]]:
+        """The model bottom-up: [stem], [block 0], ..., [block L-1], [final norm, task head(s)]."""
+        backbone = self.trunk.backbone
+        heads = [m for name, m in self.named_children() if name != "trunk" and any(True for _ in m.parameters())]
+        return [[self.trunk.stem], *([block] for block in backbone.blocks), [backbone.final_norm, *heads]]
+
+    def frozen_depths(self) -> set[int]:
+        """Depths frozen for the whole run by ``finetune`` (gradual unfreezing comes on top)."""
+        cfg, n_layers = self.finetune, len(self.trunk.backbone.blocks)
+        if cfg.freeze_trunk:
+            return set(range(n_layers + 1))  # the final norm too, see __init__
+        return ({0} if cfg.freeze_embeddings else set()) | set(range(1, 1 + cfg.freeze_layers))
+
+    def train(self, mode: bool = True):
+        """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
+        super().train(mode)
+        for module in (self.trunk.stem, *self.trunk.backbone.blocks, self.trunk.backbone.final_norm):
+            if not any(p.requires_grad for p in module.parameters()):
+                module.eval()
+        return self
+
+    def configure_callbacks(self):
+        return [GradualUnfreezing(self.finetune.unfreeze_every)] if self.finetune.unfreeze_every else []
+
     # -- optimisation --------------------------------------------------------------------------
-    def param_groups(self) -> list[dict]:
-        """Trainable parameters in two groups: matrices decay, biases and norms do not (nanoGPT/BERT)."""
-        params = [p for p in self.parameters() if p.requires_grad]  # frozen ones get no optimizer state
-        return [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim_config.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    def make_param_groups(self, modules: list[nn.Module], depth: int, exclude: set[int] | None = None) -> list[dict]:
+        """Optimizer groups for the trainable parameters of ``modules`` at ``depth``: matrices decay,
+        biases and norms do not (nanoGPT/BERT); frozen parameters get no optimizer state."""
+        exclude = set() if exclude is None else exclude
+        params = [p for m in modules for p in m.parameters() if p.requires_grad and id(p) not in exclude]
+        params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
+        exclude.update(id(p) for p in params)
+        lr = self.optim_config.lr * self.finetune.layer_decay ** (len(self.depth_groups()) - 1 - depth)
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim_config.weight_decay, "lr": lr,
+             "name": f"depth{depth}"},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr, "name": f"depth{depth}_no_decay"},
         ]
+        return [g for g in groups if g["params"]]
+
+    def param_groups(self) -> list[dict]:
+        seen: set[int] = set()
+        return [g for depth, modules in enumerate(self.depth_groups()) for g in self.make_param_groups(modules, depth, seen)]
+
+    def lr_schedule_factor(self) -> float:
+        """The schedule's current multiplier (for groups added mid-run)."""
+        return self.lr_schedulers().factor(self.trainer.global_step)
 
     def configure_optimizers(self):
         cfg = self.optim_config
-        groups = [g for g in self.param_groups() if g["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        optimizer = torch.optim.AdamW(self.param_groups(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, total_steps, cfg))
+        scheduler = WarmupDecayLR(optimizer, total_steps, cfg)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def num_parameters(self, trainable_only: bool = False) -> int:

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from models import SequenceClassificationHead, TrunkConfig, init_weights
-from tasks.base import OptimConfig, TrunkTask
+from models import SequenceClassificationHead, init_weights
+from tasks.base import TrunkTask
 
 
 class SequenceClassification(TrunkTask):
@@ -18,27 +18,26 @@ class SequenceClassification(TrunkTask):
 
     Args:
         label_names: class names in label-id order; linked from the datamodule by the CLI.
-        trunk: architecture of the trunk (``vocab_size`` and ``max_len`` are linked from the data).
         pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
         head_dropout: dropout inside the classification head.
-        optimizer: learning rate, weight decay and schedule.
+        **kwargs: see ``TrunkTask``: ``trunk`` (architecture), ``optimizer``, ``init_from`` (a
+            pretrained trunk directory) and ``finetune`` (freezing, layer-wise learning rates).
     """
 
     def __init__(
         self,
         label_names: list[str],
-        trunk: TrunkConfig = TrunkConfig(),
         pooling: Literal["cls", "mean"] = "cls",
         head_dropout: float = 0.1,
-        optimizer: OptimConfig = OptimConfig(),
+        **kwargs,
     ) -> None:
         if len(label_names) < 2:
             raise ValueError(f"Classification needs at least 2 labels, got {label_names!r}.")
         self.label_names = list(label_names)
-        super().__init__(trunk, optimizer)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
-        self.head = SequenceClassificationHead(trunk.d_model, len(label_names), pooling, head_dropout)
-        init_weights(self.head, trunk.init_std)
+        self.head = SequenceClassificationHead(self.trunk_config.d_model, len(label_names), pooling, head_dropout)
+        init_weights(self.head, self.trunk_config.init_std)
 
     def make_metrics(self) -> MetricCollection:
         n = len(self.label_names)

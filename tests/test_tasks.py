@@ -29,10 +29,12 @@ def test_a_small_batch_overfits_to_near_zero_loss():
 
 def test_weight_decay_groups_exclude_biases_and_norms():
     model = SequenceClassification(["a", "b"], trunk=TINY, optimizer=OptimConfig(weight_decay=0.1))
-    decay, no_decay = model.param_groups()
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    groups = model.param_groups()
+    decay = [p for g in groups if g["weight_decay"] == 0.1 for p in g["params"]]
+    no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
+    assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)
+    assert len(decay) + len(no_decay) == len(list(model.parameters()))
+    assert all(g["lr"] == model.optim_config.lr for g in groups)  # no layer decay by default
     model.trunk.stem.requires_grad_(False)  # frozen parameters get no optimizer state
     assert sum(len(g["params"]) for g in model.param_groups()) == len([p for p in model.parameters() if p.requires_grad])
 

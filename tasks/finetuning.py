@@ -1,0 +1,100 @@
+"""Fine-tuning a pretrained trunk: what to freeze, when to unfreeze, how fast each depth learns.
+
+Depths, bottom to top: the stem (embeddings), block 0 ... block L-1, then the top (the final
+LayerNorm and the task head). Layer-wise learning-rate decay gives depth d the learning rate
+``lr * layer_decay ** (top - d)``.
+
+Frozen parts run in eval mode: their dropout is off. A frozen part is a fixed feature extractor,
+and dropout there would only add noise to the features the trained layers see (the choice made
+for linear probes). A part that gradual unfreezing thaws gets its dropout back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning as L
+from lightning.pytorch.callbacks import BaseFinetuning
+from torch.optim import Optimizer
+
+
+@dataclass
+class FinetuneConfig:
+    """Which parts of the trunk train, and at what learning rate.
+
+    Args:
+        freeze_embeddings: freeze the stem (token and position embeddings).
+        freeze_layers: freeze the lowest N blocks.
+        freeze_trunk: freeze the whole trunk; only the head trains (a linear probe).
+        unfreeze_every: gradual unfreezing (ULMFiT): start with the trunk frozen, then every K
+            epochs thaw one more depth, top-down: the top block (with the final norm), the next
+            block, ..., the embeddings. Parts frozen by the options above stay frozen. 0: off.
+        layer_decay: learning-rate factor per depth below the top (1.0: off; 0.8 is common).
+    """
+
+    freeze_embeddings: bool = False
+    freeze_layers: int = 0
+    freeze_trunk: bool = False
+    unfreeze_every: int = 0
+    layer_decay: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.freeze_layers < 0 or self.unfreeze_every < 0:
+            raise ValueError("finetune.freeze_layers and finetune.unfreeze_every must be >= 0.")
+        if not 0.0 < self.layer_decay <= 1.0:
+            raise ValueError(f"finetune.layer_decay must be in (0, 1], got {self.layer_decay}.")
+        if self.freeze_trunk and self.unfreeze_every:
+            raise ValueError("finetune.freeze_trunk keeps the trunk frozen, so finetune.unfreeze_every would never thaw "
+                             "anything: set only one of them.")
+
+
+def set_trainable(modules, trainable: bool) -> None:
+    for module in modules:
+        for p in module.parameters():
+            p.requires_grad = trainable
+
+
+class GradualUnfreezing(BaseFinetuning):
+    """Thaw the trunk top-down, one depth every ``every`` epochs (added by the task when configured).
+
+    Thawed parameters join the optimizer as new groups with their layer-decayed learning rate and
+    follow the same schedule as the rest. Idempotent per epoch, so resuming from a checkpoint
+    restores exactly the parts that were thawed.
+    """
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = every
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.world_size > 1:
+            raise ValueError(
+                "finetune.unfreeze_every does not work with several processes: DDP fixes the set of trained "
+                "parameters when it wraps the model, so parameters thawed later would not be synchronised. "
+                "Use finetune.freeze_layers / layer_decay, or train on one device."
+            )
+        super().setup(trainer, pl_module, stage)
+
+    def thaw_order(self, pl_module) -> list[tuple[int, list]]:
+        """(depth, modules) from the top block down to the stem, skipping parts frozen for good."""
+        depths = pl_module.depth_groups()
+        top = len(depths) - 1
+        order = [(top - 1, depths[top - 1] + [m for m in depths[top] if m in pl_module.trunk.modules()])]
+        order += [(d, depths[d]) for d in range(top - 2, -1, -1)]
+        return [(d, modules) for d, modules in order if d not in pl_module.frozen_depths()]
+
+    def freeze_before_training(self, pl_module) -> None:
+        for _, modules in self.thaw_order(pl_module):
+            set_trainable(modules, False)
+
+    def finetune_function(self, pl_module, epoch: int, optimizer: Optimizer) -> None:
+        thawed = epoch // self.every
+        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for depth, modules in self.thaw_order(pl_module)[:thawed]:
+            set_trainable(modules, True)
+            for module in modules:
+                module.train(pl_module.training)  # its dropout comes back
+            for group in pl_module.make_param_groups(modules, depth, exclude=in_optimizer):
+                group["initial_lr"] = group["lr"]  # the schedule scales this, like every other group
+                group["lr"] = group["lr"] * pl_module.lr_schedule_factor()
+                optimizer.add_param_group(group)
