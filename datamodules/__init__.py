@@ -3,7 +3,8 @@
 The batch contract shared by every task is documented in ``datamodules/text.py`` and the README.
 """
 
+from datamodules.corpus import CorpusData, TokenMasker
 from datamodules.text import LengthBucketBatchSampler, TextDataModule
 from datamodules.text_classification import TextClassificationData
 
-__all__ = ["LengthBucketBatchSampler", "TextClassificationData", "TextDataModule"]
+__all__ = ["CorpusData", "LengthBucketBatchSampler", "TextClassificationData", "TextDataModule", "TokenMasker"]

@@ -142,6 +142,9 @@ class TextDataModule(L.LightningDataModule):
             self._raw[role] = ds
         return self._raw[role]
 
+    def has_split(self, role: str) -> bool:
+        return self.split_specs[role] is not None
+
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
 
@@ -162,11 +165,13 @@ class TextDataModule(L.LightningDataModule):
         train_spec = self.split_specs["train"]
         if train_spec is None:
             raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json or trunk checkpoint), or data.train to train one.")
-        source = Path(train_spec) if self.dataset is None else None
-        stat = source.stat() if source and source.is_file() else None
-        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config,
-                          str(source.resolve()) if source else train_spec, self.tokenizer_columns(),
-                          self.tokenizer_vocab_size, self.lowercase, [stat.st_size, stat.st_mtime_ns] if stat else None])
+        sources = []  # local files are keyed by path, size and mtime: an edited file retrains
+        for spec in [train_spec] if isinstance(train_spec, str) else train_spec:
+            path = Path(spec).expanduser()
+            stat = path.stat() if self.dataset is None and path.is_file() else None
+            sources.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns] if stat else spec)
+        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options(),
+                          self.tokenizer_vocab_size, self.lowercase])
         path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
         if path.is_file():
             return load_tokenizer(path)
@@ -181,6 +186,10 @@ class TextDataModule(L.LightningDataModule):
     def tokenizer_columns(self) -> list[str]:
         """The columns whose text trains the tokenizer (part of the tokenizer cache key)."""
         raise NotImplementedError
+
+    def tokenizer_text_options(self) -> list:
+        """Options that change which text trains the tokenizer (part of the cache key)."""
+        return self.tokenizer_columns()
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
@@ -211,7 +220,7 @@ class TextDataModule(L.LightningDataModule):
     # -- Lightning hooks -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         for role in STAGE_ROLES[stage]:
-            if role == "validation" and self.split_specs[role] is None:
+            if role == "validation" and not self.has_split(role):
                 continue  # training without validation is allowed
             if role not in self._encoded:
                 self._encoded[role] = self.encode(self.raw(role), role)

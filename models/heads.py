@@ -7,6 +7,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from models.trunk import ACTIVATIONS
+
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:
     """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean over real (unpadded) tokens."""
@@ -34,3 +36,21 @@ class SequenceClassificationHead(nn.Module):
         """hidden: (B, T, C) -> logits (B, num_labels)."""
         x = torch.tanh(self.dense(self.drop(pool(hidden, attention_mask, self.pooling))))
         return self.classifier(self.drop(x))
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
+    weight is the token embedding (tied: one matrix for reading and writing tokens)."""
+
+    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5) -> None:
+        super().__init__()
+        vocab_size, d_model = token_embedding.weight.shape
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS[activation]()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = token_embedding.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., C) at the positions to predict (the masked ones only) -> (..., vocab) logits."""
+        return self.decoder(self.norm(self.act(self.dense(hidden))))

@@ -1,4 +1,4 @@
-"""Callbacks the CLI always adds: prediction files and the resolved config for every logger."""
+"""Callbacks: prediction files, the resolved config for every logger, and the pretrained-trunk export."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from pathlib import Path
 
 import lightning as L
 import yaml
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_info
+
+from tasks.pretrained import export_checkpoint, save_pretrained
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -50,3 +53,36 @@ class LogConfigCallback(SaveConfigCallback):
         config.pop("config", None)  # the paths of the YAML files themselves
         for logger in trainer.loggers:
             logger.log_hyperparams({"config": config})
+
+
+class ExportTrunk(Callback):
+    """At the end of ``fit``, write the pretrained-trunk directory that fine-tuning takes as ``model.init_from``.
+
+    The weights come from the best checkpoint when a ``ModelCheckpoint`` monitors a metric, else
+    from the final model.
+
+    Args:
+        dirpath: where to write; unset: ``<trainer.default_root_dir>/trunk``.
+        with_head: also store the task head's weights (``head.*`` in model.safetensors).
+    """
+
+    def __init__(self, dirpath: str | None = None, with_head: bool = False) -> None:
+        self.dirpath = dirpath
+        self.with_head = with_head
+
+    def path(self, trainer: L.Trainer) -> Path:
+        return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            checkpoint = trainer.checkpoint_callback
+            best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
+            if best:
+                path = export_checkpoint(best, self.path(trainer), self.with_head)
+            else:
+                head = pl_module.head.state_dict() if self.with_head else None
+                path = save_pretrained(self.path(trainer), pl_module.trunk_config, pl_module.trunk.state_dict(),
+                                       trainer.datamodule.tokenizer, head, type(pl_module).__module__ + "." + type(pl_module).__name__)
+            rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
+                           f"fine-tune from it with --model.init_from={path}")
+        trainer.strategy.barrier()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+from models import TrunkConfig
 from tasks.callbacks import LogConfigCallback, PredictionWriter
+from tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
 
 
 def wandb_has_credentials() -> bool:
@@ -22,7 +24,7 @@ def wandb_has_credentials() -> bool:
 
 
 class TrunkCLI(LightningCLI):
-    """``trunk fit | validate | test | predict --config configs/<recipe>.yaml``."""
+    """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         # Data-dependent sizes flow from the datamodule into the model: users never type them.
@@ -32,9 +34,39 @@ class TrunkCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self._use_pretrained_trunk(config)
+        self._use_checkpoint(config)
+
+    def _use_pretrained_trunk(self, config) -> None:
+        """With model.init_from, take the pretrained trunk's tokenizer, and its architecture for every
+        model.trunk field left at its default; fields set to other values fail in the task, naming both."""
+        model_args = config.model.get("init_args") or {}
+        init_from = model_args.get("init_from")
+        if not init_from:
+            return
+        if config.get("ckpt_path"):
+            model_args.init_from = None  # the checkpoint holds the fine-tuned weights and the tokenizer
+            return
+        try:
+            pretrained, _ = read_config(init_from)
+        except (FileNotFoundError, ValueError) as err:
+            sys.exit(f"error: model.init_from: {err}")
+        data_args = config.data.init_args
+        tokenizer = data_args.get("tokenizer")
+        if tokenizer is not None and Path(tokenizer).resolve() not in (Path(init_from).resolve(), (Path(init_from) / "tokenizer.json").resolve()):
+            sys.exit(f"error: data.tokenizer='{tokenizer}' but model.init_from='{init_from}' brings its own tokenizer, which "
+                     "the pretrained weights need. Remove data.tokenizer.")
+        data_args.tokenizer = init_from
+        defaults, trunk_args = TrunkConfig(), model_args.trunk
+        for name in ARCHITECTURE_FIELDS:
+            if name != "vocab_size" and trunk_args.get(name) == getattr(defaults, name):
+                trunk_args[name] = getattr(pretrained, name)
+        self._cap_max_length(data_args, pretrained.max_len)
+
+    def _use_checkpoint(self, config) -> None:
         """With --ckpt_path, reuse the checkpoint's tokenizer and label names and respect its max_len,
         so test/predict data is encoded as in training (Lightning has already restored the model's hparams)."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path or ckpt_path in ("best", "last"):
             return
@@ -46,9 +78,12 @@ class TrunkCLI(LightningCLI):
         model_args = config.model.get("init_args") or {}
         if "label_names" in data_args and data_args.label_names is None and model_args.get("label_names"):
             data_args.label_names = model_args["label_names"]
-        trunk_max_len = (model_args.get("trunk") or {}).get("max_len")
+        self._cap_max_length(data_args, (model_args.get("trunk") or {}).get("max_len"))
+
+    @staticmethod
+    def _cap_max_length(data_args, trunk_max_len: int | None) -> None:
         if trunk_max_len and data_args.get("max_length", 0) > trunk_max_len:
-            data_args.max_length = trunk_max_len  # the checkpoint's position table sets the limit
+            data_args.max_length = trunk_max_len  # a trained position table sets the limit
 
     def after_fit(self) -> None:
         """Evaluate the best checkpoint on the test split right after training, when one is configured."""
@@ -71,8 +106,32 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     )
 
 
+EXPORT_USAGE = """usage: trunk export CKPT DIR [--with-head]
+
+Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a Lightning
+checkpoint written by any Trunk task; fine-tune from it with --model.init_from=DIR."""
+
+
+def export_main(args: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="trunk export", description=EXPORT_USAGE.split("\n\n", 1)[1])
+    parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
+    parser.add_argument("dir", help="the directory to write (replaced atomically if it exists)")
+    parser.add_argument("--with-head", action="store_true", help="also store the task head's weights")
+    options = parser.parse_args(args)
+    try:
+        path = export_checkpoint(options.ckpt, options.dir, options.with_head)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
+
+
 def main() -> None:
-    run_cli()
+    if sys.argv[1:2] == ["export"]:
+        export_main(sys.argv[2:])
+    else:
+        run_cli()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""Freezing, layer-wise learning rates and gradual unfreezing, checked on real (tiny) training runs."""
+
+import lightning as L
+import pytest
+import torch
+
+from tasks import FinetuneConfig, SequenceClassification
+from tasks.cli import run_cli
+
+
+def fit(tiny_cli_args, *options, epochs: int = 1, callbacks=()):
+    """Build a tiny classification run, train it, return (model, weights before training, trainer)."""
+    cli = run_cli([*tiny_cli_args, f"--trainer.max_epochs={epochs}", *options], run=False)
+    before = {k: v.clone() for k, v in cli.model.state_dict().items()}
+    cli.trainer.callbacks.extend(callbacks)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli.model, before, cli.trainer
+
+
+def changed(model, before) -> dict[str, bool]:
+    return {name: not torch.equal(value, before[name]) for name, value in model.state_dict().items()
+            if name.startswith(("trunk.", "head."))}
+
+
+MODES = {
+    "embeddings": (["--model.finetune.freeze_embeddings=true"], ("trunk.stem.",)),
+    "lowest_block": (["--model.finetune.freeze_layers=1"], ("trunk.backbone.blocks.0.",)),
+    "embeddings_and_lowest_block": (["--model.finetune.freeze_embeddings=true", "--model.finetune.freeze_layers=1"],
+                                    ("trunk.stem.", "trunk.backbone.blocks.0.")),
+    "whole_trunk": (["--model.finetune.freeze_trunk=true"], ("trunk.",)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_frozen_parts_stay_bit_identical_and_get_no_optimizer_state(mode, tiny_cli_args):
+    options, frozen_prefixes = MODES[mode]
+    model, before, trainer = fit(tiny_cli_args, *options)
+    for name, did_change in changed(model, before).items():
+        frozen = name.startswith(frozen_prefixes)
+        assert did_change != frozen, f"{name}: {'changed although frozen' if frozen else 'did not train'}"
+    optimizer = trainer.optimizers[0]
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        frozen = name.startswith(frozen_prefixes)
+        assert (id(p) in in_optimizer) != frozen and (p in optimizer.state) != frozen, name
+    # Frozen parts run in eval mode (no dropout) even while the rest trains.
+    model.train()
+    blocks = model.trunk.backbone.blocks
+    for prefix, module in {"trunk.stem.": model.trunk.stem, "trunk.backbone.blocks.0.": blocks[0],
+                           "trunk.backbone.blocks.1.": blocks[1]}.items():
+        assert module.training != prefix.startswith(frozen_prefixes), prefix
+    assert model.head.training
+
+
+def test_layer_decay_gives_one_learning_rate_per_depth(tiny_cli_args):
+    cli = run_cli([*tiny_cli_args, "--model.finetune.layer_decay=0.5", "--model.optimizer.lr=0.01"], run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    groups = {g["name"]: g["initial_lr"] for g in cli.trainer.optimizers[0].param_groups}
+    # 2 blocks: stem = depth 0, blocks = 1 and 2, top (final norm + head) = 3
+    assert groups == pytest.approx({
+        "depth0": 0.01 * 0.5**3,  # the stem has only matrices (pre-LN: no embedding norm)
+        "depth1": 0.01 * 0.5**2, "depth1_no_decay": 0.01 * 0.5**2,
+        "depth2": 0.01 * 0.5, "depth2_no_decay": 0.01 * 0.5,
+        "depth3": 0.01, "depth3_no_decay": 0.01,
+    })
+    by_name = {g["name"]: g for g in cli.trainer.optimizers[0].param_groups}
+    assert all(any(p is q for q in by_name["depth1"]["params"]) for p in cli.model.trunk.backbone.blocks[0].parameters() if p.ndim >= 2)
+    assert all(any(p is q for q in by_name["depth3"]["params"]) for p in cli.model.head.parameters() if p.ndim >= 2)
+
+
+class RecordTrainable(L.Callback):
+    """Which trunk depths train, and each group's lr / initial_lr, at the first batch of every epoch."""
+
+    def __init__(self) -> None:
+        self.trainable: list[list[bool]] = []
+        self.lr_ratios: list[list[float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == 0:
+            depths = pl_module.depth_groups()[:-1]
+            self.trainable.append([all(p.requires_grad for m in d for p in m.parameters()) for d in depths])
+            self.lr_ratios.append([g["lr"] / g["initial_lr"] for g in trainer.optimizers[0].param_groups])
+
+
+def test_gradual_unfreezing_thaws_one_depth_every_k_epochs_top_down(tiny_cli_args):
+    record = RecordTrainable()
+    model, before, trainer = fit(tiny_cli_args, "--model.finetune.unfreeze_every=2", "--model.finetune.freeze_embeddings=true",
+                                 epochs=5, callbacks=[record])
+    # depths: [stem, block 0, block 1]; the embeddings are frozen for good
+    assert record.trainable == [
+        [False, False, False], [False, False, False],  # epochs 0-1: only the head (and nothing in the trunk)
+        [False, False, True], [False, False, True],    # epoch 2: the top block thaws
+        [False, True, True],                           # epoch 4: the next block
+    ]
+    for ratios in record.lr_ratios:  # thawed groups follow the same schedule as the head
+        assert ratios == pytest.approx([ratios[0]] * len(ratios))
+    assert [len(r) for r in record.lr_ratios] == [2, 2, 4, 4, 6]
+    did_change = changed(model, before)
+    assert not any(v for k, v in did_change.items() if k.startswith("trunk.stem."))
+    assert all(v for k, v in did_change.items() if k.startswith("trunk.backbone.blocks."))
+
+
+def test_gradual_unfreezing_resumes_with_the_same_thawed_parts(tiny_cli_args, tmp_path):
+    first = run_cli(["fit", *tiny_cli_args, "--model.finetune.unfreeze_every=1", "--trainer.max_epochs=2"])
+    last = first.trainer.checkpoint_callback.last_model_path or first.trainer.checkpoint_callback.best_model_path
+    record = RecordTrainable()
+    cli = run_cli([*tiny_cli_args, "--model.finetune.unfreeze_every=1", "--trainer.max_epochs=3"], run=False)
+    cli.trainer.callbacks.append(record)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=last)
+    assert record.trainable == [[False, True, True]]  # epoch 2: top block (epoch 1) and block 0 (epoch 2)
+
+
+def test_invalid_finetune_options():
+    with pytest.raises(ValueError, match="set only one of them"):
+        FinetuneConfig(freeze_trunk=True, unfreeze_every=1)
+    with pytest.raises(ValueError, match="layer_decay must be in"):
+        FinetuneConfig(layer_decay=0.0)
+    with pytest.raises(ValueError, match="freeze_layers=5 exceeds the trunk's 4 blocks"):
+        SequenceClassification(["a", "b"], finetune=FinetuneConfig(freeze_layers=5))

@@ -1,0 +1,263 @@
+"""Masked-LM pretraining: masking statistics, packing, the tied head, and the pretrain -> fine-tune handoff."""
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TINY_MODEL
+from datamodules import CorpusData, TokenMasker
+from datamodules.builtin import sentiment_example
+from datamodules.corpus import IGNORE_INDEX
+from datamodules.tokenizer import SPECIAL_TOKENS, train_wordpiece
+from models import TrunkConfig
+from tasks import MaskedLanguageModeling, SequenceClassification
+from tasks.cli import export_main, run_cli
+from tasks.pretrained import load_pretrained, save_pretrained
+
+TINY = TrunkConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [sentiment_example(rng)["text"] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_wordpiece(sentences(2000), vocab_size=150)  # small: many words split into ## pieces
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(sentences(600)) + "\n")
+    return path
+
+
+def random_batch(tokenizer, rows: int = 400, length: int = 128) -> torch.Tensor:
+    """Ids of real text with [CLS] first, [SEP] between sentences and [PAD] at the end of some rows."""
+    stream = [i for e in tokenizer.encode_batch(sentences(4000, seed=1), add_special_tokens=False) for i in (*e.ids, 3)]
+    ids = torch.tensor(stream[: rows * (length - 1)]).view(rows, length - 1)
+    ids = torch.cat([torch.full((rows, 1), 2), ids], dim=1)
+    ids[::3, -20:] = 0  # padding
+    return ids
+
+
+def test_masking_rates_specials_and_labels(tokenizer):
+    masker = TokenMasker(tokenizer, probability=0.15)
+    ids = random_batch(tokenizer)
+    masked, labels = masker(ids, torch.Generator().manual_seed(0))
+    special = torch.isin(ids, torch.tensor([tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]))
+    chosen = labels != IGNORE_INDEX
+    assert not (chosen & special).any(), "special or padding tokens were masked"
+    assert torch.equal(masked[special], ids[special])
+    assert torch.equal(labels[chosen], ids[chosen]) and (labels[~chosen] == IGNORE_INDEX).all()
+    assert torch.equal(masked[~chosen], ids[~chosen])  # nothing else changes
+    rate = chosen.sum().item() / (~special).sum().item()
+    assert rate == pytest.approx(0.15, abs=0.01)  # ~45k maskable tokens: std of the rate is 0.002
+    n = chosen.sum().item()
+    to_mask = (masked[chosen] == tokenizer.token_to_id("[MASK]")).sum().item() / n
+    unchanged = (masked[chosen] == ids[chosen]).sum().item() / n
+    assert to_mask == pytest.approx(0.8, abs=0.02)
+    assert unchanged == pytest.approx(0.1, abs=0.02)
+    assert 1 - to_mask - unchanged == pytest.approx(0.1, abs=0.02)  # random replacements
+    replaced = masked[chosen][(masked[chosen] != ids[chosen]) & (masked[chosen] != 4)]
+    assert not torch.isin(replaced, torch.arange(len(SPECIAL_TOKENS))).any(), "random replacements are never specials"
+
+
+def test_whole_word_masking_masks_words_completely(tokenizer):
+    masker = TokenMasker(tokenizer, probability=0.15, whole_word=True)
+    ids = random_batch(tokenizer)
+    _, labels = masker(ids, torch.Generator().manual_seed(0))
+    chosen = labels != IGNORE_INDEX
+    vocab = {i: t for t, i in tokenizer.get_vocab().items()}
+    continuation = torch.tensor([[vocab[i].startswith("##") for i in row] for row in ids.tolist()])
+    assert continuation.any(), "the test needs words split into pieces"
+    # A continuation piece is chosen exactly when the piece before it is (same word).
+    follows = continuation[:, 1:] & (ids[:, :-1] > 4)
+    assert torch.equal(chosen[:, 1:][follows], chosen[:, :-1][follows])
+    special = ids <= 4
+    assert not (chosen & special).any()
+    rate = chosen.sum().item() / (~special).sum().item()
+    assert rate == pytest.approx(0.15, abs=0.02)
+
+
+def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
+    docs = sentences(300)
+    plain = tmp_path / "a.txt"
+    plain.write_text("\n".join(docs[:200]) + "\n\n")
+    packed = tmp_path / "b.txt.gz"
+    with gzip.open(packed, "wt") as f:
+        f.write("\n".join(docs[200:]))
+    data = CorpusData(train=[str(plain), str(packed)], val_fraction=0.1, max_length=16, tokenizer_vocab_size=200, batch_size=8)
+    data.setup("fit")
+    train, val = data.raw("train")["text"], data.raw("validation")["text"]
+    assert len(train) + len(val) == 300 and len(val) == 30 and not set(val) & set(train)
+    blocks = [e["input_ids"] for e in data._encoded["train"]]
+    assert all(len(b) == 16 and b[0] == data.tokenizer.token_to_id("[CLS]") for b in blocks)
+    stream = [i for e in data.tokenizer.encode_batch(train, add_special_tokens=False) for i in (*e.ids, 3)]
+    assert torch.cat([b[1:] for b in blocks]).tolist() == stream[: 15 * len(blocks)]  # nothing lost, nothing padded
+    assert len(stream) - 15 * len(blocks) < 15
+    batch = next(iter(data.train_dataloader()))
+    assert batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
+    first = data.collate(data._encoded["train"][:64])["labels"]
+    second = data.collate(data._encoded["train"][:64])["labels"]
+    assert not torch.equal(first, second), "training masks must be dynamic"
+    val_batches = [next(iter(data.val_dataloader()))["labels"] for _ in range(2)]
+    assert torch.equal(*val_batches), "validation masks must be fixed"
+
+
+def test_blank_line_documents(tmp_path):
+    path = tmp_path / "docs.txt"
+    path.write_text("first line of doc one\nsecond line of doc one\n\n\nthe only line of doc two\n  \ndoc three\n")
+    data = CorpusData(train=str(path), documents="blank_line", val_fraction=0.0, tokenizer_vocab_size=100)
+    assert data.raw("train")["text"] == ["first line of doc one second line of doc one", "the only line of doc two", "doc three"]
+    lines = CorpusData(train=str(path), val_fraction=0.0)
+    assert len(lines.raw("train")) == 4
+
+
+def test_mlm_head_is_tied_and_scores_only_masked_positions():
+    torch.manual_seed(0)
+    model = MaskedLanguageModeling(trunk=TINY).eval()  # no dropout: the two losses below must agree
+    assert model.head.decoder.weight is model.trunk.stem.token.weight
+    ids = torch.randint(5, 300, (4, 32))
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 3] = ids[:, 3]
+    labels[0, 7] = ids[0, 7]
+    seen = []
+    model.head.decoder.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    loss = model.step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, "train")
+    assert seen == [torch.Size([5, 300])]  # 5 masked positions, never the full (4, 32, 300)
+    full = model(ids)
+    expected = torch.nn.functional.cross_entropy(full[labels != IGNORE_INDEX], labels[labels != IGNORE_INDEX])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert model.head.decoder.weight is model.trunk.stem.token.weight  # still one matrix after an update
+    ids_in_groups = [id(p) for g in model.param_groups() for p in g["params"]]
+    assert len(ids_in_groups) == len(set(ids_in_groups))  # the tied matrix is in one optimizer group
+
+
+def pretrain_args(corpus: Path, root: Path) -> list[str]:
+    tiny = [a.replace("SequenceClassification", "MaskedLanguageModeling") for a in TINY_MODEL]
+    return ["fit", *tiny, "--model.trunk.max_len=32", "--data=datamodules.CorpusData", f"--data.train={corpus}",
+            "--data.tokenizer_vocab_size=200", "--data.max_length=32", "--data.batch_size=8", "--trainer.max_steps=6",
+            "--trainer.val_check_interval=6",
+            "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+
+
+@pytest.fixture
+def pretrained(corpus_file, tmp_path):
+    """A few steps of tiny pretraining through the CLI; returns (cli, trunk directory)."""
+    cli = run_cli(pretrain_args(corpus_file, tmp_path / "pretrain"))
+    return cli, tmp_path / "pretrain" / "trunk"
+
+
+def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pretrained, sentiment_files, tmp_path):
+    cli, trunk_dir = pretrained
+    assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {"val/ppl", "val/acc", "val/loss"} <= cli.trainer.callback_metrics.keys()
+    assert cli.trainer.callback_metrics["val/ppl"] > 1.0
+    meta = json.loads((trunk_dir / "config.json").read_text())
+    assert meta["format"] == "trunk" and meta["format_version"] == 1 and meta["trunk"]["d_model"] == 32
+    pretrained_state = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
+
+    finetune = run_cli([
+        "--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+        f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
+        "--data.max_length=64", "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path / 'finetune'}",
+    ], run=False)
+    model = finetune.model
+    assert model.trunk_config.d_model == 32 and model.trunk_config.n_layers == 2  # architecture from the directory
+    for name, tensor in model.trunk.state_dict().items():
+        assert torch.equal(tensor, pretrained_state[name]), name
+    assert finetune.datamodule.tokenizer.to_str() == cli.datamodule.tokenizer.to_str()
+    assert finetune.datamodule.max_length == 32  # capped at the pretrained position table
+    finetune.trainer.fit(model, datamodule=finetune.datamodule)  # trains with the fresh head
+
+
+def test_export_command_matches_the_end_of_pretraining_export(pretrained, tmp_path, capsys):
+    cli, trunk_dir = pretrained
+    last = Path(cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path)
+    export_main([str(last), str(tmp_path / "exported"), "--with-head"])
+    assert "--model.init_from=" in capsys.readouterr().out
+    a, b = load_file(str(trunk_dir / "model.safetensors")), load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert {k for k in b if k.startswith("head.")} == {"head.dense.weight", "head.dense.bias", "head.norm.weight",
+                                                     "head.norm.bias", "head.decoder.bias"}  # decoder weight is tied
+    exported = load_pretrained(tmp_path / "exported")
+    assert torch.equal(exported.head_weights["decoder.weight"], exported.trunk_weights["stem.token.weight"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        export_main([str(tmp_path / "nope.ckpt"), str(tmp_path / "x")])
+
+
+def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
+    from tasks.base import build_text_trunk
+
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
+    first = build_text_trunk(config).state_dict()
+    save_pretrained(tmp_path / "t", config, first, tokenizer)
+    second = build_text_trunk(config).state_dict()
+    save_pretrained(tmp_path / "t", config, second, tokenizer)
+    assert torch.equal(load_pretrained(tmp_path / "t").trunk_weights["stem.token.weight"], second["stem.token.weight"])
+    assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temporary directories left behind
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trunk_dir(tmp_path, tokenizer) -> Path:
+    from tasks.base import build_text_trunk
+
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
+    return save_pretrained(tmp_path / "trunk", config, build_text_trunk(config).state_dict(), tokenizer)
+
+
+def test_missing_directory_or_files(trunk_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No pretrained trunk directory"):
+        load_pretrained(tmp_path / "nowhere")
+    (trunk_dir / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing \['tokenizer.json'\]"):
+        load_pretrained(trunk_dir)
+
+
+def test_corrupted_weights(trunk_dir):
+    weights = trunk_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="model.safetensors' is corrupted"):
+        load_pretrained(trunk_dir)
+
+
+def test_tokenizer_that_does_not_belong_to_the_weights(trunk_dir):
+    other = train_wordpiece(sentences(500, seed=3), vocab_size=80)
+    other.save(str(trunk_dir / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"tokenizer.json has \d+ tokens but the weights were trained with vocab_size=1\d\d"):
+        load_pretrained(trunk_dir)
+
+
+def test_architecture_mismatch_names_both_sides(trunk_dir, tokenizer):
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=2, d_ff=32, max_len=16)
+    with pytest.raises(ValueError) as err:
+        SequenceClassification(["a", "b"], trunk=config, init_from=str(trunk_dir))
+    message = str(err.value)
+    assert "d_model: model.trunk.d_model=32 but" in message and "has 16" in message
+    assert "n_layers: model.trunk.n_layers=3" in message and "has 1" in message
+
+
+def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_dir, sentiment_files, tmp_path):
+    base = ["--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+            f"--data.train={sentiment_files['train']}", "--data.max_length=16", f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(ValueError, match="n_heads: model.trunk.n_heads=8 but"):
+        run_cli([*base, "--model.trunk.n_heads=8"], run=False)
+    with pytest.raises(SystemExit, match="brings its own tokenizer"):
+        run_cli([*base, f"--data.tokenizer={tmp_path / 'other.json'}"], run=False)
+    with pytest.raises(SystemExit, match="model.init_from: No pretrained trunk directory"):
+        run_cli([*base[:1], f"--model.init_from={tmp_path / 'missing'}", *base[2:]], run=False)
