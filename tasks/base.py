@@ -8,9 +8,8 @@ from typing import Literal
 
 import lightning as L
 import torch
-from torchmetrics import MetricCollection
-
 from torch import nn
+from torchmetrics import MetricCollection
 
 from models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
 from tasks.finetuning import FinetuneConfig, GradualUnfreezing, set_trainable

@@ -106,16 +106,15 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     )
 
 
-EXPORT_USAGE = """usage: trunk export CKPT DIR [--with-head]
-
-Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a Lightning
-checkpoint written by any Trunk task; fine-tune from it with --model.init_from=DIR."""
-
-
 def export_main(args: list[str]) -> None:
+    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="trunk export", description=EXPORT_USAGE.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        prog="trunk export",
+        description="Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a "
+                    "Lightning checkpoint written by any Trunk task; fine-tune from it with --model.init_from=DIR.",
+    )
     parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
     parser.add_argument("dir", help="the directory to write (replaced atomically if it exists)")
     parser.add_argument("--with-head", action="store_true", help="also store the task head's weights")
