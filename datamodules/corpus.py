@@ -200,7 +200,7 @@ class CorpusData(TextDataModule):
         n_blocks = len(stream) // body
         if n_blocks == 0:
             rank_zero_warn(f"data.{role} has only {len(stream)} tokens, less than one block of {self.max_length}.")
-            n_blocks, stream = 1, stream + [tokenizer.token_to_id("[PAD]")] * (body - len(stream))
+            n_blocks, stream = 1, stream + [self.pad_id] * (body - len(stream))
         blocks = torch.tensor(stream[: n_blocks * body], dtype=torch.long).view(n_blocks, body)
         cls = torch.full((n_blocks, 1), tokenizer.token_to_id(CLS), dtype=torch.long)
         return torch.cat([cls, blocks], dim=1)

@@ -36,9 +36,10 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: boo
     return tokenizer
 
 
-def tokenizer_from_checkpoint(path: Path) -> Tokenizer:
-    """The tokenizer a Trunk datamodule stored inside a Lightning checkpoint."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None) -> Tokenizer:
+    """The tokenizer a Trunk datamodule stored inside a Lightning checkpoint (``ckpt``: already loaded)."""
+    if ckpt is None:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     for value in ckpt.values():
         if isinstance(value, dict) and "tokenizer_json" in value:
             return Tokenizer.from_str(value["tokenizer_json"])

@@ -21,6 +21,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
+
+from datamodules.tokenizer import load_tokenizer, tokenizer_from_checkpoint
 from models import TrunkConfig
 
 FORMAT_NAME, FORMAT_VERSION = "trunk", 1
@@ -124,10 +126,7 @@ def load_pretrained(directory: str | Path) -> PretrainedTrunk:
         tensors[name] = tensors[source]
     trunk_weights, head_weights = _strip(tensors, "trunk."), _strip(tensors, "head.")
     check_weights(config, trunk_weights, weights_path)
-    try:
-        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
-    except Exception as err:  # the Rust error does not name the file
-        raise ValueError(f"Could not read '{directory / TOKENIZER_FILE}': {err}") from err
+    tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
     if tokenizer.get_vocab_size() != config.vocab_size:
         raise ValueError(
             f"Trunk directory '{directory}': {TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens but the weights "
@@ -167,8 +166,6 @@ def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str |
 
 def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: bool = False) -> Path:
     """Write a trunk directory from a Lightning checkpoint written by any Trunk task."""
-    from datamodules.tokenizer import tokenizer_from_checkpoint
-
     ckpt_path = Path(ckpt_path)
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
@@ -179,7 +176,7 @@ def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: b
         raise ValueError(f"'{ckpt_path}' was not written by a Trunk task: it has no trunk hyperparameters.")
     config = trunk_hparams if isinstance(trunk_hparams, TrunkConfig) else TrunkConfig(**dict(trunk_hparams))
     state = ckpt["state_dict"]
-    return save_pretrained(directory, config, _strip(state, "trunk."), tokenizer_from_checkpoint(ckpt_path),
+    return save_pretrained(directory, config, _strip(state, "trunk."), tokenizer_from_checkpoint(ckpt_path, ckpt),
                            _strip(state, "head.") if with_head else None, hparams.get("_class_path"))
 
 
