@@ -6,5 +6,7 @@ The batch contract shared by every task is documented in ``datamodules/text.py``
 from datamodules.corpus import CorpusData, TokenMasker
 from datamodules.text import LengthBucketBatchSampler, TextDataModule
 from datamodules.text_classification import TextClassificationData
+from datamodules.token_classification import TokenClassificationData, read_conll
 
-__all__ = ["CorpusData", "LengthBucketBatchSampler", "TextClassificationData", "TextDataModule", "TokenMasker"]
+__all__ = ["CorpusData", "LengthBucketBatchSampler", "TextClassificationData", "TextDataModule", "TokenClassificationData", "TokenMasker",
+           "read_conll"]

@@ -13,10 +13,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
 from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split
-from datamodules.text import TextDataModule, pad
+from datamodules.text import IGNORE_INDEX, TextDataModule, pad
 from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
-
-IGNORE_INDEX = -100  # labels at unmasked positions: no loss there
 
 
 class TokenMasker:

@@ -20,11 +20,14 @@ import datasets
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from datamodules.sources import empty_split_error, load_split
 from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
+
+
+IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)
 
 
 def cache_dir() -> Path:
@@ -135,12 +138,16 @@ class TextDataModule(L.LightningDataModule):
             spec = self.split_specs[role]
             if spec is None:
                 raise ValueError(f"No {role} split is configured: set data.{role} (a file path, or a split name with data.dataset).")
-            ds = load_split(self.dataset, self.dataset_config, spec, f"data.{role}")
+            ds = self.load(spec, f"data.{role}")
             if len(ds) == 0:
                 raise empty_split_error(f"data.{role}", spec)
             self.check(ds, role)
             self._raw[role] = ds
         return self._raw[role]
+
+    def load(self, spec: str, role: str) -> datasets.Dataset:
+        """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
+        return load_split(self.dataset, self.dataset_config, spec, role)
 
     def has_split(self, role: str) -> bool:
         return self.split_specs[role] is not None
@@ -204,18 +211,19 @@ class TextDataModule(L.LightningDataModule):
     def pad_id(self) -> int:
         return self.tokenizer.token_to_id(PAD)
 
-    def tokenize(self, texts: list, role: str) -> list[list[int]]:
-        """Encode texts (str, or (str, str) pairs) to ids, truncating to max_length with one warning."""
+    def tokenize(self, texts: list, role: str, is_pretokenized: bool = False) -> list[Encoding]:
+        """Encode texts (str, (str, str) pairs, or word lists with ``is_pretokenized``), truncating
+        to max_length with one warning per split."""
         tokenizer = self.tokenizer
         tokenizer.enable_truncation(self.max_length)
-        encodings = tokenizer.encode_batch(texts)
+        encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
         truncated = sum(1 for e in encodings if e.overflowing)
         if truncated:
             rank_zero_warn(
                 f"{truncated} of {len(texts)} examples in data.{role} are longer than max_length={self.max_length} "
                 "tokens and were truncated. Raise data.max_length to keep them whole."
             )
-        return [e.ids for e in encodings]
+        return encodings
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -84,7 +84,7 @@ class TextClassificationData(TextDataModule):
         if any(t is None for t in texts):
             raise ValueError(f"data.{role}: column '{self.text_column}' has empty (null) cells; remove those rows.")
         inputs = texts if self.text_pair_column is None else list(zip(texts, ds[self.text_pair_column]))
-        ids = self.tokenize(inputs, role)
+        ids = [e.ids for e in self.tokenize(inputs, role)]
         labels = self.label_ids(ds, role) if role != "predict" else [None] * len(ids)
         return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
 

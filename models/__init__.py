@@ -1,6 +1,6 @@
 """Plain PyTorch models: no Lightning, no data, no files. Start reading at ``trunk.py``."""
 
-from models.heads import MaskedLMHead, SequenceClassificationHead, pool
+from models.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, pool
 from models.stems import TokenStem, sinusoidal_positions
 from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
@@ -11,6 +11,7 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "SequenceClassificationHead",
+    "TokenClassificationHead",
     "TokenStem",
     "Trunk",
     "TrunkConfig",

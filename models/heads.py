@@ -54,3 +54,16 @@ class MaskedLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., C) at the positions to predict (the masked ones only) -> (..., vocab) logits."""
         return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+class TokenClassificationHead(nn.Module):
+    """Per-token labels: dropout and a linear classifier on every position's vector."""
+
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, T, num_labels)."""
+        return self.classifier(self.drop(hidden))

@@ -4,5 +4,7 @@ from tasks.base import OptimConfig, TrunkTask
 from tasks.finetuning import FinetuneConfig
 from tasks.masked_lm import MaskedLanguageModeling
 from tasks.sequence_classification import SequenceClassification
+from tasks.token_classification import EntityF1, TokenClassification
 
-__all__ = ["FinetuneConfig", "MaskedLanguageModeling", "OptimConfig", "SequenceClassification", "TrunkTask"]
+__all__ = ["EntityF1", "FinetuneConfig", "MaskedLanguageModeling", "OptimConfig", "SequenceClassification", "TokenClassification",
+           "TrunkTask"]

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from datamodules.corpus import IGNORE_INDEX
+from datamodules.text import IGNORE_INDEX
 from models import MaskedLMHead, init_weights
 from tasks.base import TrunkTask
 

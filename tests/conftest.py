@@ -82,3 +82,40 @@ def tiny_cli_args(sentiment_files, tmp_path: Path) -> list[str]:
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         "--seed_everything=0",
     ]
+
+
+FIRST_NAMES = ["Anna", "Boris", "Carla", "Dmitri", "Elena", "Farid", "Greta", "Hiroshi", "Ines", "Jonas"]
+SURNAMES = ["Kowalski", "Lindqvist", "Moreau", "Nakamura", "Okafor", "Petrova", "Quispe", "Rossi"]
+CITIES = [["Paris"], ["New", "York"], ["Lagos"], ["Buenos", "Aires"], ["Oslo"], ["Kyoto"]]
+COMPANIES = [["Acme", "Corp"], ["Globex"], ["Initech"], ["Umbrella", "Group"], ["Hooli"]]
+FILLERS = ["said", "on", "Monday", "that", "the", "deal", "was", "good", "and", "then", "left", "."]
+
+
+def ner_sentence(rng: random.Random) -> list[tuple[str, str]]:
+    """One generated sentence as (word, IOB2 tag) pairs: people, places and companies among filler words."""
+    def entity(words: list[str], entity_type: str) -> list[tuple[str, str]]:
+        return [(w, ("B-" if i == 0 else "I-") + entity_type) for i, w in enumerate(words)]
+
+    person = [rng.choice(FIRST_NAMES)] + ([rng.choice(SURNAMES)] if rng.random() < 0.6 else [])
+    parts = [entity(person, "PER"), [("visited", "O")], entity(rng.choice(CITIES), "LOC")]
+    if rng.random() < 0.5:
+        parts += [[("for", "O")], entity(rng.choice(COMPANIES), "ORG")]
+    parts.append([(w, "O") for w in rng.sample(FILLERS, rng.randint(1, 4))])
+    rng.shuffle(parts)
+    return [pair for part in parts for pair in part]
+
+
+def write_conll(path: Path, sentences: list[list[tuple[str, str]]]) -> Path:
+    """CoNLL-2003 layout: -DOCSTART-, then `WORD POS CHUNK TAG` lines, a blank line after each sentence."""
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for sentence in sentences:
+        lines += [f"{word} NN O {tag}" for word, tag in sentence] + [""]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def ner_files(tmp_path: Path) -> dict[str, Path]:
+    rng = random.Random(0)
+    sizes = {"train": 200, "validation": 40, "test": 40}
+    return {split: write_conll(tmp_path / f"ner_{split}.txt", [ner_sentence(rng) for _ in range(n)]) for split, n in sizes.items()}

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from conftest import TINY_MODEL
 from datamodules import CorpusData, TokenMasker
 from datamodules.builtin import sentiment_example
-from datamodules.corpus import IGNORE_INDEX
+from datamodules.text import IGNORE_INDEX
 from datamodules.tokenizer import SPECIAL_TOKENS, train_wordpiece
 from models import TrunkConfig
 from tasks import MaskedLanguageModeling, SequenceClassification

@@ -1,0 +1,204 @@
+"""Token classification (named-entity recognition) data: sentences as words, one tag per word."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import datasets
+import torch
+
+from datamodules.sources import check_columns, load_split
+from datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
+from datamodules.text import IGNORE_INDEX, TextDataModule, pad
+
+ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
+
+
+def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> datasets.Dataset:
+    """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens`` and ``tags``.
+
+    One word per line with whitespace-separated columns: the word first, the tag in ``tag_column``.
+    Blank or whitespace-only lines separate sentences, and ``-DOCSTART-`` lines are skipped. Every
+    line must have as many columns as the first one. A file with a single column has words only
+    (for prediction); its ``tags`` are None.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give a CoNLL column file (one word per line, "
+                                f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
+    opener = gzip.open if path.suffix == ".gz" else open
+    sentences: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    n_columns = first_line = None
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            columns = line.split()
+            if not columns or columns[0] == "-DOCSTART-":
+                if current:
+                    sentences.append(current)
+                    current = []
+                continue
+            if n_columns is None:
+                n_columns, first_line = len(columns), line_number
+            elif len(columns) != n_columns:
+                raise ValueError(f"{role}: {path}:{line_number} has {len(columns)} columns but line {first_line} has "
+                                 f"{n_columns}: {line.strip()!r}. Every word line needs the same columns (word first, "
+                                 "tag in data.tag_column), separated by whitespace.")
+            current.append(columns)
+    if current:
+        sentences.append(current)
+    if n_columns == 1:
+        return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences], "tags": [None] * len(sentences)})
+    if n_columns is not None and not -n_columns <= tag_column < n_columns:
+        raise ValueError(f"{role}: data.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
+                         f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
+    return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences],
+                                       "tags": [[row[tag_column] for row in s] for s in sentences]})
+
+
+class TokenClassificationData(TextDataModule):
+    """Sentences of words with one entity tag per word (IOB1, IOB2/BIO or BIOES), for ``TokenClassification``.
+
+    Sources: CoNLL column files (any suffix but the row formats; plain or .gz), json/jsonl/parquet
+    rows with a word-list and a tag-list column, or a hub dataset such as ``conll2003`` (tags may
+    be class ids: their names come from the dataset's features). The predict split needs words
+    only (a one-column file works).
+
+    Tags of any input scheme are read as entity spans (see ``datamodules/tagging.py``) and
+    re-written in ``label_scheme`` for training. Words are split into sub-tokens; either the first
+    sub-token of each word carries the word's label (the rest are ignored), or with
+    ``label_all_subtokens`` every sub-token does (the entity is re-tagged over sub-tokens).
+    Predictions are always read per word, from each word's first sub-token.
+
+    Args:
+        tag_column: the tag's column in column files (CoNLL-2003: -1, the last).
+        tokens_column, tags_column: the list columns of row files and hub datasets.
+        label_scheme: ``bio`` or ``bioes``: how the model's labels spell entities.
+        label_all_subtokens: label every sub-token, not only each word's first.
+        label_names: the model's labels (``O``, ``B-LOC``, ...); unset: built from the entity
+            types in the training split. A checkpoint's labels are reused when testing it.
+        lowercase: lowercase text when training a tokenizer (off: case marks names).
+        **kwargs: see ``TextDataModule`` (tokenizer, max_length, batch_size, ...).
+    """
+
+    def __init__(
+        self,
+        tag_column: int = -1,
+        tokens_column: str = "tokens",
+        tags_column: str = "ner_tags",
+        label_scheme: Scheme = "bio",
+        label_all_subtokens: bool = False,
+        label_names: list[str] | None = None,
+        lowercase: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(lowercase=lowercase, **kwargs)
+        label_names_for([], label_scheme)  # validates the scheme's name
+        self.tag_column, self.tokens_column, self.tags_column = tag_column, tokens_column, tags_column
+        self.label_scheme, self.label_all_subtokens = label_scheme, label_all_subtokens
+        self._label_names = None
+        if label_names is not None:
+            self.label_scheme, _ = parse_label_names(label_names)
+            self._label_names = list(label_names)
+
+    # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
+    def load(self, spec: str, role: str) -> datasets.Dataset:
+        is_file = self.dataset is None
+        if is_file and not any(spec.endswith(s) or spec.endswith(s + ".gz") for s in ROW_FORMATS):
+            return read_conll(spec, self.tag_column, role)
+        ds = load_split(self.dataset, self.dataset_config, spec, role)
+        has_tags = self.tags_column in ds.column_names
+        check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role == "data.predict" else self.tags_column}, role)
+        tags = ds[self.tags_column] if has_tags else [None] * len(ds)
+        feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
+        if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
+            tags = [[feature.names[t] for t in row] for row in tags]
+        return datasets.Dataset.from_dict({"tokens": ds[self.tokens_column], "tags": tags})
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        if role != "predict" and any(t is None for t in ds["tags"]):
+            raise ValueError(f"data.{role} has no tags: its file has one column (words only). Give a file with a tag "
+                             "column for training and evaluation; words-only files are for data.predict.")
+        for i, (tokens, tags) in enumerate(zip(ds["tokens"], ds["tags"])):
+            if tags is not None and len(tokens) != len(tags):
+                raise ValueError(f"data.{role}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
+            for tag in tags or ():
+                try:
+                    split_tag(tag)
+                except ValueError as err:
+                    raise ValueError(f"data.{role}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check data.tag_column "
+                                     f"(now {self.tag_column}) or data.tags_column (now {self.tags_column!r}).") from None
+
+    @property
+    def label_names(self) -> list[str]:
+        if self._label_names is None:
+            types = {span.type for tags in self.raw("train")["tags"] for span in spans_from_tags(tags)}
+            if not types:
+                raise ValueError("data.train has no entities (every tag is O): nothing to learn. Check data.tag_column.")
+            self._label_names = label_names_for(types, self.label_scheme)
+        return self._label_names
+
+    def tokenizer_columns(self) -> list[str]:
+        return ["tokens"]
+
+    def tokenizer_text_options(self) -> list:
+        return ["tokens", self.tag_column, self.tokens_column]
+
+    def texts_for_tokenizer(self):
+        return (" ".join(tokens) for tokens in self.raw("train")["tokens"])
+
+    # -- encoding ----------------------------------------------------------------------------------
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        label_ids = {name: i for i, name in enumerate(self.label_names)} if role != "predict" else {}
+        known_types = {name.partition("-")[2] for name in self.label_names if name != "O"} if label_ids else set()
+        encodings = self.tokenize([list(tokens) for tokens in ds["tokens"]], role, is_pretokenized=True)
+        examples = []
+        for i, (words, tags, encoding) in enumerate(zip(ds["tokens"], ds["tags"], encodings)):
+            word_ids = encoding.word_ids  # the word each sub-token came from; None for [CLS] / [SEP]
+            word_starts = [-1] * len(words)  # -1: the word was truncated away (predicted O)
+            for position, word in enumerate(word_ids):
+                if word is not None and word_starts[word] < 0:
+                    word_starts[word] = position
+            example = {"input_ids": encoding.ids, "word_starts": word_starts, "words": words}
+            if tags is not None and role != "predict":
+                spans = spans_from_tags(tags)
+                unknown = {s.type for s in spans} - known_types
+                if unknown:
+                    raise ValueError(f"data.{role}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
+                                     f"the model knows {sorted(known_types)}. Fix the tags, or set data.label_names "
+                                     "to a label set that includes them.")
+                example["word_labels"] = [label_ids[t] for t in tags_from_spans(spans, len(words), self.label_scheme)]
+                example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)
+            examples.append(example)
+        return examples
+
+    def _token_labels(self, spans: list[Span], word_labels: list[int], word_ids: list, word_starts: list[int],
+                      label_ids: dict[str, int]) -> list[int]:
+        """Per-sub-token targets: the word's label at its first sub-token (ignored elsewhere), or the
+        entities re-tagged over all sub-tokens."""
+        labels = [IGNORE_INDEX] * len(word_ids)
+        if not self.label_all_subtokens:
+            for word, position in enumerate(word_starts):
+                if position >= 0:
+                    labels[position] = word_labels[word]
+            return labels
+        last_piece = {word: position for position, word in enumerate(word_ids) if word is not None}
+        token_spans = [Span(s.type, word_starts[s.start], last_piece[max(w for w in range(s.start, s.end + 1) if w in last_piece)])
+                       for s in spans if word_starts[s.start] >= 0]
+        token_tags = tags_from_spans(token_spans, len(word_ids), self.label_scheme)
+        return [label_ids[tag] if word is not None else IGNORE_INDEX for tag, word in zip(token_tags, word_ids)]
+
+    def collate(self, examples: list[dict]) -> dict:
+        input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).long(),
+            "word_starts": pad([e["word_starts"] for e in examples], -1),
+            "num_words": torch.tensor([len(e["words"]) for e in examples]),
+            "words": [e["words"] for e in examples],
+        }
+        if "labels" in examples[0]:
+            batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
+            batch["word_labels"] = pad([e["word_labels"] for e in examples], IGNORE_INDEX)
+        return batch
