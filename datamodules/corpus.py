@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
+from datamodules.token_classification import read_conll
 from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
 
 
@@ -76,7 +77,8 @@ class CorpusData(TextDataModule):
         validation: the same kinds of source; unset: ``val_fraction`` of the training documents
             are held out (chosen with a fixed seed).
         documents: ``line``: every non-empty line is a document (a paragraph, a sentence);
-            ``blank_line``: documents are separated by blank lines. Applies to text files.
+            ``blank_line``: documents are separated by blank lines. Applies to text files; a
+            CoNLL column file (one starting with ``-DOCSTART-``) gives its sentences' words.
         text_column: the text column of tabular files and hub datasets.
         val_fraction: share of training documents held out when ``validation`` is unset.
         mlm_probability: share of tokens chosen for prediction (BERT: 0.15).
@@ -157,6 +159,8 @@ class CorpusData(TextDataModule):
                 content = f.read()
         except (UnicodeDecodeError, OSError) as err:
             raise ValueError(f"{role}: could not read '{path}' as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from err
+        if content.lstrip().startswith("-DOCSTART-"):  # a CoNLL column file: its sentences, words re-joined
+            return [" ".join(words) for words in read_conll(path, role=role)["tokens"]]
         if self.documents == "line":
             return [line.strip() for line in content.splitlines() if line.strip()]
         paragraphs, current = [], []

@@ -21,7 +21,7 @@ def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:
 
 
 class TokenStem(nn.Module):
-    """Token embedding + position embedding (learned or sinusoidal), then dropout.
+    """Token embedding + position embedding (learned or sinusoidal; none for rope), then dropout.
 
     Post-LN models (BERT) also normalise the embeddings; pre-LN models leave that to the first block.
     """
@@ -32,8 +32,9 @@ class TokenStem(nn.Module):
         self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positions == "learned":
             self.position = nn.Embedding(cfg.max_len, cfg.d_model)
-        else:
+        elif cfg.positions == "sinusoidal":
             self.register_buffer("position_table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        # "rope": no absolute positions here; attention rotates queries and keys (models/trunk.py)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -45,5 +46,9 @@ class TokenStem(nn.Module):
                 f"Sequence length {T} exceeds the trunk's max_len={self.max_len}: truncate the inputs "
                 "(the datamodules do this via their max_length option) or build the trunk with a larger max_len."
             )
-        positions = self.position.weight[:T] if hasattr(self, "position") else self.position_table[:T]
-        return self.drop(self.norm(self.token(input_ids) + positions))
+        x = self.token(input_ids)
+        if hasattr(self, "position"):
+            x = x + self.position.weight[:T]
+        elif hasattr(self, "position_table"):
+            x = x + self.position_table[:T]
+        return self.drop(self.norm(x))

@@ -29,7 +29,7 @@ class TrunkConfig:
     dropout: float = 0.1
     attn_dropout: float = 0.1
     max_len: int = 512
-    positions: Literal["learned", "sinusoidal"] = "learned"
+    positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # rope: rotary, relative, inside attention
     norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     layer_norm_eps: float = 1e-5
@@ -52,17 +52,36 @@ class TrunkConfig:
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
+def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (RoFormer; GPT-NeoX's half-split layout) of (B, H, T, D) queries or keys.
+
+    Channel pair i of position t turns by the angle t * base^(-2i/D), so a query-key dot product
+    depends on the two positions only through their distance. A model can attend "one word to the
+    left" from its first steps, which learned absolute positions must discover first.
+    """
+    T, D = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    angles = torch.outer(torch.arange(offset, offset + T, device=x.device, dtype=torch.float32), inv_freq)  # (T, D/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class Attention(nn.Module):
     """Multi-head attention on ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
 
     Self-attention when ``context`` is None, cross-attention on ``context`` otherwise; the same
-    weights layout serves both, so a decoder reuses this class unchanged.
+    weights layout serves both, so a decoder reuses this class unchanged. With ``rotary``,
+    self-attention rotates queries and keys by their positions (``rotate``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
         super().__init__()
+        if rotary and (d_model // n_heads) % 2:
+            raise ValueError(f"Rotary positions need an even head width; d_model / n_heads = {d_model // n_heads}.")
         self.n_heads = n_heads
         self.dropout = dropout
+        self.rotary = rotary
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
         self.out_proj = nn.Linear(d_model, d_model)
@@ -80,6 +99,8 @@ class Attention(nn.Module):
         S = source.shape[1]
         q = self.q_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
         k, v = self.kv_proj(source).view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+        if self.rotary and context is None:
+            q, k = rotate(q), rotate(k)
 
         mask = None
         if key_padding_mask is not None:
@@ -114,7 +135,7 @@ class Block(nn.Module):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, rotary=cfg.positions == "rope")
         self.norm_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

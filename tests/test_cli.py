@@ -113,23 +113,30 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_config_instantiates(config, sentiment_files, tiny_trunk_dir, tmp_path):
+def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, tiny_trunk_dir, tmp_path):
     """Each recipe builds its model, data and trainer (data pointed at small generated files)."""
     recipe = yaml.safe_load(config.read_text())
-    tiny_data = ["--data.dataset=null", f"--data.train={sentiment_files['train']}", "--data.text_column=text"]
-    if recipe["data"]["class_path"].endswith("CorpusData"):
-        tiny_data += ["--data.validation=null", "--data.tokenizer_vocab_size=300"]
+    data_class = recipe["data"]["class_path"]
+    tiny_data = ["--data.dataset=null"]
+    expected_labels = ["negative", "positive"]
+    if data_class.endswith("TokenClassificationData"):
+        tiny_data += [f"--data.{split}={ner_files[split]}" for split in ("train", "validation", "test")]
+        expected_labels = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     else:
+        tiny_data += [f"--data.train={sentiment_files['train']}", "--data.text_column=text"]
+    if data_class.endswith("CorpusData"):
+        tiny_data += ["--data.validation=null", "--data.tokenizer_vocab_size=300"]
+    elif data_class.endswith("TextClassificationData"):
         tiny_data += [f"--data.validation={sentiment_files['validation']}", "--data.test=null", "--data.predict=null",
                       "--data.label_column=label", "--data.label_names=null"]
     if recipe["model"].get("init_args", {}).get("init_from"):
         tiny_data.append(f"--model.init_from={tiny_trunk_dir}")
-    elif "CorpusData" not in recipe["data"]["class_path"]:
+    elif not data_class.endswith("CorpusData"):
         tiny_data.append("--data.tokenizer_vocab_size=300")
     cli = run_cli(["--config", str(config), *tiny_data, f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert cli.model.trunk.stem.token.num_embeddings == cli.datamodule.vocab_size  # linked, never typed
     if hasattr(cli.model, "label_names"):
-        assert cli.model.label_names == ["negative", "positive"]
+        assert cli.model.label_names == expected_labels
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")

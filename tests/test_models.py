@@ -66,7 +66,7 @@ def test_attention_matches_torch_multihead_attention(attn):
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
 def test_padding_does_not_change_real_token_outputs(norm, positions):
     torch.manual_seed(0)
     cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions)
@@ -88,6 +88,26 @@ def test_sinusoidal_positions_follow_the_formula():
     pos, i = 7, 1
     assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 8)), abs=1e-6)
     assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 8)), abs=1e-6)
+
+
+def test_rotary_scores_depend_only_on_the_distance_between_positions():
+    from models.trunk import rotate
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+    def score(i, j):  # the query at position i, the key at position j
+        return (rotate(q, offset=i) * rotate(k, offset=j)).sum().item()
+    assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-4) == pytest.approx(score(52, 50), abs=1e-4)
+    assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-3)
+    assert torch.allclose(rotate(q).norm(), q.norm())  # a rotation: lengths are kept
+
+
+def test_rope_trunks_have_no_absolute_positions_and_see_order():
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, positions="rope")
+    trunk = Trunk(TokenStem(cfg), Backbone(cfg)).eval()
+    assert not any("position" in name for name, _ in trunk.named_parameters())
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert not torch.allclose(trunk(ids)[0, 0], trunk(ids.flip(1))[0, -1])  # same token, other place: other vector
 
 
 def test_init_follows_bert_gpt():

@@ -121,6 +121,14 @@ def test_blank_line_documents(tmp_path):
     assert len(lines.raw("train")) == 4
 
 
+def test_conll_column_files_give_their_sentences(tmp_path):
+    from conftest import write_conll
+
+    conll = write_conll(tmp_path / "ner.txt", [[("EU", "B-ORG"), ("rejects", "O")], [("Peter", "B-PER"), ("left", "O")]])
+    data = CorpusData(train=[str(conll), str(conll)], val_fraction=0.0)
+    assert data.raw("train")["text"] == ["EU rejects", "Peter left"] * 2  # words only: no tags, no DOCSTART
+
+
 def test_mlm_head_is_tied_and_scores_only_masked_positions():
     torch.manual_seed(0)
     model = MaskedLanguageModeling(trunk=TINY).eval()  # no dropout: the two losses below must agree
