@@ -4,9 +4,10 @@ The batch contract shared by every task is documented in ``datamodules/text.py``
 """
 
 from datamodules.corpus import CorpusData, TokenMasker
+from datamodules.sources import read_conll
 from datamodules.text import LengthBucketBatchSampler, TextDataModule
 from datamodules.text_classification import TextClassificationData
-from datamodules.token_classification import TokenClassificationData, read_conll
+from datamodules.token_classification import TokenClassificationData
 
 __all__ = ["CorpusData", "LengthBucketBatchSampler", "TextClassificationData", "TextDataModule", "TokenClassificationData", "TokenMasker",
            "read_conll"]

@@ -12,9 +12,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split
+from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split, read_conll
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from datamodules.token_classification import read_conll
 from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 
 import datasets
@@ -78,3 +79,48 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
                 f"{role} has no column '{column}' (set by data.{option}). Its columns are {ds.column_names}: "
                 f"set data.{option} to one of them."
             )
+
+
+ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
+
+
+def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> datasets.Dataset:
+    """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens`` and ``tags``.
+
+    One word per line with whitespace-separated columns: the word first, the tag in ``tag_column``.
+    Blank or whitespace-only lines separate sentences, and ``-DOCSTART-`` lines are skipped. Every
+    line must have as many columns as the first one. A file with a single column has words only
+    (for prediction); its ``tags`` are None.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give a CoNLL column file (one word per line, "
+                                f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
+    opener = gzip.open if path.suffix == ".gz" else open
+    sentences: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    n_columns = first_line = None
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            columns = line.split()
+            if not columns or columns[0] == "-DOCSTART-":
+                if current:
+                    sentences.append(current)
+                    current = []
+                continue
+            if n_columns is None:
+                n_columns, first_line = len(columns), line_number
+            elif len(columns) != n_columns:
+                raise ValueError(f"{role}: {path}:{line_number} has {len(columns)} columns but line {first_line} has "
+                                 f"{n_columns}: {line.strip()!r}. Every word line needs the same columns (word first, "
+                                 "tag in data.tag_column), separated by whitespace.")
+            current.append(columns)
+    if current:
+        sentences.append(current)
+    if n_columns == 1:
+        return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences], "tags": [None] * len(sentences)})
+    if n_columns is not None and not -n_columns <= tag_column < n_columns:
+        raise ValueError(f"{role}: data.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
+                         f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
+    return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences],
+                                       "tags": [[row[tag_column] for row in s] for s in sentences]})
