@@ -8,6 +8,7 @@ from datamodules.sources import read_conll
 from datamodules.text import LengthBucketBatchSampler, TextDataModule
 from datamodules.text_classification import TextClassificationData
 from datamodules.token_classification import TokenClassificationData
+from datamodules.translation import TranslationData
 
 __all__ = ["CorpusData", "LengthBucketBatchSampler", "TextClassificationData", "TextDataModule", "TokenClassificationData", "TokenMasker",
-           "read_conll"]
+           "TranslationData", "read_conll"]

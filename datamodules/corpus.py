@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import random
 from pathlib import Path
 from typing import Literal
@@ -12,7 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split, read_conll
+from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split, read_conll, read_text
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
 from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
 
@@ -149,15 +148,7 @@ class CorpusData(TextDataModule):
             ds = load_split(self.dataset, self.dataset_config, source, role)
             check_columns(ds, {"text_column": self.text_column}, role)
             return [t.strip() for t in ds[self.text_column] if t and t.strip()]
-        if not path.is_file():
-            raise FileNotFoundError(f"{role}: file '{source}' does not exist. Give text files (plain or .gz), "
-                                    f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                content = f.read()
-        except (UnicodeDecodeError, OSError) as err:
-            raise ValueError(f"{role}: could not read '{path}' as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from err
+        content = read_text(path, role)
         if content.lstrip().startswith("-DOCSTART-"):  # a CoNLL column file: its sentences, words re-joined
             return [" ".join(words) for words in read_conll(path, role=role)["tokens"]]
         if self.documents == "line":

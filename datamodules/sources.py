@@ -81,16 +81,31 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
             )
 
 
+def read_text(path: str | Path, role: str) -> str:
+    """The whole of a UTF-8 text file, plain or gzip, with errors that name the option."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give text files (plain or .gz), "
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8", newline="") as f:
+            return f.read()
+    except (UnicodeDecodeError, OSError, EOFError) as err:
+        raise ValueError(f"{role}: could not read '{path}' as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from err
+
+
 ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
 
 
 def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> datasets.Dataset:
-    """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens`` and ``tags``.
+    """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens``, ``tags`` and ``document``.
 
     One word per line with whitespace-separated columns: the word first, the tag in ``tag_column``.
-    Blank or whitespace-only lines separate sentences, and ``-DOCSTART-`` lines are skipped. Every
-    line must have as many columns as the first one. A file with a single column has words only
-    (for prediction); its ``tags`` are None.
+    Blank or whitespace-only lines separate sentences; a ``-DOCSTART-`` line starts a new document
+    (``document`` counts them from 0; a file without any is one document). Every line must have as
+    many columns as the first one. A file with a single column has words only (for prediction);
+    its ``tags`` are None.
     """
     path = Path(path).expanduser()
     if not path.is_file():
@@ -98,15 +113,20 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> da
                                 f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
     opener = gzip.open if path.suffix == ".gz" else open
     sentences: list[list[list[str]]] = []
+    documents: list[int] = []  # each sentence's document
     current: list[list[str]] = []
     n_columns = first_line = None
+    document, document_has_sentences = 0, False
     with opener(path, "rt", encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
             columns = line.split()
             if not columns or columns[0] == "-DOCSTART-":
                 if current:
                     sentences.append(current)
-                    current = []
+                    documents.append(document)
+                    current, document_has_sentences = [], True
+                if columns and document_has_sentences:
+                    document, document_has_sentences = document + 1, False
                 continue
             if n_columns is None:
                 n_columns, first_line = len(columns), line_number
@@ -117,10 +137,12 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> da
             current.append(columns)
     if current:
         sentences.append(current)
+        documents.append(document)
+    words = [[row[0] for row in s] for s in sentences]
     if n_columns == 1:
-        return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences], "tags": [None] * len(sentences)})
+        return datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(sentences), "document": documents})
     if n_columns is not None and not -n_columns <= tag_column < n_columns:
         raise ValueError(f"{role}: data.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
                          f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
-    return datasets.Dataset.from_dict({"tokens": [[row[0] for row in s] for s in sentences],
-                                       "tags": [[row[tag_column] for row in s] for s in sentences]})
+    return datasets.Dataset.from_dict({"tokens": words, "tags": [[row[tag_column] for row in s] for s in sentences],
+                                       "document": documents})

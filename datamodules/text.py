@@ -159,11 +159,11 @@ class TextDataModule(L.LightningDataModule):
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_path) if self.tokenizer_path else self._cached_trained_tokenizer()
+            self._tokenizer = load_tokenizer(self.tokenizer_path) if self.tokenizer_path else self.cached_trained_tokenizer()
         return self._tokenizer
 
-    def _cached_trained_tokenizer(self) -> Tokenizer:
-        """Train on data.train once per (data, options) and cache the result.
+    def cached_trained_tokenizer(self, side: str = "input") -> Tokenizer:
+        """Train on data.train (``texts_for_tokenizer(side)``) once per (data, options) and cache the result.
 
         WordPiece training is not deterministic across processes (hash-order tie breaks), so every
         DDP rank must read the same file rather than train its own: the launching process trains
@@ -178,17 +178,21 @@ class TextDataModule(L.LightningDataModule):
             stat = path.stat() if self.dataset is None and path.is_file() else None
             sources.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns] if stat else spec)
         key = json.dumps([type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options(),
-                          self.tokenizer_vocab_size, self.lowercase])
+                          self.tokenizer_vocab_size, self.lowercase, *([side] if side != "input" else [])])
         path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
         if path.is_file():
             return load_tokenizer(path)
-        tokenizer = train_wordpiece(self.texts_for_tokenizer(), self.tokenizer_vocab_size, self.lowercase)
+        tokenizer = self.train_tokenizer(self.texts_for_tokenizer(side))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tokenizer.save(str(tmp))
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
-        rank_zero_info(f"Trained a WordPiece tokenizer on data.train ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
+        rank_zero_info(f"Trained a tokenizer on data.train ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
         return tokenizer
+
+    def train_tokenizer(self, texts: Iterator[str]) -> Tokenizer:
+        """A new tokenizer trained on ``texts``: WordPiece (translation overrides: BPE, for exact detokenization)."""
+        return train_wordpiece(texts, self.tokenizer_vocab_size, self.lowercase)
 
     def tokenizer_columns(self) -> list[str]:
         """The columns whose text trains the tokenizer (part of the tokenizer cache key)."""
@@ -198,7 +202,7 @@ class TextDataModule(L.LightningDataModule):
         """Options that change which text trains the tokenizer (part of the cache key)."""
         return self.tokenizer_columns()
 
-    def texts_for_tokenizer(self) -> Iterator[str]:
+    def texts_for_tokenizer(self, side: str = "input") -> Iterator[str]:
         train = self.raw("train")
         for column in self.tokenizer_columns():
             yield from (t for t in train[column] if t)
@@ -217,13 +221,15 @@ class TextDataModule(L.LightningDataModule):
         tokenizer = self.tokenizer
         tokenizer.enable_truncation(self.max_length)
         encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
-        truncated = sum(1 for e in encodings if e.overflowing)
+        self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role)
+        return encodings
+
+    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length") -> None:
         if truncated:
             rank_zero_warn(
-                f"{truncated} of {len(texts)} examples in data.{role} are longer than max_length={self.max_length} "
-                "tokens and were truncated. Raise data.max_length to keep them whole."
+                f"{truncated} of {total} examples in data.{role} are longer than {option}={getattr(self, option)} "
+                f"tokens and were truncated. Raise data.{option} to keep them whole."
             )
-        return encodings
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

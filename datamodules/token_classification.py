@@ -8,6 +8,7 @@ import torch
 from datamodules.sources import ROW_FORMATS, check_columns, load_split, read_conll
 from datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
+from datamodules.tokenizer import CLS, SEP
 
 class TokenClassificationData(TextDataModule):
     """Sentences of words with one entity tag per word (IOB1, IOB2/BIO or BIOES), for ``TokenClassification``.
@@ -23,6 +24,13 @@ class TokenClassificationData(TextDataModule):
     ``label_all_subtokens`` every sub-token does (the entity is re-tagged over sub-tokens).
     Predictions are always read per word, from each word's first sub-token.
 
+    With ``context_length`` > 0 each sentence is encoded with the text around it (document context,
+    as in FLERT): up to that many sub-tokens of the neighbouring sentences of its document, split
+    between left and right, within max_length. Context takes no loss and gets no predictions; it
+    lets the model see, for example, that a name in a results table is a team. Documents come
+    from ``-DOCSTART-`` lines in column files; rows and hub datasets are read as one document in
+    their order.
+
     Args:
         tag_column: the tag's column in column files (CoNLL-2003: -1, the last).
         tokens_column, tags_column: the list columns of row files and hub datasets.
@@ -31,6 +39,7 @@ class TokenClassificationData(TextDataModule):
         label_names: the model's labels (``O``, ``B-LOC``, ...); unset: built from the entity
             types in the training split. A checkpoint's labels are reused when testing it.
         lowercase: lowercase text when training a tokenizer (off: case marks names).
+        context_length: sub-tokens of document context around each sentence (0: none).
         **kwargs: see ``TextDataModule`` (tokenizer, max_length, batch_size, ...).
     """
 
@@ -43,9 +52,13 @@ class TokenClassificationData(TextDataModule):
         label_all_subtokens: bool = False,
         label_names: list[str] | None = None,
         lowercase: bool = False,
+        context_length: int = 0,
         **kwargs,
     ) -> None:
         super().__init__(lowercase=lowercase, **kwargs)
+        if context_length < 0:
+            raise ValueError(f"data.context_length must be >= 0 (sub-tokens of context), got {context_length}.")
+        self.context_length = context_length
         label_names_for([], label_scheme)  # validates the scheme's name
         self.tag_column, self.tokens_column, self.tags_column = tag_column, tokens_column, tags_column
         self.label_scheme, self.label_all_subtokens = label_scheme, label_all_subtokens
@@ -66,7 +79,7 @@ class TokenClassificationData(TextDataModule):
         feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
         if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
             tags = [[feature.names[t] for t in row] for row in tags]
-        return datasets.Dataset.from_dict({"tokens": ds[self.tokens_column], "tags": tags})
+        return datasets.Dataset.from_dict({"tokens": ds[self.tokens_column], "tags": tags, "document": [0] * len(ds)})
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         if role != "predict" and any(t is None for t in ds["tags"]):
@@ -97,22 +110,20 @@ class TokenClassificationData(TextDataModule):
     def tokenizer_text_options(self) -> list:
         return ["tokens", self.tag_column, self.tokens_column]
 
-    def texts_for_tokenizer(self):
+    def texts_for_tokenizer(self, side: str = "input"):
         return (" ".join(tokens) for tokens in self.raw("train")["tokens"])
 
     # -- encoding ----------------------------------------------------------------------------------
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         label_ids = {name: i for i, name in enumerate(self.label_names)} if role != "predict" else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
-        encodings = self.tokenize([list(tokens) for tokens in ds["tokens"]], role, is_pretokenized=True)
         examples = []
-        for i, (words, tags, encoding) in enumerate(zip(ds["tokens"], ds["tags"], encodings)):
-            word_ids = encoding.word_ids  # the word each sub-token came from; None for [CLS] / [SEP]
+        for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(ds["tokens"], ds["tags"], self._windows(ds, role))):
             word_starts = [-1] * len(words)  # -1: the word was truncated away (predicted O)
             for position, word in enumerate(word_ids):
                 if word is not None and word_starts[word] < 0:
                     word_starts[word] = position
-            example = {"input_ids": encoding.ids, "word_starts": word_starts, "words": words}
+            example = {"input_ids": input_ids, "word_starts": word_starts, "words": words}
             if tags is not None and role != "predict":
                 spans = spans_from_tags(tags)
                 unknown = {s.type for s in spans} - known_types
@@ -124,6 +135,36 @@ class TokenClassificationData(TextDataModule):
                 example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)
             examples.append(example)
         return examples
+
+    def _windows(self, ds: datasets.Dataset, role: str) -> list[tuple[list[int], list[int | None]]]:
+        """Each sentence's input ids, ``[CLS] left-context sentence right-context [SEP]``, and the word
+        each position came from (None for [CLS], [SEP] and context)."""
+        tokenizer = self.tokenizer
+        tokenizer.no_truncation()  # the sentence is cut here, so that context never displaces it
+        encodings = tokenizer.encode_batch([list(t) for t in ds["tokens"]], is_pretokenized=True, add_special_tokens=False)
+        pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
+        documents, room = ds["document"], self.max_length - 2
+        cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+        windows = []
+        for i, ids in enumerate(pieces):
+            budget = min(self.context_length, max(room - len(ids), 0))
+            left, right = self._neighbours(pieces, documents, i, -1, budget), self._neighbours(pieces, documents, i, 1, budget)
+            n_left = min(len(left), max(budget // 2, budget - len(right)))  # an even split, unless one side runs short
+            n_right = min(len(right), budget - n_left)
+            left, right = left[len(left) - n_left :], right[:n_right]
+            windows.append(([cls_id, *left, *ids[:room], *right, sep_id], [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1)))
+        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role)
+        return windows
+
+    @staticmethod
+    def _neighbours(pieces: list[list[int]], documents: list[int], i: int, step: int, budget: int) -> list[int]:
+        """Up to ``budget`` sub-tokens of the sentences before (step -1) or after (+1) sentence i, in its document."""
+        tokens: list[int] = []
+        j = i + step
+        while len(tokens) < budget and 0 <= j < len(pieces) and documents[j] == documents[i]:
+            tokens = tokens + pieces[j] if step > 0 else pieces[j] + tokens
+            j += step
+        return (tokens[:budget] if step > 0 else tokens[max(len(tokens) - budget, 0) :]) if budget else []
 
     def _token_labels(self, spans: list[Span], word_labels: list[int], word_ids: list, word_starts: list[int],
                       label_ids: dict[str, int]) -> list[int]:

@@ -36,18 +36,32 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: boo
     return tokenizer
 
 
-def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None) -> Tokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
+    """Train a SentencePiece-style BPE tokenizer: spaces are kept as "▁" inside the tokens, so
+    ``decode`` gives the text back exactly (detokenized), which generated text needs."""
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    _add_bert_template(tokenizer)
+    return tokenizer
+
+
+def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None, key: str = "tokenizer_json") -> Tokenizer:
     """The tokenizer a Trunk datamodule stored inside a Lightning checkpoint (``ckpt``: already loaded)."""
     if ckpt is None:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     for value in ckpt.values():
-        if isinstance(value, dict) and "tokenizer_json" in value:
-            return Tokenizer.from_str(value["tokenizer_json"])
+        if isinstance(value, dict) and key in value:
+            return Tokenizer.from_str(value[key])
     raise ValueError(f"Checkpoint {path} holds no tokenizer: it was not written by a Trunk text datamodule.")
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer from a ``tokenizer.json``, a directory holding one, or a Lightning checkpoint."""
+def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> Tokenizer:
+    """Load a tokenizer from a ``tokenizer.json``, a directory holding one, or a Lightning checkpoint
+    (the datamodule state's ``checkpoint_key``)."""
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
@@ -57,7 +71,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             ".ckpt written by Trunk; or leave data.tokenizer unset to train a new one on the training split."
         )
     if path.suffix == ".ckpt":
-        tokenizer = tokenizer_from_checkpoint(path)
+        tokenizer = tokenizer_from_checkpoint(path, key=checkpoint_key)
     else:
         try:
             tokenizer = Tokenizer.from_file(str(path))

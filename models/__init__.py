@@ -1,5 +1,7 @@
 """Plain PyTorch models: no Lightning, no data, no files. Start reading at ``trunk.py``."""
 
+from models.decoder import Decoder, DecoderBlock, KVCache
+from models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
 from models.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, pool
 from models.stems import TokenStem, sinusoidal_positions
 from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
@@ -8,6 +10,13 @@ __all__ = [
     "Attention",
     "Backbone",
     "Block",
+    "Decoder",
+    "DecoderBlock",
+    "GenerationConfig",
+    "KVCache",
+    "SpecialIds",
+    "beam_search",
+    "greedy_search",
     "FeedForward",
     "MaskedLMHead",
     "SequenceClassificationHead",

@@ -38,9 +38,9 @@ class TokenStem(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids: (B, T) -> (B, T, C)."""
-        T = input_ids.shape[1]
+    def forward(self, input_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """input_ids: (B, T) -> (B, T, C). ``offset``: the position of the first token (incremental decoding)."""
+        T = offset + input_ids.shape[1]
         if T > self.max_len:
             raise ValueError(
                 f"Sequence length {T} exceeds the trunk's max_len={self.max_len}: truncate the inputs "
@@ -48,7 +48,7 @@ class TokenStem(nn.Module):
             )
         x = self.token(input_ids)
         if hasattr(self, "position"):
-            x = x + self.position.weight[:T]
+            x = x + self.position.weight[offset:T]
         elif hasattr(self, "position_table"):
-            x = x + self.position_table[:T]
+            x = x + self.position_table[offset:T]
         return self.drop(self.norm(x))

@@ -71,8 +71,12 @@ class Attention(nn.Module):
     """Multi-head attention on ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
 
     Self-attention when ``context`` is None, cross-attention on ``context`` otherwise; the same
-    weights layout serves both, so a decoder reuses this class unchanged. With ``rotary``,
+    weights layout serves both, so the decoder reuses this class unchanged. With ``rotary``,
     self-attention rotates queries and keys by their positions (``rotate``).
+
+    For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
+    keys and values between calls: self-attention appends the new tokens' and attends to all of
+    them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
@@ -92,21 +96,32 @@ class Attention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         context: torch.Tensor | None = None,
         causal: bool = False,
+        cache: dict | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C). key_padding_mask: (B, S) bool, True at real tokens. context: (B, S, C)."""
         B, T, C = x.shape
-        source = x if context is None else context
-        S = source.shape[1]
         q = self.q_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
-        k, v = self.kv_proj(source).view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
-        if self.rotary and context is None:
-            q, k = rotate(q), rotate(k)
+        if context is not None and cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
+        else:
+            source = x if context is None else context
+            k, v = self.kv_proj(source).view(B, source.shape[1], 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+            if context is None:
+                offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
+                if self.rotary:
+                    q, k = rotate(q, offset), rotate(k, offset)
+                if offset:
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
+        S = k.shape[2]
 
         mask = None
         if key_padding_mask is not None:
             mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
-        if causal:
+        if causal and T > 1:
             # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
+            # Queries are the last T of the S positions (earlier ones may come from the cache).
             causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
             mask = causal_mask if mask is None else mask & causal_mask
         y = F.scaled_dot_product_attention(
@@ -141,12 +156,14 @@ class Block(nn.Module):
         self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
         if self.pre_norm:  # x + f(LN(x)): the residual stream is never normalised
-            x = x + self.drop(self.attn(self.norm_attn(x), key_padding_mask, causal=causal))
-            return x + self.drop(self.ff(self.norm_ff(x)))
-        x = self.norm_attn(x + self.drop(self.attn(x, key_padding_mask, causal=causal)))  # LN(x + f(x))
-        return self.norm_ff(x + self.drop(self.ff(x)))
+            return x + self.drop(sublayer(norm(x)))
+        return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal), self.norm_attn)
+        return self.residual(x, self.ff, self.norm_ff)
 
 
 class Backbone(nn.Module):

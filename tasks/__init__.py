@@ -5,6 +5,7 @@ from tasks.finetuning import FinetuneConfig
 from tasks.masked_lm import MaskedLanguageModeling
 from tasks.sequence_classification import SequenceClassification
 from tasks.token_classification import EntityF1, TokenClassification
+from tasks.translation import Translation
 
 __all__ = ["EntityF1", "FinetuneConfig", "MaskedLanguageModeling", "OptimConfig", "SequenceClassification", "TokenClassification",
-           "TrunkTask"]
+           "Translation", "TrunkTask"]

@@ -20,15 +20,18 @@ class PredictionWriter(BasePredictionWriter):
     Args:
         output: the file to write; unset: ``predictions.jsonl`` in the run's log directory. Under
             several processes each writes its own ``.rank<N>`` file.
+        field: write only this field of each record, as plain text, one line per example (for
+            example ``translation``: a file to hand to sacrebleu).
     """
 
-    def __init__(self, output: str | None = None) -> None:
+    def __init__(self, output: str | None = None, field: str | None = None) -> None:
         super().__init__(write_interval="batch")
         self.output = output
+        self.field = field
         self._file = None
 
     def path(self, trainer: L.Trainer) -> Path:
-        path = Path(self.output) if self.output else Path(trainer.log_dir or ".") / "predictions.jsonl"
+        path = Path(self.output) if self.output else Path(trainer.log_dir or ".") / ("predictions.txt" if self.field else "predictions.jsonl")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -38,7 +41,12 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
         for record in prediction:
-            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if self.field is None:
+                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                continue
+            if self.field not in record:
+                raise ValueError(f"predictions.field={self.field!r} is not in this task's predictions; its fields are {sorted(record)}.")
+            self._file.write(str(record[self.field]).replace("\n", " ") + "\n")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._file.close()

@@ -31,6 +31,7 @@ class TrunkCLI(LightningCLI):
         # A link whose target a model does not take (say label_names for MLM) is skipped.
         parser.link_arguments("data.vocab_size", "model.init_args.trunk.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.init_args.label_names", apply_on="instantiate")
+        parser.link_arguments("data.target_vocab_size", "model.init_args.target_vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
@@ -75,6 +76,8 @@ class TrunkCLI(LightningCLI):
         data_args = config.data.init_args
         if data_args.get("tokenizer") is None:
             data_args.tokenizer = ckpt_path
+        if data_args.get("joint_vocabulary") is False and data_args.get("target_tokenizer") is None:
+            data_args.target_tokenizer = ckpt_path  # translation with separate vocabularies
         model_args = config.model.get("init_args") or {}
         if "label_names" in data_args and data_args.label_names is None and model_args.get("label_names"):
             data_args.label_names = model_args["label_names"]

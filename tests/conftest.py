@@ -19,6 +19,7 @@ os.environ.update(
 os.environ.pop("WANDB_API_KEY", None)
 
 import csv  # noqa: E402
+import gzip  # noqa: E402
 import random  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -119,3 +120,36 @@ def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)
     sizes = {"train": 200, "validation": 40, "test": 40}
     return {split: write_conll(tmp_path / f"ner_{split}.txt", [ner_sentence(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
+def reversal_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """A toy 'language pair': the target is the source's words reversed, capitalised, with a full stop."""
+    rng = random.Random(seed)
+    words = ["apple", "bird", "cat", "dog", "egg", "fish", "goat", "hat"]
+    pairs = []
+    for _ in range(n):
+        sentence = rng.choices(words, k=rng.randint(2, 5))
+        pairs.append((" ".join(sentence), " ".join(reversed(sentence)).capitalize() + "."))
+    return pairs
+
+
+def write_parallel(directory: Path, split: str, pairs: list[tuple[str, str]], gz: bool = False) -> str:
+    """Files <split>.src / <split>.tgt (plain or gzip); returns the {lang} template."""
+    suffix = ".gz" if gz else ""
+    for lang, side in (("src", 0), ("tgt", 1)):
+        text = "".join(pair[side] + "\n" for pair in pairs)
+        path = directory / f"{split}.{lang}{suffix}"
+        if gz:
+            with gzip.open(path, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    return str(directory / f"{split}.{{lang}}{suffix}")
+
+
+@pytest.fixture
+def reversal_files(tmp_path: Path) -> dict[str, str]:
+    """Parallel files (train gzipped) of a task small enough to learn exactly in seconds."""
+    sizes = {"train": 1500, "validation": 60, "test": 60}
+    return {split: write_parallel(tmp_path, split, reversal_pairs(n, seed=i), gz=split == "train")
+            for i, (split, n) in enumerate(sizes.items())}

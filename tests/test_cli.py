@@ -113,7 +113,7 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, tiny_trunk_dir, tmp_path):
+def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, reversal_files, tiny_trunk_dir, tmp_path):
     """Each recipe builds its model, data and trainer (data pointed at small generated files)."""
     recipe = yaml.safe_load(config.read_text())
     data_class = recipe["data"]["class_path"]
@@ -122,6 +122,9 @@ def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, ti
     if data_class.endswith("TokenClassificationData"):
         tiny_data += [f"--data.{split}={ner_files[split]}" for split in ("train", "validation", "test")]
         expected_labels = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    elif data_class.endswith("TranslationData"):
+        tiny_data += [f"--data.{split}={reversal_files[split]}" for split in ("train", "validation", "test")]
+        tiny_data += ["--data.source_lang=src", "--data.target_lang=tgt"]
     else:
         tiny_data += [f"--data.train={sentiment_files['train']}", "--data.text_column=text"]
     if data_class.endswith("CorpusData"):

@@ -164,6 +164,7 @@ def test_read_conll_skips_docstart_and_whitespace_lines_and_reads_gzip(tmp_path)
         ds = read_conll(tmp_path / name)
         assert ds["tokens"] == [["EU", "rejects"], ["Peter", "Blackburn"], ["Oslo"]]
         assert ds["tags"] == [["B-ORG", "O"], ["B-PER", "I-PER"], ["B-LOC"]]
+        assert ds["document"] == [0, 0, 1]
     assert read_conll(tmp_path / "a.txt", tag_column=1)["tags"][0] == ["NNP", "VBZ"]
 
 
@@ -226,6 +227,39 @@ def test_all_subtoken_alignment_retags_entities_over_pieces(split_words_data, sc
     assert example["labels"][0] == example["labels"][-1] == -100
     second = dm.encode(dm.raw("train"), "train")[1]  # a one-word entity: S- in BIOES
     assert dm.label_names[second["labels"][1]] == ("S-LOC" if scheme == "bioes" else "B-LOC")
+
+
+def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp_path):
+    # two documents of one-word-per-piece sentences: the words are the tokenizer's whole vocabulary
+    words = [f"w{i}" for i in range(12)]
+    sentences = [[(w, "B-LOC" if i % 3 == 0 else "O") for i, w in enumerate(words[k : k + 3])] for k in range(0, 12, 3)]
+    lines = []
+    for doc in (sentences[:3], sentences[3:]):
+        lines += ["-DOCSTART- -X- -X- O", ""] + [line for s in doc for line in [f"{w} NN O {t}" for w, t in s] + [""]]
+    (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from datamodules.tokenizer import SPECIAL_TOKENS
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+
+    def encoded(context_length: int, max_length: int = 128) -> list[list[str]]:
+        dm = TokenClassificationData(train=str(tmp_path / "docs.txt"), tokenizer=str(tmp_path / "tokenizer.json"),
+                                     context_length=context_length, max_length=max_length)
+        examples = dm.encode(dm.raw("train"), "train")
+        for e in examples:  # labels and word starts sit on the sentence itself, never on context
+            tokens = [dm.tokenizer.id_to_token(i) for i in e["input_ids"]]
+            assert [tokens[p] for p in e["word_starts"]] == e["words"]
+            assert [i for i, label in enumerate(e["labels"]) if label != -100] == e["word_starts"]
+        return [[dm.tokenizer.id_to_token(i) for i in e["input_ids"]] for e in examples]
+
+    assert encoded(0)[1] == ["[CLS]", "w3", "w4", "w5", "[SEP]"]
+    assert encoded(4)[1] == ["[CLS]", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "[SEP]"]  # two each side
+    assert encoded(4)[0] == ["[CLS]", "w0", "w1", "w2", "w3", "w4", "w5", "w6", "[SEP]"]  # no left: all on the right
+    assert encoded(100)[2] == ["[CLS]", *words[:9], "[SEP]"]  # the end of document 1 ...
+    assert encoded(100)[3] == ["[CLS]", "w9", "w10", "w11", "[SEP]"]  # ... is never context for document 2
+    assert encoded(100, max_length=7)[1] == ["[CLS]", "w2", "w3", "w4", "w5", "w6", "[SEP]"]  # context fits max_length
 
 
 def test_unknown_entity_types_at_test_time_are_a_clear_error(ner_files, tmp_path):

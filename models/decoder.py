@@ -1,0 +1,85 @@
+"""The decoder of sequence-to-sequence models, built from the trunk's own parts.
+
+A ``DecoderBlock`` is a trunk ``Block`` whose self-attention is causal, plus a cross-attention on
+the encoder's output (the *memory*) between it and the feed-forward. The ``Decoder`` embeds target
+tokens with a ``TokenStem`` and reads logits off the same embedding matrix (tied output
+projection). ``KVCache`` holds each layer's keys and values between generation steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.stems import TokenStem
+from models.trunk import Attention, Block, TrunkConfig
+
+
+class KVCache:
+    """Keys and values of every decoder layer, kept between generation steps.
+
+    Each layer has a ``self`` dict (the generated tokens' keys and values, growing by one token per
+    step) and a ``cross`` dict (the memory's, projected once). ``reorder`` follows beam search as
+    it moves hypotheses between beams.
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [{"self": {}, "cross": {}} for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        """The number of tokens cached so far."""
+        keys = self.layers[0]["self"].get("k") if self.layers else None
+        return 0 if keys is None else keys.shape[2]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` (B',) of the batch, in that order. The memory's keys and values need
+        no reordering: beam search moves hypotheses only among the beams of one sentence, whose
+        memories are equal."""
+        for layer in self.layers:
+            for name in ("k", "v"):
+                layer["self"][name] = layer["self"][name].index_select(0, index)
+
+
+class DecoderBlock(Block):
+    """Causal self-attention, cross-attention on the memory, feed-forward; each a residual sublayer."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__(cfg)
+        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)  # no rotation: no shared positions
+        self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                cache: dict | None = None) -> torch.Tensor:
+        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"]), self.norm_attn)
+        x = self.residual(x, lambda h: self.cross_attn(h, memory_mask, context=memory,
+                                                       cache=None if cache is None else cache["cross"]), self.norm_cross)
+        return self.residual(x, self.ff, self.norm_ff)
+
+
+class Decoder(nn.Module):
+    """Target tokens (B, U) + memory (B, S, C) -> next-token logits (B, U, vocab).
+
+    ``cfg`` gives the target vocabulary, depth and every other architecture field (the encoder's,
+    usually). Right-padded targets need no self-attention padding mask: the causal mask already
+    keeps every real token from seeing the padding after it.
+    """
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.stem = TokenStem(cfg)
+        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, input_ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """With ``cache``, ``input_ids`` are only the tokens after the cached ones."""
+        x = self.stem(input_ids, offset=0 if cache is None else len(cache))
+        for i, block in enumerate(self.blocks):
+            x = block(x, memory, memory_mask, None if cache is None else cache.layers[i])
+        return F.linear(self.final_norm(x), self.stem.token.weight, self.output_bias)  # tied to the target embeddings
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.blocks))
