@@ -3,7 +3,7 @@
 from models.decoder import Decoder, DecoderBlock, KVCache
 from models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
 from models.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, pool
-from models.stems import TokenStem, sinusoidal_positions
+from models.stems import PatchStem, TokenStem, sinusoidal_positions, sinusoidal_positions_2d
 from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "greedy_search",
     "FeedForward",
     "MaskedLMHead",
+    "PatchStem",
     "SequenceClassificationHead",
     "TokenClassificationHead",
     "TokenStem",
@@ -27,4 +28,5 @@ __all__ = [
     "init_weights",
     "pool",
     "sinusoidal_positions",
+    "sinusoidal_positions_2d",
 ]

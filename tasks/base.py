@@ -13,7 +13,7 @@ from torchmetrics import MetricCollection
 
 from models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
 from tasks.finetuning import FinetuneConfig, GradualUnfreezing, set_trainable
-from tasks.pretrained import check_architecture, load_pretrained
+from tasks.pretrained import PretrainedTrunk, check_architecture, load_pretrained
 
 STAGES = ("train", "val", "test")
 
@@ -87,11 +87,9 @@ class TrunkTask(L.LightningModule):
         self.trunk_config = trunk
         self.optim_config = optimizer
         self.finetune = finetune
-        self.trunk = build_text_trunk(trunk)
+        self.trunk = self.build_trunk(trunk)
         if init_from:
-            pretrained = load_pretrained(init_from)
-            check_architecture(trunk, pretrained.config, init_from)
-            self.trunk.load_state_dict(pretrained.trunk_weights)
+            self.load_pretrained_trunk(load_pretrained(init_from))
         if finetune.freeze_layers > trunk.n_layers:
             raise ValueError(f"finetune.freeze_layers={finetune.freeze_layers} exceeds the trunk's {trunk.n_layers} blocks.")
         for depth in self.frozen_depths():
@@ -103,6 +101,15 @@ class TrunkTask(L.LightningModule):
             setattr(self, f"{stage}_metrics", metrics.clone(prefix=f"{stage}/"))
 
     # -- for subclasses ------------------------------------------------------------------------
+    def build_trunk(self, cfg: TrunkConfig) -> Trunk:
+        """The trunk this task trains: token stem + backbone (image tasks swap the stem)."""
+        return build_text_trunk(cfg)
+
+    def load_pretrained_trunk(self, pretrained: PretrainedTrunk) -> None:
+        """Start from a pretrained trunk's weights (``init_from``), after checking the architectures match."""
+        check_architecture(self.trunk_config, pretrained.config, pretrained.path)
+        self.trunk.load_state_dict(pretrained.trunk_weights)
+
     def make_metrics(self) -> MetricCollection:
         raise NotImplementedError
 
@@ -124,7 +131,7 @@ class TrunkTask(L.LightningModule):
 
     def _run_stage(self, batch: dict, stage: str) -> torch.Tensor:
         loss = self.step(batch, stage)
-        batch_size = batch["input_ids"].shape[0] if "input_ids" in batch else None
+        batch_size = len(batch["labels"]) if "labels" in batch else None
         self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, batch_size=batch_size,
                  sync_dist=stage != "train")  # epoch-level eval loss averaged over all processes
         # Logging the Metric objects lets Lightning compute them over the whole epoch (synced

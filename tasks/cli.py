@@ -54,11 +54,12 @@ class TrunkCLI(LightningCLI):
         except (FileNotFoundError, ValueError) as err:
             sys.exit(f"error: model.init_from: {err}")
         data_args = config.data.init_args
-        tokenizer = data_args.get("tokenizer")
-        if tokenizer is not None and Path(tokenizer).resolve() not in (Path(init_from).resolve(), (Path(init_from) / "tokenizer.json").resolve()):
-            sys.exit(f"error: data.tokenizer='{tokenizer}' but model.init_from='{init_from}' brings its own tokenizer, which "
-                     "the pretrained weights need. Remove data.tokenizer.")
-        data_args.tokenizer = init_from
+        if "tokenizer" in data_args:  # text data (image data reuses the blocks only)
+            tokenizer = data_args.get("tokenizer")
+            if tokenizer is not None and Path(tokenizer).resolve() not in (Path(init_from).resolve(), (Path(init_from) / "tokenizer.json").resolve()):
+                sys.exit(f"error: data.tokenizer='{tokenizer}' but model.init_from='{init_from}' brings its own tokenizer, which "
+                         "the pretrained weights need. Remove data.tokenizer.")
+            data_args.tokenizer = init_from
         defaults, trunk_args = TrunkConfig(), model_args.trunk
         for name in ARCHITECTURE_FIELDS:
             if name != "vocab_size" and trunk_args.get(name) == getattr(defaults, name):
@@ -74,7 +75,7 @@ class TrunkCLI(LightningCLI):
         if not Path(ckpt_path).is_file():
             sys.exit(f"error: --ckpt_path '{ckpt_path}' does not exist. Pass the path of a .ckpt file written by `trunk fit`.")
         data_args = config.data.init_args
-        if data_args.get("tokenizer") is None:
+        if "tokenizer" in data_args and data_args.get("tokenizer") is None:
             data_args.tokenizer = ckpt_path
         if data_args.get("joint_vocabulary") is False and data_args.get("target_tokenizer") is None:
             data_args.target_tokenizer = ckpt_path  # translation with separate vocabularies

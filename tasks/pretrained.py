@@ -153,10 +153,10 @@ def check_weights(config: TrunkConfig, weights: dict[str, torch.Tensor], source:
         )
 
 
-def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path) -> None:
+def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=ARCHITECTURE_FIELDS) -> None:
     """Fail, naming both sides, when the configured trunk cannot take the pretrained weights."""
     diffs = [f"{name}: model.trunk.{name}={getattr(wanted, name)!r} but '{path}' has {getattr(pretrained, name)!r}"
-             for name in ARCHITECTURE_FIELDS if getattr(wanted, name) != getattr(pretrained, name)]
+             for name in names if getattr(wanted, name) != getattr(pretrained, name)]
     if diffs:
         raise ValueError(
             "The configured trunk does not match the pretrained one:\n  " + "\n  ".join(diffs)

@@ -43,23 +43,26 @@ class SequenceClassification(TrunkTask):
         n = len(self.label_names)
         return MetricCollection({"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")})
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T) token ids -> (B, num_labels) logits."""
-        return self.head(self.trunk(input_ids, attention_mask), attention_mask)
+    input_key = "input_ids"  # the batch entry the trunk reads (images: pixel_values)
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids (or what the stem takes) -> (B, num_labels) logits."""
+        return self.head(self.trunk(inputs, attention_mask), attention_mask)
 
     def step(self, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(batch["input_ids"], batch["attention_mask"])
+        logits = self(batch[self.input_key], batch.get("attention_mask"))
         loss = F.cross_entropy(logits.float(), batch["labels"])
         self.metrics(stage).update(logits.argmax(-1), batch["labels"])
         return loss
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
-        probs = self(batch["input_ids"], batch["attention_mask"]).float().softmax(-1)
+        probs = self(batch[self.input_key], batch.get("attention_mask")).float().softmax(-1)
         records = []
         for i, row in enumerate(probs.tolist()):
             best = max(range(len(row)), key=row.__getitem__)
             record = {"label": self.label_names[best], "probs": dict(zip(self.label_names, row))}
-            if "text" in batch:
-                record = {"text": batch["text"][i], **record}
+            for key in ("text", "id"):  # what the example was: its text, or its image's file / index
+                if key in batch:
+                    record = {key: batch[key][i], **record}
             records.append(record)
         return records
