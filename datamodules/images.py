@@ -8,14 +8,13 @@ from functools import partial
 from pathlib import Path
 
 import datasets
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from datamodules import builtin
 from datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from datamodules.text import STAGE_ROLES
+from datamodules.text import STAGE_ROLES, SplitLoaders
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -38,7 +37,7 @@ def read_idx(path: Path, role: str) -> np.ndarray:
     return body.reshape(shape)
 
 
-class ImageClassificationData(L.LightningDataModule):
+class ImageClassificationData(SplitLoaders):
     """Labelled images for ``ImageClassification``, as normalised (B, C, H, W) batches.
 
     Sources (each split one of):
@@ -317,17 +316,8 @@ class ImageClassificationData(L.LightningDataModule):
                           shuffle=train, collate_fn=partial(self.collate, train=train), num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        return self._loader("validation") if "validation" in self._splits else []
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict")
+    def has_loaded(self, role: str) -> bool:
+        return role in self._splits
 
     # -- checkpoints: the normalisation and the class names travel with the model ---------------------
     def state_dict(self) -> dict:

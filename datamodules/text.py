@@ -77,7 +77,30 @@ class LengthBucketBatchSampler(BatchSampler):
         yield from batches
 
 
-class TextDataModule(L.LightningDataModule):
+class SplitLoaders(L.LightningDataModule):
+    """Lightning's four dataloader hooks from ``_loader(role, train)``, shared by text and image data.
+    Validation is optional: without a loaded validation split, fit runs without it."""
+
+    def _loader(self, role: str, train: bool = False) -> DataLoader:
+        raise NotImplementedError
+
+    def has_loaded(self, role: str) -> bool:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._loader("validation") if self.has_loaded("validation") else []
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+
+class TextDataModule(SplitLoaders):
     """Loads splits (hub, local files or built-in), provides the tokenizer and the dataloaders.
 
     Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
@@ -262,17 +285,8 @@ class TextDataModule(L.LightningDataModule):
         return DataLoader(examples, batch_sampler=batches, collate_fn=self.collate, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        return self._loader("validation") if "validation" in self._encoded else []
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict")
+    def has_loaded(self, role: str) -> bool:
+        return role in self._encoded
 
     # -- checkpoints: the tokenizer travels inside every Lightning checkpoint ----------------------
     def state_dict(self) -> dict:
