@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import netrc
 import os
 import sys
@@ -25,6 +26,18 @@ def wandb_has_credentials() -> bool:
 
 class TrunkCLI(LightningCLI):
     """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
+
+    # How a trained model is run, not what it learned: with --ckpt_path, the config's values win
+    # over the checkpoint's (Lightning would restore them all, so a beam size could never change).
+    INFERENCE_OPTIONS = ("generation", "val_beam_size", "decoding")
+
+    def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        model_args = (self.config[subcommand].model.get("init_args") if subcommand else None) or {}
+        configured = {name: copy.deepcopy(model_args[name]) for name in self.INFERENCE_OPTIONS if name in model_args}
+        super()._parse_ckpt_path()
+        for name, value in configured.items():
+            self.config[subcommand].model.init_args[name] = value
 
     def add_arguments_to_parser(self, parser) -> None:
         # Data-dependent sizes flow from the datamodule into the model: users never type them.

@@ -164,6 +164,9 @@ def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(rever
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"val/bleu", "val/loss", "val/acc", "train/loss_step"} <= set(logged)
     ckpt = cli.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *translation_args(reversal_files, tmp_path), f"--ckpt_path={ckpt}", "--model.generation.max_length=2"])
+    assert tested.model.generation.max_length == 2  # generation options are the config's, not the checkpoint's
+    assert tested.trainer.callback_metrics["test/bleu"] < 50  # two tokens cannot spell the reversed sentences
     sources = ["cat dog fish", "hat egg apple bird goat"]
     (tmp_path / "new.src").write_text("".join(s + "\n" for s in sources))
     out = tmp_path / "out.txt"
