@@ -162,7 +162,7 @@ class ImageClassificationData(SplitLoaders):
         images = [self._load_image(p, role) for p in files]
         if role == "data.predict":  # any folder of images; no labels needed
             return {"images": images, "labels": None, "ids": [str(p) for p in files]}
-        outside = [p.name for p in files if p.parent != folder and p.parent.parent != folder or p.parent == folder]
+        outside = [p.name for p in files if p.parent.parent != folder]  # not exactly one class folder deep
         if outside:
             raise ValueError(f"{role}: '{folder}' has images outside class folders ({outside[0]}, ...). Put each "
                              "class's images in a sub-folder named after the class (one level deep).")
@@ -203,21 +203,16 @@ class ImageClassificationData(SplitLoaders):
         """Images -> one uint8 (N, C, H, W) tensor (converted, resized, checked); labels -> ids."""
         if len(rows["images"]) == 0:
             raise empty_split_error(role, str(self.split_specs[role.split(".")[-1]]))
-        arrays = [self._as_array(image) for image in rows["images"]] if isinstance(rows["images"], list) else [rows["images"]]
-        if isinstance(rows["images"], list):
-            shapes = sorted({a.shape for a in arrays})
+        if isinstance(rows["images"], list):  # one at a time: sizes may differ until resized
+            conformed = [self._conform(torch.from_numpy(self._as_array(image))[None], role) for image in rows["images"]]
+            shapes = sorted({tuple(t.shape[1:]) for t in conformed})
             if len(shapes) > 1:
                 raise ValueError(f"{role} has images of different shapes (height, width, channels) {shapes[:3]}. Set "
                                  "data.image_size to resize them to one square size, and data.channels to convert them.")
-            images = torch.from_numpy(np.stack(arrays))
+            images = torch.cat(conformed)
         else:
-            images = torch.from_numpy(np.array(arrays[0]))  # a writable copy
-            if images.ndim == 3:
-                images = images[..., None]  # (N, H, W) grey -> (N, H, W, 1)
-            images = self._convert_channels(images, role)
-            if self.image_size and images.shape[1:3] != (self.image_size, self.image_size):
-                images = torch.nn.functional.interpolate(images.permute(0, 3, 1, 2).float(), size=(self.image_size,) * 2,
-                                                         mode="bilinear", antialias=True).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+            images = torch.from_numpy(np.array(rows["images"]))  # a writable copy
+            images = self._conform(images[..., None] if images.ndim == 3 else images, role)  # (N, H, W) grey -> (N, H, W, 1)
         images = images.permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
         labels = None
         if rows["labels"] is not None:
@@ -233,19 +228,21 @@ class ImageClassificationData(SplitLoaders):
                                  "Fix the data, or set data.label_names to include it.") from None
         return {"images": images, "labels": labels, "ids": rows["ids"]}
 
-    def _as_array(self, image) -> np.ndarray:
-        """One image (PIL, array or nested lists) -> (H, W, C) uint8, converted and resized as configured."""
-        if hasattr(image, "convert"):  # PIL
-            mode = {1: "L", 3: "RGB"}.get(self.channels) or ("L" if image.mode in ("L", "1", "I", "I;16", "F") else "RGB")
-            image = image.convert(mode)
-            if self.image_size and image.size != (self.image_size, self.image_size):
-                from PIL import Image
-
-                image = image.resize((self.image_size, self.image_size), Image.BILINEAR)
-            array = np.asarray(image, dtype=np.uint8)
-            return array[..., None] if array.ndim == 2 else array
+    @staticmethod
+    def _as_array(image) -> np.ndarray:
+        """One image (PIL, array or nested lists) -> (H, W, C) uint8: grey stays grey, anything else becomes RGB."""
+        if hasattr(image, "convert"):  # PIL: palette, alpha, 16-bit ... -> L or RGB
+            image = image.convert("L" if image.mode in ("L", "1", "I", "I;16", "F") else "RGB")
         array = np.asarray(image, dtype=np.uint8)
-        return self._convert_channels(torch.from_numpy(array[..., None] if array.ndim == 2 else array)[None], "data").numpy()[0]
+        return array[..., None] if array.ndim == 2 else array
+
+    def _conform(self, images: torch.Tensor, role: str) -> torch.Tensor:
+        """(N, H, W, C) uint8 -> the configured channel count and size."""
+        images = self._convert_channels(images, role)
+        if self.image_size and images.shape[1:3] != (self.image_size, self.image_size):
+            images = torch.nn.functional.interpolate(images.permute(0, 3, 1, 2).float(), size=(self.image_size,) * 2,
+                                                     mode="bilinear", antialias=True).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+        return images
 
     def _convert_channels(self, images: torch.Tensor, role: str) -> torch.Tensor:
         """(N, H, W, C) uint8 -> the configured channel count (grey <-> RGB)."""
