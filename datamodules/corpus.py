@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, empty_split_error, load_split, read_conll, read_text
+from datamodules.sources import FILE_FORMATS, check_columns, file_format, empty_split_error, load_split, read_conll, read_text
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
 from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
 
@@ -143,8 +143,7 @@ class CorpusData(TextDataModule):
 
     def _read_source(self, source: str, role: str) -> list[str]:
         path = Path(source).expanduser()
-        inner_suffix = Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
-        if self.dataset is not None or inner_suffix in FILE_FORMATS:  # rows with a text column
+        if self.dataset is not None or file_format(path) in FILE_FORMATS:  # rows with a text column
             ds = load_split(self.dataset, self.dataset_config, source, role)
             check_columns(ds, {"text_column": self.text_column}, role)
             return [t.strip() for t in ds[self.text_column] if t and t.strip()]

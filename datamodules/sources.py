@@ -45,6 +45,12 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         ) from err
 
 
+def file_format(path: str | Path) -> str:
+    """A file's type suffix, looking through .gz: ``train.tsv.gz`` -> ``.tsv``."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+
+
 def _load_file(path_str: str, role: str) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
@@ -52,10 +58,7 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
             f"{role}: file '{path_str}' does not exist. Give the path to a local "
             f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
         )
-    if path.suffix == ".gz":
-        suffix = Path(path.stem).suffix
-    else:
-        suffix = path.suffix
+    suffix = file_format(path)
     if suffix not in FILE_FORMATS:
         raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
     builder, options = FILE_FORMATS[suffix]

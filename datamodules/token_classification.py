@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import torch
 
-from datamodules.sources import ROW_FORMATS, check_columns, load_split, read_conll
+from datamodules.sources import ROW_FORMATS, check_columns, file_format, load_split, read_conll
 from datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
 from datamodules.tokenizer import CLS, SEP
@@ -70,7 +70,7 @@ class TokenClassificationData(TextDataModule):
     # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
     def load(self, spec: str, role: str) -> datasets.Dataset:
         is_file = self.dataset is None
-        if is_file and not any(spec.endswith(s) or spec.endswith(s + ".gz") for s in ROW_FORMATS):
+        if is_file and file_format(spec) not in ROW_FORMATS:
             return read_conll(spec, self.tag_column, role)
         ds = load_split(self.dataset, self.dataset_config, spec, role)
         has_tags = self.tags_column in ds.column_names

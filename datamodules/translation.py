@@ -8,7 +8,7 @@ import datasets
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, load_split, read_text
+from datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
 from datamodules.text import IGNORE_INDEX, TextDataModule, pad
 from datamodules.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer, train_bpe
 
@@ -76,8 +76,7 @@ class TranslationData(TextDataModule):
         if self.dataset is None and LANG in spec:
             return self._read_parallel_files(spec, role)
         path = Path(spec).expanduser()
-        inner_suffix = Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
-        if self.dataset is None and inner_suffix not in FILE_FORMATS:
+        if self.dataset is None and file_format(path) not in FILE_FORMATS:
             if role != "data.predict":
                 raise ValueError(f"{role}='{spec}' names neither parallel files nor a row file. Write the path with "
                                  f"'{LANG}' where the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz "
