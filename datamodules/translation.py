@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
-import torch
 from tokenizers import Tokenizer
 
 from datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text

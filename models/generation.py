@@ -84,7 +84,7 @@ def beam_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tenso
     finished pool (ranked by the length-normalised score); the K best that do not end stay live. A
     sentence is done when its pool holds K hypotheses; at ``max_steps`` the live ones join the pool.
     """
-    B, S, C = memory.shape
+    B = memory.shape[0]
     K, device = beam_size, memory.device
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, C): beams of one sentence are adjacent
     memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, dim=0)
