@@ -2,7 +2,7 @@
 
 from models.decoder import Decoder, DecoderBlock, KVCache
 from models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
-from models.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, pool
+from models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
 from models.stems import PatchStem, TokenStem, sinusoidal_positions, sinusoidal_positions_2d
 from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
@@ -20,6 +20,7 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "PatchStem",
+    "ReplacedTokenHead",
     "SequenceClassificationHead",
     "TokenClassificationHead",
     "TokenStem",

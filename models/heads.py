@@ -56,6 +56,20 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(hidden))))
 
 
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense + activation, then one logit per token ("was this token replaced?")."""
+
+    def __init__(self, d_model: int, activation: str = "gelu") -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS[activation]()
+        self.out = nn.Linear(d_model, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, T)."""
+        return self.out(self.act(self.dense(hidden))).squeeze(-1)
+
+
 class TokenClassificationHead(nn.Module):
     """Per-token labels: dropout and a linear classifier on every position's vector."""
 

@@ -30,7 +30,29 @@ class Perplexity(Metric):
         return torch.exp(self.nll_sum / self.count.clamp(min=1))
 
 
-class MaskedLanguageModeling(TrunkTask):
+class PretrainingTask(TrunkTask):
+    """What the pretraining objectives share: fit always ends by exporting the trunk (``ExportTrunk``)."""
+
+    def configure_callbacks(self):
+        from tasks.callbacks import ExportTrunk
+
+        callbacks = super().configure_callbacks()
+        if not any(isinstance(c, ExportTrunk) for c in self.trainer.callbacks):
+            callbacks.append(ExportTrunk())  # pretraining always ends with a reusable trunk
+        return callbacks
+
+
+def masked_token_nll(head: MaskedLMHead, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Vocabulary logits and NLL at the masked positions only (labels != -100), plus the (B, T) mask.
+
+    The vocabulary projection is the largest matmul; about 15% of positions need it.
+    """
+    selected = targets != IGNORE_INDEX
+    logits = head(hidden[selected]).float()  # (N, V)
+    return logits, F.cross_entropy(logits, targets[selected], reduction="none"), selected
+
+
+class MaskedLanguageModeling(PretrainingTask):
     """BERT-style pretraining of the trunk on ``CorpusData`` blocks (masking happens in the collator).
 
     Logs the loss, perplexity and accuracy over the masked tokens. At the end of ``fit`` the trunk
@@ -58,18 +80,6 @@ class MaskedLanguageModeling(TrunkTask):
 
     def step(self, batch: dict, stage: str) -> torch.Tensor:
         hidden = self.trunk(batch["input_ids"], batch["attention_mask"])
-        targets = batch["labels"]
-        selected = targets != IGNORE_INDEX
-        # The vocabulary projection is the largest matmul; about 15% of positions need it.
-        logits = self.head(hidden[selected]).float()
-        nll = F.cross_entropy(logits, targets[selected], reduction="none")
-        self.metrics(stage).update(preds=logits.argmax(-1), target=targets[selected], nll=nll)
+        logits, nll, selected = masked_token_nll(self.head, hidden, batch["labels"])
+        self.metrics(stage).update(preds=logits.argmax(-1), target=batch["labels"][selected], nll=nll)
         return nll.mean()
-
-    def configure_callbacks(self):
-        from tasks.callbacks import ExportTrunk
-
-        callbacks = super().configure_callbacks()
-        if not any(isinstance(c, ExportTrunk) for c in self.trainer.callbacks):
-            callbacks.append(ExportTrunk())  # pretraining always ends with a reusable trunk
-        return callbacks

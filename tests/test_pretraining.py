@@ -269,3 +269,47 @@ def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_di
         run_cli([*base, f"--data.tokenizer={tmp_path / 'other.json'}"], run=False)
     with pytest.raises(SystemExit, match="model.init_from: No pretrained trunk directory"):
         run_cli([*base[:1], f"--model.init_from={tmp_path / 'missing'}", *base[2:]], run=False)
+
+
+def test_electra_replaces_only_masked_tokens_and_labels_the_replacements():
+    from tasks import ReplacedTokenDetection
+
+    torch.manual_seed(0)
+    model = ReplacedTokenDetection(trunk=TINY, generator_layers=1)
+    assert model.generator_head.decoder.weight is model.trunk.stem.token.weight  # generator shares the embeddings
+    assert len(model.generator.blocks) == 1 and len(model.trunk.backbone.blocks) == 2
+    original = torch.randint(5, 300, (8, 32))
+    labels = torch.full_like(original, IGNORE_INDEX)
+    chosen = torch.rand(original.shape) < 0.3
+    labels[chosen] = original[chosen]
+    masked = torch.where(chosen, 4, original)  # [MASK]
+    attention_mask = torch.ones_like(original)
+    attention_mask[0, -5:] = 0
+    _, nll, selected, corrupted, replaced = model.replace(masked, labels, attention_mask)
+    assert torch.equal(selected, chosen) and nll.shape == (int(chosen.sum()),)
+    assert torch.equal(corrupted[~chosen], original[~chosen])  # only masked positions change
+    assert torch.equal(replaced, corrupted != original) and not replaced[~chosen].any()
+    assert replaced[chosen].float().mean() > 0.5  # an untrained generator rarely guesses right
+
+    loss = model.step({"input_ids": masked, "attention_mask": attention_mask, "labels": labels}, "train")
+    loss.backward()
+    assert model.generator.blocks[0].ff.fc_in.weight.grad.abs().sum() > 0  # the MLM loss trains the generator
+    assert model.head.out.weight.grad.abs().sum() > 0
+    ids_in_groups = [id(p) for g in model.param_groups() for p in g["params"]]
+    assert len(ids_in_groups) == len(set(ids_in_groups))
+
+
+def test_electra_pretraining_exports_the_discriminator_only(corpus_file, sentiment_files, tmp_path):
+    args = [a.replace("MaskedLanguageModeling", "ReplacedTokenDetection") for a in pretrain_args(corpus_file, tmp_path / "pretrain")]
+    cli = run_cli(args)
+    assert {"val/ppl", "val/disc_acc", "val/disc_f1", "val/gen_loss", "val/disc_loss"} <= cli.trainer.callback_metrics.keys()
+    trunk_dir = tmp_path / "pretrain" / "trunk"
+    names = load_file(str(trunk_dir / "model.safetensors")).keys()
+    assert names and all(k.startswith("trunk.") for k in names)  # no generator, no head
+    finetune = run_cli([
+        "--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+        f"--data.train={sentiment_files['train']}", "--data.max_length=32", "--trainer.max_steps=1",
+        "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path / 'finetune'}",
+    ], run=False)
+    for name, tensor in finetune.model.trunk.state_dict().items():
+        assert torch.equal(tensor, cli.model.trunk.state_dict()[name]), name
