@@ -82,14 +82,15 @@ class ReplacedTokenDetection(PretrainingTask):
     def step(self, batch: dict, stage: str) -> torch.Tensor:
         labels, attention_mask = batch["labels"], batch["attention_mask"]
         gen_logits, nll, selected, corrupted, replaced = self.replace(batch["input_ids"], labels, attention_mask)
-        disc_logits = self(corrupted, attention_mask).float()
-        real = attention_mask.bool()
-        disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], replaced[real].float())
+        real = attention_mask.bool()  # padding is neither original nor replaced
+        disc_logits, replaced = self(corrupted, attention_mask).float()[real], replaced[real]
+        gen_loss = nll.mean()
+        disc_loss = F.binary_cross_entropy_with_logits(disc_logits, replaced.float())
         metrics = self.metrics(stage)
         metrics["ppl"].update(nll)
         metrics["gen_acc"].update(gen_logits.argmax(-1), labels[selected])
         for name in ("disc_acc", "disc_f1"):
-            metrics[name].update(disc_logits[real].sigmoid(), replaced[real].long())
-        self.log(f"{stage}/gen_loss", nll.mean(), on_step=False, on_epoch=True, batch_size=len(labels))
+            metrics[name].update(disc_logits.sigmoid(), replaced.long())
+        self.log(f"{stage}/gen_loss", gen_loss, on_step=False, on_epoch=True, batch_size=len(labels))
         self.log(f"{stage}/disc_loss", disc_loss, on_step=False, on_epoch=True, batch_size=len(labels))
-        return nll.mean() + self.discriminator_weight * disc_loss
+        return gen_loss + self.discriminator_weight * disc_loss
