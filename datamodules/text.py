@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Encoding, Tokenizer
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from datamodules.sources import empty_split_error, load_split
 from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
@@ -277,13 +277,14 @@ class TextDataModule(SplitLoaders):
     def _loader(self, role: str, train: bool = False) -> DataLoader:
         examples = self._encoded[role]
         size = self.batch_size if train else self.eval_batch_size
-        sampler = RandomSampler(examples) if train else SequentialSampler(examples)
+        options = dict(collate_fn=self.collate, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
         if train and self.bucket_by_length:
-            batches = LengthBucketBatchSampler(sampler, size, False, [len(e["input_ids"]) for e in examples])
-        else:
-            batches = BatchSampler(sampler, size, drop_last=False)
-        return DataLoader(examples, batch_sampler=batches, collate_fn=self.collate, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+            # A BatchSampler subclass: under DDP Lightning re-creates it around its distributed sampler.
+            batches = LengthBucketBatchSampler(RandomSampler(examples), size, False, [len(e["input_ids"]) for e in examples])
+            return DataLoader(examples, batch_sampler=batches, **options)
+        # batch_size + shuffle, never a plain BatchSampler: under DDP Lightning would rebuild that loader
+        # with batch_size=1 (one example per step).
+        return DataLoader(examples, batch_size=size, shuffle=train, **options)
 
     def has_loaded(self, role: str) -> bool:
         return role in self._encoded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -62,6 +63,11 @@ class WarmupDecayLR(torch.optim.lr_scheduler.LRScheduler):
         return {k: v for k, v in super().state_dict().items() if k != "cfg"}
 
 
+def as_config(cls: type, value):
+    """A config dataclass from itself or from its dict form (as checkpoints store it)."""
+    return cls(**value) if isinstance(value, dict) else value
+
+
 def build_text_trunk(cfg: TrunkConfig) -> Trunk:
     trunk = Trunk(TokenStem(cfg), Backbone(cfg))
     init_weights(trunk, cfg.init_std)
@@ -84,6 +90,8 @@ class TrunkTask(L.LightningModule):
         finetune: FinetuneConfig = FinetuneConfig(),
     ) -> None:
         super().__init__()
+        trunk, optimizer, finetune = (as_config(cls, value) for cls, value in
+                                      ((TrunkConfig, trunk), (OptimConfig, optimizer), (FinetuneConfig, finetune)))
         self.trunk_config = trunk
         self.optim_config = optimizer
         self.finetune = finetune
@@ -99,6 +107,13 @@ class TrunkTask(L.LightningModule):
         metrics = self.make_metrics()
         for stage in STAGES:  # one independent copy per stage, so epochs of train/val never mix
             setattr(self, f"{stage}_metrics", metrics.clone(prefix=f"{stage}/"))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Plain values only (dataclasses as dicts), so every checkpoint loads with weights_only=True.
+        hparams = checkpoint.get("hyper_parameters", {})
+        for key, value in hparams.items():
+            if dataclasses.is_dataclass(value):
+                hparams[key] = dataclasses.asdict(value)
 
     # -- for subclasses ------------------------------------------------------------------------
     def build_trunk(self, cfg: TrunkConfig) -> Trunk:

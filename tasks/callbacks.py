@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
-from tasks.pretrained import export_checkpoint, save_pretrained
+from tasks.pretrained import check_writable, export_checkpoint, save_pretrained
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -81,16 +81,21 @@ class ExportTrunk(Callback):
     def path(self, trainer: L.Trainer) -> Path:
         return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:  # fail before training, not after it, when the output path is taken
+            check_writable(self.path(trainer), overwrite=True)
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
             checkpoint = trainer.checkpoint_callback
             best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
             if best:
-                path = export_checkpoint(best, self.path(trainer), self.with_head)
+                path = export_checkpoint(best, self.path(trainer), self.with_head, overwrite=True)
             else:
                 head = pl_module.head.state_dict() if self.with_head else None
                 path = save_pretrained(self.path(trainer), pl_module.trunk_config, pl_module.trunk.state_dict(),
-                                       trainer.datamodule.tokenizer, head, type(pl_module).__module__ + "." + type(pl_module).__name__)
+                                       trainer.datamodule.tokenizer, head, type(pl_module).__module__ + "." + type(pl_module).__name__,
+                                       overwrite=True)
             rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
                            f"fine-tune from it with --model.init_from={path}")
         trainer.strategy.barrier()

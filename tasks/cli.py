@@ -133,12 +133,13 @@ def export_main(args: list[str]) -> None:
                     "Lightning checkpoint written by any Trunk task; fine-tune from it with --model.init_from=DIR.",
     )
     parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
-    parser.add_argument("dir", help="the directory to write (replaced atomically if it exists)")
+    parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
     parser.add_argument("--with-head", action="store_true", help="also store the task head's weights")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
     options = parser.parse_args(args)
     try:
-        path = export_checkpoint(options.ckpt, options.dir, options.with_head)
-    except (FileNotFoundError, ValueError) as err:
+        path = export_checkpoint(options.ckpt, options.dir, options.with_head, options.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -42,10 +43,32 @@ class PretrainedTrunk:
     meta: dict
 
 
+def check_writable(directory: Path, overwrite: bool) -> None:
+    """Refuse to replace anything but a Trunk directory, and that only with ``overwrite``: a directory
+    is replaced whole, so whatever else it held would be lost."""
+    if not directory.exists() and not directory.is_symlink():
+        return
+    if not directory.is_dir():
+        raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
+    contents = sorted(p.name for p in directory.iterdir())
+    foreign = [name for name in contents if name not in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)]
+    if foreign:
+        raise FileExistsError(
+            f"'{directory}' exists and holds files that are not part of a trunk directory ({foreign[:5]}). Trunk never "
+            "deletes them: choose a new or empty directory."
+        )
+    if contents and not overwrite:
+        raise FileExistsError(f"'{directory}' already holds a trunk. Pass --overwrite to replace it, or choose another directory.")
+
+
 def save_pretrained(directory: str | Path, config: TrunkConfig, trunk_weights: dict[str, torch.Tensor],
-                    tokenizer: Tokenizer, head_weights: dict[str, torch.Tensor] | None = None, task: str | None = None) -> Path:
-    """Write a trunk's weights (and optionally its task head's) to ``directory``, replacing it atomically."""
+                    tokenizer: Tokenizer, head_weights: dict[str, torch.Tensor] | None = None, task: str | None = None,
+                    overwrite: bool = False) -> Path:
+    """Write a trunk's weights (and optionally its task head's) to ``directory``, atomically.
+
+    An existing trunk directory is replaced only with ``overwrite``; any other existing content is an error."""
     directory = Path(directory)
+    check_writable(directory, overwrite)
     check_weights(config, trunk_weights, directory)
     if tokenizer.get_vocab_size() != config.vocab_size:
         raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens but the trunk's vocab_size is {config.vocab_size}.")
@@ -164,12 +187,36 @@ def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str |
         )
 
 
-def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: bool = False) -> Path:
-    """Write a trunk directory from a Lightning checkpoint written by any Trunk task."""
+def load_checkpoint(ckpt_path: str | Path) -> dict:
+    """A Lightning checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain values
+    only, so a crafted file cannot run code."""
     ckpt_path = Path(ckpt_path)
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # the user's own file: hparams hold dataclasses
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        unsafe = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "Unsupported global" in line]
+        if not unsafe:
+            raise ValueError(f"'{ckpt_path}' is not a readable checkpoint (truncated or corrupted?).") from None
+        raise ValueError(
+            f"'{ckpt_path}' holds objects other than tensors and plain values, which Trunk refuses to unpickle (they "
+            f"could run code); Trunk's own checkpoints never do. {unsafe[0]}"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ValueError(f"'{ckpt_path}' is not a readable checkpoint (truncated or corrupted?): {err}") from None
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"'{ckpt_path}' is not a Lightning checkpoint (it holds a {type(ckpt).__name__}).")
+    return ckpt
+
+
+def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: bool = False, overwrite: bool = False) -> Path:
+    """Write a trunk directory from a Lightning checkpoint written by any Trunk task."""
+    ckpt_path, directory = Path(ckpt_path), Path(directory)
+    if directory.resolve() in ckpt_path.resolve().parents:
+        raise ValueError(f"The checkpoint '{ckpt_path}' is inside the output directory '{directory}', which export "
+                         "replaces. Write the trunk to another directory.")
+    ckpt = load_checkpoint(ckpt_path)
     hparams = ckpt.get("hyper_parameters", {})
     trunk_hparams = hparams.get("trunk")
     if trunk_hparams is None or "state_dict" not in ckpt:
@@ -177,7 +224,7 @@ def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: b
     config = trunk_hparams if isinstance(trunk_hparams, TrunkConfig) else TrunkConfig(**dict(trunk_hparams))
     state = ckpt["state_dict"]
     return save_pretrained(directory, config, _strip(state, "trunk."), tokenizer_from_checkpoint(ckpt_path, ckpt),
-                           _strip(state, "head.") if with_head else None, hparams.get("_class_path"))
+                           _strip(state, "head.") if with_head else None, hparams.get("_class_path"), overwrite)
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from torchmetrics.text import SacreBLEUScore
 from datamodules.text import IGNORE_INDEX
 from datamodules.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS
 from models import Decoder, GenerationConfig, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
-from tasks.base import TrunkTask
+from tasks.base import TrunkTask, as_config
 
 SPECIAL_IDS = SpecialIds(bos=SPECIAL_TOKENS.index(CLS), eos=SPECIAL_TOKENS.index(SEP), pad=SPECIAL_TOKENS.index(PAD),
                          banned=tuple(SPECIAL_TOKENS.index(t) for t in (PAD, CLS, MASK)))
@@ -54,6 +54,7 @@ class Translation(TrunkTask):
         trunk: TrunkConfig = TrunkConfig(),
         **kwargs,
     ) -> None:
+        trunk, generation = as_config(TrunkConfig, trunk), as_config(GenerationConfig, generation)
         source_vocab = trunk.vocab_size
         self.target_vocab_size = target_vocab = target_vocab_size or source_vocab
         super().__init__(trunk=trunk, **kwargs)

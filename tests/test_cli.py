@@ -78,6 +78,9 @@ def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
     output = result.stdout + result.stderr
     assert "distributed_backend=gloo" in output and "Starting with 2 processes" in output
     assert "test/acc" in output
+    # 256 examples, 2 processes, batch 32: 4 steps an epoch (a plain BatchSampler once made it 128 steps of one example)
+    checkpoints = list((tmp_path / "run").rglob("*.ckpt"))
+    assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
 
 
 def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, monkeypatch):

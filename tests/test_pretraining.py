@@ -213,9 +213,65 @@ def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
     first = build_text_trunk(config).state_dict()
     save_pretrained(tmp_path / "t", config, first, tokenizer)
     second = build_text_trunk(config).state_dict()
-    save_pretrained(tmp_path / "t", config, second, tokenizer)
+    save_pretrained(tmp_path / "t", config, second, tokenizer, overwrite=True)
     assert torch.equal(load_pretrained(tmp_path / "t").trunk_weights["stem.token.weight"], second["stem.token.weight"])
     assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temporary directories left behind
+
+
+def test_export_never_deletes_what_it_did_not_write(pretrained, tmp_path):
+    cli, trunk_dir = pretrained
+    last = Path(cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not part of a trunk directory.*never deletes"):
+        export_main([str(last), str(precious)])
+    assert (precious / "notes.txt").read_text() == "mine"
+    with pytest.raises(SystemExit, match="already holds a trunk. Pass --overwrite"):
+        export_main([str(last), str(trunk_dir)])
+    (trunk_dir / "model.safetensors").unlink()  # replaced when asked: the file comes back
+    export_main([str(last), str(trunk_dir), "--overwrite"])
+    assert load_pretrained(trunk_dir).trunk_weights.keys() == cli.model.trunk.state_dict().keys()
+    # the checkpoint being exported inside the output directory
+    with pytest.raises(SystemExit, match="inside the output directory"):
+        export_main([str(last), str(last.parent.parent), "--overwrite"])
+    assert last.is_file()
+    file_target = tmp_path / "a_file"
+    file_target.write_text("x")
+    with pytest.raises(SystemExit, match="not a directory"):
+        export_main([str(last), str(file_target)])
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {_Payload.marker}",))
+
+
+def test_export_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    _Payload.marker = tmp_path / "pwned"
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"trunk": _Payload()}}, crafted)
+    with pytest.raises(SystemExit, match="refuses to unpickle"):
+        export_main([str(crafted), str(tmp_path / "out")])
+    assert not _Payload.marker.exists(), "unpickling ran the payload"
+    assert not (tmp_path / "out").exists()
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(SystemExit, match="not a readable checkpoint"):
+        export_main([str(garbage), str(tmp_path / "out")])
+
+
+def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
+    """Checkpoints of models built in Python (not by the CLI) also load with weights_only=True."""
+    model = SequenceClassification(["a", "b"], trunk=TINY)
+    checkpoint = {"hyper_parameters": dict(model.hparams)}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "c.ckpt")
+    hparams = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["trunk"]["d_model"] == 32
+    assert SequenceClassification(**hparams).trunk_config == TINY
 
 
 # -- bad input ---------------------------------------------------------------------------------------
