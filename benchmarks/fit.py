@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from tasks.cli import run_cli
+from trunk.tasks.cli import run_cli
 
 
 def cpu_name() -> str:

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, file_format, empty_split_error, load_split, read_conll, read_text
-from datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
+from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, empty_split_error, load_split, read_conll, read_text
+from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
 
 
 class TokenMasker:

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from datamodules import builtin
-from datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from datamodules.text import STAGE_ROLES, SplitLoaders
+from trunk.datamodules import builtin
+from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
+from trunk.datamodules.text import STAGE_ROLES, SplitLoaders
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import datasets
 
-from datamodules import builtin
+from trunk.datamodules import builtin
 
 # File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
 # because corpora such as SST-2 contain bare quote characters inside unquoted fields.

@@ -23,8 +23,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
-from datamodules.sources import empty_split_error, load_split
-from datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
+from trunk.datamodules.sources import empty_split_error, load_split
+from trunk.datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
 
 
 IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datasets
 import torch
 
-from datamodules.sources import check_columns
-from datamodules.text import TextDataModule, pad
+from trunk.datamodules.sources import check_columns
+from trunk.datamodules.text import TextDataModule, pad
 
 
 class TextClassificationData(TextDataModule):

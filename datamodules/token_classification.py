@@ -5,10 +5,10 @@ from __future__ import annotations
 import datasets
 import torch
 
-from datamodules.sources import ROW_FORMATS, check_columns, file_format, load_split, read_conll
-from datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
-from datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from datamodules.tokenizer import CLS, SEP
+from trunk.datamodules.sources import ROW_FORMATS, check_columns, file_format, load_split, read_conll
+from trunk.datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
+from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, SEP
 
 class TokenClassificationData(TextDataModule):
     """Sentences of words with one entity tag per word (IOB1, IOB2/BIO or BIOES), for ``TokenClassification``.

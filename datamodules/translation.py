@@ -1,4 +1,4 @@
-"""Translation data: pairs of sentences, source and target, for ``tasks.Translation``."""
+"""Translation data: pairs of sentences, source and target, for ``trunk.tasks.Translation``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import datasets
 from tokenizers import Tokenizer
 
-from datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
-from datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from datamodules.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer, train_bpe
+from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
+from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer, train_bpe
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz
 

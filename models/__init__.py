@@ -1,10 +1,10 @@
 """Plain PyTorch models: no Lightning, no data, no files. Start reading at ``trunk.py``."""
 
-from models.decoder import Decoder, DecoderBlock, KVCache
-from models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
-from models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
-from models.stems import PatchStem, TokenStem, sinusoidal_positions, sinusoidal_positions_2d
-from models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
+from trunk.models.decoder import Decoder, DecoderBlock, KVCache
+from trunk.models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
+from trunk.models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
+from trunk.models.stems import PatchStem, TokenStem, sinusoidal_positions, sinusoidal_positions_2d
+from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
     "Attention",

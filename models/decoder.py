@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.stems import TokenStem
-from models.trunk import Attention, Block, TrunkConfig
+from trunk.models.stems import TokenStem
+from trunk.models.trunk import Attention, Block, TrunkConfig
 
 
 class KVCache:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.decoder import Decoder, KVCache
+from trunk.models.decoder import Decoder, KVCache
 
 
 @dataclass

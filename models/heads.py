@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from models.trunk import ACTIVATIONS
+from trunk.models.trunk import ACTIVATIONS
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.trunk import TrunkConfig
+from trunk.models.trunk import TrunkConfig
 
 
 def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:

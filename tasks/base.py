@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torchmetrics import MetricCollection
 
-from models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
-from tasks.finetuning import FinetuneConfig, GradualUnfreezing, set_trainable
-from tasks.pretrained import PretrainedTrunk, check_architecture, load_pretrained
+from trunk.models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
+from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, set_trainable
+from trunk.tasks.pretrained import PretrainedTrunk, check_architecture, load_pretrained
 
 STAGES = ("train", "val", "test")
 

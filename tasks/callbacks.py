@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
-from tasks.pretrained import check_writable, export_checkpoint, save_pretrained
+from trunk.tasks.pretrained import check_writable, export_checkpoint, save_pretrained
 
 
 class PredictionWriter(BasePredictionWriter):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
-from models import TrunkConfig
-from tasks.callbacks import LogConfigCallback, PredictionWriter
-from tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
+from trunk.models import TrunkConfig
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
+from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
 
 
 def wandb_has_credentials() -> bool:

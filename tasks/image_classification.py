@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from models import Backbone, PatchStem, Trunk, TrunkConfig, init_weights
-from tasks.pretrained import ARCHITECTURE_FIELDS, PretrainedTrunk, check_architecture
-from tasks.sequence_classification import SequenceClassification
+from trunk.models import Backbone, PatchStem, Trunk, TrunkConfig, init_weights
+from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, PretrainedTrunk, check_architecture
+from trunk.tasks.sequence_classification import SequenceClassification
 
 # What the blocks' weights depend on; the vocabulary and max_len belong to the text stem, which a ViT replaces.
 BACKBONE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("vocab_size", "max_len"))

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from datamodules.text import IGNORE_INDEX
-from models import MaskedLMHead, init_weights
-from tasks.base import TrunkTask
+from trunk.datamodules.text import IGNORE_INDEX
+from trunk.models import MaskedLMHead, init_weights
+from trunk.tasks.base import TrunkTask
 
 
 class Perplexity(Metric):
@@ -34,7 +34,7 @@ class PretrainingTask(TrunkTask):
     """What the pretraining objectives share: fit always ends by exporting the trunk (``ExportTrunk``)."""
 
     def configure_callbacks(self):
-        from tasks.callbacks import ExportTrunk
+        from trunk.tasks.callbacks import ExportTrunk
 
         callbacks = super().configure_callbacks()
         if not any(isinstance(c, ExportTrunk) for c in self.trainer.callbacks):

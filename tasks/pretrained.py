@@ -23,8 +23,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from datamodules.tokenizer import load_tokenizer, tokenizer_from_checkpoint
-from models import TrunkConfig
+from trunk.datamodules.tokenizer import load_tokenizer, tokenizer_from_checkpoint
+from trunk.models import TrunkConfig
 
 FORMAT_NAME, FORMAT_VERSION = "trunk", 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -161,7 +161,7 @@ def load_pretrained(directory: str | Path) -> PretrainedTrunk:
 
 def check_weights(config: TrunkConfig, weights: dict[str, torch.Tensor], source: Path) -> None:
     """Same names and shapes as a trunk built from ``config``, or an error listing the differences."""
-    from tasks.base import build_text_trunk  # tasks.base imports this module's users, not the reverse
+    from trunk.tasks.base import build_text_trunk  # tasks.base imports this module's users, not the reverse
 
     with torch.device("meta"):  # shapes only, no memory, no init
         expected = {k: v.shape for k, v in build_text_trunk(config).state_dict().items()}

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, MulticlassAccuracy
 
-from models import Backbone, MaskedLMHead, ReplacedTokenHead, init_weights
-from tasks.masked_lm import Perplexity, PretrainingTask, masked_token_nll
+from trunk.models import Backbone, MaskedLMHead, ReplacedTokenHead, init_weights
+from trunk.tasks.masked_lm import Perplexity, PretrainingTask, masked_token_nll
 
 
 class ReplacedTokenDetection(PretrainingTask):

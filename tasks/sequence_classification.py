@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from models import SequenceClassificationHead, init_weights
-from tasks.base import TrunkTask
+from trunk.models import SequenceClassificationHead, init_weights
+from trunk.tasks.base import TrunkTask
 
 
 class SequenceClassification(TrunkTask):

@@ -10,10 +10,10 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from datamodules.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
-from datamodules.text import IGNORE_INDEX
-from models import TokenClassificationHead, init_weights
-from tasks.base import TrunkTask
+from trunk.datamodules.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
+from trunk.datamodules.text import IGNORE_INDEX
+from trunk.models import TokenClassificationHead, init_weights
+from trunk.tasks.base import TrunkTask
 
 
 class EntityF1(Metric):

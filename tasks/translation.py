@@ -11,10 +11,10 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from datamodules.text import IGNORE_INDEX
-from datamodules.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS
-from models import Decoder, GenerationConfig, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
-from tasks.base import TrunkTask, as_config
+from trunk.datamodules.text import IGNORE_INDEX
+from trunk.datamodules.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS
+from trunk.models import Decoder, GenerationConfig, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
+from trunk.tasks.base import TrunkTask, as_config
 
 SPECIAL_IDS = SpecialIds(bos=SPECIAL_TOKENS.index(CLS), eos=SPECIAL_TOKENS.index(SEP), pad=SPECIAL_TOKENS.index(PAD),
                          banned=tuple(SPECIAL_TOKENS.index(t) for t in (PAD, CLS, MASK)))

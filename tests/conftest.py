@@ -25,7 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from datamodules.builtin import sentiment_example  # noqa: E402
+from trunk.datamodules.builtin import sentiment_example  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def sentiment_files(tmp_path: Path) -> dict[str, Path]:
 
 
 TINY_MODEL = [
-    "--model=tasks.SequenceClassification",
+    "--model=trunk.tasks.SequenceClassification",
     "--model.trunk.d_model=32",
     "--model.trunk.n_layers=2",
     "--model.trunk.n_heads=4",
@@ -67,7 +67,7 @@ def tiny_cli_args(sentiment_files, tmp_path: Path) -> list[str]:
     """CLI arguments for a tiny, fast classification run in tmp_path (no subcommand)."""
     return [
         *TINY_MODEL,
-        "--data=datamodules.TextClassificationData",
+        "--data=trunk.datamodules.TextClassificationData",
         f"--data.train={sentiment_files['train']}",
         f"--data.validation={sentiment_files['validation']}",
         f"--data.test={sentiment_files['test']}",

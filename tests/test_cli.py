@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from conftest import REPO
-from tasks import SequenceClassification
-from tasks.cli import run_cli
+from trunk.tasks import SequenceClassification
+from trunk.tasks.cli import run_cli
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -56,7 +56,7 @@ def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentime
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"text": "the film was great"}\n{"text": "the plot was not good"}\n')
     out = tmp_path / "out.jsonl"
-    run_cli(["predict", "--model=tasks.SequenceClassification", "--data=datamodules.TextClassificationData",
+    run_cli(["predict", "--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
              f"--data.predict={texts}", f"--ckpt_path={ckpt}", f"--predictions.output={out}",
              "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
     assert [r["text"] for r in read_jsonl(out)] == ["the film was great", "the plot was not good"]
@@ -71,7 +71,7 @@ def test_bf16_mixed_precision_run(tiny_cli_args):
 def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
     """The real command with Lightning's `ddp` launcher: 2 processes, gloo, one shared tokenizer."""
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
-    cmd = [sys.executable, "-m", "tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
+    cmd = [sys.executable, "-m", "trunk.tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
            "--trainer.max_epochs=2"]
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -104,10 +104,10 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     """A small pretrained-trunk directory for recipes that fine-tune (model.init_from)."""
     import csv
 
-    from datamodules.tokenizer import train_wordpiece
-    from models import TrunkConfig
-    from tasks.base import build_text_trunk
-    from tasks.pretrained import save_pretrained
+    from trunk.datamodules.tokenizer import train_wordpiece
+    from trunk.models import TrunkConfig
+    from trunk.tasks.base import build_text_trunk
+    from trunk.tasks.pretrained import save_pretrained
 
     with sentiment_files["train"].open() as f:
         tokenizer = train_wordpiece([row["text"] for row in csv.DictReader(f)], vocab_size=300)
@@ -175,3 +175,14 @@ def test_missing_checkpoint_path_is_a_clear_error(tiny_cli_args, tmp_path):
 def test_data_longer_than_the_trunk_is_a_clear_error(tiny_cli_args):
     with pytest.raises(ValueError, match="data.max_length=64 is longer than the trunk's max_len=32"):
         run_cli(["fit", *tiny_cli_args, "--model.trunk.max_len=32"])
+
+
+def test_installed_under_one_namespace_beside_a_users_own_models_package(tmp_path):
+    """The folders install as trunk.models / trunk.tasks / trunk.datamodules: a project with its own
+    `models` package imports both without a clash."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("MINE = True\n")
+    code = "import models, trunk.tasks, trunk.models, trunk.datamodules; assert models.MINE; print(trunk.models.Backbone.__module__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "trunk.models.trunk"

@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import RandomSampler
 
 from conftest import write_rows
-from datamodules import LengthBucketBatchSampler, TextClassificationData
-from datamodules.builtin import sentiment_example
-from datamodules.tokenizer import CLS, PAD, SEP, load_tokenizer, train_wordpiece
+from trunk.datamodules import LengthBucketBatchSampler, TextClassificationData
+from trunk.datamodules.builtin import sentiment_example
+from trunk.datamodules.tokenizer import CLS, PAD, SEP, load_tokenizer, train_wordpiece
 
 
 def make_data(files, **kwargs) -> TextClassificationData:

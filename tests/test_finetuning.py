@@ -4,8 +4,8 @@ import lightning as L
 import pytest
 import torch
 
-from tasks import FinetuneConfig, SequenceClassification
-from tasks.cli import run_cli
+from trunk.tasks import FinetuneConfig, SequenceClassification
+from trunk.tasks.cli import run_cli
 
 
 def fit(tiny_cli_args, *options, epochs: int = 1, callbacks=()):

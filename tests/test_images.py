@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules import ImageClassificationData
-from datamodules.images import read_idx
-from models import PatchStem, TrunkConfig, sinusoidal_positions_2d
-from tasks.cli import run_cli
+from trunk.datamodules import ImageClassificationData
+from trunk.datamodules.images import read_idx
+from trunk.models import PatchStem, TrunkConfig, sinusoidal_positions_2d
+from trunk.tasks.cli import run_cli
 
 
 def stem(positions: str = "learned", image_size: int = 28, patch_size: int = 4, channels: int = 1) -> PatchStem:
@@ -146,9 +146,9 @@ def test_augmentation_shifts_training_images_only():
 
 def shapes_args(tmp_path: Path) -> list[str]:
     return [
-        "--model=tasks.ImageClassification", "--model.image_size=16", "--model.patch_size=4", "--model.channels=1",
+        "--model=trunk.tasks.ImageClassification", "--model.image_size=16", "--model.patch_size=4", "--model.channels=1",
         "--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
-        "--model.optimizer.lr=3e-3", "--data=datamodules.ImageClassificationData", "--data.dataset=trunk:shapes",
+        "--model.optimizer.lr=3e-3", "--data=trunk.datamodules.ImageClassificationData", "--data.dataset=trunk:shapes",
         "--data.train=train", "--data.validation=validation", "--data.test=test", "--data.batch_size=64",
         "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=6", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0",
@@ -164,7 +164,7 @@ def test_fit_test_predict_through_the_cli(tmp_path):
     folder.mkdir()
     from PIL import Image
 
-    from datamodules.builtin import shape_image
+    from trunk.datamodules.builtin import shape_image
 
     rng = np.random.default_rng(7)
     names = [name for name in cli.model.label_names for _ in range(8)]
@@ -179,9 +179,9 @@ def test_fit_test_predict_through_the_cli(tmp_path):
 
 
 def test_a_text_trunk_initialises_the_vit_blocks(tmp_path):
-    from datamodules.tokenizer import train_wordpiece
-    from tasks.base import build_text_trunk
-    from tasks.pretrained import save_pretrained
+    from trunk.datamodules.tokenizer import train_wordpiece
+    from trunk.tasks.base import build_text_trunk
+    from trunk.tasks.pretrained import save_pretrained
 
     tokenizer = train_wordpiece(["some text to train a tokenizer on"] * 20, vocab_size=60)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import Attention, Backbone, SequenceClassificationHead, TokenStem, Trunk, TrunkConfig, init_weights, sinusoidal_positions
+from trunk.models import Attention, Backbone, SequenceClassificationHead, TokenStem, Trunk, TrunkConfig, init_weights, sinusoidal_positions
 
 
 def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, causal=False):
@@ -91,7 +91,7 @@ def test_sinusoidal_positions_follow_the_formula():
 
 
 def test_rotary_scores_depend_only_on_the_distance_between_positions():
-    from models.trunk import rotate
+    from trunk.models.trunk import rotate
 
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)

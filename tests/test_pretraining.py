@@ -10,14 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TINY_MODEL
-from datamodules import CorpusData, TokenMasker
-from datamodules.builtin import sentiment_example
-from datamodules.text import IGNORE_INDEX
-from datamodules.tokenizer import SPECIAL_TOKENS, train_wordpiece
-from models import TrunkConfig
-from tasks import MaskedLanguageModeling, SequenceClassification
-from tasks.cli import export_main, run_cli
-from tasks.pretrained import load_pretrained, save_pretrained
+from trunk.datamodules import CorpusData, TokenMasker
+from trunk.datamodules.builtin import sentiment_example
+from trunk.datamodules.text import IGNORE_INDEX
+from trunk.datamodules.tokenizer import SPECIAL_TOKENS, train_wordpiece
+from trunk.models import TrunkConfig
+from trunk.tasks import MaskedLanguageModeling, SequenceClassification
+from trunk.tasks.cli import export_main, run_cli
+from trunk.tasks.pretrained import load_pretrained, save_pretrained
 
 TINY = TrunkConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
 
@@ -153,7 +153,7 @@ def test_mlm_head_is_tied_and_scores_only_masked_positions():
 
 def pretrain_args(corpus: Path, root: Path) -> list[str]:
     tiny = [a.replace("SequenceClassification", "MaskedLanguageModeling") for a in TINY_MODEL]
-    return ["fit", *tiny, "--model.trunk.max_len=32", "--data=datamodules.CorpusData", f"--data.train={corpus}",
+    return ["fit", *tiny, "--model.trunk.max_len=32", "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}",
             "--data.tokenizer_vocab_size=200", "--data.max_length=32", "--data.batch_size=8", "--trainer.max_steps=6",
             "--trainer.val_check_interval=6",
             "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false",
@@ -177,7 +177,7 @@ def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pre
     pretrained_state = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
 
     finetune = run_cli([
-        "--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+        "--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
         f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
         "--data.max_length=64", "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
         f"--trainer.default_root_dir={tmp_path / 'finetune'}",
@@ -207,7 +207,7 @@ def test_export_command_matches_the_end_of_pretraining_export(pretrained, tmp_pa
 
 
 def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
-    from tasks.base import build_text_trunk
+    from trunk.tasks.base import build_text_trunk
 
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
     first = build_text_trunk(config).state_dict()
@@ -279,7 +279,7 @@ def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
 
 @pytest.fixture
 def trunk_dir(tmp_path, tokenizer) -> Path:
-    from tasks.base import build_text_trunk
+    from trunk.tasks.base import build_text_trunk
 
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
     return save_pretrained(tmp_path / "trunk", config, build_text_trunk(config).state_dict(), tokenizer)
@@ -317,7 +317,7 @@ def test_architecture_mismatch_names_both_sides(trunk_dir, tokenizer):
 
 
 def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_dir, sentiment_files, tmp_path):
-    base = ["--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+    base = ["--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
             f"--data.train={sentiment_files['train']}", "--data.max_length=16", f"--trainer.default_root_dir={tmp_path}"]
     with pytest.raises(ValueError, match="n_heads: model.trunk.n_heads=8 but"):
         run_cli([*base, "--model.trunk.n_heads=8"], run=False)
@@ -328,7 +328,7 @@ def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_di
 
 
 def test_electra_replaces_only_masked_tokens_and_labels_the_replacements():
-    from tasks import ReplacedTokenDetection
+    from trunk.tasks import ReplacedTokenDetection
 
     torch.manual_seed(0)
     model = ReplacedTokenDetection(trunk=TINY, generator_layers=1)
@@ -363,7 +363,7 @@ def test_electra_pretraining_exports_the_discriminator_only(corpus_file, sentime
     names = load_file(str(trunk_dir / "model.safetensors")).keys()
     assert names and all(k.startswith("trunk.") for k in names)  # no generator, no head
     finetune = run_cli([
-        "--model=tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=datamodules.TextClassificationData",
+        "--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
         f"--data.train={sentiment_files['train']}", "--data.max_length=32", "--trainer.max_steps=1",
         "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path / 'finetune'}",
     ], run=False)

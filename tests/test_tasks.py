@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from models import TrunkConfig
-from tasks import OptimConfig, SequenceClassification
-from tasks.base import lr_lambda
+from trunk.models import TrunkConfig
+from trunk.tasks import OptimConfig, SequenceClassification
+from trunk.tasks.base import lr_lambda
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import write_conll
-from datamodules import TokenClassificationData, read_conll
-from datamodules.tagging import (Span, allowed_transitions, constrained_decode, label_names_for, parse_label_names,
+from trunk.datamodules import TokenClassificationData, read_conll
+from trunk.datamodules.tagging import (Span, allowed_transitions, constrained_decode, label_names_for, parse_label_names,
                                  spans_from_tags, tags_from_spans)
-from datamodules.tokenizer import train_wordpiece
-from tasks import EntityF1
-from tasks.cli import run_cli
+from trunk.datamodules.tokenizer import train_wordpiece
+from trunk.tasks import EntityF1
+from trunk.tasks.cli import run_cli
 
 # -- tag schemes ------------------------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def split_words_data(tmp_path) -> TokenClassificationData:
                                                   [("Oslo", "B-LOC"), ("Mc", "O")]])
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from datamodules.tokenizer import SPECIAL_TOKENS
+    from trunk.datamodules.tokenizer import SPECIAL_TOKENS
 
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "Ewan", "Mc", "##Gre", "##gor", "left", "Oslo"])}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
@@ -239,7 +239,7 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
     (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from datamodules.tokenizer import SPECIAL_TOKENS
+    from trunk.datamodules.tokenizer import SPECIAL_TOKENS
     tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
@@ -287,9 +287,9 @@ def test_hub_style_rows_take_tag_names_from_the_features(tmp_path):
 
 def ner_cli_args(ner_files, tmp_path) -> list[str]:
     return [
-        "--model=tasks.TokenClassification", "--model.trunk.d_model=32", "--model.trunk.n_layers=2",
+        "--model=trunk.tasks.TokenClassification", "--model.trunk.d_model=32", "--model.trunk.n_layers=2",
         "--model.trunk.n_heads=4", "--model.trunk.d_ff=64", "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3",
-        "--data=datamodules.TokenClassificationData", f"--data.train={ner_files['train']}",
+        "--data=trunk.datamodules.TokenClassificationData", f"--data.train={ner_files['train']}",
         f"--data.validation={ner_files['validation']}", f"--data.test={ner_files['test']}",
         f"--data.predict={ner_files['test']}", "--data.tokenizer_vocab_size=200", "--data.max_length=64",
         "--data.batch_size=16", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=6",
@@ -333,9 +333,9 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
 
 
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
-    from models import TrunkConfig
-    from tasks.base import build_text_trunk
-    from tasks.pretrained import load_pretrained, save_pretrained
+    from trunk.models import TrunkConfig
+    from trunk.tasks.base import build_text_trunk
+    from trunk.tasks.pretrained import load_pretrained, save_pretrained
 
     tokenizer = train_wordpiece((" ".join(s) for s in read_conll(ner_files["train"])["tokens"]), vocab_size=200, lowercase=False)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import reversal_pairs
-from datamodules import TranslationData
-from datamodules.tokenizer import train_bpe
-from models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
-from tasks.cli import run_cli
+from trunk.datamodules import TranslationData
+from trunk.datamodules.tokenizer import train_bpe
+from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
+from trunk.tasks.cli import run_cli
 
 IDS = SpecialIds(bos=2, eos=3, pad=0, banned=(0, 2, 4))
 
@@ -142,11 +142,11 @@ def test_bad_parallel_data_is_a_clear_error(tmp_path):
 
 def translation_args(files: dict[str, str], tmp_path: Path, **overrides) -> list[str]:
     options = {
-        "model": "tasks.Translation", "model.trunk.d_model": 64, "model.trunk.n_layers": 2, "model.trunk.n_heads": 4,
+        "model": "trunk.tasks.Translation", "model.trunk.d_model": 64, "model.trunk.n_layers": 2, "model.trunk.n_heads": 4,
         "model.trunk.d_ff": 128, "model.trunk.max_len": 32, "model.trunk.positions": "rope", "model.trunk.dropout": 0.0,
         "model.trunk.attn_dropout": 0.0, "model.label_smoothing": 0.0, "model.optimizer.lr": 3e-3,
         "model.generation.beam_size": 2,
-        "data": "datamodules.TranslationData", "data.source_lang": "src", "data.target_lang": "tgt",
+        "data": "trunk.datamodules.TranslationData", "data.source_lang": "src", "data.target_lang": "tgt",
         "data.train": files["train"], "data.validation": files["validation"], "data.test": files["test"],
         "data.tokenizer_vocab_size": 60, "data.max_length": 32, "data.batch_size": 32,
         "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.max_epochs": 6, "trainer.enable_progress_bar": False,
