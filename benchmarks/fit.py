@@ -14,7 +14,6 @@ import sys
 import time
 
 import torch
-
 from trunk.tasks.cli import run_cli
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Literal
 
@@ -10,10 +9,17 @@ import datasets
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
-
-from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, empty_split_error, load_split, read_conll, read_text
-from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS
+from trunk.datamodules.sources import (
+    FILE_FORMATS,
+    check_columns,
+    empty_split_error,
+    file_format,
+    load_split,
+    read_conll,
+    read_text,
+)
+from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 
 
 class TokenMasker:
@@ -82,8 +88,10 @@ class CorpusData(TextDataModule):
         mlm_probability: share of tokens chosen for prediction (BERT: 0.15).
         whole_word_masking: choose whole words rather than single word pieces.
         max_length: the block length in tokens, [CLS] included.
-        **kwargs: see ``TextDataModule`` (tokenizer, tokenizer_vocab_size, batch_size, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (batch_size, ...).
     """
+
+    kinds = ("masked_lm", "replaced_token_detection")
 
     def __init__(
         self,
@@ -97,48 +105,22 @@ class CorpusData(TextDataModule):
         max_length: int = 128,
         **kwargs,
     ) -> None:
-        super().__init__(train=train, validation=validation, max_length=max_length, **kwargs)
+        super().__init__(train=train, validation=validation, max_length=max_length, val_fraction=val_fraction, **kwargs)
         if documents not in ("line", "blank_line"):
-            raise ValueError(f"data.documents must be 'line' or 'blank_line', got {documents!r}.")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}.")
+            raise ValueError(f"documents must be 'line' or 'blank_line', got {documents!r}.")
         if max_length < 8:
-            raise ValueError(f"data.max_length={max_length} is too short for a pretraining block; use 64 or more.")
-        self.documents, self.text_column, self.val_fraction = documents, text_column, val_fraction
+            raise ValueError(f"max_length={max_length} is too short for a pretraining block; use 64 or more.")
+        self.documents, self.text_column = documents, text_column
         self.mlm_probability, self.whole_word_masking = mlm_probability, whole_word_masking
         self._masker: TokenMasker | None = None
 
     # -- documents -------------------------------------------------------------------------------
-    def raw(self, role: str) -> datasets.Dataset:
-        if role not in self._raw:
-            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
-                self._raw["train"], self._raw["validation"] = self._hold_out(self._read("train"))
-            else:
-                self._raw[role] = self._read(role)
-        return self._raw[role]
-
-    def has_split(self, role: str) -> bool:
-        held_out = role == "validation" and self.val_fraction > 0 and self.split_specs["train"] is not None
-        return held_out or super().has_split(role)
-
-    def _hold_out(self, docs: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
-        order = list(range(len(docs)))
-        random.Random(0).shuffle(order)
-        n_val = max(1, int(len(docs) * self.val_fraction))
-        if n_val >= len(docs):
-            raise ValueError(f"data.train has only {len(docs)} documents: too few to hold out a validation slice. "
-                             "Give more text, or set data.validation.")
-        return docs.select(sorted(order[n_val:])), docs.select(sorted(order[:n_val]))
-
-    def _read(self, role: str) -> datasets.Dataset:
-        spec = self.split_specs[role]
-        if spec is None:
-            raise ValueError(f"No {role} text is configured: set data.{role}.")
+    def load(self, spec: str | list[str], role: str) -> datasets.Dataset:
         texts: list[str] = []
         for source in [spec] if isinstance(spec, str) else spec:
-            texts += self._read_source(source, f"data.{role}")
+            texts += self._read_source(source, role)
         if not texts:
-            raise empty_split_error(f"data.{role}", str(spec))
+            raise empty_split_error(role, str(spec))
         return datasets.Dataset.from_dict({"text": texts})
 
     def _read_source(self, source: str, role: str) -> list[str]:
@@ -165,7 +147,7 @@ class CorpusData(TextDataModule):
         return ["text"]
 
     def tokenizer_text_options(self) -> list:
-        return [self.text_column, self.documents, self.val_fraction, self.split_specs["validation"]]
+        return [self.text_column, self.documents, *super().tokenizer_text_options()]
 
     # -- blocks and masking ----------------------------------------------------------------------
     @property
@@ -190,7 +172,7 @@ class CorpusData(TextDataModule):
         body = self.max_length - 1
         n_blocks = len(stream) // body
         if n_blocks == 0:
-            rank_zero_warn(f"data.{role} has only {len(stream)} tokens, less than one block of {self.max_length}.")
+            rank_zero_warn(f"{self.option(role)} has only {len(stream)} tokens, less than one block of {self.max_length}.")
             n_blocks, stream = 1, stream + [self.pad_id] * (body - len(stream))
         blocks = torch.tensor(stream[: n_blocks * body], dtype=torch.long).view(n_blocks, body)
         cls = torch.full((n_blocks, 1), tokenizer.token_to_id(CLS), dtype=torch.long)

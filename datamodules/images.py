@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import gzip
 import struct
-from functools import partial
 from pathlib import Path
 
 import datasets
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
-
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from trunk.datamodules.text import STAGE_ROLES, SplitLoaders
+from trunk.datamodules.text import TaskData, hold_out
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -37,7 +34,7 @@ def read_idx(path: Path, role: str) -> np.ndarray:
     return body.reshape(shape)
 
 
-class ImageClassificationData(SplitLoaders):
+class ImageClassificationData(TaskData):
     """Labelled images for ``ImageClassification``, as normalised (B, C, H, W) batches.
 
     Sources (each split one of):
@@ -62,69 +59,55 @@ class ImageClassificationData(SplitLoaders):
             or the sorted distinct labels).
         channels: convert images to 1 (grey) or 3 (RGB) channels; unset: as stored (must agree).
         image_size: resize images to this square size; unset: as stored (must all be one size).
-        val_fraction: with no validation split, hold out this share of the training images (fixed seed).
         mean / std: per-channel normalisation of pixels scaled to [0, 1].
         random_translate: shift training images by up to this many pixels (zero fill).
         horizontal_flip: flip training images left-right half the time (not for digits or text).
-        batch_size / eval_batch_size / num_workers: as for text data.
+        **kwargs: see ``TaskData`` (dataset, splits, val_fraction: held out per class, batch sizes, workers).
     """
+
+    kinds = ("image_classification",)
+    stem = "image"
 
     def __init__(
         self,
-        dataset: str | None = None,
-        dataset_config: str | None = None,
-        train: str | None = None,
-        validation: str | None = None,
-        test: str | None = None,
-        predict: str | None = None,
         image_column: str | None = None,
         label_column: str = "label",
         label_names: list[str] | None = None,
         channels: int | None = None,
         image_size: int | None = None,
-        val_fraction: float = 0.0,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         random_translate: int = 0,
         horizontal_flip: bool = False,
         batch_size: int = 128,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        **kwargs,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, **kwargs)
         if channels not in (None, 1, 3):
-            raise ValueError(f"data.channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}.")
-        self.dataset, self.dataset_config = dataset, dataset_config
-        self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
+            raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
         self.image_column, self.label_column = image_column, label_column
         self._label_names = list(label_names) if label_names is not None else None
-        self.channels, self.image_size, self.val_fraction = channels, image_size, val_fraction
+        self.channels, self.image_size = channels, image_size
         self.mean, self.std = mean, std
         self.random_translate, self.horizontal_flip = random_translate, horizontal_flip
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size or 2 * batch_size, num_workers
         self._splits: dict[str, dict] = {}  # role -> {"images": uint8 (N, C, H, W), "labels": list, "ids": list}
 
     # -- reading -----------------------------------------------------------------------------------
     def split(self, role: str) -> dict:
         if role not in self._splits:
-            if role == "validation" and self.split_specs["validation"] is None and self.val_fraction:
+            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction:
                 self._hold_out()
             else:
-                spec = self.split_specs[role]
-                if spec is None:
-                    raise ValueError(f"No {role} split is configured: set data.{role}.")
-                self._splits[role] = self._finish(self._read(spec, f"data.{role}"), f"data.{role}")
+                self._splits[role] = self._finish(self._read(self.spec(role), self.option(role)), self.option(role))
         return self._splits[role]
 
     def _hold_out(self) -> None:
-        train = self.split("train")
-        order = torch.randperm(len(train["labels"]), generator=torch.Generator().manual_seed(0)).tolist()
-        n_val = max(1, int(len(order) * self.val_fraction))
-        for role, rows in (("validation", order[:n_val]), ("train", sorted(order[n_val:]))):
-            self._splits[role] = {"images": train["images"][rows], "labels": [train["labels"][i] for i in rows],
-                                  "ids": [train["ids"][i] for i in rows]}
+        train = self._finish(self._read(self.spec("train"), self.option("train")), self.option("train"))
+        rows = {}
+        rows["train"], rows["validation"] = hold_out(len(train["labels"]), self.val_fraction, strata=train["labels"])
+        for role, index in rows.items():
+            self._splits[role] = {"images": train["images"][index], "labels": [train["labels"][i] for i in index],
+                                  "ids": [train["ids"][i] for i in index]}
 
     def _read(self, spec: str, role: str) -> dict:
         """-> {"images": list of (H, W, C) uint8 arrays or one (N, H, W[, C]) array, "labels": list | None, "ids": list}."""
@@ -138,13 +121,13 @@ class ImageClassificationData(SplitLoaders):
         if IDX_IMAGES in path.name:
             return self._read_idx(path, role)
         raise FileNotFoundError(f"{role}: '{spec}' is neither a folder of images nor an IDX images file "
-                                f"(*-{IDX_IMAGES}[.gz]). Give one of those, or a dataset name with data.dataset.")
+                                f"(*-{IDX_IMAGES}[.gz]). Give one of those, or a dataset name with {self.option('dataset')}.")
 
     def _read_idx(self, path: Path, role: str) -> dict:
         if not path.is_file():
             raise FileNotFoundError(f"{role}: IDX file '{path}' does not exist.")
         labels_path = path.with_name(path.name.replace(IDX_IMAGES, IDX_LABELS))
-        if not labels_path.is_file() and role != "data.predict":
+        if not labels_path.is_file() and not role.endswith(".predict"):
             raise FileNotFoundError(f"{role}: the labels of '{path}' should be in '{labels_path}', which does not exist.")
         images, labels = read_idx(path, role), None
         if labels_path.is_file():
@@ -160,13 +143,13 @@ class ImageClassificationData(SplitLoaders):
         if not files:
             raise empty_split_error(role, str(folder))
         images = [self._load_image(p, role) for p in files]
-        if role == "data.predict":  # any folder of images; no labels needed
+        if role.endswith(".predict"):  # any folder of images; no labels needed
             return {"images": images, "labels": None, "ids": [str(p) for p in files]}
         outside = [p.name for p in files if p.parent.parent != folder]  # not exactly one class folder deep
         if outside:
             raise ValueError(f"{role}: '{folder}' has images outside class folders ({outside[0]}, ...). Put each "
                              "class's images in a sub-folder named after the class (one level deep).")
-        if self._label_names is None and role == "data.train":
+        if self._label_names is None and role.endswith(".train"):
             self._label_names = sorted({p.parent.name for p in files})
         return {"images": images, "labels": [p.parent.name for p in files], "ids": [str(p) for p in files]}
 
@@ -185,7 +168,7 @@ class ImageClassificationData(SplitLoaders):
         column = self.image_column or next((name for name, f in ds.features.items() if isinstance(f, datasets.Image)), None)
         if column is None or column not in ds.column_names:
             raise KeyError(f"{role} has no image column{f' {self.image_column!r}' if self.image_column else ''}; its columns "
-                           f"are {ds.column_names}. Set data.image_column.")
+                           f"are {ds.column_names}. Set {self.option('image_column')}.")
         labels = None
         if self.label_column in ds.column_names:
             feature = ds.features[self.label_column]
@@ -194,21 +177,21 @@ class ImageClassificationData(SplitLoaders):
                 if self._label_names is None:
                     self._label_names = list(feature.names)
                 labels = [feature.names[i] for i in labels]
-        elif role != "data.predict":
+        elif not role.endswith(".predict"):
             raise KeyError(f"{role} has no label column '{self.label_column}'; its columns are {ds.column_names}. "
-                           "Set data.label_column.")
+                           f"Set {self.option('label_column')}.")
         return {"images": list(ds[column]), "labels": labels, "ids": list(range(len(ds)))}
 
     def _finish(self, rows: dict, role: str) -> dict:
         """Images -> one uint8 (N, C, H, W) tensor (converted, resized, checked); labels -> ids."""
         if len(rows["images"]) == 0:
-            raise empty_split_error(role, str(self.split_specs[role.split(".")[-1]]))
+            raise empty_split_error(role, str(self.split_specs[role.rsplit(".", 1)[-1]]))
         if isinstance(rows["images"], list):  # one at a time: sizes may differ until resized
             conformed = [self._conform(torch.from_numpy(self._as_array(image))[None], role) for image in rows["images"]]
             shapes = sorted({tuple(t.shape[1:]) for t in conformed})
             if len(shapes) > 1:
                 raise ValueError(f"{role} has images of different shapes (height, width, channels) {shapes[:3]}. Set "
-                                 "data.image_size to resize them to one square size, and data.channels to convert them.")
+                                 f"{self.option('image_size')} to resize them to one square size, and {self.option('channels')} to convert them.")
             images = torch.cat(conformed)
         else:
             images = torch.from_numpy(np.array(rows["images"]))  # a writable copy
@@ -216,7 +199,7 @@ class ImageClassificationData(SplitLoaders):
         images = images.permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
         labels = None
         if rows["labels"] is not None:
-            if self._label_names is None and role == "data.train":  # no names in the source: its distinct labels
+            if self._label_names is None and role.endswith(".train"):  # no names in the source: its distinct labels
                 self._label_names = [str(label) for label in sorted(set(rows["labels"]))]
             names = self.label_names
             index = {name: i for i, name in enumerate(names)}
@@ -225,7 +208,7 @@ class ImageClassificationData(SplitLoaders):
                           else index[str(label)] for label in rows["labels"]]
             except KeyError as err:
                 raise ValueError(f"{role} has the label {err.args[0]!r}, which is not one of the classes {names}. "
-                                 "Fix the data, or set data.label_names to include it.") from None
+                                 f"Fix the data, or set {self.option('label_names')} to include it.") from None
         return {"images": images, "labels": labels, "ids": rows["ids"]}
 
     @staticmethod
@@ -254,14 +237,14 @@ class ImageClassificationData(SplitLoaders):
         if have == 3 and self.channels == 1:  # ITU-R 601 luma, as PIL's convert("L")
             weights = torch.tensor([0.299, 0.587, 0.114])
             return (images.float() @ weights).round().clamp(0, 255).byte()[..., None]
-        raise ValueError(f"{role}: images have {have} channels; cannot convert them to data.channels={self.channels}.")
+        raise ValueError(f"{role}: images have {have} channels; cannot convert them to channels={self.channels}.")
 
     @property
     def label_names(self) -> list[str]:
         if self._label_names is None and self.split_specs["train"] is not None:
             self.split("train")  # reading it names the classes
         if self._label_names is None:
-            raise ValueError("No class names: set data.label_names, or give a labelled data.train.")
+            raise ValueError(f"No class names: set {self.option('label_names')}, or give a labelled {self.option('train')}.")
         return self._label_names
 
     # -- normalisation and augmentation ------------------------------------------------------------
@@ -285,36 +268,37 @@ class ImageClassificationData(SplitLoaders):
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
         return images
 
-    def collate(self, rows: list[tuple], train: bool) -> dict:
-        split = self._splits[rows[0][0]]
-        index = [i for _, i in rows]
-        images = split["images"][index]
+    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+        split = self._splits[role]
+        images = split["images"][indices]
         if train:
             images = self._augment(images)
         mean, std = self._statistics()
         batch = {"pixel_values": (images.float() / 255 - mean) / std}
         if split["labels"] is not None:
-            batch["labels"] = torch.tensor([split["labels"][i] for i in index])
+            batch["labels"] = torch.tensor([split["labels"][i] for i in indices])
         else:
-            batch["id"] = [split["ids"][i] for i in index]
+            batch["id"] = [split["ids"][i] for i in indices]
         return batch
 
-    # -- Lightning hooks ---------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        for role in STAGE_ROLES[stage]:
-            if role != "validation" or self.split_specs["validation"] is not None or self.val_fraction:
-                self.split(role)
-        if stage == "fit":
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw images: file paths, PIL images or (H, W[, C]) uint8 arrays."""
+        images = [self._load_image(Path(x), "predict") if isinstance(x, (str, Path)) else x for x in inputs]
+        self._splits["_inputs"] = self._finish({"images": images, "labels": None, "ids": [str(x) if isinstance(x, (str, Path)) else i
+                                                                                          for i, x in enumerate(inputs)]}, "inputs")
+        return self.make_batch("_inputs", list(range(len(inputs))), train=False)
+
+    # -- TaskData --------------------------------------------------------------------------------
+    def prepare(self, role: str) -> None:
+        self.split(role)
+        if role == "train":
             self._statistics()
 
-    def _loader(self, role: str, train: bool = False) -> DataLoader:
-        n = len(self.split(role)["images"])
-        return DataLoader([(role, i) for i in range(n)], batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, collate_fn=partial(self.collate, train=train), num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+    def size(self, role: str) -> int:
+        return len(self.split(role)["images"])
 
-    def has_loaded(self, role: str) -> bool:
-        return role in self._splits
+    def info(self) -> dict:
+        return {**super().info(), "label_names": self.label_names}
 
     # -- checkpoints: the normalisation and the class names travel with the model ---------------------
     def state_dict(self) -> dict:

@@ -7,7 +7,6 @@ import gzip
 from pathlib import Path
 
 import datasets
-
 from trunk.datamodules import builtin
 
 # File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
@@ -45,6 +44,23 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         ) from err
 
 
+def source_key(dataset: str | None, spec: str) -> list | str:
+    """What a split's rows come from, for cache keys: a local file by path, size and modification
+    time, a local dataset directory by those of every file in it (an edited file changes the key),
+    a hub or built-in split by its name."""
+    def stat(path: Path) -> list:
+        info = path.stat()
+        return [str(path.resolve()), info.st_size, info.st_mtime_ns]
+
+    if dataset is None:
+        path = Path(spec).expanduser()
+        return stat(path) if path.is_file() else spec
+    folder = Path(dataset).expanduser()
+    if folder.is_dir():
+        return [spec, *(stat(p) for p in sorted(folder.rglob("*")) if p.is_file())]
+    return [dataset, spec]
+
+
 def file_format(path: str | Path) -> str:
     """A file's type suffix, looking through .gz: ``train.tsv.gz`` -> ``.tsv``."""
     path = Path(path)
@@ -76,11 +92,12 @@ def empty_split_error(role: str, spec: str) -> ValueError:
 
 def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str) -> None:
     """Fail early, naming the option to change, when a configured column is missing."""
+    prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
             raise KeyError(
-                f"{role} has no column '{column}' (set by data.{option}). Its columns are {ds.column_names}: "
-                f"set data.{option} to one of them."
+                f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
+                f"set {prefix}.{option} to one of them."
             )
 
 

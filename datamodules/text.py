@@ -1,6 +1,11 @@
-"""The shared base of text datamodules: splits, the tokenizer, dynamic padding, length bucketing.
+"""What every task's data shares (``TaskData``), and the base of the text tasks (``TextDataModule``).
 
-Batch contract (every task reads these keys; see README "Batches"):
+A task's data turns rows into batches; ``MultiTaskData`` (``datamodules/multitask.py``) combines
+one or more of them into the run's datamodule, builds the one tokenizer of the run and hands it to
+each (``connect``), and decides which task the next training batch comes from.
+
+Batch contract (every objective reads these keys; see README "Batches"):
+    task            str           the task the batch belongs to (added by ``MultiTaskData``)
     input_ids       (B, T) long   token ids, padded with the tokenizer's [PAD] id (0) to the batch's longest
     attention_mask  (B, T) long   1 at real tokens, 0 at padding
     labels          task-specific: (B,) class ids, or (B, T) with -100 where no loss is taken
@@ -9,32 +14,19 @@ Batch contract (every task reads these keys; see README "Batches"):
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from typing import ClassVar
 
 import datasets
-import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+from torch.utils.data import DataLoader
+from trunk.datamodules.sources import empty_split_error, load_split, source_key
+from trunk.datamodules.tokenizer import PAD
 
-from trunk.datamodules.sources import empty_split_error, load_split
-from trunk.datamodules.tokenizer import PAD, load_tokenizer, train_wordpiece
-
-
-IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)
-
-
-def cache_dir() -> Path:
-    """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
-    return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
-
-
+ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
 
 
@@ -46,81 +38,71 @@ def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     return out
 
 
-class LengthBucketBatchSampler(BatchSampler):
-    """Batches of similar length: less padding, so fewer wasted FLOPs.
-
-    Draws ``pool_batches * batch_size`` indices from ``sampler`` (random, or Lightning's distributed
-    sampler under DDP), sorts that pool by length, cuts it into batches and shuffles their order.
-    """
-
-    def __init__(self, sampler: Sampler, batch_size: int, drop_last: bool, lengths: Sequence[int], pool_batches: int = 50) -> None:
-        super().__init__(sampler, batch_size, drop_last)
-        self.lengths = lengths
-        self.pool_batches = pool_batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        pool: list[int] = []
-        for index in self.sampler:
-            pool.append(index)
-            if len(pool) == self.pool_batches * self.batch_size:
-                yield from self._batches(pool)
-                pool = []
-        if pool:
-            yield from self._batches(pool)
-
-    def _batches(self, pool: list[int]) -> Iterator[list[int]]:
-        pool.sort(key=lambda i: self.lengths[i])
-        batches = [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
-        if self.drop_last and len(batches[-1]) < self.batch_size:
-            batches.pop()
-        random.shuffle(batches)
-        yield from batches
+def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None) -> tuple[list[int], list[int]]:
+    """Split ``range(n)`` into (train, validation) indices, ``fraction`` held out at random with a fixed
+    seed; with ``strata`` (one label per row) each label keeps its share in both parts."""
+    rng = random.Random(seed)
+    groups: dict = {}
+    for i in range(n):
+        groups.setdefault(strata[i] if strata is not None else None, []).append(i)
+    validation: list[int] = []
+    for members in groups.values():
+        rng.shuffle(members)
+        validation += members[: round(len(members) * fraction)]
+    if not validation and n > 1:  # tiny data: at least one row
+        validation = [rng.randrange(n)]
+    if len(validation) >= n:
+        raise ValueError(f"Only {n} training rows: too few to hold out a validation share of {fraction}. "
+                         "Give more data, or a validation split.")
+    held = set(validation)
+    return [i for i in range(n) if i not in held], sorted(validation)
 
 
-class SplitLoaders(L.LightningDataModule):
-    """Lightning's four dataloader hooks from ``_loader(role, train)``, shared by text and image data.
-    Validation is optional: without a loaded validation split, fit runs without it."""
-
-    def _loader(self, role: str, train: bool = False) -> DataLoader:
-        raise NotImplementedError
-
-    def has_loaded(self, role: str) -> bool:
-        raise NotImplementedError
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        return self._loader("validation") if self.has_loaded("validation") else []
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict")
+def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rng: random.Random,
+                   pool_batches: int = 50) -> list[list[int]]:
+    """Batches of similar length (less padding, fewer wasted FLOPs): take ``pool_batches * batch_size``
+    indices of ``order`` at a time, sort them by length, cut them into batches, shuffle the batches."""
+    batches: list[list[int]] = []
+    pool_size = pool_batches * batch_size
+    for start in range(0, len(order), pool_size):
+        pool = sorted(order[start : start + pool_size], key=lambda i: lengths[i])
+        chunk = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
+        rng.shuffle(chunk)
+        batches += chunk
+    return batches
 
 
-class TextDataModule(SplitLoaders):
-    """Loads splits (hub, local files or built-in), provides the tokenizer and the dataloaders.
+class TaggedCollate:
+    """Builds a batch of one split from a list of row indices and marks it with its task (picklable, for workers)."""
 
-    Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
-    python values per example) and ``collate(examples) -> batch``.
+    def __init__(self, data: "TaskData", role: str, task: str) -> None:
+        self.data, self.role, self.task = data, role, task
+
+    def __call__(self, indices: list[int]) -> dict:
+        return {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+
+
+class TaskData:
+    """One task's data: its splits, how rows become batches, what the model must know about it.
+
+    Subclasses read their sources (``prepare``), report their size (``size``) and build batches
+    from row indices (``make_batch``). ``MultiTaskData`` does the rest: loaders, sampling across
+    tasks, the tokenizer.
 
     Args:
-        dataset: a hub dataset name (``glue``), a local dataset directory, ``trunk:sentiment`` for
-            the built-in data, or unset: then ``train`` / ``validation`` / ... are file paths.
+        dataset: a hub dataset name (``glue``), a local dataset directory, a built-in ``trunk:<name>``,
+            or unset: then ``train`` / ``validation`` / ... are file paths.
         dataset_config: the hub dataset's configuration (``sst2`` for ``glue``).
-        train, validation, test, predict: split names when ``dataset`` is set, else file paths
-            (csv, tsv, json, jsonl, parquet). Unset splits are skipped.
-        tokenizer: a ``tokenizer.json``, a directory holding one, or a Trunk ``.ckpt``; unset:
-            train a WordPiece tokenizer on the training split.
-        tokenizer_vocab_size: vocabulary size when training the tokenizer.
-        lowercase: lowercase text when training the tokenizer.
-        max_length: longer inputs are truncated (with one warning per split).
+        train, validation, test, predict: split names when ``dataset`` is set (``train[:10%]``
+            works), else file paths. Unset splits are skipped.
+        val_fraction: with no validation split, hold out this share of the training rows (random
+            with a fixed seed; classification keeps each label's share).
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
-        bucket_by_length: batch training examples of similar length together.
-        num_workers: dataloader worker processes.
+        num_workers: dataloader worker processes for evaluation and prediction.
     """
+
+    kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
+    stem: ClassVar[str] = "text"  # the trunk stem its inputs go through
 
     def __init__(
         self,
@@ -130,102 +112,156 @@ class TextDataModule(SplitLoaders):
         validation: str | None = None,
         test: str | None = None,
         predict: str | None = None,
-        tokenizer: str | None = None,
-        tokenizer_vocab_size: int = 8192,
-        lowercase: bool = True,
-        max_length: int = 128,
+        val_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        bucket_by_length: bool = False,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.dataset, self.dataset_config = dataset, dataset_config
         self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
-        self.tokenizer_path = tokenizer
-        self.tokenizer_vocab_size = tokenizer_vocab_size
-        self.lowercase = lowercase
-        self.max_length = max_length
+        self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
-        self.bucket_by_length = bucket_by_length
         self.num_workers = num_workers
+        self.name = "task"  # set by MultiTaskData: the task's name, for messages and batches
+
+    def option(self, key: str) -> str:
+        """How a user spells one of this task's options: ``data.tasks.<name>.<key>``."""
+        return f"data.tasks.{self.name}.{key}"
+
+    # -- for subclasses ------------------------------------------------------------------------------
+    def prepare(self, role: str) -> None:
+        """Read (and encode) one split, once."""
+        raise NotImplementedError
+
+    def size(self, role: str) -> int:
+        raise NotImplementedError
+
+    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        """What the model must know about this task's data: ``kinds``, and ``label_names`` where there are labels."""
+        return {"kinds": list(self.kinds), "stem": self.stem}
+
+    def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
+        """Batches of training row indices, from a shuffled ``order`` (subclasses may bucket by length)."""
+        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    # -- shared ----------------------------------------------------------------------------------------
+    def has_split(self, role: str) -> bool:
+        held_out = role == "validation" and self.val_fraction > 0 and self.split_specs["train"] is not None
+        return self.split_specs[role] is not None or held_out
+
+    def spec(self, role: str):
+        spec = self.split_specs[role]
+        if spec is None:
+            raise ValueError(f"No {role} split is configured for task '{self.name}': set {self.option(role)} "
+                             "(a file path, or a split name with dataset).")
+        return spec
+
+    def loader(self, role: str) -> DataLoader:
+        """An evaluation / prediction loader over one split, in order; batches carry the task's name."""
+        self.prepare(role)
+        return DataLoader(range(self.size(role)), batch_size=self.eval_batch_size, shuffle=False,
+                          collate_fn=TaggedCollate(self, role, self.name), num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+
+class TextDataModule(TaskData):
+    """Text tasks: rows (hub, local files or built-in) tokenized with the run's tokenizer.
+
+    Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
+    python values per example) and ``collate(examples) -> batch``.
+
+    Args:
+        max_length: longer inputs are truncated (with one warning per split).
+        bucket_by_length: batch training examples of similar length together.
+        **kwargs: see ``TaskData`` (dataset, splits, val_fraction, batch sizes, workers).
+    """
+
+    tokenizer_model: ClassVar[str] = "wordpiece"  # translation wants "bpe" (exact detokenization)
+
+    def __init__(self, max_length: int = 128, bucket_by_length: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_length = max_length
+        self.bucket_by_length = bucket_by_length
         self._raw: dict[str, datasets.Dataset] = {}
         self._encoded: dict[str, list[dict]] = {}
         self._tokenizer: Tokenizer | None = None
+        self.lowercase = False
+
+    def connect(self, tokenizer: Tokenizer, lowercase: bool = False) -> None:
+        """Hand this task the run's tokenizer (and the run's lowercasing, for tokenizers it trains itself)."""
+        if self._tokenizer is not None and self._tokenizer.get_vocab() != tokenizer.get_vocab():
+            self._encoded.clear()  # encoded with another tokenizer
+        self._tokenizer, self.lowercase = tokenizer, lowercase
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise RuntimeError(f"Task '{self.name}' has no tokenizer yet: MultiTaskData connects one before encoding.")
+        return self._tokenizer
 
     # -- splits ----------------------------------------------------------------------------------
     def raw(self, role: str) -> datasets.Dataset:
         """The rows of one split, loaded once and checked for emptiness."""
         if role not in self._raw:
-            spec = self.split_specs[role]
-            if spec is None:
-                raise ValueError(f"No {role} split is configured: set data.{role} (a file path, or a split name with data.dataset).")
-            ds = self.load(spec, f"data.{role}")
-            if len(ds) == 0:
-                raise empty_split_error(f"data.{role}", spec)
-            self.check(ds, role)
-            self._raw[role] = ds
+            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
+                rows = self.load(self.spec("train"), self.option("train"))
+                if len(rows) == 0:
+                    raise empty_split_error(self.option("train"), self.spec("train"))
+                self.check(rows, "train")
+                train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows))
+                self._raw["train"], self._raw["validation"] = rows.select(train), rows.select(validation)
+            else:
+                ds = self.load(self.spec(role), self.option(role))
+                if len(ds) == 0:
+                    raise empty_split_error(self.option(role), str(self.spec(role)))
+                self.check(ds, role)
+                self._raw[role] = ds
         return self._raw[role]
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
         return load_split(self.dataset, self.dataset_config, spec, role)
 
-    def has_split(self, role: str) -> bool:
-        return self.split_specs[role] is not None
-
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
 
+    def strata(self, rows: datasets.Dataset) -> list | None:
+        """One value per row to stratify the held-out validation share by (classification: the label)."""
+        return None
+
     # -- tokenizer -------------------------------------------------------------------------------
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_path) if self.tokenizer_path else self.cached_trained_tokenizer()
-        return self._tokenizer
-
-    def cached_trained_tokenizer(self, side: str = "input") -> Tokenizer:
-        """Train on data.train (``texts_for_tokenizer(side)``) once per (data, options) and cache the result.
-
-        WordPiece training is not deterministic across processes (hash-order tie breaks), so every
-        DDP rank must read the same file rather than train its own: the launching process trains
-        and caches before the other ranks start.
-        """
-        train_spec = self.split_specs["train"]
-        if train_spec is None:
-            raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json or trunk checkpoint), or data.train to train one.")
-        sources = []  # local files are keyed by path, size and mtime: an edited file retrains
-        for spec in [train_spec] if isinstance(train_spec, str) else train_spec:
-            path = Path(spec).expanduser()
-            stat = path.stat() if self.dataset is None and path.is_file() else None
-            sources.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns] if stat else spec)
-        key = json.dumps([type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options(),
-                          self.tokenizer_vocab_size, self.lowercase, *([side] if side != "input" else [])])
-        path = cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
-        if path.is_file():
-            return load_tokenizer(path)
-        tokenizer = self.train_tokenizer(self.texts_for_tokenizer(side))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tokenizer.save(str(tmp))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
-        rank_zero_info(f"Trained a tokenizer on data.train ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
-        return tokenizer
-
-    def train_tokenizer(self, texts: Iterator[str]) -> Tokenizer:
-        """A new tokenizer trained on ``texts``: WordPiece (translation overrides: BPE, for exact detokenization)."""
-        return train_wordpiece(texts, self.tokenizer_vocab_size, self.lowercase)
-
     def tokenizer_columns(self) -> list[str]:
-        """The columns whose text trains the tokenizer (part of the tokenizer cache key)."""
+        """The columns whose text trains the tokenizer."""
         raise NotImplementedError
+
+    def tokenizer_key(self) -> list:
+        """What the tokenizer trained on this task's text depends on (part of the tokenizer cache key)."""
+        sources = [source_key(self.dataset, spec) for spec in self._train_specs()]
+        return [type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options()]
+
+    def _train_specs(self) -> list[str]:
+        spec = self.spec("train")
+        return [spec] if isinstance(spec, str) else list(spec)
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
-        return self.tokenizer_columns()
+        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"]]
 
-    def texts_for_tokenizer(self, side: str = "input") -> Iterator[str]:
+    def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
         for column in self.tokenizer_columns():
             yield from (t for t in train[column] if t)
@@ -250,23 +286,30 @@ class TextDataModule(SplitLoaders):
     def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length") -> None:
         if truncated:
             rank_zero_warn(
-                f"{truncated} of {total} examples in data.{role} are longer than {option}={getattr(self, option)} "
-                f"tokens and were truncated. Raise data.{option} to keep them whole."
+                f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
+                f"tokens and were truncated. Raise {self.option(option)} to keep them whole."
             )
 
-    # -- Lightning hooks -------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        for role in STAGE_ROLES[stage]:
-            if role == "validation" and not self.has_split(role):
-                continue  # training without validation is allowed
-            if role not in self._encoded:
-                self._encoded[role] = self.encode(self.raw(role), role)
-        if stage == "fit" and self.trainer is not None:
-            # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
-            log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
-            if log_dir and self.trainer.is_global_zero:
-                Path(log_dir).mkdir(parents=True, exist_ok=True)
-                self.tokenizer.save(str(Path(log_dir) / "tokenizer.json"))
+    # -- TaskData --------------------------------------------------------------------------------
+    def info(self) -> dict:
+        return {**super().info(), "max_length": self.max_length}
+
+    def prepare(self, role: str) -> None:
+        if role not in self._encoded:
+            self._encoded[role] = self.encode(self.raw(role), role)
+
+    def size(self, role: str) -> int:
+        return len(self._encoded[role])
+
+    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+        examples = self._encoded[role]
+        return self.collate([examples[i] for i in indices])
+
+    def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
+        if not self.bucket_by_length:
+            return super().train_batches(order, rng)
+        lengths = [len(e["input_ids"]) for e in self._encoded["train"]]
+        return length_buckets(order, lengths, self.batch_size, rng)
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         raise NotImplementedError
@@ -274,30 +317,6 @@ class TextDataModule(SplitLoaders):
     def collate(self, examples: list[dict]) -> dict:
         raise NotImplementedError
 
-    def _loader(self, role: str, train: bool = False) -> DataLoader:
-        examples = self._encoded[role]
-        size = self.batch_size if train else self.eval_batch_size
-        options = dict(collate_fn=self.collate, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-        if train and self.bucket_by_length:
-            # A BatchSampler subclass: under DDP Lightning re-creates it around its distributed sampler.
-            batches = LengthBucketBatchSampler(RandomSampler(examples), size, False, [len(e["input_ids"]) for e in examples])
-            return DataLoader(examples, batch_sampler=batches, **options)
-        # batch_size + shuffle, never a plain BatchSampler: under DDP Lightning would rebuild that loader
-        # with batch_size=1 (one example per step).
-        return DataLoader(examples, batch_size=size, shuffle=train, **options)
-
-    def has_loaded(self, role: str) -> bool:
-        return role in self._encoded
-
-    # -- checkpoints: the tokenizer travels inside every Lightning checkpoint ----------------------
-    def state_dict(self) -> dict:
-        return {"tokenizer_json": self.tokenizer.to_str()}
-
-    def load_state_dict(self, state: dict) -> None:
-        restored = Tokenizer.from_str(state["tokenizer_json"])
-        if self._tokenizer is not None and restored.get_vocab() != self._tokenizer.get_vocab():
-            raise ValueError(
-                "The checkpoint's tokenizer differs from the one this datamodule built. Set data.tokenizer to "
-                "the checkpoint path so that the same tokenizer is used."
-            )
-        self._tokenizer = restored
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw inputs (texts, or what the task's predict rows hold): for the Python API."""
+        raise NotImplementedError(f"{type(self).__name__} does not predict from raw inputs.")

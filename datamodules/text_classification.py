@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datasets
 import torch
-
 from trunk.datamodules.sources import check_columns
 from trunk.datamodules.text import TextDataModule, pad
 
@@ -16,15 +15,17 @@ class TextClassificationData(TextDataModule):
     when it has one, else from the sorted distinct labels of the training split; ``label_names``
     fixes them (and their order) explicitly. Integer labels with word ``label_names`` (0/1 with
     negative/positive) are positions in ``label_names``; otherwise labels match names as text.
-    The CLI links the names, and the vocabulary size, into the model.
+    The model learns the names from ``info()``.
 
     Args:
         text_column: the column holding the text.
         text_pair_column: a second text column for sentence-pair tasks (encoded as [CLS] a [SEP] b [SEP]).
         label_column: the column holding the label (not needed in the predict split).
         label_names: class names in id order; unset: taken from the data.
-        **kwargs: see ``TextDataModule`` (dataset, splits, tokenizer, batch size, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, val_fraction, max_length, batch size, ...).
     """
+
+    kinds = ("sequence_classification",)
 
     def __init__(
         self,
@@ -37,12 +38,19 @@ class TextClassificationData(TextDataModule):
         super().__init__(**kwargs)
         self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
         self._label_names = list(label_names) if label_names is not None else None
+        self._configured_label_names = label_names is not None
+
+    def info(self) -> dict:
+        return {**super().info(), "label_names": self.label_names}
+
+    def strata(self, rows: datasets.Dataset) -> list:
+        return [str(v) for v in rows[self.label_column]]
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
         if role != "predict":
             columns["label_column"] = self.label_column
-        check_columns(ds, columns, f"data.{role}")
+        check_columns(ds, columns, self.option(role))
 
     @property
     def label_names(self) -> list[str]:
@@ -64,7 +72,7 @@ class TextClassificationData(TextDataModule):
         if isinstance(feature, datasets.ClassLabel):
             if -1 in values:
                 raise ValueError(
-                    f"data.{role} has unlabelled rows (label -1, as in hub test splits whose labels are hidden). "
+                    f"{self.option(role)} has unlabelled rows (label -1, as in hub test splits whose labels are hidden). "
                     "Evaluate on a labelled split, or use `trunk predict` for unlabelled data."
                 )
             values = [feature.names[v] for v in values]
@@ -72,21 +80,32 @@ class TextClassificationData(TextDataModule):
         if _names_by_position(values, self.label_names):
             values = [self.label_names[v] if 0 <= v < len(self.label_names) else v for v in values]
         unknown = sorted({str(v) for v in values} - index.keys())
+        if unknown and self._configured_label_names:
+            raise ValueError(
+                f"{self.option(role)} has labels {unknown[:10]} that are not in the configured label_names "
+                f"{self.label_names}. Remove {self.option('label_names')} to take the names from the data, or list every label there."
+            )
         if unknown:
             raise ValueError(
-                f"data.{role} has labels {unknown[:10]} that training never saw; the known labels are "
-                f"{self.label_names}. Fix the labels in data.{role}, or set data.label_names to the full label set."
+                f"{self.option(role)} has labels {unknown[:10]} that the training split never has; the known labels are "
+                f"{self.label_names}. Fix the labels in {self.option(role)}, or set {self.option('label_names')} to the full label set."
             )
         return [index[str(v)] for v in values]
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         texts = ds[self.text_column]
         if any(t is None for t in texts):
-            raise ValueError(f"data.{role}: column '{self.text_column}' has empty (null) cells; remove those rows.")
+            raise ValueError(f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows.")
         inputs = texts if self.text_pair_column is None else list(zip(texts, ds[self.text_pair_column]))
         ids = [e.ids for e in self.tokenize(inputs, role)]
         labels = self.label_ids(ds, role) if role != "predict" else [None] * len(ids)
         return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw texts (or (text, pair) tuples)."""
+        inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
+        ids = [e.ids for e in self.tokenize(inputs, "predict")]
+        return self.collate([{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)])
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import datasets
 import torch
-
 from trunk.datamodules.sources import ROW_FORMATS, check_columns, file_format, load_split, read_conll
-from trunk.datamodules.tagging import Scheme, Span, label_names_for, parse_label_names, spans_from_tags, split_tag, tags_from_spans
-from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, SEP
+from trunk.datamodules.tagging import (
+    Scheme,
+    Span,
+    label_names_for,
+    parse_label_names,
+    spans_from_tags,
+    split_tag,
+    tags_from_spans,
+)
+from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, SEP
+
 
 class TokenClassificationData(TextDataModule):
     """Sentences of words with one entity tag per word (IOB1, IOB2/BIO or BIOES), for ``TokenClassification``.
@@ -38,10 +46,11 @@ class TokenClassificationData(TextDataModule):
         label_all_subtokens: label every sub-token, not only each word's first.
         label_names: the model's labels (``O``, ``B-LOC``, ...); unset: built from the entity
             types in the training split. A checkpoint's labels are reused when testing it.
-        lowercase: lowercase text when training a tokenizer (off: case marks names).
         context_length: sub-tokens of document context around each sentence (0: none).
-        **kwargs: see ``TextDataModule`` (tokenizer, max_length, batch_size, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, val_fraction, max_length, batch_size, ...).
     """
+
+    kinds = ("token_classification",)
 
     def __init__(
         self,
@@ -51,13 +60,12 @@ class TokenClassificationData(TextDataModule):
         label_scheme: Scheme = "bio",
         label_all_subtokens: bool = False,
         label_names: list[str] | None = None,
-        lowercase: bool = False,
         context_length: int = 0,
         **kwargs,
     ) -> None:
-        super().__init__(lowercase=lowercase, **kwargs)
+        super().__init__(**kwargs)
         if context_length < 0:
-            raise ValueError(f"data.context_length must be >= 0 (sub-tokens of context), got {context_length}.")
+            raise ValueError(f"context_length must be >= 0 (sub-tokens of context), got {context_length}.")
         self.context_length = context_length
         label_names_for([], label_scheme)  # validates the scheme's name
         self.tag_column, self.tokens_column, self.tags_column = tag_column, tokens_column, tags_column
@@ -74,7 +82,7 @@ class TokenClassificationData(TextDataModule):
             return read_conll(spec, self.tag_column, role)
         ds = load_split(self.dataset, self.dataset_config, spec, role)
         has_tags = self.tags_column in ds.column_names
-        check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role == "data.predict" else self.tags_column}, role)
+        check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
         tags = ds[self.tags_column] if has_tags else [None] * len(ds)
         feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
         if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
@@ -83,24 +91,26 @@ class TokenClassificationData(TextDataModule):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         if role != "predict" and any(t is None for t in ds["tags"]):
-            raise ValueError(f"data.{role} has no tags: its file has one column (words only). Give a file with a tag "
+            raise ValueError(f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag "
                              "column for training and evaluation; words-only files are for data.predict.")
         for i, (tokens, tags) in enumerate(zip(ds["tokens"], ds["tags"])):
             if tags is not None and len(tokens) != len(tags):
-                raise ValueError(f"data.{role}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
+                raise ValueError(f"{self.option(role)}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
             for tag in tags or ():
                 try:
                     split_tag(tag)
                 except ValueError as err:
-                    raise ValueError(f"data.{role}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check data.tag_column "
-                                     f"(now {self.tag_column}) or data.tags_column (now {self.tags_column!r}).") from None
+                    raise ValueError(f"{self.option(role)}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check "
+                                     f"{self.option('tag_column')} (now {self.tag_column}) or {self.option('tags_column')} "
+                                     f"(now {self.tags_column!r}).") from None
 
     @property
     def label_names(self) -> list[str]:
         if self._label_names is None:
             types = {span.type for tags in self.raw("train")["tags"] for span in spans_from_tags(tags)}
             if not types:
-                raise ValueError("data.train has no entities (every tag is O): nothing to learn. Check data.tag_column.")
+                raise ValueError(f"{self.option('train')} has no entities (every tag is O): nothing to learn. "
+                                 f"Check {self.option('tag_column')}.")
             self._label_names = label_names_for(types, self.label_scheme)
         return self._label_names
 
@@ -110,7 +120,10 @@ class TokenClassificationData(TextDataModule):
     def tokenizer_text_options(self) -> list:
         return ["tokens", self.tag_column, self.tokens_column]
 
-    def texts_for_tokenizer(self, side: str = "input"):
+    def info(self) -> dict:
+        return {**super().info(), "label_names": self.label_names}
+
+    def texts_for_tokenizer(self):
         return (" ".join(tokens) for tokens in self.raw("train")["tokens"])
 
     # -- encoding ----------------------------------------------------------------------------------
@@ -128,8 +141,8 @@ class TokenClassificationData(TextDataModule):
                 spans = spans_from_tags(tags)
                 unknown = {s.type for s in spans} - known_types
                 if unknown:
-                    raise ValueError(f"data.{role}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
-                                     f"the model knows {sorted(known_types)}. Fix the tags, or set data.label_names "
+                    raise ValueError(f"{self.option(role)}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
+                                     f"the model knows {sorted(known_types)}. Fix the tags, or set {self.option('label_names')} "
                                      "to a label set that includes them.")
                 example["word_labels"] = [label_ids[t] for t in tags_from_spans(spans, len(words), self.label_scheme)]
                 example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)
@@ -181,6 +194,12 @@ class TokenClassificationData(TextDataModule):
                        for s in spans if word_starts[s.start] >= 0]
         token_tags = tags_from_spans(token_spans, len(word_ids), self.label_scheme)
         return [label_ids[tag] if word is not None else IGNORE_INDEX for tag, word in zip(token_tags, word_ids)]
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw sentences: word lists, or strings split on whitespace."""
+        words = [list(x) if isinstance(x, (list, tuple)) else str(x).split() for x in inputs]
+        rows = datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))})
+        return self.collate(self.encode(rows, "predict"))
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

@@ -2,14 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # PAD is id 0, UNK 1, CLS 2, SEP 3, MASK 4
+SPECIAL_IDS = {token: i for i, token in enumerate(SPECIAL_TOKENS)}  # every Trunk tokenizer has these ids
+IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)
+
+
+@dataclass
+class Codec:
+    """The run's tokenizers: one for every text input, plus a target tokenizer for each translation
+    task with a vocabulary of its own. Built once by the data, handed to the model (decoding)."""
+
+    tokenizer: Tokenizer | None = None
+    targets: dict[str, Tokenizer] = field(default_factory=dict)
+
+    def target(self, task: str) -> Tokenizer:
+        tokenizer = self.targets.get(task, self.tokenizer)
+        if tokenizer is None:
+            raise ValueError(f"Task '{task}' has no tokenizer to decode with.")
+        return tokenizer
+
+    def state_dict(self) -> dict:
+        """Plain strings, stored in every checkpoint (``tokenizer_from_checkpoint`` reads them back)."""
+        state = {"tokenizer_json": self.tokenizer.to_str()} if self.tokenizer is not None else {}
+        state.update({f"{TARGET_KEY}/{task}": t.to_str() for task, t in self.targets.items()})
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Codec":
+        tokenizer = Tokenizer.from_str(state["tokenizer_json"]) if "tokenizer_json" in state else None
+        targets = {key.split("/", 1)[1]: Tokenizer.from_str(v) for key, v in state.items() if key.startswith(f"{TARGET_KEY}/")}
+        return cls(tokenizer, targets)
+
+
+TARGET_KEY = "target_tokenizer_json"
 
 
 def _add_bert_template(tokenizer: Tokenizer) -> None:
@@ -80,4 +117,36 @@ def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> 
     missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
     if missing:
         raise ValueError(f"Tokenizer '{path}' lacks the special tokens {missing}; Trunk needs {SPECIAL_TOKENS}.")
+    return tokenizer
+
+
+TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe}
+
+
+def cache_dir() -> Path:
+    """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
+    return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
+
+
+def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,
+                     what: str = "the training text") -> Tokenizer:
+    """Train a tokenizer once per (data, options) and cache it; ``key`` names the data.
+
+    Tokenizer training is not deterministic across processes (hash-order tie breaks), so every DDP
+    rank must read the same file rather than train its own: the launching process trains and
+    caches before the other ranks start.
+    """
+    digest = hashlib.sha256(json.dumps([key, model, vocab_size, lowercase], default=str).encode()).hexdigest()[:20]
+    path = cache_dir() / "tokenizers" / f"{digest}.json"
+    if path.is_file():
+        return load_tokenizer(path)
+    tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
+    if tokenizer.get_vocab_size() < vocab_size:
+        rank_zero_info(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
+                       "pieces seen at least twice.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tokenizer.save(str(tmp))
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+    rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
     return tokenizer

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer
-
 from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
-from trunk.datamodules.text import IGNORE_INDEX, TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer, train_bpe
+from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, cached_tokenizer, load_tokenizer
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz
 
@@ -26,11 +25,11 @@ class TranslationData(TextDataModule):
         file with such a column, or with one column per language.
       * for ``predict`` only: a text file of source sentences, one per line.
 
-    The direction is ``source_lang`` -> ``target_lang``. With ``joint_vocabulary`` one tokenizer
-    serves both sides (the model can then share one embedding matrix); otherwise the target side
-    has its own (``target_tokenizer``, or one trained on the targets). Tokenizers trained here are
-    SentencePiece-style BPE, whose decoding restores the original spacing (detokenized text for
-    BLEU). Sources are encoded ``[CLS] ... [SEP]``; the decoder reads ``[CLS] target`` and
+    The direction is ``source_lang`` -> ``target_lang``. With ``joint_vocabulary`` the run's
+    tokenizer serves both sides (the model can then share one embedding matrix); otherwise the
+    target side has its own (``target_tokenizer``, or one trained on the targets). Tokenizers
+    trained for a run with translation are SentencePiece-style BPE, whose decoding restores the
+    original spacing (detokenized text for BLEU). Sources are encoded ``[CLS] ... [SEP]``; the decoder reads ``[CLS] target`` and
     predicts ``target [SEP]``: [CLS] starts and [SEP] ends every generated sentence.
 
     Batches: ``input_ids`` / ``attention_mask`` (sources), ``decoder_input_ids`` and ``labels``
@@ -41,10 +40,13 @@ class TranslationData(TextDataModule):
         joint_vocabulary: one tokenizer for both sides.
         target_tokenizer: the target side's tokenizer when the vocabularies are separate (a
             tokenizer.json, a directory or a Trunk .ckpt); unset: trained on the targets.
+        target_tokenizer_vocab_size: its vocabulary size when it is trained here.
         target_max_length: longer targets are truncated (one warning per split); unset: max_length.
-        lowercase: lowercase text when training tokenizers (BLEU is then against lowercased output).
-        **kwargs: see ``TextDataModule`` (tokenizer: the source side's, or both sides' when joint).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, max_length, batch_size, ...).
     """
+
+    kinds = ("translation",)
+    tokenizer_model = "bpe"
 
     def __init__(
         self,
@@ -53,16 +55,17 @@ class TranslationData(TextDataModule):
         translation_column: str = "translation",
         joint_vocabulary: bool = True,
         target_tokenizer: str | None = None,
+        target_tokenizer_vocab_size: int = 8192,
         target_max_length: int | None = None,
-        lowercase: bool = False,
         **kwargs,
     ) -> None:
-        super().__init__(lowercase=lowercase, **kwargs)
+        super().__init__(**kwargs)
         if source_lang == target_lang:
-            raise ValueError(f"data.source_lang and data.target_lang are both {source_lang!r}: name two languages.")
+            raise ValueError(f"source_lang and target_lang are both {source_lang!r}: name two languages.")
         if joint_vocabulary and target_tokenizer is not None:
-            raise ValueError("data.target_tokenizer is set but data.joint_vocabulary is true (data.tokenizer serves both "
-                             "sides). Set data.joint_vocabulary=false to give the target side its own tokenizer.")
+            raise ValueError("target_tokenizer is set but joint_vocabulary is true (the run's tokenizer serves both "
+                             "sides). Set joint_vocabulary=false to give the target side its own tokenizer.")
+        self.target_tokenizer_vocab_size = target_tokenizer_vocab_size
         self.source_lang, self.target_lang = source_lang, target_lang
         self.translation_column = translation_column
         self.joint_vocabulary = joint_vocabulary
@@ -76,10 +79,10 @@ class TranslationData(TextDataModule):
             return self._read_parallel_files(spec, role)
         path = Path(spec).expanduser()
         if self.dataset is None and file_format(path) not in FILE_FORMATS:
-            if role != "data.predict":
+            if not role.endswith(".predict"):
                 raise ValueError(f"{role}='{spec}' names neither parallel files nor a row file. Write the path with "
                                  f"'{LANG}' where the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz "
-                                 f"and train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set data.dataset.")
+                                 f"and train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set dataset.")
             return self._pairs(self._lines(path, role), None, role, path.name)
         return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role), role)
 
@@ -88,9 +91,9 @@ class TranslationData(TextDataModule):
         source_path, target_path = paths[self.source_lang], paths[self.target_lang]
         if not source_path.is_file():
             siblings = sorted(p.name for p in source_path.parent.glob(Path(spec).name.replace(LANG, "*")))
-            raise FileNotFoundError(f"{role}: the source file '{source_path}' (data.source_lang={self.source_lang!r}) does "
+            raise FileNotFoundError(f"{role}: the source file '{source_path}' (source_lang={self.source_lang!r}) does "
                                     f"not exist. Files there that match: {siblings or 'none'}. Check the language codes.")
-        if role == "data.predict" and not target_path.is_file():
+        if role.endswith(".predict") and not target_path.is_file():
             return self._pairs(self._lines(source_path, role), None, role, source_path.name)
         sources, targets = self._lines(source_path, role), self._lines(target_path, role)
         if len(sources) != len(targets):
@@ -99,14 +102,14 @@ class TranslationData(TextDataModule):
         return self._pairs(sources, targets, role, f"{source_path.name} / {target_path.name}")
 
     def _read_rows(self, ds: datasets.Dataset, role: str) -> datasets.Dataset:
-        needs_target = role != "data.predict"
+        needs_target = not role.endswith(".predict")
         if self.translation_column in ds.column_names:  # {lang: sentence} dicts (hub translation datasets)
             pairs = ds[self.translation_column]
             languages = sorted(pairs[0]) if pairs else []
             for lang in (self.source_lang, *([self.target_lang] if needs_target else [])):
                 if lang not in languages:
                     raise ValueError(f"{role}: the '{self.translation_column}' column has the languages {languages}, not "
-                                     f"{lang!r}. Set data.source_lang and data.target_lang to two of them.")
+                                     f"{lang!r}. Set source_lang and target_lang to two of them.")
             targets = [p[self.target_lang] for p in pairs] if self.target_lang in languages else None
             return self._pairs([p[self.source_lang] for p in pairs], targets, role, "row")
         columns = {"source_lang": self.source_lang, "target_lang": self.target_lang if needs_target else None}
@@ -114,7 +117,7 @@ class TranslationData(TextDataModule):
             check_columns(ds, columns, role)
         except KeyError as err:
             raise KeyError(f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
-                           "(data.translation_column) or one column per language.") from None
+                           "(translation_column) or one column per language.") from None
         targets = ds[self.target_lang] if self.target_lang in ds.column_names else None
         return self._pairs(ds[self.source_lang], targets, role, "row")
 
@@ -140,21 +143,18 @@ class TranslationData(TextDataModule):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         if role != "predict" and ds["target"][0] is None:
-            raise ValueError(f"data.{role} has source sentences only; training and evaluation need the target side too.")
+            raise ValueError(f"{self.option(role)} has source sentences only; training and evaluation need the target side too.")
 
     # -- tokenizers --------------------------------------------------------------------------------
-    def train_tokenizer(self, texts) -> Tokenizer:
-        return train_bpe(texts, self.tokenizer_vocab_size, self.lowercase)
-
     def tokenizer_columns(self) -> list[str]:
         return ["source", "target"] if self.joint_vocabulary else ["source"]
 
     def tokenizer_text_options(self) -> list:
-        return [self.source_lang, self.target_lang, self.translation_column, *self.tokenizer_columns(), "bpe"]
+        return [self.source_lang, self.target_lang, self.translation_column, *super().tokenizer_text_options()]
 
-    def texts_for_tokenizer(self, side: str = "input"):
-        train = self.raw("train")
-        yield from train["target"] if side == "target" else (t for c in self.tokenizer_columns() for t in train[c])
+    def info(self) -> dict:
+        return {**super().info(), "target_vocab_size": None if self.joint_vocabulary else self.target_tokenizer.get_vocab_size(),
+                "target_max_length": self.target_max_length}
 
     @property
     def target_tokenizer(self) -> Tokenizer:
@@ -162,26 +162,20 @@ class TranslationData(TextDataModule):
             return self.tokenizer
         if self._target_tokenizer is None:
             if self.target_tokenizer_path:
-                self._target_tokenizer = load_tokenizer(self.target_tokenizer_path, checkpoint_key="target_tokenizer_json")
+                self._target_tokenizer = load_tokenizer(self.target_tokenizer_path, checkpoint_key=f"{TARGET_KEY}/{self.name}")
             else:
-                self._target_tokenizer = self.cached_trained_tokenizer(side="target")
+                self._target_tokenizer = cached_tokenizer([*self.tokenizer_key(), "target"], lambda: self.raw("train")["target"],
+                                                          "bpe", self.target_tokenizer_vocab_size, self.lowercase,
+                                                          f"the targets of task '{self.name}'")
         return self._target_tokenizer
-
-    @property
-    def target_vocab_size(self) -> int:
-        return self.target_tokenizer.get_vocab_size()
 
     def _check_special_ids(self) -> None:
         """Generation uses fixed ids for padding, start and end: the order of SPECIAL_TOKENS."""
-        for side, tokenizer in (("data.tokenizer", self.tokenizer), ("data.target_tokenizer", self.target_tokenizer)):
+        for side, tokenizer in (("data.tokenizer", self.tokenizer), (self.option("target_tokenizer"), self.target_tokenizer)):
             for token in (PAD, CLS, SEP):
                 if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token):
                     raise ValueError(f"{side}: {token} has id {tokenizer.token_to_id(token)}, but translation needs the "
                                      f"special tokens first, in the order {SPECIAL_TOKENS} (as Trunk's tokenizers have them).")
-
-    def decode(self, token_ids: list[list[int]]) -> list[str]:
-        """Generated target ids -> detokenized sentences (special tokens dropped)."""
-        return self.target_tokenizer.decode_batch(token_ids, skip_special_tokens=True)
 
     # -- encoding ----------------------------------------------------------------------------------
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
@@ -202,6 +196,11 @@ class TranslationData(TextDataModule):
         self.warn_truncated(truncated, len(examples), f"{role} (targets)", "target_max_length")
         return examples
 
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw source sentences."""
+        sources = [str(x).strip() for x in inputs]
+        return self.collate([{"input_ids": e.ids, "source": s} for e, s in zip(self.tokenize(sources, "predict"), sources)])
+
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
         batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "source": [e["source"] for e in examples]}
@@ -210,15 +209,3 @@ class TranslationData(TextDataModule):
             batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
             batch["target"] = [e["target"] for e in examples]
         return batch
-
-    # -- checkpoints: both tokenizers travel inside every Lightning checkpoint -------------------------
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if not self.joint_vocabulary:
-            state["target_tokenizer_json"] = self.target_tokenizer.to_str()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        if "target_tokenizer_json" in state:
-            self._target_tokenizer = Tokenizer.from_str(state["target_tokenizer_json"])

@@ -3,7 +3,15 @@
 from trunk.models.decoder import Decoder, DecoderBlock, KVCache
 from trunk.models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
 from trunk.models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
-from trunk.models.stems import PatchStem, TokenStem, sinusoidal_positions, sinusoidal_positions_2d
+from trunk.models.stems import (
+    STEM_KINDS,
+    PatchStem,
+    TokenStem,
+    build_stem,
+    build_trunk,
+    sinusoidal_positions,
+    sinusoidal_positions_2d,
+)
 from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
@@ -20,6 +28,9 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "PatchStem",
+    "STEM_KINDS",
+    "build_stem",
+    "build_trunk",
     "ReplacedTokenHead",
     "SequenceClassificationHead",
     "TokenClassificationHead",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from trunk.models.stems import TokenStem
 from trunk.models.trunk import Attention, Block, TrunkConfig
 

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
 from trunk.models.decoder import Decoder, KVCache
 
 

@@ -6,7 +6,6 @@ from typing import Literal
 
 import torch
 from torch import nn
-
 from trunk.models.trunk import ACTIVATIONS
 
 

@@ -7,8 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from trunk.models.trunk import TrunkConfig
+from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
 
 
 def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:
@@ -109,15 +108,39 @@ class PatchStem(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         if pixels.ndim != 4 or pixels.shape[1] != self.channels:
             raise ValueError(f"Expected images shaped (batch, {self.channels}, height, width), got {tuple(pixels.shape)}: "
-                             f"the model takes {self.channels}-channel images (model.channels). Set data.channels={self.channels} "
+                             f"the model takes {self.channels}-channel images (the objective's channels). Set the task's data channels={self.channels} "
                              "to convert the images, or build the model for their channel count.")
         H, W = pixels.shape[-2:]
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(f"Images of {H}x{W} pixels do not split into {self.patch_size}x{self.patch_size} patches: "
-                             f"resize them (data.image_size) to a multiple of the patch size.")
+                             f"resize them (data.tasks.<task>.image_size) to a multiple of the patch size.")
         x = self.proj(pixels).flatten(2).transpose(1, 2)  # (B, N, d_model), patches in raster order
         table = self.positions(H // self.patch_size, W // self.patch_size)
         if table is not None:
             x = x + table
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         return self.drop(self.norm(x))
+
+
+STEM_KINDS = ("text", "image")
+
+
+def build_stem(kind: str, cfg: TrunkConfig, options: dict | None = None) -> nn.Module:
+    """A stem by modality: ``text`` (a ``TokenStem``) or ``image`` (a ``PatchStem``; ``options``: image_size,
+    patch_size, channels)."""
+    if kind == "text":
+        stem = TokenStem(cfg)
+        init_weights(stem, cfg.init_std)
+        return stem
+    if kind == "image":
+        return PatchStem(cfg, **(options or {}))  # initialises its own [CLS] and positions; the projection keeps conv init
+    raise ValueError(f"Unknown stem {kind!r}; stems are {STEM_KINDS}.")
+
+
+def build_trunk(cfg: TrunkConfig, stems: dict[str, dict] | None = None) -> Trunk:
+    """A freshly initialised trunk: ``stems`` maps each modality it reads to its options ({"text": {}} by default)."""
+    stems = {"text": {}} if stems is None else stems
+    built = {kind: build_stem(kind, cfg, options) for kind, options in stems.items()}
+    backbone = Backbone(cfg)
+    init_weights(backbone, cfg.init_std)
+    return Trunk(backbone, built)

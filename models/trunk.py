@@ -191,21 +191,27 @@ class Backbone(nn.Module):
 
 
 class Trunk(nn.Module):
-    """Stem + backbone: the pretrained, shareable part of every model."""
+    """Stems + backbone: the pretrained, shareable part of every model.
 
-    def __init__(self, stem: nn.Module, backbone: Backbone) -> None:
+    One backbone, and one stem per input modality (``text``: a ``TokenStem``; ``image``: a
+    ``PatchStem``), so text and image tasks can train one set of blocks in the same run.
+    """
+
+    def __init__(self, backbone: Backbone, stems: dict[str, nn.Module]) -> None:
         super().__init__()
-        self.stem = stem
+        if not stems:
+            raise ValueError("A trunk needs at least one stem (text or image).")
+        self.stems = nn.ModuleDict(stems)
         self.backbone = backbone
 
     @property
     def cfg(self) -> TrunkConfig:
         return self.backbone.cfg
 
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
         """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C)."""
         key_padding_mask = None if attention_mask is None else attention_mask.bool()
-        return self.backbone(self.stem(inputs), key_padding_mask)
+        return self.backbone(self.stems[stem](inputs), key_padding_mask)
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -10,7 +10,6 @@ import yaml
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
-
 from trunk.tasks.pretrained import check_writable, export_checkpoint, save_pretrained
 
 
@@ -18,8 +17,9 @@ class PredictionWriter(BasePredictionWriter):
     """Write ``trunk predict`` results as JSON lines, one record per example, as batches arrive.
 
     Args:
-        output: the file to write; unset: ``predictions.jsonl`` in the run's log directory. Under
-            several processes each writes its own ``.rank<N>`` file.
+        output: the file to write; unset: ``predictions.jsonl`` in the run's log directory. When
+            several tasks predict, each gets its own file, ``<output>.<task>.jsonl``. Under several
+            processes each writes its own ``.rank<N>`` file.
         field: write only this field of each record, as plain text, one line per example (for
             example ``translation``: a file to hand to sacrebleu).
     """
@@ -28,29 +28,42 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output = output
         self.field = field
-        self._file = None
+        self._files: dict[str, object] = {}
+        self._tasks: list[str] = []
 
-    def path(self, trainer: L.Trainer) -> Path:
+    def path(self, trainer: L.Trainer, task: str | None = None) -> Path:
         path = Path(self.output) if self.output else Path(trainer.log_dir or ".") / ("predictions.txt" if self.field else "predictions.jsonl")
+        if task is not None and len(self._tasks) > 1:
+            path = path.with_suffix(f".{task}{path.suffix}")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.path(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", encoding="utf-8")
+        data = trainer.datamodule
+        self._tasks = [name for name, member in data.tasks.items() if data._predicts(member)] if data is not None else []
+        self._files = {}
+
+    def _file(self, trainer: L.Trainer, task: str):
+        if task not in self._files:
+            path = self.path(trainer, task)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files[task] = path.open("w", encoding="utf-8")
+        return self._files[task]
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+        file = self._file(trainer, batch["task"])
         for record in prediction:
             if self.field is None:
-                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
                 continue
             if self.field not in record:
-                raise ValueError(f"predictions.field={self.field!r} is not in this task's predictions; its fields are {sorted(record)}.")
-            self._file.write(str(record[self.field]).replace("\n", " ") + "\n")
+                raise ValueError(f"predictions.field={self.field!r} is not in task '{batch['task']}''s predictions; its fields "
+                                 f"are {sorted(record)}.")
+            file.write(str(record[self.field]).replace("\n", " ") + "\n")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._file.close()
-        print(f"Wrote predictions to {self.path(trainer)}")
+        for task, file in self._files.items():
+            file.close()
+            print(f"Wrote the predictions of task '{task}' to {self.path(trainer, task)}")
 
 
 class LogConfigCallback(SaveConfigCallback):
@@ -64,19 +77,20 @@ class LogConfigCallback(SaveConfigCallback):
 
 
 class ExportTrunk(Callback):
-    """At the end of ``fit``, write the pretrained-trunk directory that fine-tuning takes as ``model.init_from``.
+    """At the end of ``fit``, write the pretrained-trunk directory that later runs take as ``model.init_from``.
 
     The weights come from the best checkpoint when a ``ModelCheckpoint`` monitors a metric, else
-    from the final model.
+    from the final model. An existing trunk directory at the path is replaced; anything else there
+    stops the run before training.
 
     Args:
         dirpath: where to write; unset: ``<trainer.default_root_dir>/trunk``.
-        with_head: also store the task head's weights (``head.*`` in model.safetensors).
+        heads: also store every task's head (by task name, with its label names).
     """
 
-    def __init__(self, dirpath: str | None = None, with_head: bool = False) -> None:
+    def __init__(self, dirpath: str | None = None, heads: bool = True) -> None:
         self.dirpath = dirpath
-        self.with_head = with_head
+        self.heads = heads
 
     def path(self, trainer: L.Trainer) -> Path:
         return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
@@ -90,12 +104,12 @@ class ExportTrunk(Callback):
             checkpoint = trainer.checkpoint_callback
             best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
             if best:
-                path = export_checkpoint(best, self.path(trainer), self.with_head, overwrite=True)
+                path = export_checkpoint(best, self.path(trainer), self.heads, overwrite=True)
             else:
-                head = pl_module.head.state_dict() if self.with_head else None
-                path = save_pretrained(self.path(trainer), pl_module.trunk_config, pl_module.trunk.state_dict(),
-                                       trainer.datamodule.tokenizer, head, type(pl_module).__module__ + "." + type(pl_module).__name__,
-                                       overwrite=True)
+                pretrained = pl_module.export()
+                if not self.heads:
+                    pretrained.heads = {}
+                path = save_pretrained(self.path(trainer), pretrained, overwrite=True)
             rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
-                           f"fine-tune from it with --model.init_from={path}")
+                           f"start a run from it with --model.init_from={path}")
         trainer.strategy.barrier()

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
-
+from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
+from trunk.tasks.module import TrunkModule
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
 
 
@@ -33,78 +34,89 @@ class TrunkCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
-        model_args = (self.config[subcommand].model.get("init_args") if subcommand else None) or {}
-        configured = {name: copy.deepcopy(model_args[name]) for name in self.INFERENCE_OPTIONS if name in model_args}
+        tasks = (self.config[subcommand].model.get("tasks") if subcommand else None) or {}
+        configured = {(task, name): copy.deepcopy(spec.init_args[name]) for task, spec in tasks.items()
+                      for name in self.INFERENCE_OPTIONS if spec.get("init_args") and name in spec.init_args}
         super()._parse_ckpt_path()
-        for name, value in configured.items():
-            self.config[subcommand].model.init_args[name] = value
+        for (task, name), value in configured.items():
+            if task in self.config[subcommand].model.tasks:
+                self.config[subcommand].model.tasks[task].init_args[name] = value
 
     def add_arguments_to_parser(self, parser) -> None:
-        # Data-dependent sizes flow from the datamodule into the model: users never type them.
-        # A link whose target a model does not take (say label_names for MLM) is skipped.
-        parser.link_arguments("data.vocab_size", "model.init_args.trunk.vocab_size", apply_on="instantiate")
-        parser.link_arguments("data.label_names", "model.init_args.label_names", apply_on="instantiate")
-        parser.link_arguments("data.target_vocab_size", "model.init_args.target_vocab_size", apply_on="instantiate")
+        # What the data knows flows into the model by links: users never type vocabulary sizes or labels.
+        parser.link_arguments("data.vocab_size", "model.trunk.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.task_info", "model.task_info", apply_on="instantiate")
+        parser.link_arguments("data.codec", "model.codec", apply_on="instantiate")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        self._check_task_names(config)
         self._use_pretrained_trunk(config)
         self._use_checkpoint(config)
 
+    @staticmethod
+    def _check_task_names(config) -> None:
+        model_tasks, data_tasks = config.model.get("tasks") or {}, config.data.get("tasks") or {}
+        if set(model_tasks) != set(data_tasks):
+            sys.exit(f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "
+                     "needs an objective (model.tasks.<name>) and data (data.tasks.<name>) under the same name.")
+
     def _use_pretrained_trunk(self, config) -> None:
         """With model.init_from, take the pretrained trunk's tokenizer, and its architecture for every
-        model.trunk field left at its default; fields set to other values fail in the task, naming both."""
-        model_args = config.model.get("init_args") or {}
-        init_from = model_args.get("init_from")
+        model.trunk field left at its default; fields set to other values fail in the model, naming both."""
+        init_from = config.model.get("init_from")
         if not init_from:
             return
         if config.get("ckpt_path"):
-            model_args.init_from = None  # the checkpoint holds the fine-tuned weights and the tokenizer
+            config.model.init_from = None  # the checkpoint holds the trained weights and the tokenizer
             return
         try:
-            pretrained, _ = read_config(init_from)
+            pretrained, meta = read_config(init_from)
         except (FileNotFoundError, ValueError) as err:
             sys.exit(f"error: model.init_from: {err}")
-        data_args = config.data.init_args
-        if "tokenizer" in data_args:  # text data (image data reuses the blocks only)
-            tokenizer = data_args.get("tokenizer")
+        if "text" in meta["stems"]:
+            tokenizer = config.data.get("tokenizer")
             if tokenizer is not None and Path(tokenizer).resolve() not in (Path(init_from).resolve(), (Path(init_from) / "tokenizer.json").resolve()):
                 sys.exit(f"error: data.tokenizer='{tokenizer}' but model.init_from='{init_from}' brings its own tokenizer, which "
                          "the pretrained weights need. Remove data.tokenizer.")
-            data_args.tokenizer = init_from
-        defaults, trunk_args = TrunkConfig(), model_args.trunk
+            config.data.tokenizer = init_from
+        defaults, trunk_args = TrunkConfig(), config.model.trunk
         for name in ARCHITECTURE_FIELDS:
             if name != "vocab_size" and trunk_args.get(name) == getattr(defaults, name):
                 trunk_args[name] = getattr(pretrained, name)
-        self._cap_max_length(data_args, pretrained.max_len)
+        self._cap_max_length(config, pretrained.max_len)
 
     def _use_checkpoint(self, config) -> None:
-        """With --ckpt_path, reuse the checkpoint's tokenizer and label names and respect its max_len,
+        """With --ckpt_path, reuse the checkpoint's tokenizers and label names and respect its max_len,
         so test/predict data is encoded as in training (Lightning has already restored the model's hparams)."""
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path or ckpt_path in ("best", "last"):
             return
         if not Path(ckpt_path).is_file():
-            sys.exit(f"error: --ckpt_path '{ckpt_path}' does not exist. Pass the path of a .ckpt file written by `trunk fit`.")
-        data_args = config.data.init_args
-        if "tokenizer" in data_args and data_args.get("tokenizer") is None:
-            data_args.tokenizer = ckpt_path
-        if data_args.get("joint_vocabulary") is False and data_args.get("target_tokenizer") is None:
-            data_args.target_tokenizer = ckpt_path  # translation with separate vocabularies
-        model_args = config.model.get("init_args") or {}
-        if "label_names" in data_args and data_args.label_names is None and model_args.get("label_names"):
-            data_args.label_names = model_args["label_names"]
-        self._cap_max_length(data_args, (model_args.get("trunk") or {}).get("max_len"))
+            sys.exit(f"error: --ckpt_path '{ckpt_path}' does not exist. Pass the path of a .ckpt written by `trunk fit`.")
+        if config.data.get("tokenizer") is None:
+            config.data.tokenizer = ckpt_path
+        task_info = config.model.get("task_info") or {}
+        for name, spec in (config.data.get("tasks") or {}).items():
+            args = spec.get("init_args") or {}
+            if args.get("joint_vocabulary") is False and args.get("target_tokenizer") is None:
+                args.target_tokenizer = ckpt_path  # translation with separate vocabularies
+            labels = (task_info.get(name) or {}).get("label_names")
+            if "label_names" in args and args.label_names is None and labels:
+                args.label_names = labels
+        self._cap_max_length(config, (config.model.get("trunk") or {}).get("max_len"))
 
     @staticmethod
-    def _cap_max_length(data_args, trunk_max_len: int | None) -> None:
-        if trunk_max_len and data_args.get("max_length", 0) > trunk_max_len:
-            data_args.max_length = trunk_max_len  # a trained position table sets the limit
+    def _cap_max_length(config, trunk_max_len: int | None) -> None:
+        for spec in (config.data.get("tasks") or {}).values():
+            args = spec.get("init_args") or {}
+            if trunk_max_len and args.get("max_length", 0) > trunk_max_len:
+                args.max_length = trunk_max_len  # a trained position table sets the limit
 
     def after_fit(self) -> None:
-        """Evaluate the best checkpoint on the test split right after training, when one is configured."""
-        if getattr(self.datamodule, "split_specs", {}).get("test") is None or self.trainer.interrupted:
+        """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
+        if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
@@ -116,10 +128,14 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
     return TrunkCLI(
+        TrunkModule,
+        MultiTaskData,
         save_config_callback=LogConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
+        parser_kwargs={"epilog": "Also: `trunk export CKPT DIR` writes a pretrained-trunk directory from a checkpoint "
+                                 "(`trunk export --help`)."},
     )
 
 
@@ -130,15 +146,16 @@ def export_main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="trunk export",
         description="Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a "
-                    "Lightning checkpoint written by any Trunk task; fine-tune from it with --model.init_from=DIR.",
+                    "checkpoint written by `trunk fit`: the trunk and every task's head; start a run from it with "
+                    "--model.init_from=DIR.",
     )
     parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
     parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
-    parser.add_argument("--with-head", action="store_true", help="also store the task head's weights")
+    parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
     options = parser.parse_args(args)
     try:
-        path = export_checkpoint(options.ckpt, options.dir, options.with_head, options.overwrite)
+        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")

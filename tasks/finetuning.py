@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import lightning as L
 from lightning.pytorch.callbacks import BaseFinetuning
+from torch import nn
 from torch.optim import Optimizer
 
 
@@ -48,6 +49,31 @@ class FinetuneConfig:
                              "anything: set only one of them.")
 
 
+def frozen_depths(cfg: FinetuneConfig, n_layers: int) -> set[int]:
+    """Depths frozen for the whole run (gradual unfreezing comes on top): 0 is the stems, 1..L the
+    blocks; a frozen trunk also freezes the final norm (see ``apply_freezing``)."""
+    if cfg.freeze_layers > n_layers:
+        raise ValueError(f"finetune.freeze_layers={cfg.freeze_layers} exceeds the trunk's {n_layers} blocks.")
+    if cfg.freeze_trunk:
+        return set(range(n_layers + 1))
+    return ({0} if cfg.freeze_embeddings else set()) | set(range(1, 1 + cfg.freeze_layers))
+
+
+def apply_freezing(depths: list[list[nn.Module]], cfg: FinetuneConfig, final_norm: nn.Module) -> None:
+    """Freeze the configured depths (``depths``: bottom-up module groups, as ``TrunkModule.depth_groups``)."""
+    for depth in frozen_depths(cfg, len(depths) - 2):
+        set_trainable(depths[depth], False)
+    if cfg.freeze_trunk:
+        set_trainable([final_norm], False)
+
+
+def keep_frozen_in_eval(trunk_parts: list[nn.Module]) -> None:
+    """Frozen trunk parts run in eval mode (no dropout): call after ``module.train()``."""
+    for module in trunk_parts:
+        if not any(p.requires_grad for p in module.parameters()):
+            module.eval()
+
+
 def set_trainable(modules, trainable: bool) -> None:
     for module in modules:
         for p in module.parameters():
@@ -79,9 +105,10 @@ class GradualUnfreezing(BaseFinetuning):
         """(depth, modules) from the top block down to the stem, skipping parts frozen for good."""
         depths = pl_module.depth_groups()
         top = len(depths) - 1
-        order = [(top - 1, depths[top - 1] + [m for m in depths[top] if m in pl_module.trunk.modules()])]
+        order = [(top - 1, depths[top - 1] + [pl_module.trunk.backbone.final_norm])]
         order += [(d, depths[d]) for d in range(top - 2, -1, -1)]
-        return [(d, modules) for d, modules in order if d not in pl_module.frozen_depths()]
+        frozen = frozen_depths(pl_module.finetune, len(pl_module.trunk.backbone.blocks))
+        return [(d, modules) for d, modules in order if d not in frozen]
 
     def freeze_before_training(self, pl_module) -> None:
         for _, modules in self.thaw_order(pl_module):

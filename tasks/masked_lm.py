@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
-
-from trunk.datamodules.text import IGNORE_INDEX
-from trunk.models import MaskedLMHead, init_weights
-from trunk.tasks.base import TrunkTask
+from trunk.datamodules.tokenizer import IGNORE_INDEX
+from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
+from trunk.tasks.objective import Objective
 
 
 class Perplexity(Metric):
@@ -30,18 +29,6 @@ class Perplexity(Metric):
         return torch.exp(self.nll_sum / self.count.clamp(min=1))
 
 
-class PretrainingTask(TrunkTask):
-    """What the pretraining objectives share: fit always ends by exporting the trunk (``ExportTrunk``)."""
-
-    def configure_callbacks(self):
-        from trunk.tasks.callbacks import ExportTrunk
-
-        callbacks = super().configure_callbacks()
-        if not any(isinstance(c, ExportTrunk) for c in self.trainer.callbacks):
-            callbacks.append(ExportTrunk())  # pretraining always ends with a reusable trunk
-        return callbacks
-
-
 def masked_token_nll(head: MaskedLMHead, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Vocabulary logits and NLL at the masked positions only (labels != -100), plus the (B, T) mask.
 
@@ -52,34 +39,48 @@ def masked_token_nll(head: MaskedLMHead, hidden: torch.Tensor, targets: torch.Te
     return logits, F.cross_entropy(logits, targets[selected], reduction="none"), selected
 
 
-class MaskedLanguageModeling(PretrainingTask):
+def tied_mlm_head(trunk: Trunk) -> MaskedLMHead:
+    """BERT's MLM head whose decoder is the trunk's token embedding (one matrix reads and writes tokens)."""
+    cfg = trunk.cfg
+    if "text" not in trunk.stems:
+        raise ValueError("Masked-LM needs the trunk's text stem.")
+    head = MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps)
+    init_weights(head.dense, cfg.init_std)  # not the decoder: its weight is the embedding
+    return head
+
+
+class MaskedLanguageModeling(Objective):
     """BERT-style pretraining of the trunk on ``CorpusData`` blocks (masking happens in the collator).
 
-    Logs the loss, perplexity and accuracy over the masked tokens. At the end of ``fit`` the trunk
-    is exported as a pretrained-trunk directory (``ExportTrunk``; default ``<default_root_dir>/trunk``).
-
-    Args:
-        **kwargs: see ``TrunkTask``: ``trunk`` (architecture; ``vocab_size`` is linked from the
-            data), ``optimizer``, ``init_from`` (continue pretraining a trunk) and ``finetune``.
+    Logs the loss, perplexity (``ppl``) and accuracy (``acc``, the primary) over the masked tokens.
+    A run with a pretraining objective ends ``fit`` by exporting the trunk as a pretrained-trunk
+    directory (``ExportTrunk``; default ``<default_root_dir>/trunk``).
     """
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.save_hyperparameters()
-        cfg = self.trunk_config
-        self.head = MaskedLMHead(self.trunk.stem.token, cfg.activation, cfg.layer_norm_eps)
-        init_weights(self.head.dense, cfg.init_std)  # not the decoder: its weight is the embedding
+    kind = "masked_lm"
+    exports_trunk = True
 
-    def make_metrics(self) -> MetricCollection:
-        vocab = self.trunk_config.vocab_size
-        return MetricCollection({"ppl": Perplexity(), "acc": MulticlassAccuracy(vocab, average="micro", validate_args=False)})
+    def __init__(self) -> None:
+        super().__init__()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+        self.head = tied_mlm_head(trunk)
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        return {"ppl": Perplexity(), "acc": MulticlassAccuracy(self.head.decoder.out_features, average="micro", validate_args=False)}
+
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """All positions' vocabulary logits (B, T, V), for inspection; training scores masked positions only."""
-        return self.head(self.trunk(input_ids, attention_mask))
+        return self.head(self.encode(trunk, batch))
 
-    def step(self, batch: dict, stage: str) -> torch.Tensor:
-        hidden = self.trunk(batch["input_ids"], batch["attention_mask"])
-        logits, nll, selected = masked_token_nll(self.head, hidden, batch["labels"])
-        self.metrics(stage).update(preds=logits.argmax(-1), target=batch["labels"][selected], nll=nll)
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        logits, nll, selected = masked_token_nll(self.head, self.encode(trunk, batch), batch["labels"])
+        self.metrics(stage)["ppl"].update(nll)
+        self.metrics(stage)["acc"].update(logits.argmax(-1), batch["labels"][selected])
         return nll.mean()
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """The most probable token at each masked position (label != -100), as ids."""
+        logits, _, selected = masked_token_nll(self.head, self.encode(trunk, batch), batch["labels"])
+        predicted, rows = logits.argmax(-1).tolist(), selected.nonzero()[:, 0].tolist()
+        return [{"masked_predictions": [p for p, r in zip(predicted, rows) if r == i]} for i in range(len(selected))]

@@ -1,12 +1,15 @@
-"""The pretrained-trunk directory: what pretraining hands to every fine-tuning run.
+"""The pretrained-trunk directory: what one run hands to the next.
 
-    <dir>/config.json        {"format": "trunk", "format_version": 1, "trunk": {TrunkConfig}, ...}
-    <dir>/model.safetensors  the trunk's weights as "trunk.*" (and optionally a head's as "head.*")
-    <dir>/tokenizer.json     the tokenizer the weights were trained with
+    <dir>/config.json        {"format": "trunk", "format_version": 2, "trunk": {TrunkConfig},
+                              "stems": {"text": {}, "image": {...}}, "heads": {task: {kind, label_names, objective}}}
+    <dir>/model.safetensors  "trunk.*" (stems and backbone) and "heads.<task>.*" (each task's head)
+    <dir>/tokenizer.json     the tokenizer the text stem was trained with (when it has one)
+    <dir>/target_tokenizer.<task>.json   a translation task's own target vocabulary, if any
 
-Written at the end of pretraining (``ExportTrunk``) or from any Lightning checkpoint
-(``trunk export CKPT DIR``); read by ``model.init_from`` with checks that name both sides of any
-mismatch.
+Written at the end of pretraining (``ExportTrunk``) or from any checkpoint (``trunk export CKPT
+DIR``); read by ``model.init_from``, which also takes a checkpoint (``.ckpt``) directly: a new run
+from a fine-tuned model's weights. Format version 1 directories (trunk only, text stem) are read too.
+Every check names both sides of a mismatch.
 """
 
 from __future__ import annotations
@@ -15,32 +18,36 @@ import json
 import os
 import pickle
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer
+from trunk.datamodules.tokenizer import Codec, load_tokenizer
+from trunk.models import TrunkConfig, build_trunk
+from trunk.tasks.objective import is_metric_state
 
-from trunk.datamodules.tokenizer import load_tokenizer, tokenizer_from_checkpoint
-from trunk.models import TrunkConfig
-
-FORMAT_NAME, FORMAT_VERSION = "trunk", 1
+FORMAT_NAME, FORMAT_VERSION = "trunk", 2
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+TARGET_TOKENIZER_FILE = "target_tokenizer.{task}.json"
 # The fields that fix the shapes and the computation; dropout and init_std may differ per run.
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "positions", "norm",
                        "activation", "layer_norm_eps")
+TEXT_STEM_FIELDS = ("vocab_size", "max_len")  # what only the text stem depends on
 
 
 @dataclass
 class PretrainedTrunk:
+    """A trunk, its heads and its tokenizers, as read from a directory or a checkpoint."""
+
     path: Path
     config: TrunkConfig
+    stems: dict[str, dict]  # stem kind -> its options
     trunk_weights: dict[str, torch.Tensor]  # keys as in ``Trunk.state_dict()``
-    head_weights: dict[str, torch.Tensor]  # keys as in the exporting task's ``head.state_dict()``
-    tokenizer: Tokenizer
-    meta: dict
+    heads: dict[str, dict] = field(default_factory=dict)  # task -> {"meta": {kind, label_names, objective}, "state": {...}}
+    codec: Codec = field(default_factory=Codec)
 
 
 def check_writable(directory: Path, overwrite: bool) -> None:
@@ -51,7 +58,7 @@ def check_writable(directory: Path, overwrite: bool) -> None:
     if not directory.is_dir():
         raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
     contents = sorted(p.name for p in directory.iterdir())
-    foreign = [name for name in contents if name not in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)]
+    foreign = [name for name in contents if not _is_trunk_file(name)]
     if foreign:
         raise FileExistsError(
             f"'{directory}' exists and holds files that are not part of a trunk directory ({foreign[:5]}). Trunk never "
@@ -61,29 +68,40 @@ def check_writable(directory: Path, overwrite: bool) -> None:
         raise FileExistsError(f"'{directory}' already holds a trunk. Pass --overwrite to replace it, or choose another directory.")
 
 
-def save_pretrained(directory: str | Path, config: TrunkConfig, trunk_weights: dict[str, torch.Tensor],
-                    tokenizer: Tokenizer, head_weights: dict[str, torch.Tensor] | None = None, task: str | None = None,
-                    overwrite: bool = False) -> Path:
-    """Write a trunk's weights (and optionally its task head's) to ``directory``, atomically.
+def _is_trunk_file(name: str) -> bool:
+    return name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) or (name.startswith("target_tokenizer.") and name.endswith(".json"))
 
-    An existing trunk directory is replaced only with ``overwrite``; any other existing content is an error."""
+
+def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrite: bool = False) -> Path:
+    """Write a trunk directory, atomically. An existing trunk directory is replaced only with
+    ``overwrite``; any other existing content is an error."""
     directory = Path(directory)
     check_writable(directory, overwrite)
-    check_weights(config, trunk_weights, directory)
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens but the trunk's vocab_size is {config.vocab_size}.")
-    tensors = {f"trunk.{k}": v for k, v in trunk_weights.items()}
-    tensors.update({f"head.{k}": v for k, v in (head_weights or {}).items()})
+    check_weights(pretrained.config, pretrained.stems, pretrained.trunk_weights, directory)
+    codec = pretrained.codec
+    if "text" in pretrained.stems:
+        if codec.tokenizer is None:
+            raise ValueError("A trunk with a text stem needs its tokenizer.")
+        if codec.tokenizer.get_vocab_size() != pretrained.config.vocab_size:
+            raise ValueError(f"The tokenizer has {codec.tokenizer.get_vocab_size()} tokens but the trunk's vocab_size is "
+                             f"{pretrained.config.vocab_size}.")
+    tensors = {f"trunk.{k}": v for k, v in pretrained.trunk_weights.items()}
+    for task, head in pretrained.heads.items():
+        tensors.update({f"heads.{task}.{k}": v for k, v in head["state"].items()})
     tensors, tied = _untie(tensors)
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "trunk": config.to_dict(),
-            "task": task, "has_head": bool(head_weights), "tied": tied}
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "trunk": pretrained.config.to_dict(),
+            "stems": pretrained.stems, "heads": {task: head["meta"] for task, head in pretrained.heads.items()}, "tied": tied}
     tmp = directory.parent / f".{directory.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE),
               metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
-    tokenizer.save(str(tmp / TOKENIZER_FILE))
+    if codec.tokenizer is not None and "text" in pretrained.stems:
+        codec.tokenizer.save(str(tmp / TOKENIZER_FILE))
+    for task, tokenizer in codec.targets.items():
+        if task in pretrained.heads:
+            tokenizer.save(str(tmp / TARGET_TOKENIZER_FILE.format(task=task)))
     # Swap whole directories, so a reader never sees a half-written trunk and a crash keeps the old one.
     old = directory.parent / f".{directory.name}.old{os.getpid()}"
     if directory.exists():
@@ -106,65 +124,89 @@ def _untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], d
     return kept, tied
 
 
-def read_config(directory: str | Path) -> tuple[TrunkConfig, dict]:
-    """The architecture of a trunk directory, after checking that all its files are there."""
-    directory = Path(directory)
-    if not directory.is_dir():
+def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
+    """The architecture (and the rest of config.json) of a trunk directory or a checkpoint, after
+    checking that the files are there."""
+    path = Path(path)
+    if path.is_file():
+        ckpt = load_checkpoint(path)
+        return _checkpoint_config(ckpt, path), _checkpoint_meta(ckpt, path)
+    if not path.is_dir():
         raise FileNotFoundError(
-            f"No pretrained trunk directory at '{directory}'. Pretraining writes one (see configs/pretrain.yaml), "
-            "and `trunk export CKPT DIR` makes one from any checkpoint."
+            f"No pretrained trunk directory or checkpoint at '{path}'. Pretraining writes a directory (see "
+            "configs/pretrain.yaml), `trunk export CKPT DIR` makes one from any checkpoint, and a .ckpt works too."
         )
-    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (directory / f).is_file()]
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"Trunk directory '{directory}' is missing {missing}; a complete one holds {CONFIG_FILE}, "
-            f"{WEIGHTS_FILE} and {TOKENIZER_FILE}. Re-export it with `trunk export CKPT {directory}`."
+            f"Trunk directory '{path}' is missing {missing}; a complete one holds {CONFIG_FILE}, "
+            f"{WEIGHTS_FILE} and (with a text stem) {TOKENIZER_FILE}. Re-export it with `trunk export CKPT {path}`."
         )
     try:
-        meta = json.loads((directory / CONFIG_FILE).read_text())
+        meta = json.loads((path / CONFIG_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"'{directory / CONFIG_FILE}' is not valid JSON ({err}). Re-export the trunk.") from err
+        raise ValueError(f"'{path / CONFIG_FILE}' is not valid JSON ({err}). Re-export the trunk.") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME or "trunk" not in meta:
-        raise ValueError(f"'{directory / CONFIG_FILE}' is not a Trunk config (no \"format\": \"trunk\").")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"Trunk directory '{directory}' has format version {meta['format_version']}, newer than this Trunk "
-            f"reads ({FORMAT_VERSION}). Upgrade Trunk."
-        )
+        raise ValueError(f"'{path / CONFIG_FILE}' is not a Trunk config (no \"format\": \"trunk\").")
+    version = meta.get("format_version", 0)
+    if version > FORMAT_VERSION:
+        raise ValueError(f"Trunk directory '{path}' has format version {version}, newer than this Trunk reads "
+                         f"({FORMAT_VERSION}). Upgrade Trunk.")
+    if version < 2:  # version 1: a text trunk, weights named stem.*, one unnamed head without label names
+        meta = {**meta, "stems": {"text": {}}, "heads": {}, "v1_head": bool(meta.get("has_head"))}
+    if "text" in meta["stems"] and not (path / TOKENIZER_FILE).is_file():
+        raise FileNotFoundError(f"Trunk directory '{path}' has a text stem but no {TOKENIZER_FILE}. Re-export it with "
+                                f"`trunk export CKPT {path}`.")
+    return trunk_config(meta["trunk"]), meta
+
+
+def trunk_config(values: dict | TrunkConfig) -> TrunkConfig:
+    if isinstance(values, TrunkConfig):
+        return values
     known = {f.name for f in fields(TrunkConfig)}
-    return TrunkConfig(**{k: v for k, v in meta["trunk"].items() if k in known}), meta
+    return TrunkConfig(**{k: v for k, v in dict(values).items() if k in known})
 
 
-def load_pretrained(directory: str | Path) -> PretrainedTrunk:
-    """Read and check a trunk directory: files present, weights readable and shaped as configured,
-    tokenizer vocabulary equal to the embedding table."""
-    directory = Path(directory)
-    config, meta = read_config(directory)
-    weights_path = directory / WEIGHTS_FILE
+def load_pretrained(path: str | Path) -> PretrainedTrunk:
+    """Read and check a trunk directory or a checkpoint: files present, weights readable and shaped
+    as configured, tokenizer vocabulary equal to the embedding table."""
+    path = Path(path)
+    if path.is_file():
+        return _pretrained_from_checkpoint(path)
+    config, meta = read_config(path)
+    weights_path = path / WEIGHTS_FILE
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"'{weights_path}' is corrupted or not a safetensors file ({err}). Re-export the trunk.") from err
     for name, source in meta.get("tied", {}).items():
         tensors[name] = tensors[source]
-    trunk_weights, head_weights = _strip(tensors, "trunk."), _strip(tensors, "head.")
-    check_weights(config, trunk_weights, weights_path)
-    tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
-    if tokenizer.get_vocab_size() != config.vocab_size:
+    if meta["format_version"] < 2:
+        tensors = {("trunk.stems.text." + k[len("trunk.stem."):] if k.startswith("trunk.stem.") else k): v for k, v in tensors.items()}
+        if meta.get("v1_head"):
+            rank_zero_warn(f"'{path}' is a format-1 trunk directory: its head has no task name or label names and is not "
+                           "reused. Re-export the checkpoint to carry heads over.")
+    trunk_weights = _strip(tensors, "trunk.")
+    check_weights(config, meta["stems"], trunk_weights, weights_path)
+    heads = {task: {"meta": head_meta, "state": _strip(tensors, f"heads.{task}.")} for task, head_meta in meta["heads"].items()}
+    codec = Codec(load_tokenizer(path / TOKENIZER_FILE) if "text" in meta["stems"] else None)
+    for task in heads:
+        target = path / TARGET_TOKENIZER_FILE.format(task=task)
+        if target.is_file():
+            codec.targets[task] = load_tokenizer(target)
+    if codec.tokenizer is not None and codec.tokenizer.get_vocab_size() != config.vocab_size:
         raise ValueError(
-            f"Trunk directory '{directory}': {TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens but the weights "
+            f"Trunk directory '{path}': {TOKENIZER_FILE} has {codec.tokenizer.get_vocab_size()} tokens but the weights "
             f"were trained with vocab_size={config.vocab_size}. The tokenizer does not belong to these weights: "
             "re-export the trunk from its checkpoint."
         )
-    return PretrainedTrunk(directory, config, trunk_weights, head_weights, tokenizer, meta)
+    return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, codec)
 
 
-def check_weights(config: TrunkConfig, weights: dict[str, torch.Tensor], source: Path) -> None:
-    """Same names and shapes as a trunk built from ``config``, or an error listing the differences."""
-    from trunk.tasks.base import build_text_trunk  # tasks.base imports this module's users, not the reverse
-
+def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str, torch.Tensor], source: Path) -> None:
+    """Same names and shapes as a trunk built from ``config`` and ``stems``, or an error listing the differences."""
     with torch.device("meta"):  # shapes only, no memory, no init
-        expected = {k: v.shape for k, v in build_text_trunk(config).state_dict().items()}
+        expected = {k: v.shape for k, v in build_trunk(config, stems).state_dict().items()}
     missing = sorted(expected.keys() - weights.keys())
     unexpected = sorted(weights.keys() - expected.keys())
     wrong = [f"{k}: file {tuple(weights[k].shape)} vs config {tuple(expected[k])}"
@@ -174,6 +216,10 @@ def check_weights(config: TrunkConfig, weights: dict[str, torch.Tensor], source:
             f"'{source}' does not match its {CONFIG_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
             f"wrong shapes {wrong[:5]}. Re-export the trunk."
         )
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"'{source}' has NaN or infinite values in {bad[:5]}: the run that wrote it diverged. "
+                         "Use an earlier checkpoint.")
 
 
 def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=ARCHITECTURE_FIELDS) -> None:
@@ -185,6 +231,9 @@ def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str |
             "The configured trunk does not match the pretrained one:\n  " + "\n  ".join(diffs)
             + "\nRemove these model.trunk options (the pretrained values are used) or set them to the pretrained values."
         )
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------
 
 
 def load_checkpoint(ckpt_path: str | Path) -> dict:
@@ -210,22 +259,43 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     return ckpt
 
 
-def export_checkpoint(ckpt_path: str | Path, directory: str | Path, with_head: bool = False, overwrite: bool = False) -> Path:
-    """Write a trunk directory from a Lightning checkpoint written by any Trunk task."""
+def _checkpoint_meta(ckpt: dict, path: Path) -> dict:
+    meta = ckpt.get("trunk_meta")
+    if meta is None or "state_dict" not in ckpt:
+        raise ValueError(f"'{path}' was not written by a Trunk run of this version (it has no trunk_meta): "
+                         "an older checkpoint, or not Trunk's.")
+    return meta
+
+
+def _checkpoint_config(ckpt: dict, path: Path) -> TrunkConfig:
+    _checkpoint_meta(ckpt, path)
+    return trunk_config(ckpt.get("hyper_parameters", {}).get("trunk", {}))
+
+
+def _pretrained_from_checkpoint(path: Path) -> PretrainedTrunk:
+    ckpt = load_checkpoint(path)
+    meta, config = _checkpoint_meta(ckpt, path), _checkpoint_config(ckpt, path)
+    state = ckpt["state_dict"]
+    trunk_weights = _strip(state, "trunk.")
+    check_weights(config, meta["stems"], trunk_weights, path)
+    heads = {task: {"meta": head_meta, "state": {k: v for k, v in _strip(state, f"objectives.{task}.").items()
+                                                 if not is_metric_state(k)}}
+             for task, head_meta in meta["heads"].items()}
+    return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {})))
+
+
+def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool = True, overwrite: bool = False) -> Path:
+    """Write a trunk directory from a checkpoint written by ``trunk fit``: the trunk, and (``heads``) every task's head."""
     ckpt_path, directory = Path(ckpt_path), Path(directory)
     if directory.resolve() in ckpt_path.resolve().parents:
         raise ValueError(f"The checkpoint '{ckpt_path}' is inside the output directory '{directory}', which export "
                          "replaces. Write the trunk to another directory.")
-    ckpt = load_checkpoint(ckpt_path)
-    hparams = ckpt.get("hyper_parameters", {})
-    trunk_hparams = hparams.get("trunk")
-    if trunk_hparams is None or "state_dict" not in ckpt:
-        raise ValueError(f"'{ckpt_path}' was not written by a Trunk task: it has no trunk hyperparameters.")
-    config = trunk_hparams if isinstance(trunk_hparams, TrunkConfig) else TrunkConfig(**dict(trunk_hparams))
-    state = ckpt["state_dict"]
-    return save_pretrained(directory, config, _strip(state, "trunk."), tokenizer_from_checkpoint(ckpt_path, ckpt),
-                           _strip(state, "head.") if with_head else None, hparams.get("_class_path"), overwrite)
+    pretrained = _pretrained_from_checkpoint(ckpt_path)
+    if not heads:
+        pretrained.heads = {}
+    return save_pretrained(directory, pretrained, overwrite)
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+

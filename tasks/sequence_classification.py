@@ -1,4 +1,4 @@
-"""Sequence classification: one label per text (or text pair), from a pooled trunk vector."""
+"""Sequence classification: one label per text (or text pair), or per image, from a pooled trunk vector."""
 
 from __future__ import annotations
 
@@ -6,57 +6,55 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MetricCollection
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.tasks.objective import Objective
 
-from trunk.models import SequenceClassificationHead, init_weights
-from trunk.tasks.base import TrunkTask
 
-
-class SequenceClassification(TrunkTask):
+class SequenceClassification(Objective):
     """Classify a sequence from its [CLS] vector or the mean of its token vectors.
 
+    Metrics: accuracy (``acc``, the task's primary) and macro-F1 (``f1``). Predictions:
+    ``{text, label, probs}`` per example. Label names come from the task's data.
+
     Args:
-        label_names: class names in label-id order; linked from the datamodule by the CLI.
         pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
         head_dropout: dropout inside the classification head.
-        **kwargs: see ``TrunkTask``: ``trunk`` (architecture), ``optimizer``, ``init_from`` (a
-            pretrained trunk directory) and ``finetune`` (freezing, layer-wise learning rates).
     """
 
-    def __init__(
-        self,
-        label_names: list[str],
-        pooling: Literal["cls", "mean"] = "cls",
-        head_dropout: float = 0.1,
-        **kwargs,
-    ) -> None:
-        if len(label_names) < 2:
-            raise ValueError(f"Classification needs at least 2 labels, got {label_names!r}.")
-        self.label_names = list(label_names)
-        super().__init__(**kwargs)
-        self.save_hyperparameters()
-        self.head = SequenceClassificationHead(self.trunk_config.d_model, len(label_names), pooling, head_dropout)
-        init_weights(self.head, self.trunk_config.init_std)
+    kind = "sequence_classification"
+    label_keys = ("head.classifier.weight", "head.classifier.bias")
 
-    def make_metrics(self) -> MetricCollection:
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout)
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        self.pooling, self.head_dropout = pooling, head_dropout
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+        if not self.label_names or len(self.label_names) < 2:
+            raise ValueError(f"Task '{self.name}': classification needs at least 2 labels, got {self.label_names!r}.")
+        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)
+        init_weights(self.head, cfg.init_std)
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        return MetricCollection({"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")})
+        return {"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")}
 
-    input_key = "input_ids"  # the batch entry the trunk reads (images: pixel_values)
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, num_labels) logits."""
+        mask = batch.get("attention_mask")
+        return self.head(self.encode(trunk, batch), mask)
 
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T) token ids (or what the stem takes) -> (B, num_labels) logits."""
-        return self.head(self.trunk(inputs, attention_mask), attention_mask)
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        logits = self(trunk, batch)
+        for metric in self.metrics(stage).values():
+            metric.update(logits.argmax(-1), batch["labels"])
+        return F.cross_entropy(logits.float(), batch["labels"])
 
-    def step(self, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(batch[self.input_key], batch.get("attention_mask"))
-        loss = F.cross_entropy(logits.float(), batch["labels"])
-        self.metrics(stage).update(logits.argmax(-1), batch["labels"])
-        return loss
-
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
-        probs = self(batch[self.input_key], batch.get("attention_mask")).float().softmax(-1)
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        probs = self(trunk, batch).float().softmax(-1)
         records = []
         for i, row in enumerate(probs.tolist()):
             best = max(range(len(row)), key=row.__getitem__)

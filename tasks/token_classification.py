@@ -6,14 +6,12 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
-
 from trunk.datamodules.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
-from trunk.datamodules.text import IGNORE_INDEX
-from trunk.models import TokenClassificationHead, init_weights
-from trunk.tasks.base import TrunkTask
+from trunk.datamodules.tokenizer import IGNORE_INDEX
+from trunk.models import TokenClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.tasks.objective import Objective
 
 
 class EntityF1(Metric):
@@ -60,48 +58,47 @@ class EntityF1(Metric):
         return {k: torch.tensor(v, dtype=torch.float32) for k, v in result.items()}
 
 
-class TokenClassification(TrunkTask):
+class TokenClassification(Objective):
     """Label every word (NER), from each word's first sub-token; data comes from ``TokenClassificationData``.
 
-    Logs token accuracy each stage, and entity precision / recall / F1 (micro, and per type) on
-    validation and test. Prediction writes, per sentence, the words, their tags and the entities
-    as ``{type, start, end, text}`` with ``end`` the index of the entity's last word.
+    Metrics: token accuracy (``acc``) in every stage; entity precision / recall / F1 (micro, the
+    task's primary, and ``f1_<TYPE>`` per type) on validation and test. Prediction writes, per
+    sentence, the words, their tags and the entities as ``{type, start, end, text}`` with ``end``
+    the index of the entity's last word.
 
     Args:
-        label_names: the labels in id order (``O``, ``B-LOC``, ``I-LOC``, ...); linked from the data.
         head_dropout: dropout before the classifier.
         decoding: ``constrained``: the most probable well-formed tag sequence (Viterbi over the
             scheme's allowed transitions, no learned parameters); ``argmax``: each word's most
             probable label on its own.
-        **kwargs: see ``TrunkTask``: ``trunk``, ``optimizer``, ``init_from`` and ``finetune``.
     """
 
-    def __init__(
-        self,
-        label_names: list[str],
-        head_dropout: float = 0.1,
-        decoding: Literal["constrained", "argmax"] = "constrained",
-        **kwargs,
-    ) -> None:
-        _, self.entity_types = parse_label_names(label_names)
+    kind = "token_classification"
+    primary = "f1"
+    label_keys = ("head.classifier.weight", "head.classifier.bias")
+
+    def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained") -> None:
+        super().__init__(head_dropout=head_dropout, decoding=decoding)
         if decoding not in ("constrained", "argmax"):
             raise ValueError(f"decoding must be 'constrained' or 'argmax', got {decoding!r}.")
-        self.label_names, self.decoding = list(label_names), decoding
-        super().__init__(**kwargs)
-        self.save_hyperparameters()
-        self.head = TokenClassificationHead(self.trunk_config.d_model, len(label_names), head_dropout)
-        init_weights(self.head, self.trunk_config.init_std)
-        self.entity_metrics = nn.ModuleDict({stage: EntityF1(self.entity_types) for stage in ("val", "test")})
+        self.head_dropout, self.decoding = head_dropout, decoding
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+        _, self.entity_types = parse_label_names(self.label_names)
+        self.head = TokenClassificationHead(cfg.d_model, len(self.label_names), self.head_dropout)
+        init_weights(self.head, cfg.init_std)
         self.transitions = allowed_transitions(self.label_names)
         self.outside = self.label_names.index("O")
 
-    def make_metrics(self) -> MetricCollection:  # token accuracy over the labelled sub-tokens
-        n = len(self.label_names)
-        return MetricCollection({"acc": MulticlassAccuracy(n, average="micro", ignore_index=IGNORE_INDEX)})
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        metrics = {"acc": MulticlassAccuracy(len(self.label_names), average="micro", ignore_index=IGNORE_INDEX)}
+        if stage != "train":  # entity F1 needs decoding: evaluation only
+            metrics["entities"] = EntityF1(self.entity_types)
+        return metrics
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, num_labels) logits for every sub-token."""
-        return self.head(self.trunk(input_ids, attention_mask))
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, T, num_labels) logits for every sub-token."""
+        return self.head(self.encode(trunk, batch))
 
     def decode(self, logits: torch.Tensor, word_starts: torch.Tensor, num_words: torch.Tensor) -> torch.Tensor:
         """Sub-token logits -> (B, W) label ids per word, read at each word's first sub-token.
@@ -117,31 +114,18 @@ class TokenClassification(TrunkTask):
     def tags(self, label_ids: torch.Tensor, num_words: torch.Tensor) -> list[list[str]]:
         return [[self.label_names[i] for i in row[:n]] for row, n in zip(label_ids.tolist(), num_words.tolist())]
 
-    def step(self, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(batch["input_ids"], batch["attention_mask"])
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        logits = self(trunk, batch)
         labels = batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
-        self.metrics(stage).update(logits.argmax(-1).flatten(), labels.flatten())
-        if stage in self.entity_metrics:
+        metrics = self.metrics(stage)
+        metrics["acc"].update(logits.argmax(-1).flatten(), labels.flatten())
+        if "entities" in metrics:
             predicted = self.decode(logits, batch["word_starts"], batch["num_words"])
-            self.entity_metrics[stage].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
-        return loss
+            metrics["entities"].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
-    def _log_entity_metrics(self, stage: str) -> None:
-        metric = self.entity_metrics[stage]
-        values = metric.compute()  # counts already summed over processes
-        for name, value in values.items():
-            self.log(f"{stage}/{name}", value, prog_bar=name == "f1")
-        metric.reset()
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_entity_metrics("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_entity_metrics("test")
-
-    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
-        logits = self(batch["input_ids"], batch["attention_mask"])
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        logits = self(trunk, batch)
         tags = self.tags(self.decode(logits, batch["word_starts"], batch["num_words"]), batch["num_words"])
         records = []
         for words, sentence_tags in zip(batch["words"], tags):

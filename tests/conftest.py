@@ -24,7 +24,6 @@ import random  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-
 from trunk.datamodules.builtin import sentiment_example  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +51,28 @@ def sentiment_files(tmp_path: Path) -> dict[str, Path]:
     return {split: write_rows(tmp_path / f"{split}.csv", [sentiment_example(rng) for _ in range(n)]) for split, n in sizes.items()}
 
 
+RUN_OPTIONS = {"model": ("trunk", "optimizer", "finetune", "init_from", "task_weights", "reinit_mismatched_heads"),
+               "data": ("tokenizer", "tokenizer_vocab_size", "lowercase", "sampling", "temperature", "weights", "anneal_to",
+                        "steps_per_epoch", "seed", "predict_task")}
+
+
+def single_task(args: list[str], task: str = "sentiment") -> list[str]:
+    """Write one task's options in the CLI's layout: ``--model=<objective>`` becomes
+    ``--model.tasks.<task>=<objective>``, ``--data.train=x`` becomes ``--data.tasks.<task>.train=x``;
+    options of the whole run (trunk, optimizer, tokenizer, sampling, ...) stay where they are."""
+    out = []
+    for arg in args:
+        for side in ("model", "data"):
+            if arg.startswith(f"--{side}="):
+                arg = f"--{side}.tasks.{task}={arg.split('=', 1)[1]}"
+            elif arg.startswith(f"--{side}.") and not arg.startswith(f"--{side}.tasks."):
+                key = arg[len(f"--{side}."):].split("=")[0].split(".")[0]
+                if key not in RUN_OPTIONS[side]:
+                    arg = f"--{side}.tasks.{task}.{arg[len(f'--{side}.'):]}"
+        out.append(arg)
+    return out
+
+
 TINY_MODEL = [
     "--model=trunk.tasks.SequenceClassification",
     "--model.trunk.d_model=32",
@@ -64,8 +85,8 @@ TINY_MODEL = [
 
 @pytest.fixture
 def tiny_cli_args(sentiment_files, tmp_path: Path) -> list[str]:
-    """CLI arguments for a tiny, fast classification run in tmp_path (no subcommand)."""
-    return [
+    """CLI arguments for a tiny, fast classification run (task "sentiment") in tmp_path (no subcommand)."""
+    return single_task([
         *TINY_MODEL,
         "--data=trunk.datamodules.TextClassificationData",
         f"--data.train={sentiment_files['train']}",
@@ -82,7 +103,7 @@ def tiny_cli_args(sentiment_files, tmp_path: Path) -> list[str]:
         "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         "--seed_everything=0",
-    ]
+    ])
 
 
 FIRST_NAMES = ["Anna", "Boris", "Carla", "Dmitri", "Elena", "Farid", "Greta", "Hiroshi", "Ines", "Jonas"]
@@ -153,3 +174,12 @@ def reversal_files(tmp_path: Path) -> dict[str, str]:
     sizes = {"train": 1500, "validation": 60, "test": 60}
     return {split: write_parallel(tmp_path, split, reversal_pairs(n, seed=i), gz=split == "train")
             for i, (split, n) in enumerate(sizes.items())}
+
+
+def standalone(member, name: str = "ner", **options):
+    """One task's data on its own, with the run's tokenizer connected (``options``: MultiTaskData's, e.g.
+    tokenizer or tokenizer_vocab_size), as a run would hand it."""
+    from trunk.datamodules import MultiTaskData
+
+    MultiTaskData({name: member}, **options).tokenizer  # noqa: B018 (loads or trains it, and connects it)
+    return member

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from conftest import REPO
-from trunk.tasks import SequenceClassification
+from conftest import REPO, single_task
+from trunk.tasks import TrunkModule
 from trunk.tasks.cli import run_cli
 
 
@@ -23,15 +22,15 @@ def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_
     cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2"])
     ckpt = cli.trainer.checkpoint_callback.best_model_path
     assert ckpt and Path(ckpt).is_file()
-    test_acc_after_fit = cli.trainer.callback_metrics["test/acc"].item()  # the test split ran after fit
+    test_acc_after_fit = cli.trainer.callback_metrics["test/sentiment/acc"].item()  # the test split ran after fit
     assert (Path(cli.trainer.log_dir) / "tokenizer.json").is_file()
     assert (Path(cli.trainer.log_dir) / "config.yaml").is_file()
     in_memory = [r for batch in cli.trainer.predict(cli.model, datamodule=cli.datamodule) for r in batch]
 
     validated = run_cli(["validate", *tiny_cli_args, f"--ckpt_path={ckpt}"])
-    assert "val/acc" in validated.trainer.callback_metrics
+    assert "val/sentiment/acc" in validated.trainer.callback_metrics
     tested = run_cli(["test", *tiny_cli_args, f"--ckpt_path={ckpt}"])
-    assert tested.trainer.callback_metrics["test/acc"] == pytest.approx(test_acc_after_fit)
+    assert tested.trainer.callback_metrics["test/sentiment/acc"] == pytest.approx(test_acc_after_fit)
 
     out = tmp_path / "predictions.jsonl"
     run_cli(["predict", *tiny_cli_args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
@@ -43,8 +42,8 @@ def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_
     # save -> load reproduces the predictions exactly
     assert [r["probs"] for r in records] == [r["probs"] for r in in_memory]
 
-    restored = SequenceClassification.load_from_checkpoint(ckpt)
-    assert restored.label_names == ["negative", "positive"]
+    restored = TrunkModule.load_from_checkpoint(ckpt, weights_only=True)
+    assert restored.objectives["sentiment"].label_names == ["negative", "positive"]
     for (name, a), b in zip(cli.model.state_dict().items(), restored.state_dict().values()):
         assert torch.equal(a, b), name
 
@@ -56,8 +55,8 @@ def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentime
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"text": "the film was great"}\n{"text": "the plot was not good"}\n')
     out = tmp_path / "out.jsonl"
-    run_cli(["predict", "--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
-             f"--data.predict={texts}", f"--ckpt_path={ckpt}", f"--predictions.output={out}",
+    run_cli(["predict", *single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
+             f"--data.predict={texts}"]), f"--ckpt_path={ckpt}", f"--predictions.output={out}",
              "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
     assert [r["text"] for r in read_jsonl(out)] == ["the film was great", "the plot was not good"]
 
@@ -65,7 +64,7 @@ def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentime
 def test_bf16_mixed_precision_run(tiny_cli_args):
     cli = run_cli(["fit", *tiny_cli_args, "--trainer.precision=bf16-mixed"])
     assert cli.trainer.precision == "bf16-mixed"
-    assert torch.isfinite(cli.trainer.callback_metrics["test/loss"])
+    assert torch.isfinite(cli.trainer.callback_metrics["test/sentiment/loss"])
 
 
 def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
@@ -77,7 +76,7 @@ def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "distributed_backend=gloo" in output and "Starting with 2 processes" in output
-    assert "test/acc" in output
+    assert "test/sentiment/acc" in output
     # 256 examples, 2 processes, batch 32: 4 steps an epoch (a plain BatchSampler once made it 128 steps of one example)
     checkpoints = list((tmp_path / "run").rglob("*.ckpt"))
     assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
@@ -92,7 +91,7 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert os.environ["WANDB_MODE"] == "offline"
     runs = list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
     assert runs, "no offline W&B run directory was written"
-    assert "test/acc" in cli.trainer.callback_metrics
+    assert "test/sentiment/acc" in cli.trainer.callback_metrics
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -104,55 +103,63 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     """A small pretrained-trunk directory for recipes that fine-tune (model.init_from)."""
     import csv
 
-    from trunk.datamodules.tokenizer import train_wordpiece
-    from trunk.models import TrunkConfig
-    from trunk.tasks.base import build_text_trunk
-    from trunk.tasks.pretrained import save_pretrained
+    from trunk.datamodules.tokenizer import Codec, train_wordpiece
+    from trunk.models import TrunkConfig, build_trunk
+    from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained
 
     with sentiment_files["train"].open() as f:
         tokenizer = train_wordpiece([row["text"] for row in csv.DictReader(f)], vocab_size=300)
-    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=128)
-    return save_pretrained(tmp_path / "trunk", config, build_text_trunk(config).state_dict(), tokenizer)
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=128,
+                         positions="rope")
+    trunk = build_trunk(config)
+    return save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer)))
+
+
+def tiny_task_data(name: str, data_class: str, files: dict) -> tuple[list[str], list[str] | None]:
+    """CLI overrides pointing one task of a recipe at small generated data, and the labels it should get."""
+    if data_class.endswith("ImageClassificationData"):
+        args = ["--data.dataset=trunk:shapes", "--data.train=train", "--data.validation=validation", "--data.test=test"]
+        return single_task(args, name), ["cross", "diagonal", "horizontal", "square", "vertical"]
+    args, labels = ["--data.dataset=null"], None
+    if data_class.endswith("TokenClassificationData"):
+        args += [f"--data.{split}={files['ner'][split]}" for split in ("train", "validation", "test")]
+        labels = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    elif data_class.endswith("TranslationData"):
+        args += [f"--data.{split}={files['reversal'][split]}" for split in ("train", "validation", "test")]
+        args += ["--data.source_lang=src", "--data.target_lang=tgt"]
+    elif data_class.endswith("CorpusData"):
+        args += [f"--data.train={files['sentiment']['train']}", "--data.text_column=text", "--data.validation=null"]
+    else:
+        args += [f"--data.train={files['sentiment']['train']}", "--data.text_column=text",
+                 f"--data.validation={files['sentiment']['validation']}", "--data.test=null", "--data.predict=null",
+                 "--data.label_column=label", "--data.label_names=null"]
+        labels = ["negative", "positive"]
+    return single_task(args, name), labels
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, reversal_files, tiny_trunk_dir, tmp_path):
-    """Each recipe builds its model, data and trainer (data pointed at small generated files)."""
+    """Each recipe builds its model, data and trainer (every task's data pointed at small generated files)."""
     recipe = yaml.safe_load(config.read_text())
-    data_class = recipe["data"]["class_path"]
-    tiny_data = ["--data.dataset=null"]
-    expected_labels = ["negative", "positive"]
-    if data_class.endswith("TokenClassificationData"):
-        tiny_data += [f"--data.{split}={ner_files[split]}" for split in ("train", "validation", "test")]
-        expected_labels = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
-    elif data_class.endswith("ImageClassificationData"):
-        tiny_data = ["--data.dataset=trunk:shapes", "--data.train=train", "--data.validation=validation", "--data.test=test"]
-        expected_labels = ["cross", "diagonal", "horizontal", "square", "vertical"]
-    elif data_class.endswith("TranslationData"):
-        tiny_data += [f"--data.{split}={reversal_files[split]}" for split in ("train", "validation", "test")]
-        tiny_data += ["--data.source_lang=src", "--data.target_lang=tgt"]
-    else:
-        tiny_data += [f"--data.train={sentiment_files['train']}", "--data.text_column=text"]
-    if data_class.endswith("CorpusData"):
-        tiny_data += ["--data.validation=null", "--data.tokenizer_vocab_size=300"]
-    elif data_class.endswith("TextClassificationData"):
-        tiny_data += [f"--data.validation={sentiment_files['validation']}", "--data.test=null", "--data.predict=null",
-                      "--data.label_column=label", "--data.label_names=null"]
-    if recipe["model"].get("init_args", {}).get("init_from"):
-        tiny_data.append(f"--model.init_from={tiny_trunk_dir}")
-    elif not data_class.endswith(("CorpusData", "ImageClassificationData")):
-        tiny_data.append("--data.tokenizer_vocab_size=300")
-    cli = run_cli(["--config", str(config), *tiny_data, f"--trainer.default_root_dir={tmp_path}"], run=False)
-    if hasattr(cli.datamodule, "vocab_size"):
-        assert cli.model.trunk.stem.token.num_embeddings == cli.datamodule.vocab_size  # linked, never typed
-    if hasattr(cli.model, "label_names"):
-        assert cli.model.label_names == expected_labels
+    files = {"sentiment": sentiment_files, "ner": ner_files, "reversal": reversal_files}
+    args, expected = [], {}
+    for name, spec in recipe["data"]["tasks"].items():
+        task_args, expected[name] = tiny_task_data(name, spec["class_path"], files)
+        args += task_args
+    args.append(f"--model.init_from={tiny_trunk_dir}" if recipe["model"].get("init_from") else "--data.tokenizer_vocab_size=300")
+    cli = run_cli(["--config", str(config), *args, f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert set(cli.model.objectives) == set(recipe["model"]["tasks"])
+    if "text" in cli.model.trunk.stems:
+        assert cli.model.trunk.stems["text"].token.num_embeddings == cli.datamodule.vocab_size  # linked, never typed
+    for name, labels in expected.items():
+        assert cli.model.objectives[name].label_names == labels, name
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_preset_config_merges_onto_a_recipe(preset, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(preset), "--print_config"])
+        base = "configs/sst2.yaml" if preset.parent.name == "data" else "configs/quickstart.yaml"  # data presets name sst2
+        run_cli(["fit", "--config", str(REPO / base), "--config", str(preset), "--print_config"])
     assert exit_info.value.code == 0
     merged = yaml.safe_load(capsys.readouterr().out)
     assert contains(merged, yaml.safe_load(preset.read_text())), f"{preset.name} was not applied"
@@ -173,7 +180,7 @@ def test_missing_checkpoint_path_is_a_clear_error(tiny_cli_args, tmp_path):
 
 
 def test_data_longer_than_the_trunk_is_a_clear_error(tiny_cli_args):
-    with pytest.raises(ValueError, match="data.max_length=64 is longer than the trunk's max_len=32"):
+    with pytest.raises(ValueError, match="max_length=64 is longer than the trunk's max_len=32"):
         run_cli(["fit", *tiny_cli_args, "--model.trunk.max_len=32"])
 
 

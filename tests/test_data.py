@@ -1,33 +1,36 @@
-"""Datamodules: sources, labels, tokenizer, dynamic padding, bucketing, and clear errors on bad input."""
+"""Datamodules: sources, labels, the run's tokenizer, padding, bucketing, task sampling, and clear errors on bad input."""
 
+import collections
 import random
 import warnings
 
 import pytest
 import torch
-from torch.utils.data import RandomSampler
-
 from conftest import write_rows
-from trunk.datamodules import LengthBucketBatchSampler, TextClassificationData
+from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassificationData, TokenClassificationData
 from trunk.datamodules.builtin import sentiment_example
+from trunk.datamodules.text import hold_out, length_buckets
 from trunk.datamodules.tokenizer import CLS, PAD, SEP, load_tokenizer, train_wordpiece
 
 
-def make_data(files, **kwargs) -> TextClassificationData:
-    args = {"train": str(files["train"]), "validation": str(files["validation"]), "test": str(files["test"]),
-            "tokenizer_vocab_size": 300, "batch_size": 16}
-    return TextClassificationData(**{**args, **kwargs})
+def run_data(member, name: str = "sst", **options) -> MultiTaskData:
+    return MultiTaskData({name: member}, **{"tokenizer_vocab_size": 300, **options})
+
+
+def make_data(files, **kwargs) -> MultiTaskData:
+    args = {"train": str(files["train"]), "validation": str(files["validation"]), "test": str(files["test"]), "batch_size": 16}
+    return run_data(TextClassificationData(**{**args, **kwargs}))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
 def test_local_formats_and_string_labels(tmp_path, suffix):
     rng = random.Random(1)
     files = {s: write_rows(tmp_path / f"{s}{suffix}", [sentiment_example(rng) for _ in range(40)]) for s in ("train", "validation", "test")}
-    dm = make_data(files)
-    assert dm.label_names == ["negative", "positive"]
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
-    assert set(batch) == {"input_ids", "attention_mask", "labels", "text"}
+    data = make_data(files)
+    assert data.tasks["sst"].label_names == ["negative", "positive"]
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert set(batch) == {"task", "input_ids", "attention_mask", "labels", "text"} and batch["task"] == "sst"
     assert batch["labels"].dtype == torch.long and batch["labels"].shape == (16,)
 
 
@@ -37,45 +40,62 @@ def test_parquet_and_sentence_pairs(tmp_path):
     rows = [{"premise": f"a man plays {i}", "hypothesis": f"someone plays {i % 3}", "label": i % 3} for i in range(30)]
     for split in ("train", "validation"):
         datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
-    dm = TextClassificationData(train=str(tmp_path / "train.parquet"), validation=str(tmp_path / "validation.parquet"),
-                                text_column="premise", text_pair_column="hypothesis", tokenizer_vocab_size=100, batch_size=4)
-    assert dm.label_names == ["0", "1", "2"]
-    dm.setup("fit")
-    ids = next(iter(dm.train_dataloader()))["input_ids"][0].tolist()
-    tok = dm.tokenizer
+    data = run_data(TextClassificationData(train=str(tmp_path / "train.parquet"), validation=str(tmp_path / "validation.parquet"),
+                                           text_column="premise", text_pair_column="hypothesis", batch_size=4), tokenizer_vocab_size=100)
+    assert data.tasks["sst"].label_names == ["0", "1", "2"]
+    data.setup("fit")
+    ids = next(iter(data.train_dataloader()))["input_ids"][0].tolist()
+    tok = data.tokenizer
     assert ids[0] == tok.token_to_id(CLS) and ids.count(tok.token_to_id(SEP)) == 2  # [CLS] a [SEP] b [SEP]
 
 
 def test_integer_labels_with_word_names(tmp_path):
     rows = [{"sentence": t, "label": i % 2} for i, t in enumerate(["good film", "bad film"] * 10)]
     f = write_rows(tmp_path / "train.tsv", rows)
-    dm = TextClassificationData(train=str(f), text_column="sentence", label_names=["negative", "positive"], tokenizer_vocab_size=50)
-    dm.setup("fit")
-    assert [e["label"] for e in dm._encoded["train"][:4]] == [0, 1, 0, 1]
+    data = run_data(TextClassificationData(train=str(f), text_column="sentence", label_names=["negative", "positive"]),
+                    tokenizer_vocab_size=50)
+    data.setup("fit")
+    assert [e["label"] for e in data.tasks["sst"]._encoded["train"][:4]] == [0, 1, 0, 1]
 
 
 def test_builtin_dataset_is_deterministic_and_balanced():
-    dm = TextClassificationData(dataset="trunk:sentiment", train="train", tokenizer_vocab_size=200)
-    rows = dm.raw("train")
+    rows = TextClassificationData(dataset="trunk:sentiment", train="train").raw("train")
     again = TextClassificationData(dataset="trunk:sentiment", train="train").raw("train")
     assert rows["text"][:50] == again["text"][:50]
     share = rows["label"].count("positive") / len(rows)
     assert 0.4 < share < 0.6
 
 
+def test_held_out_validation_is_random_stratified_and_seeded(tmp_path):
+    rng = random.Random(0)
+    rows = [{"text": f"example {i}", "label": "rare" if i % 10 == 0 else "common"} for i in range(200)]
+    rng.shuffle(rows)
+    member = TextClassificationData(train=str(write_rows(tmp_path / "train.csv", rows)), val_fraction=0.1)
+    data = run_data(member, tokenizer_vocab_size=50)
+    assert member.has_split("validation") and data.has_split("validation")
+    data.setup("fit")
+    train, validation = member.raw("train"), member.raw("validation")
+    assert len(train) == 180 and len(validation) == 20 and not set(train["text"]) & set(validation["text"])
+    assert collections.Counter(validation["label"]) == {"common": 18, "rare": 2}  # each label keeps its share
+    tail = [r["text"] for r in rows[-20:]]
+    assert set(validation["text"]) != set(tail)  # not simply the last rows
+    assert hold_out(200, 0.1, strata=[r["label"] for r in rows]) == hold_out(200, 0.1, strata=[r["label"] for r in rows])
+
+
 def test_dynamic_padding_pads_to_the_longest_in_batch(sentiment_files):
-    dm = make_data(sentiment_files, max_length=64, batch_size=8)
-    dm.setup("fit")
-    for batch in dm.val_dataloader():
+    data = make_data(sentiment_files, max_length=64, batch_size=8)
+    data.setup("fit")
+    for batch in data.val_dataloader()[0]:
         lengths = batch["attention_mask"].sum(1)
         assert batch["input_ids"].shape[1] == lengths.max() < 64
-        assert (batch["input_ids"][batch["attention_mask"] == 0] == dm.pad_id).all()
+        assert (batch["input_ids"][batch["attention_mask"] == 0] == data.tasks["sst"].pad_id).all()
 
 
 def test_length_bucketing_covers_every_example_once():
     lengths = [random.Random(i).randint(1, 50) for i in range(1000)]
-    sampler = LengthBucketBatchSampler(RandomSampler(range(1000)), batch_size=16, drop_last=False, lengths=lengths, pool_batches=8)
-    batches = list(sampler)
+    order = list(range(1000))
+    random.Random(0).shuffle(order)
+    batches = length_buckets(order, lengths, 16, random.Random(1), pool_batches=8)
     assert sorted(i for b in batches for i in b) == list(range(1000))
     spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
     assert spread < 10  # random batches of 16 from 1..50 spread about 43
@@ -86,8 +106,28 @@ def test_trained_tokenizer_is_cached_so_every_process_gets_the_same_ids(sentimen
     a, b = make_data(sentiment_files), make_data(sentiment_files)
     assert a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
     assert a.tokenizer.token_to_id(PAD) == 0
-    other = make_data(sentiment_files, tokenizer_vocab_size=200)
+    other = run_data(TextClassificationData(train=str(sentiment_files["train"])), tokenizer_vocab_size=200)
     assert other.vocab_size <= 200 < a.vocab_size  # different options, different cache entry
+
+
+def test_editing_a_file_of_a_dataset_folder_retrains_the_tokenizer(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    write_rows(folder / "train.csv", [{"text": "alpha beta gamma", "label": "a"}, {"text": "alpha beta", "label": "b"}] * 20)
+    first = run_data(TextClassificationData(dataset=str(folder), train="train"), tokenizer_vocab_size=60).tokenizer
+    write_rows(folder / "train.csv", [{"text": "zeta omega kappa", "label": "a"}, {"text": "zeta omega", "label": "b"}] * 20)
+    second = run_data(TextClassificationData(dataset=str(folder), train="train"), tokenizer_vocab_size=60).tokenizer
+    assert "alpha" in first.get_vocab() and "alpha" not in second.get_vocab() and "zeta" in second.get_vocab()
+
+
+def test_one_tokenizer_for_the_run_trained_on_every_task(sentiment_files, ner_files):
+    data = MultiTaskData({"sst": TextClassificationData(train=str(sentiment_files["train"])),
+                          "ner": TokenClassificationData(train=str(ner_files["train"]))}, tokenizer_vocab_size=400)
+    vocab = data.tokenizer.get_vocab()
+    assert "film" in vocab and "Nakamura" in vocab  # words of both tasks' training text
+    assert data.tasks["sst"].tokenizer is data.tasks["ner"].tokenizer is data.tokenizer
+    info = data.task_info
+    assert info["sst"]["kinds"] == ["sequence_classification"] and info["ner"]["label_names"][0] == "O"
 
 
 def test_tokenizer_round_trips_through_files(tmp_path):
@@ -101,42 +141,130 @@ def test_tokenizer_round_trips_through_files(tmp_path):
 def test_long_texts_are_truncated_with_one_warning(tmp_path):
     rows = [{"text": "word " * 200, "label": "a"}, {"text": "short", "label": "b"}, {"text": "word " * 300, "label": "a"}]
     f = write_rows(tmp_path / "train.csv", rows)
-    dm = TextClassificationData(train=str(f), max_length=16, tokenizer_vocab_size=50)
+    data = run_data(TextClassificationData(train=str(f), max_length=16), tokenizer_vocab_size=50)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dm.setup("fit")
+        data.setup("fit")
     messages = [str(w.message) for w in caught if "truncated" in str(w.message)]
     assert len(messages) == 1 and "2 of 3 examples" in messages[0] and "max_length=16" in messages[0]
-    assert max(len(e["input_ids"]) for e in dm._encoded["train"]) == 16
+    assert max(len(e["input_ids"]) for e in data.tasks["sst"]._encoded["train"]) == 16
+
+
+# -- task sampling ---------------------------------------------------------------------------------
+
+
+SIZES = {"big": 900, "mid": 90, "small": 10}
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("proportional", {"big": 0.9, "mid": 0.09, "small": 0.01}),
+    ("uniform", {"big": 1 / 3, "mid": 1 / 3, "small": 1 / 3}),
+    ("fixed", {"big": 0.25, "mid": 0.25, "small": 0.5}),
+])
+def test_sampler_proportions(mode, expected):
+    sampler = TaskSampler(SIZES, mode, weights={"big": 1, "mid": 1, "small": 2} if mode == "fixed" else None)
+    assert sampler.probabilities() == pytest.approx(expected)
+    counts = collections.Counter(sampler.draw(20000, torch.Generator().manual_seed(0)))
+    for name, p in expected.items():  # binomial: std of the share is at most 0.0035 over 20k draws
+        assert counts[name] / 20000 == pytest.approx(p, abs=0.015)
+
+
+def test_temperature_and_annealed_sampling_follow_their_formulas():
+    t2 = TaskSampler(SIZES, "temperature", temperature=2.0).probabilities()
+    root = {k: v ** 0.5 for k, v in SIZES.items()}
+    assert t2 == pytest.approx({k: v / sum(root.values()) for k, v in root.items()})  # p ∝ n^(1/T), exactly
+    annealed = TaskSampler(SIZES, "annealed", anneal_to=0.0)
+    assert annealed.probabilities(0.0) == pytest.approx(TaskSampler(SIZES).probabilities())  # proportional at the start
+    assert annealed.probabilities(1.0) == pytest.approx(TaskSampler(SIZES, "uniform").probabilities())  # uniform at the end
+    half = {k: v ** 0.5 for k, v in SIZES.items()}
+    assert annealed.probabilities(0.5) == pytest.approx({k: v / sum(half.values()) for k, v in half.items()})
+
+
+def test_bad_sampling_options_are_clear_errors(sentiment_files):
+    with pytest.raises(ValueError, match="weights must be finite and >= 0"):
+        TaskSampler(SIZES, "fixed", weights={"big": -1, "mid": 1, "small": 1})
+    with pytest.raises(ValueError, match="sum to zero"):
+        TaskSampler(SIZES, "fixed", weights={"big": 0, "mid": 0, "small": 0})
+    with pytest.raises(ValueError, match="one weight per task"):
+        TaskSampler(SIZES, "fixed", weights={"big": 1})
+    with pytest.raises(ValueError, match="not one of"):
+        TaskSampler(SIZES, "random")
+    member = TextClassificationData(train=str(sentiment_files["train"]))
+    with pytest.raises(ValueError, match="sum to zero"):
+        MultiTaskData({"a": member}, sampling="fixed", weights={"a": 0.0})
+    with pytest.raises(ValueError, match="predict_task='b' is not a task"):
+        MultiTaskData({"a": member}, predict_task="b")
+
+
+def two_task_data(sentiment_files, ner_files, **options) -> MultiTaskData:
+    return MultiTaskData({"sst": TextClassificationData(train=str(sentiment_files["train"]), batch_size=16),
+                          "ner": TokenClassificationData(train=str(ner_files["train"]), batch_size=8)},
+                         tokenizer_vocab_size=300, seed=3, **options)
+
+
+def epoch_batches(data: MultiTaskData, epoch: int, rank: int, world: int) -> list[dict]:
+    data.position = lambda: (epoch, rank, world)
+    return list(data.train_dataloader())
+
+
+def test_every_process_takes_the_same_task_at_each_step_and_its_own_rows(sentiment_files, ner_files):
+    data = two_task_data(sentiment_files, ner_files)
+    data.setup("fit")
+    ranks = [epoch_batches(data, 0, rank, 2) for rank in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == data.steps_per_epoch() == 8 + 13  # ceil(128/16) + ceil(100/8)
+    assert [b["task"] for b in ranks[0]] == [b["task"] for b in ranks[1]]  # same task sequence
+    assert {b["task"] for b in ranks[0]} == {"sst", "ner"}
+    for step in range(len(ranks[0])):  # different shards of that task
+        a, b = (r[step] for r in ranks)
+        assert a["text" if a["task"] == "sst" else "words"] != b["text" if b["task"] == "sst" else "words"]
+    again = epoch_batches(data, 0, 0, 2)
+    assert [b["task"] for b in again] == [b["task"] for b in ranks[0]]  # deterministic under the seed
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(again, ranks[0]))
+    other_epoch = epoch_batches(data, 1, 0, 2)
+    assert [b["task"] for b in other_epoch] != [b["task"] for b in ranks[0]]
+
+
+def test_one_epoch_of_a_single_task_visits_every_row_once(sentiment_files):
+    data = run_data(TextClassificationData(train=str(sentiment_files["train"]), batch_size=16, bucket_by_length=True))
+    data.setup("fit")
+    texts = [t for b in epoch_batches(data, 0, 0, 1) for t in b["text"]]
+    assert sorted(texts) == sorted(data.tasks["sst"].raw("train")["text"])
 
 
 # -- bad input ----------------------------------------------------------------------------------
 def test_missing_file(tmp_path):
-    dm = TextClassificationData(train=str(tmp_path / "nope.csv"))
-    with pytest.raises(FileNotFoundError, match=r"data.train: file .*nope.csv' does not exist"):
-        dm.label_names
+    member = TextClassificationData(train=str(tmp_path / "nope.csv"))
+    run_data(member, tokenizer="unused")
+    with pytest.raises(FileNotFoundError, match=r"data.tasks.sst.train: file .*nope.csv' does not exist"):
+        member.label_names
 
 
 def test_wrong_column_names_the_option_and_the_choices(sentiment_files):
-    dm = make_data(sentiment_files, text_column="sentence")
-    with pytest.raises(KeyError, match=r"no column 'sentence' \(set by data.text_column\).*\['text', 'label'\]"):
-        dm.setup("fit")
+    data = make_data(sentiment_files, text_column="sentence")
+    with pytest.raises(KeyError, match=r"no column 'sentence' \(set by data.tasks.sst.text_column\).*\['text', 'label'\]"):
+        data.setup("fit")
 
 
 def test_empty_split(tmp_path, sentiment_files):
     empty = tmp_path / "empty.csv"
     empty.write_text("text,label\n")
-    dm = make_data(sentiment_files, validation=str(empty))
-    with pytest.raises(ValueError, match="data.validation .* is empty"):
-        dm.setup("fit")
+    data = make_data(sentiment_files, validation=str(empty))
+    with pytest.raises(ValueError, match="data.tasks.sst.validation .* is empty"):
+        data.setup("fit")
 
 
 def test_unseen_label_at_test_time(tmp_path, sentiment_files):
     bad = write_rows(tmp_path / "bad_test.csv", [{"text": "meh", "label": "neutral"}])
-    dm = make_data(sentiment_files, test=str(bad))
-    dm.setup("fit")
-    with pytest.raises(ValueError, match=r"data.test has labels \['neutral'\] that training never saw"):
-        dm.setup("test")
+    data = make_data(sentiment_files, test=str(bad))
+    data.setup("fit")
+    with pytest.raises(ValueError, match=r"data.tasks.sst.test has labels \['neutral'\] that the training split never has"):
+        data.setup("test")
+
+
+def test_configured_label_names_that_miss_the_data_say_so(tmp_path, sentiment_files):
+    data = make_data(sentiment_files, label_names=["bad", "good"])
+    with pytest.raises(ValueError, match=r"not in the configured label_names \['bad', 'good'\]. Remove data.tasks.sst.label_names"):
+        data.setup("fit")
 
 
 def test_unknown_file_type_and_bad_tokenizer_path(tmp_path):
@@ -144,7 +272,7 @@ def test_unknown_file_type_and_bad_tokenizer_path(tmp_path):
     with pytest.raises(ValueError, match="unknown file type '.xml'"):
         TextClassificationData(train=str(tmp_path / "train.xml")).label_names
     with pytest.raises(FileNotFoundError, match="Tokenizer not found"):
-        TextClassificationData(tokenizer=str(tmp_path / "missing.json")).vocab_size
+        run_data(TextClassificationData(), tokenizer=str(tmp_path / "missing.json")).vocab_size
 
 
 def test_hub_dataset_offline_gives_a_clear_error():
@@ -164,9 +292,14 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "sst/train.parquet"))
     hidden = {"sentence": ["unknown"] * 4, "label": [-1] * 4}
     datasets.Dataset.from_dict(hidden, features=features).to_parquet(str(tmp_path / "sst/test.parquet"))
-    dm = TextClassificationData(dataset=str(tmp_path / "sst"), train="train", test="test", text_column="sentence", tokenizer_vocab_size=50)
-    assert dm.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
-    dm.setup("fit")
-    assert [e["label"] for e in dm._encoded["train"][:2]] == [0, 1]
+    member = TextClassificationData(dataset=str(tmp_path / "sst"), train="train", test="test", text_column="sentence")
+    data = run_data(member, tokenizer_vocab_size=50)
+    assert member.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
+    data.setup("fit")
+    assert [e["label"] for e in member._encoded["train"][:2]] == [0, 1]
     with pytest.raises(ValueError, match="unlabelled rows .* use `trunk predict`"):
-        dm.setup("test")
+        data.setup("test")
+
+
+def test_corpus_data_feeds_pretraining_objectives_only():
+    assert CorpusData.kinds == ("masked_lm", "replaced_token_detection")

@@ -3,8 +3,7 @@
 import lightning as L
 import pytest
 import torch
-
-from trunk.tasks import FinetuneConfig, SequenceClassification
+from trunk.tasks import FinetuneConfig, SequenceClassification, TrunkModule
 from trunk.tasks.cli import run_cli
 
 
@@ -19,14 +18,14 @@ def fit(tiny_cli_args, *options, epochs: int = 1, callbacks=()):
 
 def changed(model, before) -> dict[str, bool]:
     return {name: not torch.equal(value, before[name]) for name, value in model.state_dict().items()
-            if name.startswith(("trunk.", "head."))}
+            if name.startswith(("trunk.", "objectives.")) and "_metrics." not in name}
 
 
 MODES = {
-    "embeddings": (["--model.finetune.freeze_embeddings=true"], ("trunk.stem.",)),
+    "embeddings": (["--model.finetune.freeze_embeddings=true"], ("trunk.stems.",)),
     "lowest_block": (["--model.finetune.freeze_layers=1"], ("trunk.backbone.blocks.0.",)),
     "embeddings_and_lowest_block": (["--model.finetune.freeze_embeddings=true", "--model.finetune.freeze_layers=1"],
-                                    ("trunk.stem.", "trunk.backbone.blocks.0.")),
+                                    ("trunk.stems.", "trunk.backbone.blocks.0.")),
     "whole_trunk": (["--model.finetune.freeze_trunk=true"], ("trunk.",)),
 }
 
@@ -46,10 +45,10 @@ def test_frozen_parts_stay_bit_identical_and_get_no_optimizer_state(mode, tiny_c
     # Frozen parts run in eval mode (no dropout) even while the rest trains.
     model.train()
     blocks = model.trunk.backbone.blocks
-    for prefix, module in {"trunk.stem.": model.trunk.stem, "trunk.backbone.blocks.0.": blocks[0],
+    for prefix, module in {"trunk.stems.": model.trunk.stems["text"], "trunk.backbone.blocks.0.": blocks[0],
                            "trunk.backbone.blocks.1.": blocks[1]}.items():
         assert module.training != prefix.startswith(frozen_prefixes), prefix
-    assert model.head.training
+    assert model.objectives["sentiment"].training
 
 
 def test_layer_decay_gives_one_learning_rate_per_depth(tiny_cli_args):
@@ -65,7 +64,7 @@ def test_layer_decay_gives_one_learning_rate_per_depth(tiny_cli_args):
     })
     by_name = {g["name"]: g for g in cli.trainer.optimizers[0].param_groups}
     assert all(any(p is q for q in by_name["depth1"]["params"]) for p in cli.model.trunk.backbone.blocks[0].parameters() if p.ndim >= 2)
-    assert all(any(p is q for q in by_name["depth3"]["params"]) for p in cli.model.head.parameters() if p.ndim >= 2)
+    assert all(any(p is q for q in by_name["depth3"]["params"]) for p in cli.model.objectives.parameters() if p.ndim >= 2)
 
 
 class RecordTrainable(L.Callback):
@@ -96,7 +95,7 @@ def test_gradual_unfreezing_thaws_one_depth_every_k_epochs_top_down(tiny_cli_arg
         assert ratios == pytest.approx([ratios[0]] * len(ratios))
     assert [len(r) for r in record.lr_ratios] == [2, 2, 4, 4, 6]
     did_change = changed(model, before)
-    assert not any(v for k, v in did_change.items() if k.startswith("trunk.stem."))
+    assert not any(v for k, v in did_change.items() if k.startswith("trunk.stems."))
     assert all(v for k, v in did_change.items() if k.startswith("trunk.backbone.blocks."))
 
 
@@ -116,4 +115,5 @@ def test_invalid_finetune_options():
     with pytest.raises(ValueError, match="layer_decay must be in"):
         FinetuneConfig(layer_decay=0.0)
     with pytest.raises(ValueError, match="freeze_layers=5 exceeds the trunk's 4 blocks"):
-        SequenceClassification(["a", "b"], finetune=FinetuneConfig(freeze_layers=5))
+        TrunkModule({"t": SequenceClassification()}, task_info={"t": {"label_names": ["a", "b"]}},
+                    finetune=FinetuneConfig(freeze_layers=5))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from conftest import single_task
 from trunk.datamodules import ImageClassificationData
 from trunk.datamodules.images import read_idx
 from trunk.models import PatchStem, TrunkConfig, sinusoidal_positions_2d
@@ -59,7 +59,7 @@ def test_sinusoidal_2d_positions_are_recomputed_and_rope_adds_none():
 def test_bad_image_shapes_are_clear_errors():
     with pytest.raises(ValueError, match=r"patch_size=5 does not divide image_size=28.*\[1, 2, 4, 7, 14, 28\]"):
         stem(patch_size=5)
-    with pytest.raises(ValueError, match="takes 1-channel images .* data.channels=1"):
+    with pytest.raises(ValueError, match="takes 1-channel images .* channels=1"):
         stem()(torch.randn(2, 3, 28, 28))
     with pytest.raises(ValueError, match=r"30x30 pixels do not split into 4x4 patches"):
         stem()(torch.randn(2, 1, 30, 30))
@@ -86,9 +86,10 @@ def test_idx_files_are_read_with_their_labels(idx_files, tmp_path):
     images = read_idx(idx_files, "data.train")
     assert images.shape == (40, 8, 8) and images.dtype == np.uint8
     dm = ImageClassificationData(train=str(idx_files), val_fraction=0.25)
-    dm.setup("fit")
+    dm.prepare("train")
     train, val = dm.split("train"), dm.split("validation")
     assert train["images"].shape == (30, 1, 8, 8) and val["images"].shape == (10, 1, 8, 8)
+    assert sorted(val["labels"]) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]  # stratified: each digit keeps its share
     assert sorted(train["ids"] + val["ids"]) == list(range(40))  # a held-out slice, nothing lost or repeated
     assert torch.equal(train["images"][0, 0], torch.from_numpy(images[train["ids"][0]]))
     assert [train["labels"][i] for i in range(3)] == [train["ids"][i] % 3 for i in range(3)]
@@ -106,7 +107,7 @@ def test_image_folders_name_classes_and_resize_on_request(tmp_path):
     for cls, size in (("cat", (12, 12)), ("dog", (12, 12)), ("dog", (16, 10))):
         (tmp_path / "pets" / cls).mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((size[1], size[0], 3), 200, dtype=np.uint8)).save(tmp_path / "pets" / cls / f"{size[0]}x{size[1]}.png")
-    with pytest.raises(ValueError, match="images of different shapes .* data.image_size"):
+    with pytest.raises(ValueError, match="images of different shapes .* data.tasks.task.image_size"):
         ImageClassificationData(train=str(tmp_path / "pets")).split("train")
     dm = ImageClassificationData(train=str(tmp_path / "pets"), image_size=8, channels=1)
     train = dm.split("train")
@@ -130,14 +131,14 @@ def test_hub_style_rows_take_class_names_from_the_features(tmp_path):
 def test_augmentation_shifts_training_images_only():
     dm = ImageClassificationData(dataset="trunk:shapes", train="train", validation="validation", random_translate=3,
                                  mean=[0.0], std=[1.0])
-    dm.setup("fit")
+    dm.prepare("train")
     image = torch.zeros(1, 1, 16, 16, dtype=torch.uint8)
     image[0, 0, 6:10, 6:10] = 255  # a block far from the edges: shifting keeps all of it
     dm._splits["one"] = {"images": image.expand(64, 1, 16, 16), "labels": [0] * 64, "ids": list(range(64))}
-    shifted = dm.collate([("one", i) for i in range(64)], train=True)["pixel_values"]
+    shifted = dm.make_batch("one", list(range(64)), train=True)["pixel_values"]
     assert torch.allclose(shifted.sum((1, 2, 3)), torch.full((64,), 16.0))  # moved, never cut
     assert len({tuple(torch.nonzero(s[0])[0].tolist()) for s in shifted}) > 10  # to many different places
-    plain = dm.collate([("one", i) for i in range(4)], train=False)["pixel_values"]
+    plain = dm.make_batch("one", list(range(4)), train=False)["pixel_values"]
     assert torch.equal(plain, image.expand(4, 1, 16, 16).float() / 255)
 
 
@@ -145,32 +146,33 @@ def test_augmentation_shifts_training_images_only():
 
 
 def shapes_args(tmp_path: Path) -> list[str]:
-    return [
+    return single_task([
         "--model=trunk.tasks.ImageClassification", "--model.image_size=16", "--model.patch_size=4", "--model.channels=1",
         "--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
         "--model.optimizer.lr=3e-3", "--data=trunk.datamodules.ImageClassificationData", "--data.dataset=trunk:shapes",
         "--data.train=train", "--data.validation=validation", "--data.test=test", "--data.batch_size=64",
         "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=6", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0",
-    ]
+    ], "shapes")
 
 
 def test_fit_test_predict_through_the_cli(tmp_path):
     cli = run_cli(["fit", *shapes_args(tmp_path)])
-    assert cli.model.label_names == ["cross", "diagonal", "horizontal", "square", "vertical"]
-    assert cli.trainer.callback_metrics["test/acc"] > 0.8  # chance is 0.2; after fit, the CLI tests the best checkpoint
+    labels = cli.model.objectives["shapes"].label_names
+    assert labels == ["cross", "diagonal", "horizontal", "square", "vertical"]
+    assert cli.trainer.callback_metrics["test/shapes/acc"] > 0.8  # chance is 0.2; after fit, the CLI tests the best checkpoint
     out = tmp_path / "predictions.jsonl"
     folder = tmp_path / "new"
     folder.mkdir()
     from PIL import Image
-
     from trunk.datamodules.builtin import shape_image
 
     rng = np.random.default_rng(7)
-    names = [name for name in cli.model.label_names for _ in range(8)]
+    names = [name for name in labels for _ in range(8)]
     for i, name in enumerate(names):  # new images, as files
         Image.fromarray(shape_image(rng, name)).save(folder / f"{i:02d}-{name}.png")
-    run_cli(["predict", *shapes_args(tmp_path), "--data.dataset=null", f"--data.predict={folder}", f"--predictions.output={out}",
+    run_cli(["predict", *shapes_args(tmp_path), "--data.tasks.shapes.dataset=null", f"--data.tasks.shapes.predict={folder}",
+             f"--predictions.output={out}",
              f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [Path(r["id"]).stem.split("-")[1] for r in records] == names
@@ -179,16 +181,19 @@ def test_fit_test_predict_through_the_cli(tmp_path):
 
 
 def test_a_text_trunk_initialises_the_vit_blocks(tmp_path):
+    from trunk.datamodules import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
-    from trunk.tasks.base import build_text_trunk
-    from trunk.tasks.pretrained import save_pretrained
+    from trunk.models import build_trunk
+    from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained
 
     tokenizer = train_wordpiece(["some text to train a tokenizer on"] * 20, vocab_size=60)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
-    text_trunk = build_text_trunk(config)
-    trunk_dir = save_pretrained(tmp_path / "trunk", config, text_trunk.state_dict(), tokenizer)
+    text_trunk = build_trunk(config)
+    trunk_dir = save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, text_trunk.state_dict(),
+                                                                    codec=Codec(tokenizer)))
     args = [a for a in shapes_args(tmp_path) if not a.startswith("--model.trunk")]
     cli = run_cli([*args, f"--model.init_from={trunk_dir}"], run=False)
     vit = cli.model.trunk
     assert all(torch.equal(v, text_trunk.backbone.state_dict()[k]) for k, v in vit.backbone.state_dict().items())
-    assert isinstance(vit.stem, PatchStem) and cli.model.trunk_config.d_model == 32  # the text trunk's width
+    assert set(vit.stems) == {"image"} and isinstance(vit.stems["image"], PatchStem)
+    assert cli.model.trunk_config.d_model == 32  # the text trunk's width

@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 from torch import nn
-
-from trunk.models import Attention, Backbone, SequenceClassificationHead, TokenStem, Trunk, TrunkConfig, init_weights, sinusoidal_positions
+from trunk.models import (
+    Attention,
+    Backbone,
+    SequenceClassificationHead,
+    TokenStem,
+    Trunk,
+    TrunkConfig,
+    init_weights,
+    sinusoidal_positions,
+)
 
 
 def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, causal=False):
@@ -70,7 +78,7 @@ def test_attention_matches_torch_multihead_attention(attn):
 def test_padding_does_not_change_real_token_outputs(norm, positions):
     torch.manual_seed(0)
     cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions)
-    trunk = Trunk(TokenStem(cfg), Backbone(cfg)).eval()
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
     init_weights(trunk)
     ids = torch.randint(5, 50, (2, 9))
     short = trunk(ids, torch.ones_like(ids))
@@ -104,7 +112,7 @@ def test_rotary_scores_depend_only_on_the_distance_between_positions():
 
 def test_rope_trunks_have_no_absolute_positions_and_see_order():
     cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, positions="rope")
-    trunk = Trunk(TokenStem(cfg), Backbone(cfg)).eval()
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
     assert not any("position" in name for name, _ in trunk.named_parameters())
     ids = torch.tensor([[5, 6, 7, 8]])
     assert not torch.allclose(trunk(ids)[0, 0], trunk(ids.flip(1))[0, -1])  # same token, other place: other vector
@@ -112,9 +120,9 @@ def test_rope_trunks_have_no_absolute_positions_and_see_order():
 
 def test_init_follows_bert_gpt():
     cfg = TrunkConfig(vocab_size=2000, d_model=64, n_layers=4, n_heads=4, d_ff=256)
-    trunk = Trunk(TokenStem(cfg), Backbone(cfg))
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)})
     init_weights(trunk, std=0.02)
-    assert trunk.stem.token.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert trunk.stems["text"].token.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert trunk.backbone.blocks[0].ff.fc_in.bias.abs().sum() == 0
     # residual projections scaled by 1/sqrt(2 * n_layers)
     assert trunk.backbone.blocks[0].ff.fc_out.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.1)

@@ -7,17 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_MODEL, single_task
 from safetensors.torch import load_file
-
-from conftest import TINY_MODEL
-from trunk.datamodules import CorpusData, TokenMasker
+from trunk.datamodules import Codec, CorpusData, MultiTaskData, TokenMasker
 from trunk.datamodules.builtin import sentiment_example
-from trunk.datamodules.text import IGNORE_INDEX
-from trunk.datamodules.tokenizer import SPECIAL_TOKENS, train_wordpiece
-from trunk.models import TrunkConfig
-from trunk.tasks import MaskedLanguageModeling, SequenceClassification
+from trunk.datamodules.tokenizer import IGNORE_INDEX, SPECIAL_TOKENS, train_wordpiece
+from trunk.models import TrunkConfig, build_trunk
+from trunk.tasks import MaskedLanguageModeling, ReplacedTokenDetection, SequenceClassification, TrunkModule
 from trunk.tasks.cli import export_main, run_cli
-from trunk.tasks.pretrained import load_pretrained, save_pretrained
+from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, save_pretrained
 
 TINY = TrunkConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
 
@@ -94,8 +92,10 @@ def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
     packed = tmp_path / "b.txt.gz"
     with gzip.open(packed, "wt") as f:
         f.write("\n".join(docs[200:]))
-    data = CorpusData(train=[str(plain), str(packed)], val_fraction=0.1, max_length=16, tokenizer_vocab_size=200, batch_size=8)
-    data.setup("fit")
+    run = MultiTaskData({"mlm": CorpusData(train=[str(plain), str(packed)], val_fraction=0.1, max_length=16, batch_size=8)},
+                        tokenizer_vocab_size=200)
+    run.setup("fit")
+    data = run.tasks["mlm"]
     train, val = data.raw("train")["text"], data.raw("validation")["text"]
     assert len(train) + len(val) == 300 and len(val) == 30 and not set(val) & set(train)
     blocks = [e["input_ids"] for e in data._encoded["train"]]
@@ -103,19 +103,19 @@ def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
     stream = [i for e in data.tokenizer.encode_batch(train, add_special_tokens=False) for i in (*e.ids, 3)]
     assert torch.cat([b[1:] for b in blocks]).tolist() == stream[: 15 * len(blocks)]  # nothing lost, nothing padded
     assert len(stream) - 15 * len(blocks) < 15
-    batch = next(iter(data.train_dataloader()))
-    assert batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
+    batch = next(iter(run.train_dataloader()))
+    assert batch["task"] == "mlm" and batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
     first = data.collate(data._encoded["train"][:64])["labels"]
     second = data.collate(data._encoded["train"][:64])["labels"]
     assert not torch.equal(first, second), "training masks must be dynamic"
-    val_batches = [next(iter(data.val_dataloader()))["labels"] for _ in range(2)]
+    val_batches = [next(iter(run.val_dataloader()[0]))["labels"] for _ in range(2)]
     assert torch.equal(*val_batches), "validation masks must be fixed"
 
 
 def test_blank_line_documents(tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("first line of doc one\nsecond line of doc one\n\n\nthe only line of doc two\n  \ndoc three\n")
-    data = CorpusData(train=str(path), documents="blank_line", val_fraction=0.0, tokenizer_vocab_size=100)
+    data = CorpusData(train=str(path), documents="blank_line", val_fraction=0.0)
     assert data.raw("train")["text"] == ["first line of doc one second line of doc one", "the only line of doc two", "doc three"]
     lines = CorpusData(train=str(path), val_fraction=0.0)
     assert len(lines.raw("train")) == 4
@@ -129,35 +129,49 @@ def test_conll_column_files_give_their_sentences(tmp_path):
     assert data.raw("train")["text"] == ["EU rejects", "Peter left"] * 2  # words only: no tags, no DOCSTART
 
 
+def mlm_model(objective=None) -> TrunkModule:
+    return TrunkModule({"mlm": objective or MaskedLanguageModeling()}, trunk=TINY, task_info={"mlm": {}})
+
+
 def test_mlm_head_is_tied_and_scores_only_masked_positions():
     torch.manual_seed(0)
-    model = MaskedLanguageModeling(trunk=TINY).eval()  # no dropout: the two losses below must agree
-    assert model.head.decoder.weight is model.trunk.stem.token.weight
+    model = mlm_model().eval()  # no dropout: the two losses below must agree
+    mlm = model.objectives["mlm"]
+    assert mlm.head.decoder.weight is model.trunk.stems["text"].token.weight
     ids = torch.randint(5, 300, (4, 32))
     labels = torch.full_like(ids, IGNORE_INDEX)
     labels[:, 3] = ids[:, 3]
     labels[0, 7] = ids[0, 7]
     seen = []
-    model.head.decoder.register_forward_hook(lambda module, args, out: seen.append(out.shape))
-    loss = model.step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, "train")
+    mlm.head.decoder.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    loss = mlm.loss(model.trunk, batch, "train")
     assert seen == [torch.Size([5, 300])]  # 5 masked positions, never the full (4, 32, 300)
-    full = model(ids)
+    full = mlm(model.trunk, batch)
     expected = torch.nn.functional.cross_entropy(full[labels != IGNORE_INDEX], labels[labels != IGNORE_INDEX])
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
-    assert model.head.decoder.weight is model.trunk.stem.token.weight  # still one matrix after an update
+    assert mlm.head.decoder.weight is model.trunk.stems["text"].token.weight  # still one matrix after an update
     ids_in_groups = [id(p) for g in model.param_groups() for p in g["params"]]
     assert len(ids_in_groups) == len(set(ids_in_groups))  # the tied matrix is in one optimizer group
 
 
-def pretrain_args(corpus: Path, root: Path) -> list[str]:
-    tiny = [a.replace("SequenceClassification", "MaskedLanguageModeling") for a in TINY_MODEL]
-    return ["fit", *tiny, "--model.trunk.max_len=32", "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}",
-            "--data.tokenizer_vocab_size=200", "--data.max_length=32", "--data.batch_size=8", "--trainer.max_steps=6",
+def pretrain_args(corpus: Path, root: Path, objective: str = "MaskedLanguageModeling", task: str = "mlm") -> list[str]:
+    tiny = [a.replace("SequenceClassification", objective) for a in TINY_MODEL]
+    return ["fit", *single_task([*tiny, "--model.trunk.max_len=32", "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}",
+            "--data.tokenizer_vocab_size=200", "--data.max_length=32", "--data.batch_size=8"], task), "--trainer.max_steps=6",
             "--trainer.val_check_interval=6",
             "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+
+
+def finetune_args(trunk_dir: Path, sentiment_files: dict, root: Path, *extra: str) -> list[str]:
+    return single_task(["--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}",
+                        "--data=trunk.datamodules.TextClassificationData", f"--data.train={sentiment_files['train']}",
+                        f"--data.validation={sentiment_files['validation']}", "--data.max_length=32", *extra,
+                        "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+                        f"--trainer.default_root_dir={root}"])
 
 
 @pytest.fixture
@@ -170,51 +184,51 @@ def pretrained(corpus_file, tmp_path):
 def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pretrained, sentiment_files, tmp_path):
     cli, trunk_dir = pretrained
     assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
-    assert {"val/ppl", "val/acc", "val/loss"} <= cli.trainer.callback_metrics.keys()
-    assert cli.trainer.callback_metrics["val/ppl"] > 1.0
+    assert {"val/mlm/ppl", "val/mlm/acc", "val/mlm/loss", "val/score"} <= cli.trainer.callback_metrics.keys()
+    assert cli.trainer.callback_metrics["val/mlm/ppl"] > 1.0
     meta = json.loads((trunk_dir / "config.json").read_text())
-    assert meta["format"] == "trunk" and meta["format_version"] == 1 and meta["trunk"]["d_model"] == 32
+    assert meta["format"] == "trunk" and meta["format_version"] == 2 and meta["trunk"]["d_model"] == 32
+    assert meta["stems"] == {"text": {}} and meta["heads"]["mlm"]["kind"] == "masked_lm"
     pretrained_state = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
 
-    finetune = run_cli([
-        "--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
-        f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
-        "--data.max_length=64", "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path / 'finetune'}",
-    ], run=False)
+    finetune = run_cli(finetune_args(trunk_dir, sentiment_files, tmp_path / "finetune", "--data.max_length=64"), run=False)
     model = finetune.model
     assert model.trunk_config.d_model == 32 and model.trunk_config.n_layers == 2  # architecture from the directory
     for name, tensor in model.trunk.state_dict().items():
         assert torch.equal(tensor, pretrained_state[name]), name
     assert finetune.datamodule.tokenizer.to_str() == cli.datamodule.tokenizer.to_str()
-    assert finetune.datamodule.max_length == 32  # capped at the pretrained position table
+    assert finetune.datamodule.tasks["sentiment"].max_length == 32  # capped at the pretrained position table
     finetune.trainer.fit(model, datamodule=finetune.datamodule)  # trains with the fresh head
 
 
 def test_export_command_matches_the_end_of_pretraining_export(pretrained, tmp_path, capsys):
     cli, trunk_dir = pretrained
     last = Path(cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path)
-    export_main([str(last), str(tmp_path / "exported"), "--with-head"])
+    export_main([str(last), str(tmp_path / "exported")])
     assert "--model.init_from=" in capsys.readouterr().out
     a, b = load_file(str(trunk_dir / "model.safetensors")), load_file(str(tmp_path / "exported" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert {k for k in b if k.startswith("head.")} == {"head.dense.weight", "head.dense.bias", "head.norm.weight",
-                                                     "head.norm.bias", "head.decoder.bias"}  # decoder weight is tied
+    assert {k for k in b if k.startswith("heads.")} == {f"heads.mlm.head.{k}" for k in ("dense.weight", "dense.bias", "norm.weight",
+                                                                                       "norm.bias", "decoder.bias")}  # decoder weight is tied
     exported = load_pretrained(tmp_path / "exported")
-    assert torch.equal(exported.head_weights["decoder.weight"], exported.trunk_weights["stem.token.weight"])
+    assert torch.equal(exported.heads["mlm"]["state"]["head.decoder.weight"], exported.trunk_weights["stems.text.token.weight"])
+    export_main([str(last), str(tmp_path / "trunk_only"), "--trunk-only"])
+    assert all(k.startswith("trunk.") for k in load_file(str(tmp_path / "trunk_only" / "model.safetensors")))
     with pytest.raises(SystemExit, match="does not exist"):
         export_main([str(tmp_path / "nope.ckpt"), str(tmp_path / "x")])
 
 
-def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
-    from trunk.tasks.base import build_text_trunk
+def text_trunk(config: TrunkConfig, tokenizer) -> PretrainedTrunk:
+    return PretrainedTrunk(Path("."), config, {"text": {}}, build_trunk(config).state_dict(), codec=Codec(tokenizer))
 
+
+def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
-    first = build_text_trunk(config).state_dict()
-    save_pretrained(tmp_path / "t", config, first, tokenizer)
-    second = build_text_trunk(config).state_dict()
-    save_pretrained(tmp_path / "t", config, second, tokenizer, overwrite=True)
-    assert torch.equal(load_pretrained(tmp_path / "t").trunk_weights["stem.token.weight"], second["stem.token.weight"])
+    save_pretrained(tmp_path / "t", text_trunk(config, tokenizer))
+    second = text_trunk(config, tokenizer)
+    save_pretrained(tmp_path / "t", second, overwrite=True)
+    assert torch.equal(load_pretrained(tmp_path / "t").trunk_weights["stems.text.token.weight"],
+                       second.trunk_weights["stems.text.token.weight"])
     assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temporary directories left behind
 
 
@@ -265,13 +279,16 @@ def test_export_refuses_a_checkpoint_that_would_run_code(tmp_path):
 
 def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
     """Checkpoints of models built in Python (not by the CLI) also load with weights_only=True."""
-    model = SequenceClassification(["a", "b"], trunk=TINY)
+    model = TrunkModule({"t": SequenceClassification(pooling="mean")}, trunk=TINY, task_info={"t": {"label_names": ["a", "b"]}})
     checkpoint = {"hyper_parameters": dict(model.hparams)}
     model.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "c.ckpt")
     hparams = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["trunk"]["d_model"] == 32
-    assert SequenceClassification(**hparams).trunk_config == TINY
+    assert hparams["tasks"]["t"] == {"class_path": "trunk.tasks.sequence_classification.SequenceClassification",
+                                     "init_args": {"pooling": "mean", "head_dropout": 0.1}}
+    rebuilt = TrunkModule(**hparams)
+    assert rebuilt.trunk_config == TINY and rebuilt.objectives["t"].pooling == "mean"
 
 
 # -- bad input ---------------------------------------------------------------------------------------
@@ -279,17 +296,18 @@ def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
 
 @pytest.fixture
 def trunk_dir(tmp_path, tokenizer) -> Path:
-    from trunk.tasks.base import build_text_trunk
-
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
-    return save_pretrained(tmp_path / "trunk", config, build_text_trunk(config).state_dict(), tokenizer)
+    return save_pretrained(tmp_path / "trunk", text_trunk(config, tokenizer))
 
 
 def test_missing_directory_or_files(trunk_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="No pretrained trunk directory"):
         load_pretrained(tmp_path / "nowhere")
     (trunk_dir / "tokenizer.json").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing \['tokenizer.json'\]"):
+    with pytest.raises(FileNotFoundError, match="has a text stem but no tokenizer.json"):
+        load_pretrained(trunk_dir)
+    (trunk_dir / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing \['model.safetensors'\]"):
         load_pretrained(trunk_dir)
 
 
@@ -310,15 +328,16 @@ def test_tokenizer_that_does_not_belong_to_the_weights(trunk_dir):
 def test_architecture_mismatch_names_both_sides(trunk_dir, tokenizer):
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=2, d_ff=32, max_len=16)
     with pytest.raises(ValueError) as err:
-        SequenceClassification(["a", "b"], trunk=config, init_from=str(trunk_dir))
+        TrunkModule({"t": SequenceClassification()}, trunk=config, init_from=str(trunk_dir), task_info={"t": {"label_names": ["a", "b"]}})
     message = str(err.value)
     assert "d_model: model.trunk.d_model=32 but" in message and "has 16" in message
     assert "n_layers: model.trunk.n_layers=3" in message and "has 1" in message
 
 
 def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_dir, sentiment_files, tmp_path):
-    base = ["--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
-            f"--data.train={sentiment_files['train']}", "--data.max_length=16", f"--trainer.default_root_dir={tmp_path}"]
+    base = single_task(["--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}",
+                        "--data=trunk.datamodules.TextClassificationData", f"--data.train={sentiment_files['train']}",
+                        "--data.max_length=16", f"--trainer.default_root_dir={tmp_path}"])
     with pytest.raises(ValueError, match="n_heads: model.trunk.n_heads=8 but"):
         run_cli([*base, "--model.trunk.n_heads=8"], run=False)
     with pytest.raises(SystemExit, match="brings its own tokenizer"):
@@ -328,12 +347,12 @@ def test_cli_refuses_an_explicit_architecture_or_tokenizer_that_differs(trunk_di
 
 
 def test_electra_replaces_only_masked_tokens_and_labels_the_replacements():
-    from trunk.tasks import ReplacedTokenDetection
 
     torch.manual_seed(0)
-    model = ReplacedTokenDetection(trunk=TINY, generator_layers=1)
-    assert model.generator_head.decoder.weight is model.trunk.stem.token.weight  # generator shares the embeddings
-    assert len(model.generator.blocks) == 1 and len(model.trunk.backbone.blocks) == 2
+    module = mlm_model(ReplacedTokenDetection(generator_layers=1))
+    model, trunk = module.objectives["mlm"], module.trunk
+    assert model.generator_head.decoder.weight is trunk.stems["text"].token.weight  # generator shares the embeddings
+    assert len(model.generator.blocks) == 1 and len(trunk.backbone.blocks) == 2
     original = torch.randint(5, 300, (8, 32))
     labels = torch.full_like(original, IGNORE_INDEX)
     chosen = torch.rand(original.shape) < 0.3
@@ -341,31 +360,26 @@ def test_electra_replaces_only_masked_tokens_and_labels_the_replacements():
     masked = torch.where(chosen, 4, original)  # [MASK]
     attention_mask = torch.ones_like(original)
     attention_mask[0, -5:] = 0
-    _, nll, selected, corrupted, replaced = model.replace(masked, labels, attention_mask)
+    _, nll, selected, corrupted, replaced = model.replace(trunk, masked, labels, attention_mask)
     assert torch.equal(selected, chosen) and nll.shape == (int(chosen.sum()),)
     assert torch.equal(corrupted[~chosen], original[~chosen])  # only masked positions change
     assert torch.equal(replaced, corrupted != original) and not replaced[~chosen].any()
     assert replaced[chosen].float().mean() > 0.5  # an untrained generator rarely guesses right
 
-    loss = model.step({"input_ids": masked, "attention_mask": attention_mask, "labels": labels}, "train")
+    loss = model.loss(trunk, {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}, "train")
     loss.backward()
     assert model.generator.blocks[0].ff.fc_in.weight.grad.abs().sum() > 0  # the MLM loss trains the generator
     assert model.head.out.weight.grad.abs().sum() > 0
-    ids_in_groups = [id(p) for g in model.param_groups() for p in g["params"]]
+    ids_in_groups = [id(p) for g in module.param_groups() for p in g["params"]]
     assert len(ids_in_groups) == len(set(ids_in_groups))
 
 
-def test_electra_pretraining_exports_the_discriminator_only(corpus_file, sentiment_files, tmp_path):
-    args = [a.replace("MaskedLanguageModeling", "ReplacedTokenDetection") for a in pretrain_args(corpus_file, tmp_path / "pretrain")]
-    cli = run_cli(args)
-    assert {"val/ppl", "val/disc_acc", "val/disc_f1", "val/gen_loss", "val/disc_loss"} <= cli.trainer.callback_metrics.keys()
+def test_electra_pretraining_exports_a_trunk_that_fine_tunes(corpus_file, sentiment_files, tmp_path):
+    cli = run_cli(pretrain_args(corpus_file, tmp_path / "pretrain", "ReplacedTokenDetection", "electra"))
+    metrics = cli.trainer.callback_metrics.keys()
+    assert {f"val/electra/{k}" for k in ("ppl", "disc_acc", "disc_f1", "gen_loss", "disc_loss")} <= metrics
     trunk_dir = tmp_path / "pretrain" / "trunk"
-    names = load_file(str(trunk_dir / "model.safetensors")).keys()
-    assert names and all(k.startswith("trunk.") for k in names)  # no generator, no head
-    finetune = run_cli([
-        "--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--data=trunk.datamodules.TextClassificationData",
-        f"--data.train={sentiment_files['train']}", "--data.max_length=32", "--trainer.max_steps=1",
-        "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path / 'finetune'}",
-    ], run=False)
+    assert json.loads((trunk_dir / "config.json").read_text())["heads"]["electra"]["kind"] == "replaced_token_detection"
+    finetune = run_cli(finetune_args(trunk_dir, sentiment_files, tmp_path / "finetune"), run=False)
     for name, tensor in finetune.model.trunk.state_dict().items():
         assert torch.equal(tensor, cli.model.trunk.state_dict()[name]), name

@@ -1,41 +1,52 @@
-"""Task modules: learning on a tiny batch, optimizer groups, and the learning-rate schedule."""
+"""The LightningModule and its objectives: learning on a tiny batch, optimizer groups, the schedule, bad input."""
 
 import pytest
 import torch
-
 from trunk.models import TrunkConfig
-from trunk.tasks import OptimConfig, SequenceClassification
-from trunk.tasks.base import lr_lambda
+from trunk.tasks import (
+    ImageClassification,
+    MaskedLanguageModeling,
+    OptimConfig,
+    SequenceClassification,
+    TokenClassification,
+    TrunkModule,
+)
+from trunk.tasks.optim import lr_lambda
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 
 
+def classifier(labels=("a", "b", "c"), **kwargs) -> TrunkModule:
+    return TrunkModule({"t": SequenceClassification(head_dropout=0.0)}, trunk=TINY, task_info={"t": {"label_names": list(labels)}},
+                       **kwargs)
+
+
 def test_a_small_batch_overfits_to_near_zero_loss():
     torch.manual_seed(0)
-    model = SequenceClassification(["a", "b", "c"], trunk=TINY, head_dropout=0.0)
+    model = classifier()
     ids = torch.randint(5, 60, (12, 10))
     mask = torch.ones_like(ids)
     mask[6:, 7:] = 0
-    labels = torch.randint(0, 3, (12,))
+    batch = {"task": "t", "input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 3, (12,))}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(150):
-        loss = torch.nn.functional.cross_entropy(model(ids, mask), labels)
+        loss = model.objectives["t"].loss(model.trunk, batch, "train")
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert loss.item() < 0.01
-    assert (model(ids, mask).argmax(-1) == labels).all()
+    assert (model.objectives["t"](model.trunk, batch).argmax(-1) == batch["labels"]).all()
 
 
 def test_weight_decay_groups_exclude_biases_and_norms():
-    model = SequenceClassification(["a", "b"], trunk=TINY, optimizer=OptimConfig(weight_decay=0.1))
+    model = classifier(("a", "b"), optimizer=OptimConfig(weight_decay=0.1))
     groups = model.param_groups()
     decay = [p for g in groups if g["weight_decay"] == 0.1 for p in g["params"]]
     no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
     assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)
     assert len(decay) + len(no_decay) == len(list(model.parameters()))
     assert all(g["lr"] == model.optim_config.lr for g in groups)  # no layer decay by default
-    model.trunk.stem.requires_grad_(False)  # frozen parameters get no optimizer state
+    model.trunk.stems.requires_grad_(False)  # frozen parameters get no optimizer state
     assert sum(len(g["params"]) for g in model.param_groups()) == len([p for p in model.parameters() if p.requires_grad])
 
 
@@ -55,6 +66,35 @@ def test_warmup_then_decay(schedule):
     assert lr_lambda(5, 100, OptimConfig(warmup=0.1)) == pytest.approx(0.6)  # fraction of all steps
 
 
-def test_too_few_labels_is_a_clear_error():
+def test_text_and_image_tasks_share_one_backbone():
+    model = TrunkModule({"words": SequenceClassification(), "pictures": ImageClassification(image_size=8, patch_size=4),
+                         "mlm": MaskedLanguageModeling()}, trunk=TINY,
+                        task_info={"words": {"label_names": ["a", "b"]}, "pictures": {"label_names": ["x", "y", "z"]}, "mlm": {}})
+    assert set(model.trunk.stems) == {"text", "image"}
+    assert model.objectives["mlm"].head.decoder.weight is model.trunk.stems["text"].token.weight
+    images = {"task": "pictures", "pixel_values": torch.randn(2, 1, 8, 8), "labels": torch.tensor([0, 2])}
+    text = {"task": "words", "input_ids": torch.randint(5, 60, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
+            "labels": torch.tensor([0, 1])}
+    (model._step(images, "train") + model._step(text, "train")).backward()
+    assert all(p.grad is not None for p in model.trunk.backbone.parameters())
+
+
+def test_bad_task_configurations_are_clear_errors():
     with pytest.raises(ValueError, match="at least 2 labels"):
-        SequenceClassification(["only"], trunk=TINY)
+        classifier(["only"])
+    with pytest.raises(ValueError, match=r"model.tasks names \['t'\] but data.tasks names \['u'\]"):
+        TrunkModule({"t": SequenceClassification()}, trunk=TINY, task_info={"u": {"label_names": ["a", "b"]}})
+    with pytest.raises(ValueError, match="feeds token_classification objectives, but model.tasks.t is SequenceClassification"):
+        TrunkModule({"t": SequenceClassification()}, trunk=TINY,
+                    task_info={"t": {"kinds": ["token_classification"], "label_names": ["O", "B-X", "I-X"]}})
+    with pytest.raises(ValueError, match="task_weights names \\['nope'\\]"):
+        classifier(task_weights={"nope": 1.0})
+    with pytest.raises(ValueError, match="task_weights must be >= 0"):
+        classifier(task_weights={"t": -1.0})
+    with pytest.raises(ValueError, match="share one stem"):
+        TrunkModule({"a": ImageClassification(image_size=8, patch_size=4), "b": ImageClassification(image_size=8, patch_size=2)},
+                    trunk=TINY, task_info={"a": {"label_names": ["x", "y"]}, "b": {"label_names": ["x", "y"]}})
+    with pytest.raises(ValueError, match="No task named 'nope'"):
+        classifier().objective("nope")
+    with pytest.raises(ValueError, match="complete BIO label set"):
+        TrunkModule({"t": TokenClassification()}, trunk=TINY, task_info={"t": {"label_names": ["O", "I-X"]}})

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import write_conll
+from conftest import single_task, standalone, write_conll
 from trunk.datamodules import TokenClassificationData, read_conll
-from trunk.datamodules.tagging import (Span, allowed_transitions, constrained_decode, label_names_for, parse_label_names,
-                                 spans_from_tags, tags_from_spans)
+from trunk.datamodules.tagging import (
+    Span,
+    allowed_transitions,
+    constrained_decode,
+    label_names_for,
+    parse_label_names,
+    spans_from_tags,
+    tags_from_spans,
+)
 from trunk.datamodules.tokenizer import train_wordpiece
 from trunk.tasks import EntityF1
 from trunk.tasks.cli import run_cli
@@ -177,8 +183,9 @@ def test_bad_column_files_are_clear_errors(tmp_path):
         read_conll(tmp_path / "ok.txt", tag_column=5)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_conll(tmp_path / "missing.txt")
-    dm = TokenClassificationData(train=str(tmp_path / "ok.txt"), tag_column=1, tokenizer_vocab_size=50)
-    with pytest.raises(ValueError, match="Tag 'NNP' is not 'O' or .* Check data.tag_column"):
+    dm = TokenClassificationData(train=str(tmp_path / "ok.txt"), tag_column=1)
+    dm.name = "ner"
+    with pytest.raises(ValueError, match="Tag 'NNP' is not 'O' or .* Check data.tasks.ner.tag_column"):
         dm.raw("train")
 
 
@@ -188,7 +195,6 @@ def split_words_data(tmp_path) -> TokenClassificationData:
     train = write_conll(tmp_path / "train.txt", [[("Ewan", "B-PER"), ("McGregor", "I-PER"), ("left", "O")],
                                                   [("Oslo", "B-LOC"), ("Mc", "O")]])
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
     from trunk.datamodules.tokenizer import SPECIAL_TOKENS
 
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "Ewan", "Mc", "##Gre", "##gor", "left", "Oslo"])}
@@ -196,7 +202,7 @@ def split_words_data(tmp_path) -> TokenClassificationData:
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    return TokenClassificationData(train=str(train), tokenizer=str(tmp_path / "tokenizer.json"))
+    return standalone(TokenClassificationData(train=str(train)), tokenizer=str(tmp_path / "tokenizer.json"))
 
 
 def test_first_subtoken_alignment_labels_each_word_once(split_words_data):
@@ -238,15 +244,14 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
         lines += ["-DOCSTART- -X- -X- O", ""] + [line for s in doc for line in [f"{w} NN O {t}" for w, t in s] + [""]]
     (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
     from tokenizers import Tokenizer, models, pre_tokenizers
-
     from trunk.datamodules.tokenizer import SPECIAL_TOKENS
     tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
 
     def encoded(context_length: int, max_length: int = 128) -> list[list[str]]:
-        dm = TokenClassificationData(train=str(tmp_path / "docs.txt"), tokenizer=str(tmp_path / "tokenizer.json"),
-                                     context_length=context_length, max_length=max_length)
+        dm = standalone(TokenClassificationData(train=str(tmp_path / "docs.txt"), context_length=context_length,
+                                                max_length=max_length), tokenizer=str(tmp_path / "tokenizer.json"))
         examples = dm.encode(dm.raw("train"), "train")
         for e in examples:  # labels and word starts sit on the sentence itself, never on context
             tokens = [dm.tokenizer.id_to_token(i) for i in e["input_ids"]]
@@ -264,9 +269,9 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
 
 def test_unknown_entity_types_at_test_time_are_a_clear_error(ner_files, tmp_path):
     test = write_conll(tmp_path / "odd.txt", [[("Mars", "B-PLANET"), ("is", "O"), ("red", "O")]])
-    dm = TokenClassificationData(train=str(ner_files["train"]), test=str(test), tokenizer_vocab_size=200)
+    dm = standalone(TokenClassificationData(train=str(ner_files["train"]), test=str(test)), tokenizer_vocab_size=200)
     with pytest.raises(ValueError, match=r"entity types \['PLANET'\] never occur in training; the model knows \['LOC', 'ORG', 'PER'\]"):
-        dm.setup("test")
+        dm.prepare("test")
 
 
 def test_hub_style_rows_take_tag_names_from_the_features(tmp_path):
@@ -277,7 +282,7 @@ def test_hub_style_rows_take_tag_names_from_the_features(tmp_path):
     rows = {"tokens": [["Anna", "Petrova", "smiled"], ["hello"]] * 4, "ner_tags": [[1, 2, 0], [0]] * 4}
     (tmp_path / "hub").mkdir()
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "hub/train.parquet"))
-    dm = TokenClassificationData(dataset=str(tmp_path / "hub"), train="train", tokenizer_vocab_size=50)
+    dm = TokenClassificationData(dataset=str(tmp_path / "hub"), train="train")
     assert dm.raw("train")["tags"][0] == ["B-PER", "I-PER", "O"]
     assert dm.label_names == ["O", "B-PER", "I-PER"]
 
@@ -286,7 +291,7 @@ def test_hub_style_rows_take_tag_names_from_the_features(tmp_path):
 
 
 def ner_cli_args(ner_files, tmp_path) -> list[str]:
-    return [
+    return single_task([
         "--model=trunk.tasks.TokenClassification", "--model.trunk.d_model=32", "--model.trunk.n_layers=2",
         "--model.trunk.n_heads=4", "--model.trunk.d_ff=64", "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3",
         "--data=trunk.datamodules.TokenClassificationData", f"--data.train={ner_files['train']}",
@@ -295,16 +300,16 @@ def ner_cli_args(ner_files, tmp_path) -> list[str]:
         "--data.batch_size=16", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=6",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0",
-    ]
+    ], "ner")
 
 
 def test_fit_test_predict_through_the_cli(ner_files, tmp_path):
     cli = run_cli(["fit", *ner_cli_args(ner_files, tmp_path)])
     metrics = cli.trainer.callback_metrics  # after fit, the CLI tests the best checkpoint
-    assert {"test/f1", "test/precision", "test/recall", "test/f1_PER", "test/f1_LOC", "test/acc"} <= metrics.keys()
-    assert metrics["test/f1"] > 0.5  # the generated names are easy: it learns them in a few epochs
+    assert {f"test/ner/{k}" for k in ("f1", "precision", "recall", "f1_PER", "f1_LOC", "acc")} <= metrics.keys()
+    assert metrics["test/ner/f1"] > 0.5  # the generated names are easy: it learns them in a few epochs
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"val/f1", "val/precision", "val/recall", "val/f1_ORG", "val/acc"} <= set(logged)
+    assert {f"val/ner/{k}" for k in ("f1", "precision", "recall", "f1_ORG", "acc")} <= set(logged)
     ckpt = cli.trainer.checkpoint_callback.best_model_path
     out = tmp_path / "predictions.jsonl"
     run_cli(["predict", *ner_cli_args(ner_files, tmp_path), f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
@@ -327,24 +332,25 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
     words_only = tmp_path / "words.txt"
     words_only.write_text("Anna\nvisited\nOslo\n\nHooli\nleft\n")
     out = tmp_path / "words.jsonl"
-    run_cli(["predict", *[a for a in args if not a.startswith("--data.predict")], f"--data.predict={words_only}",
+    run_cli(["predict", *[a for a in args if not a.startswith("--data.tasks.ner.predict")], f"--data.tasks.ner.predict={words_only}",
              f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}", f"--predictions.output={out}"])
     assert [json.loads(line)["words"] for line in out.read_text().splitlines()] == [["Anna", "visited", "Oslo"], ["Hooli", "left"]]
 
 
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
-    from trunk.models import TrunkConfig
-    from trunk.tasks.base import build_text_trunk
-    from trunk.tasks.pretrained import load_pretrained, save_pretrained
+    from trunk.datamodules import Codec
+    from trunk.models import TrunkConfig, build_trunk
+    from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, save_pretrained
 
     tokenizer = train_wordpiece((" ".join(s) for s in read_conll(ner_files["train"])["tokens"]), vocab_size=200, lowercase=False)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64)
-    trunk_dir = save_pretrained(tmp_path / "trunk", config, build_text_trunk(config).state_dict(), tokenizer)
+    trunk = PretrainedTrunk(tmp_path, config, {"text": {}}, build_trunk(config).state_dict(), codec=Codec(tokenizer))
+    trunk_dir = save_pretrained(tmp_path / "trunk", trunk)
     args = [a for a in ner_cli_args(ner_files, tmp_path) if not a.startswith(("--model.trunk", "--data.tokenizer"))]
     cli = run_cli(["fit", *args, f"--model.init_from={trunk_dir}", "--model.finetune.freeze_embeddings=true",
                    "--model.finetune.freeze_layers=1", "--trainer.max_epochs=1"])
     pretrained = load_pretrained(trunk_dir).trunk_weights
     state = cli.model.trunk.state_dict()
-    frozen = [k for k in state if k.startswith(("stem.", "backbone.blocks.0."))]
+    frozen = [k for k in state if k.startswith(("stems.", "backbone.blocks.0."))]
     assert frozen and all(torch.equal(state[k], pretrained[k]) for k in frozen)
     assert not torch.equal(state["backbone.blocks.1.ff.fc_in.weight"], pretrained["backbone.blocks.1.ff.fc_in.weight"])

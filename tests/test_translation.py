@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import reversal_pairs
+from conftest import reversal_pairs, single_task, standalone
 from trunk.datamodules import TranslationData
 from trunk.datamodules.tokenizer import train_bpe
 from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
@@ -97,22 +96,22 @@ def test_bpe_tokenizer_detokenizes_exactly():
 
 
 def test_parallel_files_read_both_sides_in_the_chosen_direction(reversal_files):
-    forward = TranslationData(source_lang="src", target_lang="tgt", train=reversal_files["train"], tokenizer_vocab_size=100)
-    backward = TranslationData(source_lang="tgt", target_lang="src", train=reversal_files["train"], tokenizer_vocab_size=100)
+    forward = standalone(TranslationData(source_lang="src", target_lang="tgt", train=reversal_files["train"]), tokenizer_vocab_size=100)
+    backward = standalone(TranslationData(source_lang="tgt", target_lang="src", train=reversal_files["train"]), tokenizer_vocab_size=100)
     source, target = reversal_pairs(1500, seed=0)[0]
     assert (forward.raw("train")["source"][0], forward.raw("train")["target"][0]) == (source, target)
     assert (backward.raw("train")["source"][0], backward.raw("train")["target"][0]) == (target, source)
     example = forward.encode(forward.raw("train"), "train")[0]
     assert example["decoder_input_ids"][0] == IDS.bos and example["labels"][-1] == IDS.eos
     assert example["decoder_input_ids"][1:] == example["labels"][:-1]  # shifted by one (teacher forcing)
-    assert forward.decode([example["labels"][:-1]]) == [target]
+    assert forward.target_tokenizer.decode(example["labels"][:-1]) == target
 
 
 def test_rows_with_a_translation_column_and_separate_vocabularies(tmp_path):
     rows = [{"translation": {"de": f"Ein Hund {i}.", "en": f"A dog {i}."}} for i in range(50)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dm = TranslationData(source_lang="de", target_lang="en", train=str(tmp_path / "train.jsonl"), joint_vocabulary=False,
-                         tokenizer_vocab_size=60)
+    dm = standalone(TranslationData(source_lang="de", target_lang="en", train=str(tmp_path / "train.jsonl"), joint_vocabulary=False,
+                                    target_tokenizer_vocab_size=60), tokenizer_vocab_size=60)
     assert dm.raw("train")["source"][3] == "Ein Hund 3." and dm.raw("train")["target"][3] == "A dog 3."
     assert "▁Hund" in dm.tokenizer.get_vocab() and "▁Hund" not in dm.target_tokenizer.get_vocab()
     assert "▁dog" in dm.target_tokenizer.get_vocab()
@@ -129,7 +128,7 @@ def test_bad_parallel_data_is_a_clear_error(tmp_path):
     (tmp_path / "b.en").write_text("one\ntwo\nthree\n")
     with pytest.raises(ValueError, match=r"line 2 \(b.de / b.en\) has an empty source sentence"):
         TranslationData(source_lang="de", target_lang="en", train=str(tmp_path / "b.{lang}")).raw("train")
-    with pytest.raises(FileNotFoundError, match=r"source file .*a.fr' \(data.source_lang='fr'\) does not exist.*\['a.de', 'a.en'\]"):
+    with pytest.raises(FileNotFoundError, match=r"source file .*a.fr' \(source_lang='fr'\) does not exist.*\['a.de', 'a.en'\]"):
         TranslationData(source_lang="fr", target_lang="en", train=str(tmp_path / "a.{lang}")).raw("train")
     with pytest.raises(ValueError, match="both 'de'"):
         TranslationData(source_lang="de", target_lang="de")
@@ -145,7 +144,7 @@ def translation_args(files: dict[str, str], tmp_path: Path, **overrides) -> list
         "model": "trunk.tasks.Translation", "model.trunk.d_model": 64, "model.trunk.n_layers": 2, "model.trunk.n_heads": 4,
         "model.trunk.d_ff": 128, "model.trunk.max_len": 32, "model.trunk.positions": "rope", "model.trunk.dropout": 0.0,
         "model.trunk.attn_dropout": 0.0, "model.label_smoothing": 0.0, "model.optimizer.lr": 3e-3,
-        "model.generation.beam_size": 2,
+        "model.generation.beam_size": 1,  # exact output: beam search is checked against brute force above
         "data": "trunk.datamodules.TranslationData", "data.source_lang": "src", "data.target_lang": "tgt",
         "data.train": files["train"], "data.validation": files["validation"], "data.test": files["test"],
         "data.tokenizer_vocab_size": 60, "data.max_length": 32, "data.batch_size": 32,
@@ -153,20 +152,20 @@ def translation_args(files: dict[str, str], tmp_path: Path, **overrides) -> list
         "trainer.enable_model_summary": False, "trainer.default_root_dir": str(tmp_path / "run"), "seed_everything": 0,
     }
     options.update(overrides)
-    return [f"--{k}={v}" for k, v in options.items() if v is not None]
+    return single_task([f"--{k}={v}" for k, v in options.items() if v is not None], "translate")
 
 
 def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(reversal_files, tmp_path):
     cli = run_cli(["fit", *translation_args(reversal_files, tmp_path)])
     metrics = cli.trainer.callback_metrics  # the CLI tests the best checkpoint after fit
-    assert metrics["test/bleu"] == pytest.approx(100.0)  # every test sentence reversed exactly (beam 2)
-    assert metrics["test/acc"] > 0.99
+    assert metrics["test/translate/bleu"] == pytest.approx(100.0)  # every test sentence reversed exactly
+    assert metrics["test/translate/acc"] > 0.99
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"val/bleu", "val/loss", "val/acc", "train/loss_step"} <= set(logged)
+    assert {"val/translate/bleu", "val/translate/loss", "val/translate/acc", "train/loss", "val/score"} <= set(logged)
     ckpt = cli.trainer.checkpoint_callback.best_model_path
-    tested = run_cli(["test", *translation_args(reversal_files, tmp_path), f"--ckpt_path={ckpt}", "--model.generation.max_length=2"])
-    assert tested.model.generation.max_length == 2  # generation options are the config's, not the checkpoint's
-    assert tested.trainer.callback_metrics["test/bleu"] < 50  # two tokens cannot spell the reversed sentences
+    tested = run_cli(["test", *translation_args(reversal_files, tmp_path, **{"model.generation.max_length": 2}), f"--ckpt_path={ckpt}"])
+    assert tested.model.objectives["translate"].generation.max_length == 2  # generation options are the config's, not the checkpoint's
+    assert tested.trainer.callback_metrics["test/translate/bleu"] < 50  # two tokens cannot spell the reversed sentences
     sources = ["cat dog fish", "hat egg apple bird goat"]
     (tmp_path / "new.src").write_text("".join(s + "\n" for s in sources))
     out = tmp_path / "out.txt"
@@ -179,9 +178,11 @@ def test_separate_vocabularies_travel_in_the_checkpoint(reversal_files, tmp_path
     args = translation_args(reversal_files, tmp_path, **{"data.joint_vocabulary": False, "model.share_embeddings": False,
                                                           "trainer.max_epochs": 1, "data.test": None})
     cli = run_cli(["fit", *args])
-    assert cli.model.decoder.stem.token.num_embeddings == cli.datamodule.target_vocab_size != cli.datamodule.vocab_size
+    target_vocab_size = cli.datamodule.tasks["translate"].target_tokenizer.get_vocab_size()
+    assert cli.model.objectives["translate"].decoder.stem.token.num_embeddings == target_vocab_size != cli.datamodule.vocab_size
     out = tmp_path / "out.jsonl"
-    run_cli(["predict", *args, f"--data.predict={reversal_files['test']}", f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
+    run_cli(["predict", *args, f"--data.tasks.translate.predict={reversal_files['test']}",
+             f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
              f"--predictions.output={out}"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 60 and set(records[0]) == {"source", "translation"}

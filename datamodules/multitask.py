@@ -1,0 +1,320 @@
+"""The run's datamodule: one or more named tasks' data, one tokenizer, and which task trains next.
+
+A single-task run is the one-entry case. Training batches come from a stream that draws the task
+of each step by a sampling rule (``TaskSampler``); under DDP every process draws the same task
+sequence (same seed) and a different shard of that task's rows, so every head is used on every
+process at every step. Validation and test run every task that has the split, every time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, IterableDataset
+from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
+from trunk.datamodules.tokenizer import Codec, cached_tokenizer, load_tokenizer
+
+# The training stream builds batches in the main process (never in workers), so its length is exact.
+warnings.filterwarnings("ignore", message=".*Your `IterableDataset` has `__len__` defined.*")
+
+Sampling = Literal["proportional", "temperature", "uniform", "fixed", "annealed"]
+SAMPLING_MODES = ("proportional", "temperature", "uniform", "fixed", "annealed")
+
+
+class TaskSampler:
+    """Probabilities of drawing each task for the next training batch (jiant / MT-DNN's rules).
+
+    With n_i training rows per task:
+      * ``proportional``: p_i ∝ n_i (every row seen about once per epoch);
+      * ``temperature``: p_i ∝ n_i^(1/T) (T=1: proportional; large T: towards uniform);
+      * ``uniform``: p_i = 1 / number of tasks;
+      * ``fixed``: p_i ∝ the given weights;
+      * ``annealed``: p_i ∝ n_i^α with α going linearly from 1 (proportional) at the start to
+        ``anneal_to`` at the end of training (0: uniform), as in Stickland & Murray (2019).
+    """
+
+    def __init__(self, sizes: dict[str, int], mode: Sampling = "proportional", temperature: float = 2.0,
+                 weights: dict[str, float] | None = None, anneal_to: float = 0.0) -> None:
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f"data.sampling={mode!r} is not one of {SAMPLING_MODES}.")
+        if temperature <= 0:
+            raise ValueError(f"data.temperature must be > 0, got {temperature}.")
+        if not 0.0 <= anneal_to <= 1.0:
+            raise ValueError(f"data.anneal_to must be in [0, 1] (0: uniform at the end, 1: proportional), got {anneal_to}.")
+        empty = [name for name, n in sizes.items() if n < 1]
+        if empty:
+            raise ValueError(f"Tasks {empty} have no training rows.")
+        self.sizes, self.mode, self.temperature, self.anneal_to = sizes, mode, temperature, anneal_to
+        self.weights = self._check_weights(weights) if mode == "fixed" else None
+        if weights and mode != "fixed":
+            raise ValueError(f"data.weights are used only with data.sampling=fixed, not {mode!r}: remove them or set sampling: fixed.")
+
+    def _check_weights(self, weights: dict[str, float] | None) -> dict[str, float]:
+        weights = dict(weights or {})
+        if set(weights) != set(self.sizes):
+            raise ValueError(f"data.sampling=fixed needs one weight per task: the tasks are {sorted(self.sizes)}, "
+                             f"data.weights names {sorted(weights)}.")
+        bad = {name: w for name, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0)}
+        if bad:
+            raise ValueError(f"data.weights must be finite and >= 0; got {bad}.")
+        if sum(weights.values()) <= 0:
+            raise ValueError(f"data.weights sum to zero ({weights}): give at least one task a positive weight.")
+        return weights
+
+    def probabilities(self, progress: float = 0.0) -> dict[str, float]:
+        """Each task's probability; ``progress`` in [0, 1] is how far training is (for ``annealed``)."""
+        if self.mode == "fixed":
+            raw = self.weights
+        elif self.mode == "uniform":
+            raw = {name: 1.0 for name in self.sizes}
+        else:
+            exponent = {"proportional": 1.0, "temperature": 1.0 / self.temperature,
+                        "annealed": 1.0 - (1.0 - self.anneal_to) * min(max(progress, 0.0), 1.0)}[self.mode]
+            raw = {name: n ** exponent for name, n in self.sizes.items()}
+        total = sum(raw.values())
+        return {name: w / total for name, w in raw.items()}
+
+    def draw(self, steps: int, generator: torch.Generator, progress: float = 0.0) -> list[str]:
+        names, probs = zip(*self.probabilities(progress).items())
+        picks = torch.multinomial(torch.tensor(probs, dtype=torch.float64), steps, replacement=True, generator=generator)
+        return [names[i] for i in picks.tolist()]
+
+
+class MultiTaskStream(IterableDataset):
+    """One epoch of training batches: the task sequence of the epoch (the same on every process), and
+    for each step the next batch of that task from this process's shard of its rows."""
+
+    def __init__(self, data: "MultiTaskData") -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return self.data.steps_per_epoch()
+
+    def __iter__(self):
+        data = self.data
+        epoch, rank, world = data.position()
+        generator = torch.Generator().manual_seed(data.run_seed() * 1_000_003 + epoch)
+        schedule = data.sampler().draw(len(self), generator, data.progress(epoch))
+        streams = {name: self._batches(name, member, epoch, rank, world) for name, member in data.tasks.items()}
+        for name in schedule:
+            yield {"task": name, **data.tasks[name].make_batch("train", next(streams[name]), train=True)}
+
+    def _batches(self, name: str, member: TaskData, epoch: int, rank: int, world: int):
+        """Endless batches of one task: passes over its rows, each shuffled with a seed every process shares,
+        then cut into this process's shard."""
+        n, task_index = member.size("train"), list(self.data.tasks).index(name)
+        for passes in itertools.count():
+            rng = random.Random(f"{self.data.run_seed()}/{task_index}/{epoch}/{passes}")
+            order = list(range(n))
+            rng.shuffle(order)
+            shard = order[rank::world] or order[:1]
+            yield from member.train_batches(shard, rng)
+
+
+class MultiTaskData(L.LightningDataModule):
+    """The datamodule of every run: named tasks' data, the run's tokenizer, and task sampling.
+
+    Args:
+        tasks: task name -> its data (a ``TaskData`` subclass: ``TextClassificationData``,
+            ``TokenClassificationData``, ``CorpusData``, ``TranslationData``, ``ImageClassificationData``).
+            The names must be those of ``model.tasks``.
+        sampling: how the next training batch's task is drawn: ``proportional`` (to the tasks'
+            training rows), ``temperature``, ``uniform``, ``fixed`` (``weights``) or ``annealed``
+            (see ``TaskSampler``).
+        temperature: T of temperature sampling (p ∝ n^(1/T)).
+        weights: task -> weight, for ``fixed`` sampling.
+        anneal_to: the exponent ``annealed`` sampling ends at (0: uniform, 1: proportional).
+        steps_per_epoch: training batches per epoch; unset: the batches of one pass over every task
+            (per process).
+        seed: the sampling seed; unset: the run's ``seed_everything`` (else 0).
+        predict_task: with ``trunk predict``, predict only this task; unset: every task whose predict split is set.
+        tokenizer: the run's tokenizer (a tokenizer.json, a directory holding one, or a Trunk .ckpt);
+            unset: trained on the training text of all text tasks (cached). ``model.init_from`` sets it.
+        tokenizer_vocab_size: the vocabulary size when training it.
+        lowercase: lowercase text when training it.
+    """
+
+    def __init__(
+        self,
+        tasks: dict[str, TaskData],
+        sampling: Sampling = "proportional",
+        temperature: float = 2.0,
+        weights: dict[str, float] | None = None,
+        anneal_to: float = 0.0,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+        predict_task: str | None = None,
+        tokenizer: str | None = None,
+        tokenizer_vocab_size: int = 8192,
+        lowercase: bool = False,
+    ) -> None:
+        super().__init__()
+        if not tasks:
+            raise ValueError("data.tasks is empty: name at least one task and its data.")
+        wrong = {name: type(member).__name__ for name, member in tasks.items() if not isinstance(member, TaskData)}
+        if wrong:
+            raise TypeError(f"data.tasks entries must be TaskData classes (TextClassificationData, ...); got {wrong}.")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"data.steps_per_epoch must be >= 1, got {steps_per_epoch}.")
+        if predict_task is not None and predict_task not in tasks:
+            raise ValueError(f"data.predict_task={predict_task!r} is not a task of this run; the tasks are {sorted(tasks)}.")
+        for name, member in tasks.items():
+            member.name = name
+        self.tasks = dict(tasks)
+        # Under the CLI the hyperparameters are the config (plain values), which lets trunk.tasks.load rebuild
+        # each task's data; data objects built in Python are not stored (checkpoints hold plain values only).
+        # ("data_tasks": Lightning merges these with the model's hyperparameters, which have their own "tasks".)
+        self.save_hyperparameters()
+        specs = self.hparams["tasks"]
+        self.save_hyperparameters(ignore=["tasks"])
+        self.hparams["data_tasks"] = {name: spec if isinstance(spec, dict) else None for name, spec in specs.items()}
+        self.sampling, self.temperature, self.weights, self.anneal_to = sampling, temperature, weights, anneal_to
+        if sampling == "fixed" or weights:
+            TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)  # fail now, not after encoding
+        self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
+        self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
+        self._tokenizer = None
+
+    # -- the tokenizer: one per run --------------------------------------------------------------
+    @property
+    def text_tasks(self) -> dict[str, TextDataModule]:
+        return {name: m for name, m in self.tasks.items() if isinstance(m, TextDataModule)}
+
+    @property
+    def tokenizer(self):
+        """The run's tokenizer: loaded from ``tokenizer``, else trained once on every text task's
+        training text (cached, keyed by all of it); None when no task reads text."""
+        if self._tokenizer is None and self.text_tasks:
+            if self.tokenizer_path:
+                self._tokenizer = load_tokenizer(self.tokenizer_path)
+            else:
+                members = self.text_tasks.values()
+                if any(m.split_specs["train"] is None for m in members):
+                    raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
+                                     "checkpoint), or model.init_from, or give every text task a train split to train one on.")
+                model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
+                key = [m.tokenizer_key() for m in members]
+                texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
+                self._tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,
+                                                   f"the training text of {sorted(self.text_tasks)}")
+            for member in self.text_tasks.values():
+                member.connect(self._tokenizer, self.lowercase)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary (linked into model.trunk.vocab_size). Image-only runs build no
+        text stem, so the value is then the config's default and unused."""
+        tokenizer = self.tokenizer
+        return tokenizer.get_vocab_size() if tokenizer is not None else 8192
+
+    @property
+    def codec(self) -> Codec:
+        """The run's tokenizers, for the model to decode with (linked into model.codec)."""
+        tokenizer = self.tokenizer
+        targets = {name: m.target_tokenizer for name, m in self.text_tasks.items()
+                   if getattr(m, "joint_vocabulary", True) is False}
+        return Codec(tokenizer, targets)
+
+    @property
+    def task_info(self) -> dict[str, dict]:
+        """What the model must know of each task's data (linked into model.task_info): the objective
+        kinds it feeds, its stem, label names, a translation task's target vocabulary."""
+        self.tokenizer  # noqa: B018 (text tasks need it to report target vocabularies)
+        return {name: member.info() for name, member in self.tasks.items()}
+
+    # -- Lightning hooks ---------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        self.tokenizer  # noqa: B018 (connects every text task)
+        for role in STAGE_ROLES[stage]:
+            for member in self.tasks.values():
+                if member.has_split(role) and (role != "predict" or self._predicts(member)):
+                    member.prepare(role)
+        if stage == "predict" and not any(self._predicts(m) for m in self.tasks.values()):
+            raise ValueError("No task has a predict split: set data.tasks.<name>.predict.")
+        if stage == "fit" and self.trainer is not None:
+            # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
+            log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
+            if log_dir and self.trainer.is_global_zero and self.tokenizer is not None:
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                self.tokenizer.save(str(Path(log_dir) / "tokenizer.json"))
+
+    def _predicts(self, member: TaskData) -> bool:
+        return member.has_split("predict") and self.predict_task in (None, member.name)
+
+    def train_dataloader(self) -> DataLoader:
+        for member in self.tasks.values():
+            member.prepare("train")
+        rank_zero_info(f"Tasks {sorted(self.tasks)}: {self.steps_per_epoch()} training batches an epoch, drawn "
+                       + ", ".join(f"{name} {p:.1%}" for name, p in self.sampler().probabilities(0.0).items()))
+        return DataLoader(MultiTaskStream(self), batch_size=None)  # batches come ready-made
+
+    def _loaders(self, role: str) -> list[DataLoader]:
+        return [m.loader(role) for m in self.tasks.values() if m.has_split(role) and (role != "predict" or self._predicts(m))]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._loaders("validation")
+
+    def test_dataloader(self) -> list[DataLoader]:
+        loaders = self._loaders("test")
+        if not loaders:
+            raise ValueError("No task has a test split: set data.tasks.<name>.test.")
+        return loaders
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return self._loaders("predict")
+
+    def has_split(self, role: str) -> bool:
+        return any(member.has_split(role) for member in self.tasks.values())
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def sampler(self) -> TaskSampler:
+        sizes = {name: member.size("train") for name, member in self.tasks.items()}
+        return TaskSampler(sizes, self.sampling, self.temperature, self.weights, self.anneal_to)
+
+    def steps_per_epoch(self) -> int:
+        if self._steps_per_epoch:
+            return self._steps_per_epoch
+        _, _, world = self.position()
+        return sum(math.ceil(math.ceil(m.size("train") / world) / m.batch_size) for m in self.tasks.values())
+
+    def run_seed(self) -> int:
+        if self.seed is not None:
+            return self.seed
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by seed_everything
+
+    def position(self) -> tuple[int, int, int]:
+        """(epoch, rank, number of processes) of the attached trainer; (0, 0, 1) without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 0, 1
+        return trainer.current_epoch, trainer.global_rank, trainer.world_size
+
+    def progress(self, epoch: int) -> float:
+        """How far training is at the start of ``epoch``, in [0, 1] (for annealed sampling)."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0.0
+        epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
+        if trainer.max_steps not in (None, -1):
+            by_steps = math.ceil(trainer.max_steps / self.steps_per_epoch())
+            epochs = min(epochs, by_steps) if epochs else by_steps
+        return epoch / max(1, (epochs or 1) - 1)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {name: member.state_dict() for name, member in self.tasks.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, member_state in state.items():
+            if name in self.tasks:
+                self.tasks[name].load_state_dict(member_state)

@@ -1,0 +1,327 @@
+"""The one LightningModule: a trunk, a named objective per task, and how they train together.
+
+A single-task run is the one-entry case. Every batch says which task it belongs to
+(``batch["task"]``); the module runs that task's objective on the shared trunk, weights its loss,
+and logs everything under the task's name: ``<stage>/<task>/<metric>`` (``val/sst2/acc``). At the
+end of each evaluation it also logs ``<stage>/score``, the mean of every task's primary metric
+(all in [0, 1], higher is better), which a checkpoint can monitor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from trunk.datamodules.tokenizer import Codec
+from trunk.models import STEM_KINDS, TrunkConfig, build_trunk
+from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
+from trunk.tasks.objective import Objective, batch_size
+from trunk.tasks.optim import OptimConfig, WarmupDecayLR
+from trunk.tasks.pretrained import (
+    ARCHITECTURE_FIELDS,
+    TEXT_STEM_FIELDS,
+    PretrainedTrunk,
+    check_architecture,
+    load_pretrained,
+    trunk_config,
+)
+
+
+def as_config(cls: type, value):
+    """A config dataclass from itself or from its dict form (as checkpoints store it)."""
+    return cls(**value) if isinstance(value, dict) else value
+
+
+def as_objective(value) -> Objective:
+    """An objective from itself or from its stored ``{"class_path", "init_args"}`` form."""
+    if isinstance(value, Objective):
+        return value
+    if isinstance(value, dict) and "class_path" in value:
+        module, _, name = value["class_path"].rpartition(".")
+        return getattr(importlib.import_module(module), name)(**value.get("init_args", {}))
+    raise TypeError(f"model.tasks entries must be objectives (class_path + init_args), got {value!r}.")
+
+
+class TrunkModule(L.LightningModule):
+    """A trunk shared by named task objectives, trained jointly (or alone: one entry).
+
+    Args:
+        tasks: task name -> objective (``SequenceClassification``, ``TokenClassification``,
+            ``MaskedLanguageModeling``, ``ReplacedTokenDetection``, ``Translation``,
+            ``ImageClassification``). The names must be those of ``data.tasks``.
+        trunk: the architecture (``vocab_size`` is linked from the data's tokenizer).
+        optimizer: AdamW and its warmup + decay schedule, over the trunk and every head.
+        init_from: a pretrained-trunk directory, or a checkpoint (a new run from its weights: fresh
+            optimizer, schedule and step count). Loads the trunk and, for each task of this run
+            with a stored head of the same name and kind, that head (labels matched by name).
+        finetune: freezing, gradual unfreezing and layer-wise learning rates.
+        task_weights: task -> weight of its loss (default 1 each).
+        reinit_mismatched_heads: with ``init_from``, a stored head whose labels differ from the data's
+            keeps its body and gets a fresh classifier (else: an error naming both label sets).
+        task_info: what the data says of each task (objective kinds, labels); linked from the data.
+        codec: the run's tokenizers, for decoding; linked from the data, stored in checkpoints.
+    """
+
+    def __init__(
+        self,
+        tasks: dict[str, Objective],
+        trunk: TrunkConfig = TrunkConfig(),
+        optimizer: OptimConfig = OptimConfig(),
+        init_from: str | None = None,
+        finetune: FinetuneConfig = FinetuneConfig(),
+        task_weights: dict[str, float] | None = None,
+        reinit_mismatched_heads: bool = False,
+        task_info: dict[str, dict] | None = None,
+        codec: Codec | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["codec"])
+        self.hparams.update(tasks={name: o.spec() if isinstance(o, Objective) else o for name, o in tasks.items()})
+        objectives = {name: as_objective(o) for name, o in tasks.items()}
+        self.trunk_config = trunk_config(trunk) if isinstance(trunk, dict) else trunk
+        self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
+        self.task_weights = self._check_weights(task_weights or {}, objectives)
+        task_info = self._check_tasks(objectives, task_info)
+        self._check_lengths(task_info)
+        self.trunk = build_trunk(self.trunk_config, self._stems(objectives))
+        for name, objective in objectives.items():
+            objective.build(name, self.trunk, task_info[name])
+        self.objectives = nn.ModuleDict(objectives)
+        self.connect(codec)
+        if init_from:
+            self.load_pretrained(load_pretrained(init_from), reinit_mismatched_heads)
+        apply_freezing(self.depth_groups(), self.finetune, self.trunk.backbone.final_norm)
+
+    # -- building ----------------------------------------------------------------------------------
+    @staticmethod
+    def _check_weights(weights: dict[str, float], objectives: dict) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(objectives))
+        if unknown:
+            raise ValueError(f"model.task_weights names {unknown}, which are not tasks of this run {sorted(objectives)}.")
+        bad = {k: v for k, v in weights.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"model.task_weights must be >= 0, got {bad}.")
+        return {name: float(weights.get(name, 1.0)) for name in objectives}
+
+    @staticmethod
+    def _check_tasks(objectives: dict[str, Objective], task_info: dict[str, dict] | None) -> dict[str, dict]:
+        """The model's tasks and the data's must be the same, each objective fed by data of its kind."""
+        if not objectives:
+            raise ValueError("model.tasks is empty: name at least one task and its objective.")
+        if task_info is None:
+            task_info = {name: {} for name in objectives}
+        if set(task_info) != set(objectives):
+            raise ValueError(f"model.tasks names {sorted(objectives)} but data.tasks names {sorted(task_info)}: every task "
+                             "needs both an objective (model.tasks.<name>) and data (data.tasks.<name>), under the same name.")
+        for name, objective in objectives.items():
+            kinds = task_info[name].get("kinds")
+            if kinds is not None and objective.kind not in kinds:
+                raise ValueError(f"Task '{name}': its data feeds {' or '.join(kinds)} objectives, but model.tasks.{name} is "
+                                 f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind.")
+        return task_info
+
+    def _check_lengths(self, task_info: dict[str, dict]) -> None:
+        """Inputs (and translation targets) must fit the text stem's position table."""
+        limit = self.trunk_config.max_len
+        for name, info in task_info.items():
+            for key in ("max_length", "target_max_length"):
+                if (info.get(key) or 0) > limit:
+                    raise ValueError(f"data.tasks.{name}.{key}={info[key]} is longer than the trunk's max_len={limit}: lower "
+                                     f"data.tasks.{name}.{key}, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed).")
+
+    @staticmethod
+    def _stems(objectives: dict[str, Objective]) -> dict[str, dict]:
+        """The stems the tasks read: one text stem, one image stem (its patch options must agree)."""
+        stems: dict[str, dict] = {}
+        for name, objective in objectives.items():
+            options = objective.stem_options()
+            if objective.stem in stems and stems[objective.stem] != options:
+                raise ValueError(f"Task '{name}' needs an {objective.stem} stem with {options}, but another task of the run "
+                                 f"needs {stems[objective.stem]}: the tasks share one stem, so give them the same options.")
+            stems[objective.stem] = options
+        return dict(sorted(stems.items(), key=lambda item: STEM_KINDS.index(item[0])))
+
+    def connect(self, codec: Codec | None) -> None:
+        """Hand the objectives the run's tokenizers (translation decodes with them)."""
+        self.codec = codec
+        for objective in self.objectives.values():
+            objective.connect(codec)
+
+    def load_pretrained(self, pretrained: PretrainedTrunk, reinit_mismatched_heads: bool = False) -> None:
+        """Start from a pretrained trunk (and its heads), after checking that the architectures match.
+        Stems the directory lacks stay fresh (a ViT from a text trunk gets a new patch stem)."""
+        shared = [kind for kind in self.trunk.stems if kind in pretrained.stems]
+        names = [n for n in ARCHITECTURE_FIELDS if "text" in shared or n not in TEXT_STEM_FIELDS]
+        check_architecture(self.trunk_config, pretrained.config, pretrained.path, names)
+        if "image" in shared and pretrained.stems["image"] != self._stems(dict(self.objectives))["image"]:
+            raise ValueError(f"'{pretrained.path}' has an image stem with {pretrained.stems['image']}, this run's image tasks "
+                             f"need {self._stems(dict(self.objectives))['image']}.")
+        state = {k: v for k, v in pretrained.trunk_weights.items()
+                 if k.startswith("backbone.") or k.split(".")[1] in shared}
+        missing, unexpected = self.trunk.load_state_dict(state, strict=False)
+        assert not unexpected, unexpected
+        fresh = sorted(set(self.trunk.stems) - set(shared))
+        for name, objective in self.objectives.items():
+            head = pretrained.heads.get(name)
+            if head is None or head["meta"]["kind"] != objective.kind:
+                continue
+            objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path))
+            rank_zero_info(f"Task '{name}': reused its head from {pretrained.path}.")
+        if fresh:
+            rank_zero_info(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation.")
+
+    def export(self) -> PretrainedTrunk:
+        """This model as a pretrained-trunk directory's contents (trunk, every head, tokenizers)."""
+        heads = {name: {"meta": o.head_meta(), "state": o.head_state()} for name, o in self.objectives.items()}
+        stems = self._stems(dict(self.objectives))
+        return PretrainedTrunk(Path("."), self.trunk_config, stems, self.trunk.state_dict(), heads, self.codec or Codec())
+
+    # -- checkpoints: plain values only, so every checkpoint loads with weights_only=True --------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        hparams = checkpoint.get("hyper_parameters", {})
+        for key, value in hparams.items():
+            if dataclasses.is_dataclass(value):
+                hparams[key] = dataclasses.asdict(value)
+        checkpoint["trunk_meta"] = {"stems": self._stems(dict(self.objectives)),
+                                    "heads": {name: o.head_meta() for name, o in self.objectives.items()}}
+        if self.codec is not None:
+            checkpoint["codec"] = self.codec.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "codec" in checkpoint and self.codec is None:
+            self.connect(Codec.from_state(checkpoint["codec"]))
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def objective(self, task: str) -> Objective:
+        if task not in self.objectives:
+            raise ValueError(f"No task named {task!r}; this model's tasks are {sorted(self.objectives)}.")
+        return self.objectives[task]
+
+    def _step(self, batch: dict, stage: str) -> torch.Tensor:
+        task = batch["task"]
+        loss = self.objective(task).loss(self.trunk, batch, stage)
+        self.log(f"{stage}/{task}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
+                 sync_dist=stage != "train", add_dataloader_idx=False)
+        return self.task_weights[task] * loss
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._step(batch, "train")
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size(batch))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._step(batch, "test")
+
+    def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        return self.objective(batch["task"]).predict(self.trunk, batch)
+
+    def _log_metrics(self, stage: str) -> None:
+        """Each task's epoch metrics (already synced across processes), and the run's score."""
+        primaries = []
+        for name, objective in self.objectives.items():
+            values = objective.compute_metrics(stage)
+            for key, value in values.items():
+                self.log(f"{stage}/{name}/{key}", value, prog_bar=stage != "train" and key == objective.primary)
+            if objective.primary in values:
+                primaries.append(values[objective.primary])
+        if primaries and stage != "train":
+            self.log(f"{stage}/score", torch.stack([p.float() for p in primaries]).mean(), prog_bar=len(primaries) > 1)
+
+    def on_train_epoch_end(self) -> None:
+        self._log_metrics("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def monitorable(self) -> list[str]:
+        """The metric names a checkpoint or early stopping may monitor."""
+        names = ["val/score"]
+        for name in self.objectives:
+            names += [f"val/{name}/loss", f"val/{name}/<metric>", f"train/{name}/loss"]
+        return names
+
+    def on_fit_start(self) -> None:
+        for callback in self.trainer.callbacks:
+            monitor = getattr(callback, "monitor", None)
+            if not monitor:
+                continue
+            parts = monitor.split("/")
+            if len(parts) == 3 and parts[1] not in self.objectives:
+                raise ValueError(f"{type(callback).__name__} monitors {monitor!r}, but this run has no task {parts[1]!r}; "
+                                 f"its tasks are {sorted(self.objectives)}. Monitor val/<task>/<metric> or val/score.")
+            if len(parts) < 3 and monitor not in ("val/score", "test/score", "train/loss"):
+                raise ValueError(f"{type(callback).__name__} monitors {monitor!r}: metrics are named <stage>/<task>/<metric> "
+                                 f"(e.g. val/{next(iter(self.objectives))}/acc) or val/score (the mean of every task's primary metric).")
+
+    # -- depths: freezing and layer-wise learning rates ------------------------------------------------
+    def depth_groups(self) -> list[list[nn.Module]]:
+        """The model bottom-up: [stems], [block 0], ..., [block L-1], [final norm, every task's head]."""
+        backbone = self.trunk.backbone
+        return [list(self.trunk.stems.values()), *([block] for block in backbone.blocks),
+                [backbone.final_norm, *self.objectives.values()]]
+
+    def train(self, mode: bool = True):
+        """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
+        super().train(mode)
+        keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm])
+        return self
+
+    def configure_callbacks(self):
+        from trunk.tasks.callbacks import ExportTrunk
+
+        callbacks = [GradualUnfreezing(self.finetune.unfreeze_every)] if self.finetune.unfreeze_every else []
+        pretraining = any(o.exports_trunk for o in self.objectives.values())
+        if pretraining and not any(isinstance(c, ExportTrunk) for c in self.trainer.callbacks):
+            callbacks.append(ExportTrunk())  # pretraining always ends with a reusable trunk
+        return callbacks
+
+    # -- optimisation --------------------------------------------------------------------------------
+    def make_param_groups(self, modules: list[nn.Module], depth: int, exclude: set[int] | None = None) -> list[dict]:
+        """Optimizer groups for the trainable parameters of ``modules`` at ``depth``: matrices decay,
+        biases and norms do not (nanoGPT/BERT); frozen parameters get no optimizer state."""
+        exclude = set() if exclude is None else exclude
+        params = [p for m in modules for p in m.parameters() if p.requires_grad and id(p) not in exclude]
+        params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
+        exclude.update(id(p) for p in params)
+        lr = self.optim_config.lr * self.finetune.layer_decay ** (len(self.depth_groups()) - 1 - depth)
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim_config.weight_decay, "lr": lr,
+             "name": f"depth{depth}"},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr, "name": f"depth{depth}_no_decay"},
+        ]
+        return [g for g in groups if g["params"]]
+
+    def param_groups(self) -> list[dict]:
+        seen: set[int] = set()
+        return [g for depth, modules in enumerate(self.depth_groups()) for g in self.make_param_groups(modules, depth, seen)]
+
+    def lr_schedule_factor(self) -> float:
+        """The schedule's current multiplier (for groups added mid-run)."""
+        return self.lr_schedulers().factor(self.trainer.global_step)
+
+    def configure_optimizers(self):
+        cfg = self.optim_config
+        optimizer = torch.optim.AdamW(self.param_groups(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = WarmupDecayLR(optimizer, total_steps, cfg)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    # -- inference without the CLI ---------------------------------------------------------------------
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.objectives)
+
