@@ -10,7 +10,7 @@ import yaml
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
-from trunk.tasks.pretrained import check_writable, export_checkpoint, save_pretrained
+from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -107,6 +107,9 @@ class ExportTrunk(Callback):
                 path = export_checkpoint(best, self.path(trainer), self.heads, overwrite=True)
             else:
                 pretrained = pl_module.export()
+                data = trainer.datamodule
+                if data is not None:
+                    attach_data(pretrained, data.hparams.get("data_tasks") or {}, data.state_dict())
                 if not self.heads:
                     pretrained.heads = {}
                 path = save_pretrained(self.path(trainer), pretrained, overwrite=True)

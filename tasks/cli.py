@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
 from lightning.pytorch.cli import LightningCLI
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
@@ -49,9 +50,16 @@ class TrunkCLI(LightningCLI):
         parser.link_arguments("data.codec", "model.codec", apply_on="instantiate")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
+    # Each step trains one task, so under DDP the other tasks' heads get no gradient that step: the
+    # reducer must be told (find_unused_parameters), at the cost of one graph traversal per step.
+    DDP_FIND_UNUSED = {name: f"{name}_find_unused_parameters_true" for name in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")}
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._check_task_names(config)
+        strategy = config.trainer.get("strategy")
+        if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
+            config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
         self._use_pretrained_trunk(config)
         self._use_checkpoint(config)
 
@@ -122,9 +130,37 @@ class TrunkCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def check_config_files(args: list[str]) -> None:
+    """Fail clearly on a config file that names a task (or any key) twice, before LightningCLI reads it."""
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for path in paths:
+        if not Path(path).is_file():
+            continue  # LightningCLI reports it
+        try:
+            yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        except yaml.constructor.ConstructorError as err:
+            mark = err.problem_mark
+            sys.exit(f"error: {path}, line {mark.line + 1}: {err.problem}. Task names (and every other key) must be unique: "
+                     "rename one of them.")
+
+
 def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point.
     With ``run=False`` there is no subcommand: the classes are only instantiated."""
+    check_config_files(sys.argv[1:] if args is None else args)
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
     return TrunkCLI(

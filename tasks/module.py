@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from trunk.datamodules.tokenizer import Codec
 from trunk.models import STEM_KINDS, TrunkConfig, build_trunk
@@ -92,9 +92,13 @@ class TrunkModule(L.LightningModule):
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
         self.objectives = nn.ModuleDict(objectives)
+        self._trained_tasks: set[str] = set()  # tasks with a batch since the last optimizer step
         self.connect(codec)
         if init_from:
             self.load_pretrained(load_pretrained(init_from), reinit_mismatched_heads)
+        elif self.finetune.layer_decay < 1.0:
+            rank_zero_warn(f"finetune.layer_decay={self.finetune.layer_decay} without model.init_from: the randomly initialised "
+                           "lower layers learn more slowly than the top. Set layer_decay to 1.0 when training from scratch.")
         apply_freezing(self.depth_groups(), self.finetune, self.trunk.backbone.final_norm)
 
     # -- building ----------------------------------------------------------------------------------
@@ -210,9 +214,22 @@ class TrunkModule(L.LightningModule):
         return self.task_weights[task] * loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self._trained_tasks.add(batch["task"])
         loss = self._step(batch, "train")
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size(batch))
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Heads of tasks that had no batch since the last step get no update, as in a one-process run.
+        (Under DDP with several tasks, the reducer hands them zero gradients; AdamW would still move
+        them with its momentum and weight decay.) Parameters the trunk shares (tied embeddings) stay."""
+        shared = {id(p) for p in self.trunk.parameters()}
+        for name, objective in self.objectives.items():
+            if name not in self._trained_tasks:
+                for p in objective.parameters():
+                    if id(p) not in shared:
+                        p.grad = None
+        self._trained_tasks.clear()
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._step(batch, "val")

@@ -272,8 +272,8 @@ def _checkpoint_config(ckpt: dict, path: Path) -> TrunkConfig:
     return trunk_config(ckpt.get("hyper_parameters", {}).get("trunk", {}))
 
 
-def _pretrained_from_checkpoint(path: Path) -> PretrainedTrunk:
-    ckpt = load_checkpoint(path)
+def _pretrained_from_checkpoint(path: Path, ckpt: dict | None = None) -> PretrainedTrunk:
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     meta, config = _checkpoint_meta(ckpt, path), _checkpoint_config(ckpt, path)
     state = ckpt["state_dict"]
     trunk_weights = _strip(state, "trunk.")
@@ -284,13 +284,30 @@ def _pretrained_from_checkpoint(path: Path) -> PretrainedTrunk:
     return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {})))
 
 
+SPLITS = ("train", "validation", "test", "predict")
+
+
+def attach_data(pretrained: PretrainedTrunk, specs: dict, states: dict) -> None:
+    """Store with each head how its task's data turns raw inputs into batches (class, options without
+    the split paths, and state such as image normalisation), so ``trunk.tasks.load`` can predict from
+    the directory alone."""
+    for task, head in pretrained.heads.items():
+        spec = specs.get(task)
+        if spec:
+            init_args = {k: v for k, v in (spec.get("init_args") or {}).items() if k not in SPLITS}
+            head["meta"]["data"] = {"class_path": spec["class_path"], "init_args": init_args}
+            head["meta"]["data_state"] = states.get(task, {})
+
+
 def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool = True, overwrite: bool = False) -> Path:
     """Write a trunk directory from a checkpoint written by ``trunk fit``: the trunk, and (``heads``) every task's head."""
     ckpt_path, directory = Path(ckpt_path), Path(directory)
     if directory.resolve() in ckpt_path.resolve().parents:
         raise ValueError(f"The checkpoint '{ckpt_path}' is inside the output directory '{directory}', which export "
                          "replaces. Write the trunk to another directory.")
-    pretrained = _pretrained_from_checkpoint(ckpt_path)
+    ckpt = load_checkpoint(ckpt_path)
+    pretrained = _pretrained_from_checkpoint(ckpt_path, ckpt)
+    attach_data(pretrained, (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}, ckpt.get("MultiTaskData", {}))
     if not heads:
         pretrained.heads = {}
     return save_pretrained(directory, pretrained, overwrite)

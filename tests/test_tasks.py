@@ -98,3 +98,18 @@ def test_bad_task_configurations_are_clear_errors():
         classifier().objective("nope")
     with pytest.raises(ValueError, match="complete BIO label set"):
         TrunkModule({"t": TokenClassification()}, trunk=TINY, task_info={"t": {"label_names": ["O", "I-X"]}})
+
+
+def test_a_head_without_a_batch_since_the_last_step_is_not_updated():
+    """Under DDP the reducer gives unused heads zero gradients; AdamW must skip them, as in one process."""
+    model = TrunkModule({"words": SequenceClassification(), "mlm": MaskedLanguageModeling()}, trunk=TINY,
+                        task_info={"words": {"label_names": ["a", "b"]}, "mlm": {}})
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    model._trained_tasks.add("words")
+    model.on_before_optimizer_step(None)
+    assert all(p.grad is not None for p in model.objectives["words"].parameters())
+    mlm_head = model.objectives["mlm"].head
+    assert mlm_head.dense.weight.grad is None and mlm_head.decoder.bias.grad is None
+    assert mlm_head.decoder.weight.grad is not None  # tied to the trunk's embeddings: the trunk's gradient stays
+    assert not model._trained_tasks
