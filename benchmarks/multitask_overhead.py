@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-
 from trunk.datamodules import MultiTaskData, TextClassificationData
 from trunk.datamodules.builtin import sentiment_example
 from trunk.models import TrunkConfig

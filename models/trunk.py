@@ -8,8 +8,10 @@ pretrained once and shared by every task.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -47,6 +49,23 @@ class TrunkConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides) -> "TrunkConfig":
+        """The architecture of a pretrained-trunk directory (its config.json) or of a Trunk checkpoint,
+        with ``overrides`` on top (``dropout=0.2``): plain Python, as litgpt's ``Config.from_file``."""
+        path = Path(path)
+        if path.is_dir():
+            values = json.loads((path / "config.json").read_text())["trunk"]
+        else:
+            values = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]["trunk"]
+        return cls.from_dict({**dict(values), **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrunkConfig":
+        """A config from stored values; fields written by a later version are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
 
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}

@@ -18,7 +18,7 @@ import json
 import os
 import pickle
 import shutil
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -161,10 +161,7 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
 
 
 def trunk_config(values: dict | TrunkConfig) -> TrunkConfig:
-    if isinstance(values, TrunkConfig):
-        return values
-    known = {f.name for f in fields(TrunkConfig)}
-    return TrunkConfig(**{k: v for k, v in dict(values).items() if k in known})
+    return values if isinstance(values, TrunkConfig) else TrunkConfig.from_dict(dict(values))
 
 
 def load_pretrained(path: str | Path) -> PretrainedTrunk:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
 from trunk.tasks import SequenceClassification, TrunkModule, load
 from trunk.tasks.cli import run_cli

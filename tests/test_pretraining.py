@@ -232,6 +232,14 @@ def test_export_replaces_a_directory_atomically(tmp_path, tokenizer):
     assert [p.name for p in tmp_path.iterdir()] == ["t"]  # no temporary directories left behind
 
 
+def test_config_from_pretrained_in_plain_python(pretrained):
+    cli, trunk_dir = pretrained
+    config = TrunkConfig.from_pretrained(trunk_dir, dropout=0.3)
+    assert config.d_model == 32 and config.vocab_size == cli.model.trunk_config.vocab_size and config.dropout == 0.3
+    checkpoint = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    assert TrunkConfig.from_pretrained(checkpoint) == cli.model.trunk_config
+
+
 def test_export_never_deletes_what_it_did_not_write(pretrained, tmp_path):
     cli, trunk_dir = pretrained
     last = Path(cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path)
