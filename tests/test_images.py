@@ -151,7 +151,7 @@ def shapes_args(tmp_path: Path) -> list[str]:
         "--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
         "--model.optimizer.lr=3e-3", "--data=trunk.datamodules.ImageClassificationData", "--data.dataset=trunk:shapes",
         "--data.train=train", "--data.validation=validation", "--data.test=test", "--data.batch_size=64",
-        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=6", "--trainer.enable_progress_bar=false",
+        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=10", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0",
     ], "shapes")
 
