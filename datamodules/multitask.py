@@ -237,9 +237,9 @@ class MultiTaskData(L.LightningDataModule):
         self.tokenizer  # noqa: B018 (connects every text task)
         for role in STAGE_ROLES[stage]:
             for member in self.tasks.values():
-                if member.has_split(role) and (role != "predict" or self._predicts(member)):
+                if member.has_split(role) and (role != "predict" or member.name in self.predict_tasks):
                     member.prepare(role)
-        if stage == "predict" and not any(self._predicts(m) for m in self.tasks.values()):
+        if stage == "predict" and not self.predict_tasks:
             raise ValueError("No task has a predict split: set data.tasks.<name>.predict.")
         if stage == "fit" and self.trainer is not None:
             # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
@@ -248,8 +248,10 @@ class MultiTaskData(L.LightningDataModule):
                 Path(log_dir).mkdir(parents=True, exist_ok=True)
                 self.tokenizer.save(str(Path(log_dir) / "tokenizer.json"))
 
-    def _predicts(self, member: TaskData) -> bool:
-        return member.has_split("predict") and self.predict_task in (None, member.name)
+    @property
+    def predict_tasks(self) -> list[str]:
+        """The tasks ``trunk predict`` predicts: those with a predict split (only ``predict_task``, when set)."""
+        return [name for name, m in self.tasks.items() if m.has_split("predict") and self.predict_task in (None, name)]
 
     def train_dataloader(self) -> DataLoader:
         for member in self.tasks.values():
@@ -259,7 +261,7 @@ class MultiTaskData(L.LightningDataModule):
         return DataLoader(MultiTaskStream(self), batch_size=None)  # batches come ready-made
 
     def _loaders(self, role: str) -> list[DataLoader]:
-        return [m.loader(role) for m in self.tasks.values() if m.has_split(role) and (role != "predict" or self._predicts(m))]
+        return [m.loader(role) for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._loaders("validation")

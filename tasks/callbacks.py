@@ -38,8 +38,8 @@ class PredictionWriter(BasePredictionWriter):
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        data = trainer.datamodule
-        self._tasks = [name for name, member in data.tasks.items() if data._predicts(member)] if data is not None else []
+        # Which tasks write files decides their names (one task: `output` itself), before any batch arrives.
+        self._tasks = trainer.datamodule.predict_tasks if trainer.datamodule is not None else []
         self._files = {}
 
     def _file(self, trainer: L.Trainer, task: str):

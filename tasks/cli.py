@@ -130,17 +130,18 @@ class TrunkCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
+def _repeated_key(node: yaml.Node) -> yaml.Node | None:
+    """The first key given twice in one mapping of a composed YAML tree (PyYAML keeps the last one silently)."""
+    if isinstance(node, yaml.MappingNode):
         seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+        for key, _ in node.value:
+            if key.value in seen:
+                return key  # the second one: the line to fix
+            seen.add(key.value)
+        children = [value for _, value in node.value]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    return next((found for child in children if (found := _repeated_key(child)) is not None), None)
 
 
 def check_config_files(args: list[str]) -> None:
@@ -149,12 +150,11 @@ def check_config_files(args: list[str]) -> None:
     for path in paths:
         if not Path(path).is_file():
             continue  # LightningCLI reports it
-        try:
-            yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-        except yaml.constructor.ConstructorError as err:
-            mark = err.problem_mark
-            sys.exit(f"error: {path}, line {mark.line + 1}: {err.problem}. Task names (and every other key) must be unique: "
-                     "rename one of them.")
+        tree = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)  # nodes only: nothing is constructed
+        repeated = _repeated_key(tree) if tree is not None else None
+        if repeated is not None:
+            sys.exit(f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task names "
+                     "(and every other key) must be unique: rename one of them.")
 
 
 def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:

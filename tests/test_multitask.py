@@ -16,20 +16,20 @@ TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.
          "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3"]
 
 
+def task(name: str, objective: str, data: str, files: dict, batch_size: int) -> list[str]:
+    """One task of a run: its objective and its data, split files from ``files``."""
+    return [f"--model.tasks.{name}=trunk.tasks.{objective}", f"--data.tasks.{name}=trunk.datamodules.{data}",
+            *(f"--data.tasks.{name}.{split}={files[split]}" for split in ("train", "validation", "test")),
+            f"--data.tasks.{name}.predict={files['test']}", f"--data.tasks.{name}.max_length=64",
+            f"--data.tasks.{name}.batch_size={batch_size}"]
+
+
 def sentiment_task(files: dict, name: str = "sentiment") -> list[str]:
-    return [f"--model.tasks.{name}=trunk.tasks.SequenceClassification",
-            f"--data.tasks.{name}=trunk.datamodules.TextClassificationData",
-            f"--data.tasks.{name}.train={files['train']}", f"--data.tasks.{name}.validation={files['validation']}",
-            f"--data.tasks.{name}.test={files['test']}", f"--data.tasks.{name}.predict={files['test']}",
-            f"--data.tasks.{name}.max_length=64", f"--data.tasks.{name}.batch_size=16"]
+    return task(name, "SequenceClassification", "TextClassificationData", files, 16)
 
 
 def ner_task(files: dict, name: str = "ner") -> list[str]:
-    return [f"--model.tasks.{name}=trunk.tasks.TokenClassification",
-            f"--data.tasks.{name}=trunk.datamodules.TokenClassificationData",
-            f"--data.tasks.{name}.train={files['train']}", f"--data.tasks.{name}.validation={files['validation']}",
-            f"--data.tasks.{name}.test={files['test']}", f"--data.tasks.{name}.predict={files['test']}",
-            f"--data.tasks.{name}.max_length=64", f"--data.tasks.{name}.batch_size=8"]
+    return task(name, "TokenClassification", "TokenClassificationData", files, 8)
 
 
 def shapes_task(name: str = "shapes") -> list[str]:
