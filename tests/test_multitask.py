@@ -2,13 +2,14 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, write_rows
 from trunk.tasks import SequenceClassification, TrunkModule, load
 from trunk.tasks.cli import run_cli
 
@@ -141,18 +142,36 @@ def test_text_and_image_tasks_train_one_backbone_through_the_cli(sentiment_files
     assert any(k.startswith("trunk.stems.image.") for k in state) and any(k.startswith("trunk.stems.text.") for k in state)
 
 
-def test_a_joint_toy_reaches_each_single_task_quality(sentiment_files, ner_files, tmp_path):
+@pytest.fixture
+def keyword_sentiment_files(tmp_path):
+    """Sentiment decided by one adjective (no negation, no contrast): learned by every seed in 10 tiny epochs, so
+    that joint and single-task runs compare as runs that learned the task. The word-order sentiment of
+    ``sentiment_files`` sits at chance for hundreds of steps, then jumps at a step that varies with the CPU."""
+    from trunk.datamodules.builtin import INTENSIFIERS, NEGATIVE, POSITIVE, SUBJECTS, VERBS
+
+    def example(rng):
+        positive = rng.random() < 0.5
+        words = [rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(INTENSIFIERS), rng.choice(POSITIVE if positive else NEGATIVE)]
+        return {"text": " ".join(w for w in words if w), "label": "positive" if positive else "negative"}
+
+    rng = random.Random(0)
+    sizes = {"train": 256, "validation": 64, "test": 64}
+    return {split: write_rows(tmp_path / f"kw_{split}.csv", [example(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
+def test_a_joint_toy_reaches_each_single_task_quality(keyword_sentiment_files, ner_files, tmp_path):
     """The same steps per task, alone or sharing the trunk (alternating batches): joint is no worse."""
     def fit(*tasks, name):
         args = [*TRUNK, *(a for t in tasks for a in t), *trainer(tmp_path / name, epochs=10), "--data.tokenizer_vocab_size=1000"]
         return run_cli(["fit", *args]).trainer.callback_metrics  # a vocabulary large enough for both tasks' words
 
-    joint = fit(sentiment_task(sentiment_files), ner_task(ner_files), name="joint")
-    alone_sentiment = fit(sentiment_task(sentiment_files), name="sentiment")
+    joint = fit(sentiment_task(keyword_sentiment_files), ner_task(ner_files), name="joint")
+    alone_sentiment = fit(sentiment_task(keyword_sentiment_files), name="sentiment")
     alone_ner = fit(ner_task(ner_files), name="ner")
+    # the comparison is between runs that learned the task
+    assert alone_sentiment["test/sentiment/acc"] > 0.9 and alone_ner["test/ner/f1"] > 0.9
     assert joint["test/sentiment/acc"] >= alone_sentiment["test/sentiment/acc"] - 0.05
     assert joint["test/ner/f1"] >= alone_ner["test/ner/f1"] - 0.05
-    assert alone_ner["test/ner/f1"] > 0.9  # the comparison is between runs that learned the task
 
 
 def test_two_process_joint_run_uses_every_head_on_every_rank(sentiment_files, ner_files, tmp_path):
