@@ -181,8 +181,13 @@ class CorpusData(TextDataModule):
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
         attention_mask = (input_ids != self.pad_id).long()  # masking never touches or produces [PAD]
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if "labels" in examples[0]:  # validation: masked once in encode()
-            labels = pad([e["labels"] for e in examples], IGNORE_INDEX)
-        else:
-            input_ids, labels = self.masker(input_ids)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
+        return batch
+
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
+        batch = super().make_batch(role, indices, train, generator)
+        if "labels" not in batch:  # training blocks: fresh masks every time a block is drawn
+            batch["input_ids"], batch["labels"] = self.masker(batch["input_ids"], generator)
+        return batch

@@ -255,24 +255,24 @@ class ImageClassificationData(TaskData):
             self.std = images.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist() if self.std is None else self.std
         return torch.tensor(self.mean)[None, :, None, None], torch.tensor(self.std)[None, :, None, None]
 
-    def _augment(self, images: torch.Tensor) -> torch.Tensor:
+    def _augment(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """Random shifts of up to ``random_translate`` pixels (zero fill) and optional left-right flips."""
         shift = self.random_translate
         if shift:
             B, C, H, W = images.shape
             padded = torch.nn.functional.pad(images, (shift, shift, shift, shift))
-            dy, dx = torch.randint(0, 2 * shift + 1, (2, B)).tolist()
+            dy, dx = torch.randint(0, 2 * shift + 1, (2, B), generator=generator).tolist()
             images = torch.stack([padded[i, :, y : y + H, x : x + W] for i, (y, x) in enumerate(zip(dy, dx))])
         if self.horizontal_flip:
-            flip = torch.rand(images.shape[0]) < 0.5
+            flip = torch.rand(images.shape[0], generator=generator) < 0.5
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
         return images
 
-    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
         split = self._splits[role]
         images = split["images"][indices]
         if train:
-            images = self._augment(images)
+            images = self._augment(images, generator)
         mean, std = self._statistics()
         batch = {"pixel_values": (images.float() / 255 - mean) / std}
         if split["labels"] is not None:

@@ -102,11 +102,18 @@ class MultiTaskStream(IterableDataset):
     def __iter__(self):
         data = self.data
         epoch, rank, world = data.position()
-        generator = torch.Generator().manual_seed(data.run_seed() * 1_000_003 + epoch)
-        schedule = data.sampler().draw(len(self), generator, data.progress(epoch))
+        seed = data.run_seed() * 1_000_003 + epoch
+        schedule = data.sampler().draw(len(self), torch.Generator().manual_seed(seed), data.progress(epoch))
         streams = {name: self._batches(name, member, epoch, rank, world) for name, member in data.tasks.items()}
-        for name in schedule:
-            yield {"task": name, **data.tasks[name].make_batch("train", next(streams[name]), train=True)}
+        done = data.batches_done(epoch)  # a resumed run: the batches of this epoch trained before the checkpoint
+        for step, name in enumerate(schedule):
+            indices = next(streams[name])
+            if step < done:
+                continue
+            # The batch's own randomness (masks, augmentation) depends only on where it is in the run,
+            # not on what ran before it: a resumed run builds the same batches.
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+            yield {"task": name, **data.tasks[name].make_batch("train", indices, train=True, generator=generator)}
 
     def _batches(self, name: str, member: TaskData, epoch: int, rank: int, world: int):
         """Endless batches of one task: passes over its rows, each shuffled with a seed every process shares,
@@ -258,7 +265,9 @@ class MultiTaskData(L.LightningDataModule):
             member.prepare("train")
         rank_zero_info(f"Tasks {sorted(self.tasks)}: {self.steps_per_epoch()} training batches an epoch, drawn "
                        + ", ".join(f"{name} {p:.1%}" for name, p in self.sampler().probabilities(0.0).items()))
-        return DataLoader(MultiTaskStream(self), batch_size=None)  # batches come ready-made
+        # Batches come ready-made. A loader's own generator: by default each new iterator draws a seed from
+        # the global RNG, which would shift the dropout masks of a resumed run against the uninterrupted one.
+        return DataLoader(MultiTaskStream(self), batch_size=None, generator=torch.Generator())
 
     def _loaders(self, role: str) -> list[DataLoader]:
         return [m.loader(role) for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)]
@@ -300,6 +309,18 @@ class MultiTaskData(L.LightningDataModule):
         if trainer is None:
             return 0, 0, 1
         return trainer.current_epoch, trainer.global_rank, trainer.world_size
+
+    def batches_done(self, epoch: int) -> int:
+        """How many of ``epoch``'s batches were trained on before the checkpoint this run resumed from
+        (0 for a run that starts, or an epoch that starts, fresh): the optimizer steps taken, less
+        those of earlier epochs."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        per_epoch = trainer.num_training_batches
+        per_epoch = self.steps_per_epoch() if not isinstance(per_epoch, int) or per_epoch <= 0 else per_epoch
+        done = trainer.global_step * trainer.accumulate_grad_batches - epoch * per_epoch
+        return min(max(done, 0), per_epoch)
 
     def progress(self, epoch: int) -> float:
         """How far training is at the start of ``epoch``, in [0, 1] (for annealed sampling)."""

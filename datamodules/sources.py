@@ -78,12 +78,40 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
     if suffix not in FILE_FORMATS:
         raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
     builder, options = FILE_FORMATS[suffix]
+    if builder != "parquet":
+        check_text_file(path, role, suffix[1:])
     try:
         return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
-    except ValueError as err:
+    except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
         if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
             raise empty_split_error(role, path_str) from None
-        raise ValueError(f"{role}: could not read '{path}' as {suffix[1:]}: {err}") from err
+        cause = err.__cause__ or err.__context__ or err
+        raise ValueError(f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {cause}. Check that the "
+                         f"file is {suffix[1:]} (its suffix decides how it is read).") from None
+
+
+def check_text_file(path: Path, role: str, kind: str = "text") -> None:
+    """Fail clearly on an empty, binary or non-UTF-8 file (plain or .gz), naming the file and the line,
+    before a parser reports it as something else."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    has_text = False
+    try:
+        with opener(path, "rb") as f:
+            for line_number, line in enumerate(f, start=1):
+                if b"\x00" in line:
+                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
+                                     f"Point {role} at a {kind} file.")
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
+                                     f"not UTF-8. Save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 {path.name} "
+                                     f"> fixed{''.join(path.suffixes)}).") from None
+                has_text = has_text or bool(text.strip())
+    except (OSError, EOFError) as err:  # a truncated or fake .gz
+        raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
+    if not has_text:
+        raise empty_split_error(role, str(path))
 
 
 def empty_split_error(role: str, spec: str) -> ValueError:
@@ -107,12 +135,10 @@ def read_text(path: str | Path, role: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give text files (plain or .gz), "
                                 f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+    check_text_file(path, role)
     opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            return f.read()
-    except (UnicodeDecodeError, OSError, EOFError) as err:
-        raise ValueError(f"{role}: could not read '{path}' as UTF-8 text{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from err
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
@@ -131,6 +157,7 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> da
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give a CoNLL column file (one word per line, "
                                 f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
+    check_text_file(path, role, "CoNLL")
     opener = gzip.open if path.suffix == ".gz" else open
     sentences: list[list[list[str]]] = []
     documents: list[int] = []  # each sentence's document

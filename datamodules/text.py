@@ -141,7 +141,9 @@ class TaskData:
     def size(self, role: str) -> int:
         raise NotImplementedError
 
-    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
+        """The batch of rows ``indices`` of split ``role``; ``train``: with training-time randomness (masks,
+        augmentation) drawn from ``generator``."""
         raise NotImplementedError
 
     def info(self) -> dict:
@@ -175,7 +177,7 @@ class TaskData:
         self.prepare(role)
         return DataLoader(range(self.size(role)), batch_size=self.eval_batch_size, shuffle=False,
                           collate_fn=TaggedCollate(self, role, self.name), num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, generator=torch.Generator())  # not the global RNG (see train_dataloader)
 
 
 class TextDataModule(TaskData):
@@ -301,7 +303,7 @@ class TextDataModule(TaskData):
     def size(self, role: str) -> int:
         return len(self._encoded[role])
 
-    def make_batch(self, role: str, indices: list[int], train: bool) -> dict:
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
         examples = self._encoded[role]
         return self.collate([examples[i] for i in indices])
 

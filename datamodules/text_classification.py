@@ -60,7 +60,8 @@ class TextClassificationData(TextDataModule):
             if isinstance(feature, datasets.ClassLabel):
                 self._label_names = list(feature.names)
             else:
-                self._label_names = sorted({str(v) for v in train[self.label_column]}, key=_natural_key)
+                values = _check_labels(train[self.label_column], self.option("train"), self.label_column)
+                self._label_names = sorted({str(v) for v in values}, key=_natural_key)
         return self._label_names
 
     def tokenizer_columns(self) -> list[str]:
@@ -77,6 +78,8 @@ class TextClassificationData(TextDataModule):
                 )
             values = [feature.names[v] for v in values]
         index = {name: i for i, name in enumerate(self.label_names)}
+        if not isinstance(feature, datasets.ClassLabel):
+            values = _check_labels(values, self.option(role), self.label_column)
         if _names_by_position(values, self.label_names):
             values = [self.label_names[v] if 0 <= v < len(self.label_names) else v for v in values]
         unknown = sorted({str(v) for v in values} - index.keys())
@@ -113,6 +116,29 @@ class TextClassificationData(TextDataModule):
         if examples[0]["label"] is not None:
             batch["labels"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)
         return batch
+
+
+def _check_labels(values: list, where: str, column: str) -> list:
+    """Class labels must be classes: whole numbers or names, one kind per column. Real numbers (a
+    regression target, or scores) and a mix of numbers and names (0/1 beside negative/positive) would
+    otherwise become one class per distinct value, silently."""
+    if any(v is None for v in values):
+        raise ValueError(f"{where}: column '{column}' has empty label cells; label every row or remove those rows.")
+    floats = [v for v in values if isinstance(v, float)]
+    if any(not v.is_integer() for v in floats):
+        examples = sorted({v for v in floats if not v.is_integer()})[:3]
+        raise ValueError(f"{where}: column '{column}' holds real numbers ({', '.join(map(str, examples))}, ...), not class labels. "
+                         "Classification needs whole-number or named classes: bin the values into classes, or point "
+                         f"label_column at the column that holds the classes.")
+    values = [int(v) if isinstance(v, float) else v for v in values]  # 1.0 (a csv column with gaps) is class 1
+    as_text = {str(v) for v in values}
+    numbers = sorted(t for t in as_text if t.lstrip("-").isdigit())
+    names = sorted(as_text - set(numbers))
+    if numbers and names:
+        raise ValueError(f"{where}: column '{column}' mixes numbers {numbers[:5]} and names {names[:5]} as labels, which would "
+                         "make them different classes. Write every label one way (all names, or all numbers with "
+                         "label_names giving the name of each number in order).")
+    return values
 
 
 def _names_by_position(values: list, label_names: list[str]) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from trunk.datamodules.atomic import atomic_write
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -144,9 +145,6 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_info(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
                        "pieces seen at least twice.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tokenizer.save(str(tmp))
-    os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+    atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
     rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
     return tokenizer

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import yaml
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
-from trunk.tasks.module import TrunkModule
+from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
+from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
 
 
@@ -35,6 +37,9 @@ class TrunkCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            self._check_checkpoint_tasks(self.config[subcommand], ckpt_path)  # before Lightning reads its hyperparameters
         tasks = (self.config[subcommand].model.get("tasks") if subcommand else None) or {}
         configured = {(task, name): copy.deepcopy(spec.init_args[name]) for task, spec in tasks.items()
                       for name in self.INFERENCE_OPTIONS if spec.get("init_args") and name in spec.init_args}
@@ -49,6 +54,7 @@ class TrunkCLI(LightningCLI):
         parser.link_arguments("data.task_info", "model.task_info", apply_on="instantiate")
         parser.link_arguments("data.codec", "model.codec", apply_on="instantiate")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_lightning_class_args(FaultTolerance, "fault_tolerance")
 
     # Each step trains one task, so under DDP the other tasks' heads get no gradient that step: the
     # reducer must be told (find_unused_parameters), at the cost of one graph traversal per step.
@@ -60,8 +66,44 @@ class TrunkCLI(LightningCLI):
         strategy = config.trainer.get("strategy")
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            config.ckpt_path = str(self._last_checkpoint(config))
         self._use_pretrained_trunk(config)
         self._use_checkpoint(config)
+
+    @staticmethod
+    def _last_checkpoint(config) -> Path:
+        """``--ckpt_path last``: the newest last.ckpt under the run's root directory."""
+        root = Path(config.trainer.get("default_root_dir") or ".")
+        found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            sys.exit(f"error: --ckpt_path last: no last.ckpt under '{root}' (trainer.default_root_dir): nothing to resume. "
+                     "Start the run without --ckpt_path, or pass the checkpoint's path.")
+        print(f"Resuming from {found[-1]}", file=sys.stderr)
+        return found[-1]
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        # Checkpoints are written atomically with a digest, and read with weights_only=True and verified.
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            config["plugins"] = [*plugins, AtomicCheckpointIO()]
+        trainer = super()._instantiate_trainer(config, callbacks)
+        ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
+        if ckpt_path:
+            self._continue_logging(trainer, Path(ckpt_path))
+        return trainer
+
+    @staticmethod
+    def _continue_logging(trainer, ckpt_path: Path) -> None:
+        """A resumed run logs to (and checkpoints in) the directory of the run it resumes, so the
+        checkpoint callback finds its best score and top-k files again, instead of a new version_N."""
+        version_dir = ckpt_path.resolve().parent.parent
+        if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
+            return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
+        for logger in trainer.loggers:
+            if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
+                logger._version = int(version_dir.name.removeprefix("version_"))
 
     @staticmethod
     def _check_task_names(config) -> None:
@@ -114,6 +156,20 @@ class TrunkCLI(LightningCLI):
             if "label_names" in args and args.label_names is None and labels:
                 args.label_names = labels
         self._cap_max_length(config, (config.model.get("trunk") or {}).get("max_len"))
+
+    @staticmethod
+    def _check_checkpoint_tasks(config, ckpt_path: str) -> None:
+        """The checkpoint must be readable, Trunk's, and trained for this config's tasks (names and kinds)."""
+        try:
+            _, meta = read_config(ckpt_path)
+        except (FileNotFoundError, ValueError) as err:
+            sys.exit(f"error: --ckpt_path: {err}")
+        stored = {task: head["kind"] for task, head in meta["heads"].items()}
+        configured = {task: objective_class(spec.class_path).kind for task, spec in (config.model.get("tasks") or {}).items()}
+        if stored != configured:
+            sys.exit(f"error: --ckpt_path '{ckpt_path}' was trained for the tasks {stored}, but this config has {configured}. "
+                     "Pass the config the checkpoint was trained with; or, to start a new run from its weights (heads carry "
+                     f"over by task name and kind), use --model.init_from={ckpt_path} instead of --ckpt_path.")
 
     @staticmethod
     def _cap_max_length(config, trunk_max_len: int | None) -> None:
@@ -201,7 +257,12 @@ def main() -> None:
     if sys.argv[1:2] == ["export"]:
         export_main(sys.argv[2:])
     else:
-        run_cli()
+        try:
+            run_cli()
+        except (TrainingDiverged, ValueError, FileNotFoundError, FileExistsError) as err:
+            if os.environ.get("TRUNK_TRACEBACK"):
+                raise
+            sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
 
 
 if __name__ == "__main__":

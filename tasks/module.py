@@ -37,13 +37,17 @@ def as_config(cls: type, value):
     return cls(**value) if isinstance(value, dict) else value
 
 
+def objective_class(class_path: str) -> type[Objective]:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def as_objective(value) -> Objective:
     """An objective from itself or from its stored ``{"class_path", "init_args"}`` form."""
     if isinstance(value, Objective):
         return value
     if isinstance(value, dict) and "class_path" in value:
-        module, _, name = value["class_path"].rpartition(".")
-        return getattr(importlib.import_module(module), name)(**value.get("init_args", {}))
+        return objective_class(value["class_path"])(**value.get("init_args", {}))
     raise TypeError(f"model.tasks entries must be objectives (class_path + init_args), got {value!r}.")
 
 

@@ -49,5 +49,7 @@ class WarmupDecayLR(torch.optim.lr_scheduler.LRScheduler):
         factor = self.factor(self.last_epoch)
         return [group.setdefault("initial_lr", group["lr"]) * factor for group in self.optimizer.param_groups]
 
-    def state_dict(self) -> dict:  # plain values only, so checkpoints load with weights_only=True
-        return {k: v for k, v in super().state_dict().items() if k != "cfg"}
+    def state_dict(self) -> dict:
+        # Plain values only (checkpoints load with weights_only=True), and no total_steps: a resumed run
+        # re-plans the schedule for its own length, so extending max_steps keeps the lr above zero.
+        return {k: v for k, v in super().state_dict().items() if k not in ("cfg", "total_steps")}

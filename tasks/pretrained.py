@@ -14,8 +14,8 @@ Every check names both sides of a mismatch.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import pickle
 import shutil
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from trunk.datamodules.atomic import replace_directory, temporary_path
 from trunk.datamodules.tokenizer import Codec, load_tokenizer
 from trunk.models import TrunkConfig, build_trunk
 from trunk.tasks.objective import is_metric_state
@@ -91,7 +92,7 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     tensors, tied = _untie(tensors)
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "trunk": pretrained.config.to_dict(),
             "stems": pretrained.stems, "heads": {task: head["meta"] for task, head in pretrained.heads.items()}, "tied": tied}
-    tmp = directory.parent / f".{directory.name}.tmp{os.getpid()}"
+    tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -102,12 +103,7 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     for task, tokenizer in codec.targets.items():
         if task in pretrained.heads:
             tokenizer.save(str(tmp / TARGET_TOKENIZER_FILE.format(task=task)))
-    # Swap whole directories, so a reader never sees a half-written trunk and a crash keeps the old one.
-    old = directory.parent / f".{directory.name}.old{os.getpid()}"
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_directory(tmp, directory)  # a reader never sees a half-written trunk; a crash keeps the old one
     return directory
 
 
@@ -232,6 +228,37 @@ def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str |
 
 # -- checkpoints ---------------------------------------------------------------------------------------
 
+DIGEST_KEY = "trunk_digest"
+
+
+def tensor_digest(obj) -> str:
+    """sha256 over every tensor in a (nested) checkpoint, with its place, dtype and shape."""
+    h = hashlib.sha256()
+
+    def walk(value, place: str) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{place}:{t.dtype}:{tuple(value.shape)};".encode())
+            h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                if key != DIGEST_KEY:
+                    walk(value[key], f"{place}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{place}[{i}]")
+
+    walk(obj, "")
+    return h.hexdigest()
+
+
+def verify_digest(ckpt: dict, path: Path) -> None:
+    """Refuse a checkpoint whose tensors changed after it was written (bit rot, a bad copy)."""
+    stored = ckpt.get(DIGEST_KEY)
+    if stored is not None and stored != tensor_digest(ckpt):
+        raise ValueError(f"'{path}' is corrupted: its tensors do not match the digest written with them (a damaged disk "
+                         "or an incomplete copy). Use another checkpoint, e.g. an earlier one or best-*.ckpt.")
+
 
 def load_checkpoint(ckpt_path: str | Path) -> dict:
     """A Lightning checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain values
@@ -253,6 +280,7 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
         raise ValueError(f"'{ckpt_path}' is not a readable checkpoint (truncated or corrupted?): {err}") from None
     if not isinstance(ckpt, dict):
         raise ValueError(f"'{ckpt_path}' is not a Lightning checkpoint (it holds a {type(ckpt).__name__}).")
+    verify_digest(ckpt, ckpt_path)
     return ckpt
 
 

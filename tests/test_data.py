@@ -253,6 +253,47 @@ def test_empty_split(tmp_path, sentiment_files):
         data.setup("fit")
 
 
+@pytest.mark.parametrize("content, problem", [
+    (b"", r"is empty: it has no rows"),
+    (b"\n  \n", r"is empty: it has no rows"),
+    (bytes(range(256)) * 8, r"is a binary file \(NUL bytes at line 1\), not csv text"),
+    ("text,label\ngood film,positive\ncaf\u00e9 cr\u00e8me,negative\n".encode("latin-1"),
+     r"bad.csv, line 3: byte 0xe9 at column 4 is not UTF-8. Save the file as UTF-8"),
+])
+def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment_files, content, problem):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=r"data.tasks.sst.train.*" + problem):
+        make_data(sentiment_files, train=str(bad)).setup("fit")
+
+
+def test_a_non_utf8_conll_file_names_its_line(tmp_path):
+    bad = tmp_path / "train.txt"
+    bad.write_bytes("Paris NN O B-LOC\n\nM\u00fcnchen NN O B-LOC\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"train.txt, line 3: byte 0xfc at column 2 is not UTF-8"):
+        run_data(TokenClassificationData(train=str(bad)), name="ner").setup("fit")
+
+
+@pytest.mark.parametrize("labels, problem", [
+    ([0.12, 0.5, 0.97, 0.33], r"column 'label' holds real numbers \(0.12, 0.33, 0.5, ...\), not class labels"),
+    ([0, 1, "negative", "positive"], r"column 'label' mixes numbers \['0', '1'\] and names \['negative', 'positive'\] as labels"),
+])
+def test_labels_that_are_not_classes_are_refused(tmp_path, sentiment_files, labels, problem):
+    rows = [{"text": f"review {i}", "label": labels[i % len(labels)]} for i in range(40)]
+    train = write_rows(tmp_path / "odd.jsonl", rows)
+    with pytest.raises(ValueError, match=r"data.tasks.sst.train: " + problem):
+        make_data(sentiment_files, train=str(train)).setup("fit")
+
+
+def test_whole_number_floats_are_classes(tmp_path, sentiment_files):
+    """A csv label column read as floats (1.0, 0.0) holds classes 1 and 0."""
+    rows = [{"text": f"review {i}", "label": float(i % 2)} for i in range(40)]
+    data = make_data(sentiment_files, train=str(write_rows(tmp_path / "f.jsonl", rows)),
+                     validation=str(write_rows(tmp_path / "v.jsonl", rows[:8])))
+    data.setup("fit")
+    assert data.tasks["sst"].label_names == ["0", "1"]
+
+
 def test_unseen_label_at_test_time(tmp_path, sentiment_files):
     bad = write_rows(tmp_path / "bad_test.csv", [{"text": "meh", "label": "neutral"}])
     data = make_data(sentiment_files, test=str(bad))

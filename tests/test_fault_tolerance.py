@@ -1,0 +1,170 @@
+"""Faults caused for real: SIGKILL at random steps, SIGTERM / SIGINT, NaN, torn and corrupted files.
+
+Runs are real ``trunk fit`` processes (tiny model, fp32, CPU), killed by a callback from tests/faults.py.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from test_multitask import TRUNK, ner_task, sentiment_task
+
+pytestmark = pytest.mark.slow
+
+STEPS_PER_EPOCH = 16 + 25  # 256 sentiment rows at 16, 200 NER sentences at 8
+
+
+def fit_args(root: Path, sentiment_files, ner_files, epochs: int = 2) -> list[str]:
+    """A two-task run (the sampler's state matters) with a checkpoint every 5 steps."""
+    return ["fit", *TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files), "--data.tokenizer_vocab_size=300",
+            "--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.max_epochs={epochs}", "--trainer.precision=32",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
+            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
+            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true", "--seed_everything=0",
+            "--fault_tolerance.save_every_steps=5", "--data.sampling=temperature"]
+
+
+def trunk(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def signal_at(step: int, signum: int = signal.SIGKILL) -> list[str]:
+    return ["--trainer.callbacks+=faults.SignalAt", f"--trainer.callbacks.step={step}", f"--trainer.callbacks.signum={int(signum)}"]
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, weights_only=True)["state_dict"]
+
+
+def last(root: Path) -> Path:
+    return root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_killed_at_random_steps_and_resumed_ends_bit_identical(sentiment_files, ner_files, tmp_path):
+    """SIGKILL mid-epoch, at an epoch's last step and in the second epoch; each time resume with
+    --ckpt_path last. The final weights equal the uninterrupted run's exactly."""
+    total = 2 * STEPS_PER_EPOCH
+    rng = random.Random()
+    kills = [rng.randint(2, STEPS_PER_EPOCH - 2), STEPS_PER_EPOCH, rng.randint(STEPS_PER_EPOCH + 2, total - 1)]
+    straight = trunk(fit_args(tmp_path / "straight", sentiment_files, ner_files), tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    root = tmp_path / "killed"
+    for i, step in enumerate(kills):
+        resume = ["--ckpt_path=last"] if i else []
+        killed = trunk([*fit_args(root, sentiment_files, ner_files), *resume, *signal_at(step)], tmp_path)
+        assert killed.returncode == -signal.SIGKILL, (kills, killed.stderr[-3000:])
+        saved = torch.load(last(root), weights_only=True)["global_step"]
+        assert step - 5 <= saved <= step, (kills, saved)  # at most 5 steps lost
+    resumed = trunk([*fit_args(root, sentiment_files, ner_files), "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    expected, got = weights(last(tmp_path / "straight")), weights(last(root))
+    assert torch.load(last(root), weights_only=True)["global_step"] == total
+    assert all(torch.equal(expected[k], got[k]) for k in expected), f"kills at {kills}"
+    # one run directory: the resumed runs kept the first one's logs, best score and checkpoints
+    assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
+    best = lambda r: sorted(p.name for p in (r / "lightning_logs/version_0/checkpoints").glob("epoch=*"))  # noqa: E731
+    assert best(root) == best(tmp_path / "straight"), kills
+    assert "test/score" in resumed.stdout and resumed.stdout.split("test/score")[1].split()[0] == \
+        straight.stdout.split("test/score")[1].split()[0]
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(signum, code, sentiment_files, ner_files, tmp_path):
+    root = tmp_path / "run"
+    result = trunk([*fit_args(root, sentiment_files, ner_files), *signal_at(7, signum)], tmp_path)
+    assert result.returncode == code, result.stderr[-3000:]
+    assert torch.load(last(root), weights_only=True)["global_step"] == 7  # the step it was at, not the last periodic one
+    assert f"Received {signal.Signals(signum).name}" in result.stderr
+    command = next(line for line in result.stderr.splitlines() if line.startswith("  trunk fit"))
+    assert command.endswith(f"--ckpt_path={last(root)}") and "--trainer.max_epochs=2" in command
+    assert "test/score" not in result.stdout  # an interrupted run is not tested
+
+
+def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(sentiment_files, ner_files, tmp_path):
+    root = tmp_path / "run"
+    result = trunk([*fit_args(root, sentiment_files, ner_files), "--model.optimizer.lr=1e4", "--model.optimizer.warmup=0"], tmp_path)
+    assert result.returncode == 1
+    message = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert message.startswith("error: Training stopped at step ") and "not finite" in message and "skip_bad_batches" in message
+    assert "Traceback" not in result.stderr
+    for ckpt in root.rglob("*.ckpt"):
+        assert all(torch.isfinite(w).all() for w in weights(ckpt).values() if w.is_floating_point()), ckpt
+
+
+def test_bad_steps_are_skipped_up_to_the_budget(sentiment_files, ner_files, tmp_path):
+    """A NaN gradient injected at step 3: dropped with skip_bad_batches=1 (the run finishes, weights finite), fatal without."""
+    poison = ["--trainer.callbacks+=faults.NaNGradientAt", "--trainer.callbacks.step=3"]
+    args = [*fit_args(tmp_path / "run", sentiment_files, ner_files, epochs=1), *poison]
+    stopped = trunk(args, tmp_path)
+    assert stopped.returncode == 1 and "error: Training stopped at step 3 " in stopped.stderr
+    skipped = trunk([*args, "--fault_tolerance.skip_bad_batches=1", "--trainer.default_root_dir=" + str(tmp_path / "skip")], tmp_path)
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    assert "Non-finite loss or gradients at step 3" in skipped.stderr
+    final = weights(last(tmp_path / "skip"))
+    assert all(torch.isfinite(w).all() for w in final.values() if w.is_floating_point())
+
+
+def test_extending_a_finished_run_replans_the_schedule(sentiment_files, ner_files, tmp_path):
+    root = tmp_path / "run"
+    args = [*fit_args(root, sentiment_files, ner_files, epochs=1)]
+    assert trunk(args, tmp_path).returncode == 0
+    before = weights(last(root))
+    more = trunk([*args, "--trainer.max_epochs=2", "--ckpt_path=last"], tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    ckpt = torch.load(last(root), weights_only=True)
+    assert ckpt["global_step"] == 2 * STEPS_PER_EPOCH
+    changed = sum(not torch.equal(before[k], ckpt["state_dict"][k]) for k in before)
+    assert changed > len(before) // 2  # the new steps trained (the old schedule would have held lr at 0)
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+def test_a_write_killed_midway_leaves_the_previous_file_whole(tmp_path):
+    """A real SIGKILL while a checkpoint is being written: the old file is intact, no partial file replaces it."""
+    target = tmp_path / "last.ckpt"
+    torch.save({"step": 1}, target)
+    script = (
+        "import os, signal, torch\n"
+        "from trunk.datamodules.atomic import atomic_write\n"
+        "def write(tmp):\n"
+        "    with open(tmp, 'wb') as f:\n"
+        "        f.write(b'half a checkpoint'); f.flush()\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"atomic_write({str(target)!r}, write)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL
+    assert torch.load(target, weights_only=True) == {"step": 1}
+
+
+def flip_byte_in_largest_tensor(path: Path) -> None:
+    """Flip one bit in the middle of the largest tensor's bytes inside a torch zip checkpoint."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    header = info.header_offset
+    name_len, extra_len = int.from_bytes(data[header + 26:header + 28], "little"), int.from_bytes(data[header + 28:header + 30], "little")
+    data[header + 30 + name_len + extra_len + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_bit_flip_inside_a_checkpoint_tensor_is_refused(sentiment_files, ner_files, tmp_path):
+    root = tmp_path / "run"
+    assert trunk(fit_args(root, sentiment_files, ner_files, epochs=1), tmp_path).returncode == 0
+    flip_byte_in_largest_tensor(last(root))
+    result = trunk([*fit_args(root, sentiment_files, ner_files, epochs=2), "--ckpt_path=last"], tmp_path)
+    assert result.returncode != 0
+    assert f"'{last(root)}' is corrupted: its tensors do not match the digest" in result.stderr
+    assert "Traceback" not in result.stderr.split("error:")[-1]
