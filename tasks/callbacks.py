@@ -53,7 +53,11 @@ class PredictionWriter(BasePredictionWriter):
         file = self._file(trainer, batch["task"])
         for record in prediction:
             if self.field is None:
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                try:
+                    file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+                except ValueError:  # bare NaN would make the file invalid JSON
+                    raise ValueError(f"Task '{batch['task']}': a prediction holds NaN or infinity ({record}): the model's outputs "
+                                     "are not finite, so its weights or inputs are broken. Predict with an earlier checkpoint.") from None
                 continue
             if self.field not in record:
                 raise ValueError(f"predictions.field={self.field!r} is not in task '{batch['task']}''s predictions; its fields "

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 import netrc
 import os
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
+import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
+
+
+def wandb_reachable(timeout: float = 3.0) -> bool:
+    """Whether the W&B server answers within ``timeout`` seconds (wandb itself would retry for minutes)."""
+    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def wandb_has_credentials() -> bool:
@@ -63,6 +78,7 @@ class TrunkCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._check_task_names(config)
+        self._check_wandb(config)
         strategy = config.trainer.get("strategy")
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
@@ -88,11 +104,24 @@ class TrunkCLI(LightningCLI):
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
+        config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:
             self._continue_logging(trainer, Path(ckpt_path))
         return trainer
+
+    def _ddp_with_timeout(self, strategy):
+        """``ddp*`` strategies named by string get the process-group timeout of fault_tolerance.ddp_timeout_minutes:
+        a process that stops responding turns into an error on every process instead of a hang."""
+        if not isinstance(strategy, str) or not strategy.startswith("ddp"):
+            return strategy
+        name, find_unused = strategy.removesuffix("_find_unused_parameters_true"), strategy.endswith("_find_unused_parameters_true")
+        start_method = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}.get(name)
+        if start_method is None:
+            return strategy
+        minutes = (self.config[self.subcommand].get("fault_tolerance") or {}).get("ddp_timeout_minutes", 30.0)
+        return DDPStrategy(start_method=start_method, find_unused_parameters=find_unused, timeout=timedelta(minutes=minutes))
 
     @staticmethod
     def _continue_logging(trainer, ckpt_path: Path) -> None:
@@ -104,6 +133,14 @@ class TrunkCLI(LightningCLI):
         for logger in trainer.loggers:
             if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
                 logger._version = int(version_dir.name.removeprefix("version_"))
+
+    @staticmethod
+    def _check_wandb(config) -> None:
+        """With an API key but no route to the server, log offline at once instead of blocking and failing."""
+        uses_wandb = "WandbLogger" in str(config.trainer.get("logger"))
+        if uses_wandb and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun") and not wandb_reachable():
+            os.environ["WANDB_MODE"] = "offline"
+            print("W&B server unreachable: logging offline. Upload the run later with `wandb sync <its directory>`.", file=sys.stderr)
 
     @staticmethod
     def _check_task_names(config) -> None:
@@ -253,15 +290,26 @@ def export_main(args: list[str]) -> None:
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
 
 
+def is_collective_failure(err: BaseException) -> bool:
+    """A DDP collective that timed out or lost its peer (gloo and NCCL say so in RuntimeErrors)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or (isinstance(err, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Connection closed by peer", "Timed out", "timed out", "NCCL", "ProcessGroup")))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["export"]:
         export_main(sys.argv[2:])
     else:
         try:
             run_cli()
-        except (TrainingDiverged, ValueError, FileNotFoundError, FileExistsError) as err:
-            if os.environ.get("TRUNK_TRACEBACK"):
+        except (TrainingDiverged, ValueError, FileNotFoundError, FileExistsError, RuntimeError) as err:
+            if os.environ.get("TRUNK_TRACEBACK") or (isinstance(err, RuntimeError) and not is_collective_failure(err)):
                 raise
+            if is_collective_failure(err):
+                err = (f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): another process "
+                       "stopped responding or died. Its own output says why; a process that is only slow (a long save, a "
+                       "big evaluation) needs a longer --fault_tolerance.ddp_timeout_minutes.")
             sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
 
 

@@ -60,11 +60,15 @@ class FaultTolerance(Callback):
         save_every_steps: also every N optimizer steps (0: off).
         skip_bad_batches: drop the update of up to this many steps whose loss or gradients are not
             finite, with a warning each, before stopping (0: stop at the first).
+        ddp_timeout_minutes: under DDP (``strategy: ddp*``), how long a process waits for the others
+            in a collective before every process stops with an error (instead of hanging).
     """
 
-    def __init__(self, save_every_minutes: float = 10.0, save_every_steps: int = 0, skip_bad_batches: int = 0) -> None:
-        if save_every_minutes < 0 or save_every_steps < 0 or skip_bad_batches < 0:
-            raise ValueError("fault_tolerance options must be >= 0 (0 turns one off).")
+    def __init__(self, save_every_minutes: float = 10.0, save_every_steps: int = 0, skip_bad_batches: int = 0,
+                 ddp_timeout_minutes: float = 30.0) -> None:
+        if min(save_every_minutes, save_every_steps, skip_bad_batches) < 0 or ddp_timeout_minutes <= 0:
+            raise ValueError("fault_tolerance options must be >= 0 (0 turns one off); ddp_timeout_minutes must be > 0.")
+        self.ddp_timeout_minutes = ddp_timeout_minutes  # read by the CLI when it builds the DDP strategy
         self.save_every_minutes, self.save_every_steps, self.skip_bad_batches = save_every_minutes, save_every_steps, skip_bad_batches
         self.skipped = 0
         self._signal: int | None = None
@@ -85,7 +89,10 @@ class FaultTolerance(Callback):
         return self.dirpath(trainer) / "last.ckpt"
 
     def save(self, trainer: L.Trainer) -> None:
-        """Write ``last.ckpt`` (every process takes part; the first writes): the full training state."""
+        """Write ``last.ckpt`` (every process takes part; the first writes): the full training state.
+        Nothing when the run turned checkpointing off (``trainer.enable_checkpointing: false``)."""
+        if trainer.checkpoint_callback is None:
+            return
         path = self.last_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)
         self._last_save = (time.monotonic(), trainer.global_step)
@@ -173,7 +180,9 @@ class FaultTolerance(Callback):
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
         args = [a for a in sys.argv[1:] if not a.startswith("--ckpt_path")]
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and trainer.checkpoint_callback is None:
+            print(f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.", file=sys.stderr, flush=True)
+        elif trainer.is_global_zero:
             print(f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk {shlex.join(args)} --ckpt_path={last}",
                   file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODES.get(signum, 128 + signum))

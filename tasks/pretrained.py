@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import shutil
 from dataclasses import dataclass, field
@@ -95,7 +96,6 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE),
               metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
     if codec.tokenizer is not None and "text" in pretrained.stems:
@@ -103,8 +103,26 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     for task, tokenizer in codec.targets.items():
         if task in pretrained.heads:
             tokenizer.save(str(tmp / TARGET_TOKENIZER_FILE.format(task=task)))
+    meta["sha256"] = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}  # verified on every load
+    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     replace_directory(tmp, directory)  # a reader never sees a half-written trunk; a crash keeps the old one
     return directory
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_files(directory: Path, meta: dict) -> None:
+    """Every file config.json lists must have the checksum written with it."""
+    for name, digest in (meta.get("sha256") or {}).items():
+        if (directory / name).is_file() and file_sha256(directory / name) != digest:
+            raise ValueError(f"'{directory / name}' does not match the checksum in {directory / CONFIG_FILE}: the file was "
+                             "corrupted (a damaged disk, an incomplete copy) or replaced. Copy or export the trunk again.")
 
 
 def _untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -167,6 +185,7 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
     if path.is_file():
         return _pretrained_from_checkpoint(path)
     config, meta = read_config(path)
+    verify_files(path, meta)
     weights_path = path / WEIGHTS_FILE
     try:
         tensors = load_file(str(weights_path))
@@ -210,9 +229,9 @@ def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str
             f"wrong shapes {wrong[:5]}. Re-export the trunk."
         )
     bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
+    if bad and not os.environ.get("TRUNK_ALLOW_NON_FINITE"):
         raise ValueError(f"'{source}' has NaN or infinite values in {bad[:5]}: the run that wrote it diverged. "
-                         "Use an earlier checkpoint.")
+                         "Use an earlier checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1).")
 
 
 def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=ARCHITECTURE_FIELDS) -> None:

@@ -26,3 +26,16 @@ class NaNGradientAt(Callback):
     def on_after_backward(self, trainer, pl_module) -> None:
         if trainer.global_step == self.step:
             next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+
+
+class StallAt(Callback):
+    """The process of rank ``rank`` stops responding (sleeps) once ``step`` optimizer steps are done."""
+
+    def __init__(self, step: int, rank: int = 1, seconds: float = 600.0) -> None:
+        self.step, self.rank, self.seconds = step, rank, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            import time
+
+            time.sleep(self.seconds)

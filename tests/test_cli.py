@@ -193,3 +193,42 @@ def test_installed_under_one_namespace_beside_a_users_own_models_package(tmp_pat
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "trunk.models.trunk"
+
+
+def test_predictions_that_are_not_finite_are_an_error_not_invalid_json(tmp_path):
+    from trunk.tasks.callbacks import PredictionWriter
+
+    writer = PredictionWriter(output=str(tmp_path / "p.jsonl"))
+    trainer = type("T", (), {"global_rank": 0, "world_size": 1, "log_dir": str(tmp_path), "datamodule": None})()
+    writer.on_predict_start(trainer, None)
+    with pytest.raises(ValueError, match="Task 'sst2': a prediction holds NaN or infinity .* Predict with an earlier checkpoint"):
+        writer.write_on_batch_end(trainer, None, [{"label": "positive", "probs": {"positive": float("nan")}}], None,
+                                  {"task": "sst2"}, 0, 0)
+
+
+def test_unreadable_and_foreign_checkpoints_are_clear_errors(tiny_cli_args, tmp_path):
+    garbage = tmp_path / "random.ckpt"
+    garbage.write_bytes(os.urandom(4096))
+    with pytest.raises(SystemExit, match="--ckpt_path: .*random.ckpt' is not a readable checkpoint"):
+        run_cli(["test", *tiny_cli_args, f"--ckpt_path={garbage}"])
+    cli = run_cli(["fit", *tiny_cli_args])
+    ckpt = cli.trainer.checkpoint_callback.best_model_path
+    image = ["--model.tasks.shapes=trunk.tasks.ImageClassification", "--model.tasks.shapes.image_size=16",
+             "--model.tasks.shapes.patch_size=4", "--data.tasks.shapes=trunk.datamodules.ImageClassificationData",
+             "--data.tasks.shapes.dataset=trunk:shapes", "--data.tasks.shapes.test=test"]
+    others = [a for a in tiny_cli_args if "sentiment" not in a]
+    with pytest.raises(SystemExit, match=r"was trained for the tasks \{'sentiment': 'sequence_classification'\}, but this config "
+                                         r"has \{'shapes': 'image_classification'\}.*--model.init_from="):
+        run_cli(["test", *others, *image, f"--ckpt_path={ckpt}"])
+
+
+def test_an_unreachable_wandb_server_means_offline_logging_at_once(tiny_cli_args, tmp_path, monkeypatch):
+    """A key is set but the server does not answer: no minutes of retries, no failure; the run logs offline."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml")])
+    assert os.environ["WANDB_MODE"] == "offline"
+    assert list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
+    assert "test/sentiment/acc" in cli.trainer.callback_metrics

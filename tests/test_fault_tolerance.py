@@ -168,3 +168,13 @@ def test_a_bit_flip_inside_a_checkpoint_tensor_is_refused(sentiment_files, ner_f
     assert result.returncode != 0
     assert f"'{last(root)}' is corrupted: its tensors do not match the digest" in result.stderr
     assert "Traceback" not in result.stderr.split("error:")[-1]
+
+
+def test_a_stalled_process_under_ddp_is_an_error_on_every_process_not_a_hang(sentiment_files, ner_files, tmp_path):
+    args = [a for a in fit_args(tmp_path / "run", sentiment_files, ner_files) if not a.startswith("--trainer.devices")]
+    ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--fault_tolerance.ddp_timeout_minutes=0.25"]
+    result = trunk([*args, *ddp, "--trainer.callbacks+=faults.StallAt", "--trainer.callbacks.step=3", "--trainer.callbacks.seconds=30"], tmp_path)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: a collective between the processes")]
+    assert len(errors) == 2, result.stderr[-3000:]  # each process says it, neither hangs
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -105,9 +105,10 @@ def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
     assert len(stream) - 15 * len(blocks) < 15
     batch = next(iter(run.train_dataloader()))
     assert batch["task"] == "mlm" and batch["input_ids"].shape == (8, 16) and batch["attention_mask"].all()
-    first = data.collate(data._encoded["train"][:64])["labels"]
-    second = data.collate(data._encoded["train"][:64])["labels"]
-    assert not torch.equal(first, second), "training masks must be dynamic"
+    masks = lambda seed: data.make_batch("train", list(range(64)), train=True,  # noqa: E731
+                                         generator=torch.Generator().manual_seed(seed))["labels"]
+    assert not torch.equal(masks(1), masks(2)), "training masks must be dynamic"
+    assert torch.equal(masks(1), masks(1)), "a batch's masks depend only on its generator (exact resume)"
     val_batches = [next(iter(run.val_dataloader()[0]))["labels"] for _ in range(2)]
     assert torch.equal(*val_batches), "validation masks must be fixed"
 
@@ -391,3 +392,49 @@ def test_electra_pretraining_exports_a_trunk_that_fine_tunes(corpus_file, sentim
     finetune = run_cli(finetune_args(trunk_dir, sentiment_files, tmp_path / "finetune"), run=False)
     for name, tensor in finetune.model.trunk.state_dict().items():
         assert torch.equal(tensor, cli.model.trunk.state_dict()[name]), name
+
+
+def test_a_trunk_directory_whose_weights_changed_after_export_is_refused(tmp_path, tokenizer):
+    """config.json records each file's sha256: a flipped bit in the tensor data (which safetensors does not check) is caught."""
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
+    trunk_dir = save_pretrained(tmp_path / "t", text_trunk(config, tokenizer))
+    weights = trunk_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0x01  # inside the last tensor's bytes, past the header
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model.safetensors' does not match the checksum in .*config.json: the file was corrupted"):
+        load_pretrained(trunk_dir)
+
+
+def test_non_finite_weights_are_refused_unless_asked_for(tmp_path, tokenizer, monkeypatch):
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
+    broken = text_trunk(config, tokenizer)
+    next(iter(broken.trunk_weights.values())).view(-1)[0] = float("nan")
+    monkeypatch.setenv("TRUNK_ALLOW_NON_FINITE", "1")
+    trunk_dir = save_pretrained(tmp_path / "t", broken)  # for inspection only
+    assert load_pretrained(trunk_dir).trunk_weights
+    monkeypatch.delenv("TRUNK_ALLOW_NON_FINITE")
+    with pytest.raises(ValueError, match="has NaN or infinite values .* set TRUNK_ALLOW_NON_FINITE=1"):
+        load_pretrained(trunk_dir)
+
+
+def test_a_reader_never_finds_the_trunk_directory_missing_during_a_re_export(tmp_path, tokenizer):
+    import threading
+
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
+    trunk_dir = save_pretrained(tmp_path / "t", text_trunk(config, tokenizer))
+    gaps, done = [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            if not (trunk_dir / "config.json").is_file():
+                gaps.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(20):
+        save_pretrained(trunk_dir, text_trunk(config, tokenizer), overwrite=True)
+    done.set()
+    reader.join()
+    assert not gaps, f"the directory was missing {len(gaps)} times"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
