@@ -167,7 +167,7 @@ class ImageClassificationData(TaskData):
     def _read_rows(self, ds: datasets.Dataset, role: str) -> dict:
         column = self.image_column or next((name for name, f in ds.features.items() if isinstance(f, datasets.Image)), None)
         if column is None or column not in ds.column_names:
-            raise KeyError(f"{role} has no image column{f' {self.image_column!r}' if self.image_column else ''}; its columns "
+            raise ValueError(f"{role} has no image column{f' {self.image_column!r}' if self.image_column else ''}; its columns "
                            f"are {ds.column_names}. Set {self.option('image_column')}.")
         labels = None
         if self.label_column in ds.column_names:
@@ -178,7 +178,7 @@ class ImageClassificationData(TaskData):
                     self._label_names = list(feature.names)
                 labels = [feature.names[i] for i in labels]
         elif not role.endswith(".predict"):
-            raise KeyError(f"{role} has no label column '{self.label_column}'; its columns are {ds.column_names}. "
+            raise ValueError(f"{role} has no label column '{self.label_column}'; its columns are {ds.column_names}. "
                            f"Set {self.option('label_column')}.")
         return {"images": list(ds[column]), "labels": labels, "ids": list(range(len(ds)))}
 

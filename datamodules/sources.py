@@ -123,7 +123,7 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
     prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
-            raise KeyError(
+            raise ValueError(
                 f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
                 f"set {prefix}.{option} to one of them."
             )

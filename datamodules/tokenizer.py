@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from trunk.datamodules.atomic import atomic_write
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -90,7 +90,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = Fa
 def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None, key: str = "tokenizer_json") -> Tokenizer:
     """The tokenizer a Trunk datamodule stored inside a Lightning checkpoint (``ckpt``: already loaded)."""
     if ckpt is None:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch's own message would suggest weights_only=False, which runs code
+            raise ValueError(f"'{path}' is not a readable Trunk checkpoint ({type(err).__name__}): pass a .ckpt written by "
+                             "`trunk fit`, a tokenizer.json, or a trunk directory.") from None
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"'{path}' is not a Trunk checkpoint (it holds a {type(ckpt).__name__}).")
     for value in ckpt.values():
         if isinstance(value, dict) and key in value:
             return Tokenizer.from_str(value[key])
@@ -140,7 +146,10 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
     digest = hashlib.sha256(json.dumps([key, model, vocab_size, lowercase], default=str).encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{digest}.json"
     if path.is_file():
-        return load_tokenizer(path)
+        try:
+            return load_tokenizer(path)
+        except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
+            rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
     tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_info(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "

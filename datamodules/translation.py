@@ -116,7 +116,7 @@ class TranslationData(TextDataModule):
         try:
             check_columns(ds, columns, role)
         except KeyError as err:
-            raise KeyError(f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
+            raise ValueError(f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
                            "(translation_column) or one column per language.") from None
         targets = ds[self.target_lang] if self.target_lang in ds.column_names else None
         return self._pairs(ds[self.source_lang], targets, role, "row")

@@ -303,7 +303,7 @@ def main() -> None:
     else:
         try:
             run_cli()
-        except (TrainingDiverged, ValueError, FileNotFoundError, FileExistsError, RuntimeError) as err:
+        except (TrainingDiverged, ValueError, OSError, RuntimeError) as err:
             if os.environ.get("TRUNK_TRACEBACK") or (isinstance(err, RuntimeError) and not is_collective_failure(err)):
                 raise
             if is_collective_failure(err):

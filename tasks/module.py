@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from pathlib import Path
 
 import lightning as L
@@ -201,6 +202,10 @@ class TrunkModule(L.LightningModule):
             checkpoint["codec"] = self.codec.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        bad = [k for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad and not os.environ.get("TRUNK_ALLOW_NON_FINITE"):
+            raise ValueError(f"The checkpoint has NaN or infinite weights in {bad[:5]}: the run that wrote it diverged. Use an "
+                             "earlier checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1).")
         if "codec" in checkpoint and self.codec is None:
             self.connect(Codec.from_state(checkpoint["codec"]))
 

@@ -21,6 +21,17 @@ class OptimConfig:
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
 
+    def __post_init__(self) -> None:
+        problems = [f"lr={self.lr} (must be > 0)" if not self.lr > 0 else "",
+                    f"weight_decay={self.weight_decay} (must be >= 0)" if not self.weight_decay >= 0 else "",
+                    f"betas={tuple(self.betas)} (each in [0, 1))" if not all(0 <= b < 1 for b in self.betas) else "",
+                    f"eps={self.eps} (must be > 0)" if not self.eps > 0 else "",
+                    f"warmup={self.warmup} (a fraction below 1, or a step count)" if not self.warmup >= 0 else "",
+                    f"min_lr_ratio={self.min_lr_ratio} (must be in [0, 1])" if not 0 <= self.min_lr_ratio <= 1 else ""]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ValueError(f"model.optimizer: {', '.join(problems)}.")
+
 
 def lr_lambda(step: int, total_steps: int, cfg: OptimConfig) -> float:
     """Multiplier on the base learning rate at ``step``."""

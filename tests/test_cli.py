@@ -216,6 +216,13 @@ def test_unreadable_and_foreign_checkpoints_are_clear_errors(tiny_cli_args, tmp_
     image = ["--model.tasks.shapes=trunk.tasks.ImageClassification", "--model.tasks.shapes.image_size=16",
              "--model.tasks.shapes.patch_size=4", "--data.tasks.shapes=trunk.datamodules.ImageClassificationData",
              "--data.tasks.shapes.dataset=trunk:shapes", "--data.tasks.shapes.test=test"]
+    nan = tmp_path / "nan.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    state.pop("trunk_digest")  # (with it, the changed tensor is caught as corruption first)
+    next(v for v in state["state_dict"].values() if v.is_floating_point()).view(-1)[0] = float("nan")
+    torch.save(state, nan)
+    with pytest.raises(ValueError, match="The checkpoint has NaN or infinite weights in"):
+        run_cli(["test", *tiny_cli_args, f"--ckpt_path={nan}"])
     others = [a for a in tiny_cli_args if "sentiment" not in a]
     with pytest.raises(SystemExit, match=r"was trained for the tasks \{'sentiment': 'sequence_classification'\}, but this config "
                                          r"has \{'shapes': 'image_classification'\}.*--model.init_from="):
@@ -232,3 +239,8 @@ def test_an_unreachable_wandb_server_means_offline_logging_at_once(tiny_cli_args
     assert os.environ["WANDB_MODE"] == "offline"
     assert list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
+
+
+def test_bad_optimizer_settings_are_named(tiny_cli_args):
+    with pytest.raises(ValueError, match=r"model.optimizer: lr=-0.001 \(must be > 0\), betas=\(0.9, 1.5\) \(each in \[0, 1\)\)"):
+        run_cli([*tiny_cli_args, "--model.optimizer.lr=-1e-3", "--model.optimizer.betas=[0.9, 1.5]"], run=False)

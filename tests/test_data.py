@@ -1,8 +1,10 @@
 """Datamodules: sources, labels, the run's tokenizer, padding, bucketing, task sampling, and clear errors on bad input."""
 
 import collections
+import os
 import random
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,6 +110,15 @@ def test_trained_tokenizer_is_cached_so_every_process_gets_the_same_ids(sentimen
     assert a.tokenizer.token_to_id(PAD) == 0
     other = run_data(TextClassificationData(train=str(sentiment_files["train"])), tokenizer_vocab_size=200)
     assert other.vocab_size <= 200 < a.vocab_size  # different options, different cache entry
+
+
+def test_a_damaged_cached_tokenizer_is_trained_again(sentiment_files):
+    first = make_data(sentiment_files).tokenizer
+    cached = sorted((Path(os.environ["TRUNK_CACHE"]) / "tokenizers").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
+    cached.write_text('{"truncated": ')
+    with pytest.warns(UserWarning, match="is unreadable .* training it again"):
+        again = make_data(sentiment_files).tokenizer
+    assert load_tokenizer(cached).get_vocab() == again.get_vocab() and again.get_vocab_size() == first.get_vocab_size()
 
 
 def test_editing_a_file_of_a_dataset_folder_retrains_the_tokenizer(tmp_path):
@@ -241,7 +252,7 @@ def test_missing_file(tmp_path):
 
 def test_wrong_column_names_the_option_and_the_choices(sentiment_files):
     data = make_data(sentiment_files, text_column="sentence")
-    with pytest.raises(KeyError, match=r"no column 'sentence' \(set by data.tasks.sst.text_column\).*\['text', 'label'\]"):
+    with pytest.raises(ValueError, match=r"no column 'sentence' \(set by data.tasks.sst.text_column\).*\['text', 'label'\]"):
         data.setup("fit")
 
 
