@@ -320,9 +320,19 @@ def test_missing_directory_or_files(trunk_dir, tmp_path):
         load_pretrained(trunk_dir)
 
 
+def without_checksums(trunk_dir: Path) -> None:
+    """A directory assembled by hand (or by an older Trunk): config.json lists no checksums."""
+    meta = json.loads((trunk_dir / "config.json").read_text())
+    meta.pop("sha256")
+    (trunk_dir / "config.json").write_text(json.dumps(meta))
+
+
 def test_corrupted_weights(trunk_dir):
     weights = trunk_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="model.safetensors' does not match the checksum"):
+        load_pretrained(trunk_dir)
+    without_checksums(trunk_dir)
     with pytest.raises(ValueError, match="model.safetensors' is corrupted"):
         load_pretrained(trunk_dir)
 
@@ -330,6 +340,9 @@ def test_corrupted_weights(trunk_dir):
 def test_tokenizer_that_does_not_belong_to_the_weights(trunk_dir):
     other = train_wordpiece(sentences(500, seed=3), vocab_size=80)
     other.save(str(trunk_dir / "tokenizer.json"))
+    with pytest.raises(ValueError, match="tokenizer.json' does not match the checksum"):
+        load_pretrained(trunk_dir)
+    without_checksums(trunk_dir)
     with pytest.raises(ValueError, match=r"tokenizer.json has \d+ tokens but the weights were trained with vocab_size=1\d\d"):
         load_pretrained(trunk_dir)
 
