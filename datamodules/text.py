@@ -285,11 +285,13 @@ class TextDataModule(TaskData):
         self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role)
         return encodings
 
-    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length") -> None:
+    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", consequence: str = "") -> None:
         if truncated:
             rank_zero_warn(
                 f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
-                f"tokens and were truncated. Raise {self.option(option)} to keep them whole."
+                f"tokens and were truncated{consequence}. Raise {self.option(option)} to keep them whole; it may not exceed "
+                "model.trunk.max_len (the position table's length, fixed by a pretrained trunk), so raise that too when "
+                "training from scratch."
             )
 
     # -- TaskData --------------------------------------------------------------------------------

@@ -166,7 +166,9 @@ class TokenClassificationData(TextDataModule):
             n_right = min(len(right), budget - n_left)
             left, right = left[len(left) - n_left :], right[:n_right]
             windows.append(([cls_id, *left, *ids[:room], *right, sep_id], [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1)))
-        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role)
+        cut_words = sum(len(set(w)) - len(set(w[:room])) for ids, w in zip(pieces, word_ids) if len(ids) > room)
+        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role,
+                            consequence=f" ({cut_words} words lost their sub-tokens: they are predicted O, and scored so)")
         return windows
 
     @staticmethod

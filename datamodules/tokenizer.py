@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from trunk.datamodules.atomic import atomic_write
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from trunk.datamodules.atomic import atomic_write
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # PAD is id 0, UNK 1, CLS 2, SEP 3, MASK 4
@@ -152,8 +152,8 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
     tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
     if tokenizer.get_vocab_size() < vocab_size:
-        rank_zero_info(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
-                       "pieces seen at least twice.")
+        rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
+                       "pieces seen at least twice. That is fine: the vocabulary is what the data holds.")
     atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
     rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
     return tokenizer

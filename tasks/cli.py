@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
-from datetime import timedelta
+import logging
 import netrc
 import os
 import socket
 import sys
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -22,6 +24,19 @@ from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
+
+
+class _DropProductTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_third_party() -> None:
+    """Keep the output to what a user can act on: no product tips, no deprecation notices from inside
+    libraries, no advice to add loader workers (training batches are built in the main process by design)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropProductTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
 
 def wandb_reachable(timeout: float = 3.0) -> bool:
@@ -254,6 +269,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point.
     With ``run=False`` there is no subcommand: the classes are only instantiated."""
     check_config_files(sys.argv[1:] if args is None else args)
+    quiet_third_party()
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
     return TrunkCLI(

@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from trunk.datamodules.atomic import atomic_write
 from trunk.tasks.pretrained import DIGEST_KEY, load_checkpoint, tensor_digest
 

@@ -244,3 +244,9 @@ def test_an_unreachable_wandb_server_means_offline_logging_at_once(tiny_cli_args
 def test_bad_optimizer_settings_are_named(tiny_cli_args):
     with pytest.raises(ValueError, match=r"model.optimizer: lr=-0.001 \(must be > 0\), betas=\(0.9, 1.5\) \(each in \[0, 1\)\)"):
         run_cli([*tiny_cli_args, "--model.optimizer.lr=-1e-3", "--model.optimizer.betas=[0.9, 1.5]"], run=False)
+
+
+def test_the_output_holds_nothing_a_user_cannot_act_on(tiny_cli_args, caplog, recwarn):
+    run_cli(["fit", *tiny_cli_args])
+    assert not [r for r in caplog.records if "Tip" in r.getMessage()]  # Lightning's product tips
+    assert not [w for w in recwarn if "LeafSpec" in str(w.message) or "does not have many workers" in str(w.message)]

@@ -158,7 +158,25 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
         data.setup("fit")
     messages = [str(w.message) for w in caught if "truncated" in str(w.message)]
     assert len(messages) == 1 and "2 of 3 examples" in messages[0] and "max_length=16" in messages[0]
+    assert "may not exceed model.trunk.max_len" in messages[0]  # the second knob is named
     assert max(len(e["input_ids"]) for e in data.tasks["sst"]._encoded["train"]) == 16
+    vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
+    assert len(vocabulary) == 1 and "has no more pieces seen at least twice" in vocabulary[0]  # a warning, with its reason
+
+
+def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):
+    from conftest import write_conll
+
+    words = [(f"w{i}", "B-PER" if i == 0 else "O") for i in range(30)]
+    train = write_conll(tmp_path / "train.txt", [words, words[:3]])
+    data = run_data(TokenClassificationData(train=str(train), max_length=12, context_length=0), name="ner", tokenizer_vocab_size=60)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data.setup("fit")
+    message = next(str(w.message) for w in caught if "truncated" in str(w.message))
+    cut = sum(start == -1 for start in data.tasks["ner"]._encoded["train"][0]["word_starts"])
+    assert cut > 0 and "1 of 2 examples" in message
+    assert f"({cut} words lost their sub-tokens: they are predicted O, and scored so)" in message
 
 
 # -- task sampling ---------------------------------------------------------------------------------
