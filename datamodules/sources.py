@@ -71,7 +71,7 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
-            f"{role}: file '{path_str}' does not exist. Give the path to a local "
+            f"{role}: file '{path_str}' {missing(path)}. Give the path to a local "
             f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
         )
     suffix = file_format(path)
@@ -114,6 +114,11 @@ def check_text_file(path: Path, role: str, kind: str = "text") -> None:
         raise empty_split_error(role, str(path))
 
 
+def missing(path: Path) -> str:
+    """Why a path that should be a file is not one."""
+    return "is a directory, not a file" if path.is_dir() else "does not exist"
+
+
 def empty_split_error(role: str, spec: str) -> ValueError:
     return ValueError(f"{role} ('{spec}') is empty: it has no rows. Point {role} at a split with data.")
 
@@ -133,7 +138,7 @@ def read_text(path: str | Path, role: str) -> str:
     """The whole of a UTF-8 text file, plain or gzip, with errors that name the option."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give text files (plain or .gz), "
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
                                 f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
     check_text_file(path, role)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -155,7 +160,7 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> da
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{role}: file '{path}' does not exist. Give a CoNLL column file (one word per line, "
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, "
                                 f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
     check_text_file(path, role, "CoNLL")
     opener = gzip.open if path.suffix == ".gz" else open

@@ -196,7 +196,8 @@ class TrunkCLI(LightningCLI):
         if not ckpt_path or ckpt_path in ("best", "last"):
             return
         if not Path(ckpt_path).is_file():
-            sys.exit(f"error: --ckpt_path '{ckpt_path}' does not exist. Pass the path of a .ckpt written by `trunk fit`.")
+            what = "is a directory, not a file" if Path(ckpt_path).is_dir() else "does not exist"
+            sys.exit(f"error: --ckpt_path '{ckpt_path}' {what}. Pass the path of a .ckpt written by `trunk fit`.")
         if config.data.get("tokenizer") is None:
             config.data.tokenizer = ckpt_path
         task_info = config.model.get("task_info") or {}
@@ -258,7 +259,15 @@ def check_config_files(args: list[str]) -> None:
     for path in paths:
         if not Path(path).is_file():
             continue  # LightningCLI reports it
-        tree = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)  # nodes only: nothing is constructed
+        try:
+            tree = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)  # nodes only: nothing is constructed
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            sys.exit(f"error: {path}{where}: not valid YAML ({getattr(err, 'problem', None) or err}). Fix the file's syntax "
+                     "(indentation, a missing ':' or closing bracket).")
+        except UnicodeDecodeError:
+            sys.exit(f"error: {path} is not UTF-8 text: a config must be a YAML text file.")
         repeated = _repeated_key(tree) if tree is not None else None
         if repeated is not None:
             sys.exit(f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task names "
@@ -319,6 +328,8 @@ def main() -> None:
     else:
         try:
             run_cli()
+        except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
+            sys.exit("\nInterrupted.")
         except (TrainingDiverged, ValueError, OSError, RuntimeError) as err:
             if os.environ.get("TRUNK_TRACEBACK") or (isinstance(err, RuntimeError) and not is_collective_failure(err)):
                 raise

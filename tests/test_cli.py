@@ -250,3 +250,13 @@ def test_the_output_holds_nothing_a_user_cannot_act_on(tiny_cli_args, caplog, re
     run_cli(["fit", *tiny_cli_args])
     assert not [r for r in caplog.records if "Tip" in r.getMessage()]  # Lightning's product tips
     assert not [w for w in recwarn if "LeafSpec" in str(w.message) or "does not have many workers" in str(w.message)]
+
+
+def test_a_config_file_that_is_not_yaml_is_one_clear_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  tasks: [\n")
+    with pytest.raises(SystemExit, match=r"bad.yaml, line 3, column 1: not valid YAML .* Fix the file's syntax"):
+        run_cli(["fit", "--config", str(bad)])
+    bad.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(SystemExit, match="is not UTF-8 text"):
+        run_cli(["fit", "--config", str(bad)])
