@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
+from trunk.datamodules.atomic import atomic_write
 from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
 from trunk.datamodules.tokenizer import Codec, cached_tokenizer, load_tokenizer
 
@@ -252,8 +253,7 @@ class MultiTaskData(L.LightningDataModule):
             # Keep the tokenizer beside the run's logs, so the run can be reused without its checkpoint.
             log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
             if log_dir and self.trainer.is_global_zero and self.tokenizer is not None:
-                Path(log_dir).mkdir(parents=True, exist_ok=True)
-                self.tokenizer.save(str(Path(log_dir) / "tokenizer.json"))
+                atomic_write(Path(log_dir) / "tokenizer.json", lambda tmp: self.tokenizer.save(str(tmp)))
 
     @property
     def predict_tasks(self) -> list[str]:

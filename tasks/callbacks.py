@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -10,6 +11,7 @@ import yaml
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
+from trunk.datamodules.atomic import temporary_path
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 
 
@@ -43,10 +45,12 @@ class PredictionWriter(BasePredictionWriter):
         self._files = {}
 
     def _file(self, trainer: L.Trainer, task: str):
+        # Written under a temporary name and renamed at the end: an interrupted run leaves the previous
+        # predictions file as it was, never a truncated one.
         if task not in self._files:
             path = self.path(trainer, task)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[task] = path.open("w", encoding="utf-8")
+            self._files[task] = temporary_path(path).open("w", encoding="utf-8")
         return self._files[task]
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
@@ -66,8 +70,18 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for task, file in self._files.items():
+            file.flush()
+            os.fsync(file.fileno())
             file.close()
+            os.replace(file.name, self.path(trainer, task))
             print(f"Wrote the predictions of task '{task}' to {self.path(trainer, task)}")
+        self._files = {}
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        for file in self._files.values():
+            file.close()
+            Path(file.name).unlink(missing_ok=True)
+        self._files = {}
 
 
 class LogConfigCallback(SaveConfigCallback):

@@ -260,3 +260,21 @@ def test_a_config_file_that_is_not_yaml_is_one_clear_line(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(SystemExit, match="is not UTF-8 text"):
         run_cli(["fit", "--config", str(bad)])
+
+
+def test_an_interrupted_predict_leaves_the_previous_predictions_whole(tmp_path):
+    from trunk.tasks.callbacks import PredictionWriter
+
+    out = tmp_path / "p.jsonl"
+    out.write_text('{"label": "old"}\n')
+    writer = PredictionWriter(output=str(out))
+    trainer = type("T", (), {"global_rank": 0, "world_size": 1, "log_dir": str(tmp_path), "datamodule": None})()
+    writer.on_predict_start(trainer, None)
+    writer.write_on_batch_end(trainer, None, [{"label": "new"}], None, {"task": "sst2"}, 0, 0)
+    assert out.read_text() == '{"label": "old"}\n'  # nothing replaced mid-way
+    writer.on_exception(trainer, None, KeyboardInterrupt())
+    assert out.read_text() == '{"label": "old"}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]
+    writer.on_predict_start(trainer, None)
+    writer.write_on_batch_end(trainer, None, [{"label": "new"}], None, {"task": "sst2"}, 0, 0)
+    writer.on_predict_end(trainer, None)
+    assert out.read_text() == '{"label": "new"}\n'
