@@ -15,12 +15,13 @@ from urllib.parse import urlparse
 
 import torch
 import yaml
+from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
-from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
@@ -120,6 +121,8 @@ class TrunkCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
+        if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks = [*callbacks, TrunkModelSummary()]
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:

@@ -115,17 +115,21 @@ def test_bad_steps_are_skipped_up_to_the_budget(sentiment_files, ner_files, tmp_
     assert all(torch.isfinite(w).all() for w in final.values() if w.is_floating_point())
 
 
-def test_extending_a_finished_run_replans_the_schedule(sentiment_files, ner_files, tmp_path):
+def test_the_last_step_is_saved_and_extending_max_steps_replans_the_schedule(sentiment_files, ner_files, tmp_path):
+    """max_steps 30 ends mid-epoch, away from any validation: the final steps are still saved. Resumed with
+    max_steps 60, the schedule is planned for 60 steps, so the new steps train (the old plan would hold lr at 0)."""
     root = tmp_path / "run"
-    args = [*fit_args(root, sentiment_files, ner_files, epochs=1)]
-    assert trunk(args, tmp_path).returncode == 0
-    before = weights(last(root))
-    more = trunk([*args, "--trainer.max_epochs=2", "--ckpt_path=last"], tmp_path)
+    args = fit_args(root, sentiment_files, ner_files)
+    assert trunk([*args, "--trainer.max_steps=30"], tmp_path).returncode == 0
+    first = torch.load(last(root), weights_only=True)
+    assert first["global_step"] == 30
+    more = trunk([*args, "--trainer.max_steps=60", "--ckpt_path=last"], tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     ckpt = torch.load(last(root), weights_only=True)
-    assert ckpt["global_step"] == 2 * STEPS_PER_EPOCH
-    changed = sum(not torch.equal(before[k], ckpt["state_dict"][k]) for k in before)
-    assert changed > len(before) // 2  # the new steps trained (the old schedule would have held lr at 0)
+    assert ckpt["global_step"] == 60
+    changed = sum(not torch.equal(first["state_dict"][k], ckpt["state_dict"][k]) for k in first["state_dict"])
+    assert changed > len(first["state_dict"]) // 2
+    assert ckpt["lr_schedulers"][0]["_last_lr"][0] == 0.0  # the cosine ends at the new end
 
 
 # -- files -------------------------------------------------------------------------------------------

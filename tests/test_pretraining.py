@@ -451,3 +451,14 @@ def test_a_reader_never_finds_the_trunk_directory_missing_during_a_re_export(tmp
     reader.join()
     assert not gaps, f"the directory was missing {len(gaps)} times"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_the_model_summary_counts_the_tied_decoder_once():
+    from trunk.tasks.callbacks import _SharedOnceSummary
+
+    model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=TrunkConfig(vocab_size=500, d_model=32, n_layers=1, n_heads=2,
+                                                                            d_ff=64, max_len=16))
+    for depth in (1, 3):
+        summary = _SharedOnceSummary(model, max_depth=depth)
+        rows = dict(zip(summary.layer_names, summary.param_nums))
+        assert rows["trunk"] + rows["objectives"] == summary.total_parameters == sum(p.numel() for p in model.parameters())
