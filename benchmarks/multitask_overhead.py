@@ -7,14 +7,18 @@ Compares, in one process and alternating, so machine noise hits both sides alike
     step of a two-task TrunkModule (a second, NER head on the trunk), on the same classification batch;
   * data: building a training batch with MultiTaskData's sampling stream against a plain shuffled
     DataLoader over the same encoded rows.
-Reported: median milliseconds per step over the rounds, and the ratio (joint / single).
+Reported: median milliseconds per step over the rounds, and the ratio (joint / single). Then the
+memory of a training step: each side runs alone in a fresh process (building the model, 5 steps),
+which reports its peak resident memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import resource
 import random
 import statistics
 import tempfile
@@ -44,22 +48,49 @@ def timed(fn, steps: int) -> float:
     return 1000 * (time.perf_counter() - start) / steps
 
 
+def build(side: str) -> tuple[TrunkModule, torch.optim.Optimizer, dict]:
+    """The single-task or joint module, its optimizer and a classification batch (the same for both)."""
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=8000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, dropout=0.1)
+    labels = {"sst2": {"label_names": ["negative", "positive"]}}
+    tasks = {"sst2": SequenceClassification()}
+    if side == "joint":
+        tasks["conll"] = TokenClassification()
+        labels["conll"] = {"label_names": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]}
+    module = TrunkModule(tasks, trunk=cfg, task_info=labels)
+    batch = {"task": "sst2", "input_ids": torch.randint(5, 8000, (64, 24)), "attention_mask": torch.ones(64, 24, dtype=torch.long),
+             "labels": torch.randint(0, 2, (64,))}
+    return module, torch.optim.AdamW(module.param_groups(), lr=1e-4), batch
+
+
+def peak_memory(side: str, queue) -> None:
+    """In a fresh process: build one side, train 5 steps, report the peak resident memory (MiB)."""
+    module, optimizer, batch = build(side)
+    for _ in range(5):
+        model_step(module, optimizer, batch)
+    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+
+
+def measure_memory(side: str) -> float:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=peak_memory, args=(side, queue))
+    process.start()
+    value = queue.get()
+    process.join()
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     options = parser.parse_args()
-    torch.manual_seed(0)
-    cfg = TrunkConfig(vocab_size=8000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, dropout=0.1)
-    labels = {"sst2": {"label_names": ["negative", "positive"]}}
-    single = TrunkModule({"sst2": SequenceClassification()}, trunk=cfg, task_info=labels)
-    joint = TrunkModule({"sst2": SequenceClassification(), "conll": TokenClassification()}, trunk=cfg,
-                        task_info={**labels, "conll": {"label_names": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]}})
+    single, single_optimizer, batch = build("single")
+    joint, joint_optimizer, _ = build("joint")
     joint.load_state_dict({**joint.state_dict(), **single.state_dict()})  # same weights for the shared parts
     modules = {"single": single, "joint": joint}
-    optimizers = {name: torch.optim.AdamW(m.param_groups(), lr=1e-4) for name, m in modules.items()}
-    batch = {"task": "sst2", "input_ids": torch.randint(5, 8000, (64, 24)), "attention_mask": torch.ones(64, 24, dtype=torch.long),
-             "labels": torch.randint(0, 2, (64,))}
+    optimizers = {"single": single_optimizer, "joint": joint_optimizer}
 
     # data: 4,000 generated sentences written to a file, encoded once
     rng = random.Random(0)
@@ -95,6 +126,9 @@ def main() -> None:
         what = ("training step, batch 64 x 24 tokens, width 256, 4 blocks; joint: + a second (NER) head" if kind == "model step"
                 else "one training batch from 4,000 rows: plain DataLoader vs MultiTaskData's stream")
         print(f"| {what} | {a:.2f} | {b:.2f} | {b / a:.3f} |")
+    memory = {side: measure_memory(side) for side in ("single", "joint")}
+    print(f"| peak resident memory of a process training that step (MiB) | {memory['single']:.0f} | {memory['joint']:.0f} | "
+          f"{memory['joint'] / memory['single']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,251 @@
+"""Trunk against the Hugging Face models people would otherwise use, at equal dimensions. Prints a table.
+
+    pip install -e ".[bench]"                  # transformers, for this benchmark only
+    python benchmarks/throughput.py [--rounds 5] [--steps 4] [--precision fp32 bf16] [--only mlm seqcls ...]
+
+Every row builds Trunk's model and the Hugging Face model of the same size (width 256, 4 blocks,
+4 heads, FFN 1024, vocabulary 8000), feeds both the same batches, and times them alternating in one
+process (a warm-up step each is excluded; the median of the rounds is reported). "ratio" is HF time
+over Trunk time: above 1, Trunk is faster. Training rows time forward, backward and AdamW's step;
+inference rows a forward pass under ``torch.no_grad``. Both sides run the same autocast (bf16) or none.
+
+The roofline row is the measured rate of a large ``torch.mm`` (2048^3) in each precision; "MFU" is a
+Trunk row's model FLOPs per second (6 x matmul parameters x tokens, plus attention, for training;
+a third of that for inference) as a share of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.models import TrunkConfig
+from trunk.tasks import ImageClassification, MaskedLanguageModeling, SequenceClassification, TokenClassification, TrunkModule
+
+WIDTH, DEPTH, HEADS, FFN, VOCAB = 256, 4, 4, 1024, 8000
+
+
+def trunk_config(max_len: int = 128) -> TrunkConfig:
+    return TrunkConfig(vocab_size=VOCAB, d_model=WIDTH, n_layers=DEPTH, n_heads=HEADS, d_ff=FFN, max_len=max_len,
+                       dropout=0.1, attn_dropout=0.1, positions="learned")
+
+
+def bert_config(**extra):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=DEPTH, num_attention_heads=HEADS,
+                      intermediate_size=FFN, max_position_embeddings=128, hidden_dropout_prob=0.1,
+                      attention_probs_dropout_prob=0.1, **extra)
+
+
+# -- batches: the same tensors for both sides ---------------------------------------------------------------
+
+
+def text_batches(n: int, batch: int, lengths: tuple[int, int], seed: int = 0) -> list[dict]:
+    """Batches of random token ids, each padded to its longest row (dynamic padding), lengths drawn uniformly."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        sizes = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g)
+        mask = (torch.arange(int(sizes.max()))[None, :] < sizes[:, None]).long()
+        ids = torch.randint(5, VOCAB, mask.shape, generator=g) * mask
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+def with_mlm_labels(batch: dict, g: torch.Generator) -> dict:
+    chosen = (torch.rand(batch["input_ids"].shape, generator=g) < 0.15) & batch["attention_mask"].bool()
+    return {**batch, "task": "mlm", "labels": torch.where(chosen, batch["input_ids"], -100)}
+
+
+# -- the two sides of a row -----------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    model: torch.nn.Module
+    step: Callable[[dict], torch.Tensor | None]  # one batch -> loss (training) or None (inference)
+    optimizer: torch.optim.Optimizer | None
+
+
+def trunk_side(tasks: dict, info: dict, train: bool, cfg: TrunkConfig | None = None) -> Side:
+    module = TrunkModule(tasks, trunk=cfg or trunk_config(), task_info=info)
+    module.train(train)
+    name = next(iter(tasks))
+    if train:
+        return Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4))
+    return Side(module, lambda b: module.objectives[name](module.trunk, b), None)
+
+
+def hf_side(model: torch.nn.Module, forward: Callable[[dict], torch.Tensor], train: bool) -> Side:
+    model.train(train)
+    return Side(model, forward, torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None)
+
+
+def run(side: Side, batch: dict, precision: str) -> None:
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    if side.optimizer is None:
+        with torch.no_grad(), autocast:
+            side.step(batch)
+        return
+    with autocast:
+        loss = side.step(batch)
+    side.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    side.optimizer.step()
+
+
+# -- the rows ------------------------------------------------------------------------------------------
+
+
+def mlm_rows(train: bool):
+    from transformers import BertForMaskedLM
+
+    g = torch.Generator().manual_seed(1)
+    batches = [with_mlm_labels(b, g) for b in text_batches(4, 32, (128, 128))]
+    trunk = trunk_side({"mlm": MaskedLanguageModeling()}, {"mlm": {}}, train)
+    stock = BertForMaskedLM(bert_config())
+    masked_only = BertForMaskedLM(bert_config())
+
+    def stock_loss(b):
+        return stock(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+
+    def masked_only_loss(b):  # the decoder applied only where there is a target, as Trunk does
+        hidden = masked_only.bert(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+        selected = b["labels"] != -100
+        return F.cross_entropy(masked_only.cls(hidden[selected]).float(), b["labels"][selected])
+
+    yield "masked-LM", "BertForMaskedLM", trunk, hf_side(stock, stock_loss, train), batches
+    yield "masked-LM", "BertForMaskedLM, decoder at masked positions only", trunk, hf_side(masked_only, masked_only_loss, train), batches
+
+
+def seqcls_rows(train: bool):
+    from transformers import BertForSequenceClassification
+
+    g = torch.Generator().manual_seed(2)
+    batches = [{**b, "task": "sst2", "labels": torch.randint(0, 2, (32,), generator=g)} for b in text_batches(8, 32, (6, 56))]
+    trunk = trunk_side({"sst2": SequenceClassification(pooling="cls")}, {"sst2": {"label_names": ["negative", "positive"]}}, train)
+    hf = BertForSequenceClassification(bert_config(num_labels=2))
+    yield ("sequence classification (SST-2 lengths 6-56, dynamic padding)", "BertForSequenceClassification", trunk,
+           hf_side(hf, lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss, train),
+           batches)
+
+
+def tokcls_rows(train: bool):
+    from transformers import BertForTokenClassification
+
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for b in text_batches(8, 32, (8, 48)):
+        labels = torch.where(b["attention_mask"].bool(), torch.randint(0, len(names), b["input_ids"].shape, generator=g), -100)
+        batches.append({**b, "task": "ner", "labels": labels})
+    trunk = trunk_side({"ner": TokenClassification()}, {"ner": {"label_names": names}}, train)
+    hf = BertForTokenClassification(bert_config(num_labels=len(names)))
+    yield ("token classification (CoNLL lengths 8-48)", "BertForTokenClassification", trunk,
+           hf_side(hf, lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss, train),
+           batches)
+
+
+def vit_rows(train: bool):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    g = torch.Generator().manual_seed(4)
+    batches = [{"task": "images", "pixel_values": torch.randn(64, 3, 32, 32, generator=g),
+                "labels": torch.randint(0, 10, (64,), generator=g)} for _ in range(4)]
+    trunk = trunk_side({"images": ImageClassification(image_size=32, patch_size=4, channels=3, pooling="cls")},
+                       {"images": {"label_names": [str(i) for i in range(10)]}}, train)
+    hf = ViTForImageClassification(ViTConfig(image_size=32, patch_size=4, num_channels=3, hidden_size=WIDTH, num_hidden_layers=DEPTH,
+                                             num_attention_heads=HEADS, intermediate_size=FFN, num_labels=10,
+                                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    yield ("ViT image classification (32x32, patches of 4: 64 + [CLS])", "ViTForImageClassification", trunk,
+           hf_side(hf, lambda b: hf(pixel_values=b["pixel_values"], labels=b["labels"]).loss, train), batches)
+
+
+ROWS = {"mlm": mlm_rows, "seqcls": seqcls_rows, "tokcls": tokcls_rows, "vit": vit_rows}
+
+
+# -- FLOPs and the roofline ---------------------------------------------------------------------------------
+
+
+def model_flops(batches: list[dict], train: bool, vocab_rows: bool = False) -> float:
+    """FLOPs of one pass over ``batches`` (per batch, averaged): 2 per multiply-add of the blocks' matmuls at
+    every position, attention's two T x T products, and the MLM decoder where there are targets; x3 for training."""
+    per_token = 2 * DEPTH * (4 * WIDTH * WIDTH + 2 * WIDTH * FFN)
+    total = 0.0
+    for b in batches:
+        if "pixel_values" in b:
+            n, t = b["pixel_values"].shape[0], 65
+            total += n * t * per_token + n * DEPTH * 4 * t * t * WIDTH
+            continue
+        lengths = b["attention_mask"].shape[1]  # padded: what the kernels compute
+        n = b["input_ids"].shape[0]
+        total += n * lengths * per_token + n * DEPTH * 4 * lengths * lengths * WIDTH
+        if vocab_rows:
+            total += 2 * int((b["labels"] != -100).sum()) * (WIDTH * WIDTH + WIDTH * VOCAB)
+    return (3 if train else 1) * total / len(batches)
+
+
+def matmul_peak(precision: str, size: int = 2048, repeats: int = 10) -> float:
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / statistics.median(times)
+
+
+def timed(side: Side, batches: list[dict], precision: str, steps: int) -> float:
+    start = time.perf_counter()
+    for i in range(steps):
+        run(side, batches[i % len(batches)], precision)
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4, help="steps per side per round")
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--only", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--inference", action=argparse.BooleanOptionalAction, default=True, help="also time inference")
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"{options.rounds} rounds of {options.steps} steps per side, medians")
+    peaks = {p: matmul_peak(p) for p in options.precision}
+    print("| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk MFU |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in options.precision:
+        print(f"| roofline: torch.mm 2048^3 | | {p} | | | | | {peaks[p] / 1e9:.0f} GFLOP/s |")
+    for modes in ([True, False] if options.inference else [True]):
+        for key in options.only:
+            if key == "mlm" and not modes:
+                continue  # masked-LM is a training objective
+            for what, hf_name, trunk, hf, batches in ROWS[key](modes):
+                flops = model_flops(batches, modes, vocab_rows=key == "mlm")
+                for precision in options.precision:
+                    run(trunk, batches[0], precision)  # warm-up
+                    run(hf, batches[0], precision)
+                    times = {"trunk": [], "hf": []}
+                    for _ in range(options.rounds):
+                        times["trunk"].append(timed(trunk, batches, precision, options.steps))
+                        times["hf"].append(timed(hf, batches, precision, options.steps))
+                    t, h = statistics.median(times["trunk"]), statistics.median(times["hf"])
+                    print(f"| {what} | {'training' if modes else 'inference'} | {precision} | {1000 * t:.1f} | {hf_name} | "
+                          f"{1000 * h:.1f} | {h / t:.2f} | {flops / t / peaks[precision]:.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
