@@ -334,7 +334,8 @@ def main() -> None:
         except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
             sys.exit("\nInterrupted.")
         except (TrainingDiverged, ValueError, OSError, RuntimeError) as err:
-            if os.environ.get("TRUNK_TRACEBACK") or (isinstance(err, RuntimeError) and not is_collective_failure(err)):
+            unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
+            if os.environ.get("TRUNK_TRACEBACK") or unexpected:
                 raise
             if is_collective_failure(err):
                 err = (f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): another process "

@@ -172,10 +172,20 @@ class FaultTolerance(Callback):
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags, reduce_op="max")  # every process saves and stops together
         due, signum = bool(flags[0]), int(flags[1])
-        if due or signum or (self.save_every_steps and step % self.save_every_steps == 0):
+        if due or signum or self._is_final_step(trainer) or (self.save_every_steps and step % self.save_every_steps == 0):
             self.save(trainer)
         if signum:
             self._stop(trainer, signum)
+
+    @staticmethod
+    def _is_final_step(trainer: L.Trainer) -> bool:
+        """The run's last optimizer step (max_steps, or the last batch of the last epoch). Saved here, in the
+        middle of the loop's bookkeeping like any step, rather than after the loop has closed the epoch:
+        a run extended from it continues exactly (and keeps its epoch count)."""
+        if 0 < trainer.max_steps <= trainer.global_step:
+            return True
+        max_epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
+        return bool(max_epochs and trainer.current_epoch + 1 >= max_epochs and trainer.is_last_batch)
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
