@@ -18,7 +18,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import resource
 import random
 import statistics
 import tempfile
@@ -68,7 +67,9 @@ def peak_memory(side: str, queue) -> None:
     module, optimizer, batch = build(side)
     for _ in range(5):
         model_step(module, optimizer, batch)
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+    # VmHWM: this process's own high-water mark (ru_maxrss would include the parent's memory from before exec)
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    queue.put(int(status["VmHWM"].split()[0]) / 1024)  # KiB -> MiB
 
 
 def measure_memory(side: str) -> float:
