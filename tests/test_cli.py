@@ -281,3 +281,23 @@ def test_an_interrupted_predict_leaves_the_previous_predictions_whole(tmp_path):
     writer.write_on_batch_end(trainer, None, [{"label": "new"}], None, {"task": "sst2"}, 0, 0)
     writer.on_predict_end(trainer, None)
     assert out.read_text() == '{"label": "new"}\n'
+
+
+def test_a_data_error_is_one_line_from_the_command(tmp_path):
+    bad = tmp_path / "train.xml"
+    bad.write_text("<rows/>")
+    result = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                             "--data.tasks.sentiment.dataset=null", f"--data.tasks.sentiment.train={bad}",
+                             f"--trainer.default_root_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"error: data.tasks.sentiment.train: cannot read '{bad}': unknown file type '.xml'" in result.stderr
+
+
+def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_about_layer_decay(ner_files, tmp_path):
+    args = ["--config", str(REPO / "configs/conll2003.yaml"), "--model.init_from=null", f"--trainer.default_root_dir={tmp_path}",
+            *(f"--data.tasks.conll.{split}={ner_files[split]}" for split in ("train", "validation", "test")),
+            "--data.tokenizer_vocab_size=300"]
+    with pytest.warns(UserWarning, match="layer_decay=0.8 without model.init_from"):
+        cli = run_cli(args, run=False)
+    config = cli.model.trunk_config
+    assert (config.positions, config.max_len, config.d_model, config.n_layers) == ("rope", 128, 256, 4)
