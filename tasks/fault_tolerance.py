@@ -190,10 +190,11 @@ class FaultTolerance(Callback):
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
         args = [a for a in sys.argv[1:] if not a.startswith("--ckpt_path")]
+        args = args[1:] if args[:1] == ["fit"] else args  # (scripts such as benchmarks/fit.py add the subcommand themselves)
         if trainer.is_global_zero and trainer.checkpoint_callback is None:
             print(f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.", file=sys.stderr, flush=True)
         elif trainer.is_global_zero:
-            print(f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk {shlex.join(args)} --ckpt_path={last}",
+            print(f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk fit {shlex.join(args)} --ckpt_path={last}",
                   file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODES.get(signum, 128 + signum))
 
