@@ -38,6 +38,8 @@ def quiet_third_party() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropProductTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
+    warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
 
 
 def wandb_reachable(timeout: float = 3.0) -> bool:
