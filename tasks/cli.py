@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import logging
 import netrc
 import os
@@ -17,6 +18,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
@@ -150,9 +152,14 @@ class TrunkCLI(LightningCLI):
         version_dir = ckpt_path.resolve().parent.parent
         if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
             return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
+        step = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
         for logger in trainer.loggers:
             if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
                 logger._version = int(version_dir.name.removeprefix("version_"))
+                if isinstance(logger, CSVLogger):
+                    _keep_csv_history(logger, step)
+
+
 
     @staticmethod
     def _check_wandb(config) -> None:
@@ -242,6 +249,23 @@ class TrunkCLI(LightningCLI):
             return
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def _keep_csv_history(logger: CSVLogger, step: int) -> None:
+    """Lightning's CSV writer deletes an existing metrics.csv; a resumed run keeps the rows logged up to
+    its checkpoint's step (later ones are logged again) and appends to them."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), [r for r in reader if int(r.get("step") or 0) <= step]
+    writer = logger.experiment  # created now: it removes the file
+    with path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = header
 
 
 def _repeated_key(node: yaml.Node) -> yaml.Node | None:

@@ -73,6 +73,11 @@ def test_killed_at_random_steps_and_resumed_ends_bit_identical(sentiment_files, 
     assert all(torch.equal(expected[k], got[k]) for k in expected), f"kills at {kills}"
     # one run directory: the resumed runs kept the first one's logs, best score and checkpoints
     assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
+    def logged_steps(run: Path) -> list[int]:
+        lines = (run / "lightning_logs/version_0/metrics.csv").read_text().splitlines()
+        return sorted(int(line.split(",")[lines[0].split(",").index("step")]) for line in lines[1:])
+
+    assert logged_steps(root) == logged_steps(tmp_path / "straight"), kills  # the killed runs' rows survive the resumes
     best = lambda r: sorted(p.name for p in (r / "lightning_logs/version_0/checkpoints").glob("epoch=*"))  # noqa: E731
     assert best(root) == best(tmp_path / "straight"), kills
     assert "test/score" in resumed.stdout and resumed.stdout.split("test/score")[1].split()[0] == \
