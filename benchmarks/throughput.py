@@ -27,8 +27,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from fit import cpu_name  # benchmarks/fit.py, beside this script
-from trunk.models import TrunkConfig
-from trunk.tasks import ImageClassification, MaskedLanguageModeling, SequenceClassification, TokenClassification, TrunkModule
+from trunk.models import SpecialIds, TrunkConfig, beam_search, greedy_search
+from trunk.tasks import (
+    ImageClassification,
+    MaskedLanguageModeling,
+    SequenceClassification,
+    TokenClassification,
+    Translation,
+    TrunkModule,
+)
 
 WIDTH, DEPTH, HEADS, FFN, VOCAB = 256, 4, 4, 1024, 8000
 
@@ -170,28 +177,101 @@ def vit_rows(train: bool):
            hf_side(hf, lambda b: hf(pixel_values=b["pixel_values"], labels=b["labels"]).loss, train), batches)
 
 
-ROWS = {"mlm": mlm_rows, "seqcls": seqcls_rows, "tokcls": tokcls_rows, "vit": vit_rows}
+def bart(**extra):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    return BartForConditionalGeneration(BartConfig(
+        vocab_size=VOCAB, d_model=WIDTH, encoder_layers=DEPTH, decoder_layers=DEPTH, encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, max_position_embeddings=128, dropout=0.1,
+        attention_dropout=0.1, activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        forced_bos_token_id=None, forced_eos_token_id=None, tie_word_embeddings=True, **extra))
+
+
+TARGET_TOKENS = 24  # decoding: every side writes exactly this many tokens per sentence (the end token is banned)
+
+
+def translation_batches(n: int, batch: int, seed: int = 5) -> list[dict]:
+    """Multi30k-like pairs: sources of 8-32 tokens, targets of 8-32 (teacher forcing: inputs start with BOS = 1)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for source, target in zip(text_batches(n, batch, (8, 32), seed), text_batches(n, batch, (8, 32), seed + 1)):
+        labels = torch.where(target["attention_mask"].bool(), target["input_ids"], -100)
+        decoder_inputs = torch.cat([torch.ones(batch, 1, dtype=torch.long), target["input_ids"][:, :-1]], dim=1)
+        out.append({**source, "task": "mt", "decoder_input_ids": decoder_inputs, "labels": labels,
+                    "decoder_attention_mask": torch.cat([torch.ones(batch, 1, dtype=torch.long), target["attention_mask"][:, :-1]], 1)})
+    del g
+    return out
+
+
+def translation_rows(train: bool):
+    batches = translation_batches(4, 32)
+    module = TrunkModule({"mt": Translation(label_smoothing=0.1)}, trunk=trunk_config(), task_info={"mt": {}})
+    hf = bart()
+    if train:
+        def hf_loss(b):
+            logits = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], decoder_input_ids=b["decoder_input_ids"],
+                        decoder_attention_mask=b["decoder_attention_mask"]).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100, label_smoothing=0.1)
+
+        module.train()
+        trunk = Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4))
+        yield "translation (sources and targets of 8-32 tokens)", "BartForConditionalGeneration", trunk, hf_side(hf, hf_loss, True), batches
+        return
+    module.eval()
+    objective = module.objectives["mt"]
+    # Random weights would end sentences at random steps: ban the end token so both sides write TARGET_TOKENS.
+    ids = SpecialIds(bos=1, eos=2, pad=0, banned=(0, 1, 2, 4))
+    for beams in (4, 1):
+        def trunk_generate(b, beams=beams):
+            memory = module.trunk(b["input_ids"], b["attention_mask"])
+            if beams == 1:
+                return greedy_search(objective.decoder, memory, b["attention_mask"].bool(), ids, TARGET_TOKENS)
+            return beam_search(objective.decoder, memory, b["attention_mask"].bool(), ids, TARGET_TOKENS, beams, 1.0)
+
+        def hf_generate(b, beams=beams):
+            return hf.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], num_beams=beams, do_sample=False,
+                               max_new_tokens=TARGET_TOKENS, min_new_tokens=TARGET_TOKENS, early_stopping=False,
+                               length_penalty=1.0, suppress_tokens=[0, 1, 4], use_cache=True)
+
+        name = "beam-4 decoding" if beams > 1 else "greedy decoding"
+        yield (f"translation: {name}, {TARGET_TOKENS} tokens per sentence", "BartForConditionalGeneration.generate",
+               Side(module, trunk_generate, None), hf_side(hf, hf_generate, False), batches)
+
+
+ROWS = {"mlm": mlm_rows, "seqcls": seqcls_rows, "tokcls": tokcls_rows, "vit": vit_rows, "translation": translation_rows}
 
 
 # -- FLOPs and the roofline ---------------------------------------------------------------------------------
 
 
-def model_flops(batches: list[dict], train: bool, vocab_rows: bool = False) -> float:
-    """FLOPs of one pass over ``batches`` (per batch, averaged): 2 per multiply-add of the blocks' matmuls at
-    every position, attention's two T x T products, and the MLM decoder where there are targets; x3 for training."""
-    per_token = 2 * DEPTH * (4 * WIDTH * WIDTH + 2 * WIDTH * FFN)
-    total = 0.0
-    for b in batches:
-        if "pixel_values" in b:
-            n, t = b["pixel_values"].shape[0], 65
-            total += n * t * per_token + n * DEPTH * 4 * t * t * WIDTH
-            continue
-        lengths = b["attention_mask"].shape[1]  # padded: what the kernels compute
-        n = b["input_ids"].shape[0]
-        total += n * lengths * per_token + n * DEPTH * 4 * lengths * lengths * WIDTH
-        if vocab_rows:
-            total += 2 * int((b["labels"] != -100).sum()) * (WIDTH * WIDTH + WIDTH * VOCAB)
-    return (3 if train else 1) * total / len(batches)
+def model_flops(batch: dict, train: bool) -> float:
+    """Useful FLOPs of one step on ``batch``: 2 per multiply-add of every matmul at every *real* token (padding is
+    not work), attention's two products within each sequence, the MLM decoder at masked positions and the
+    translation decoder's output layer at every target token; x3 for training (backward is twice forward)."""
+    encoder = 2 * DEPTH * (4 * WIDTH * WIDTH + 2 * WIDTH * FFN)  # per token: QKV + output projections, FFN
+    if "pixel_values" in batch:
+        n, t = batch["pixel_values"].shape[0], 65
+        return (3 if train else 1) * (n * t * encoder + n * DEPTH * 4 * t * t * WIDTH)
+    lengths = batch["attention_mask"].sum(1).double()
+    total = float(lengths.sum()) * encoder + float((lengths ** 2).sum()) * DEPTH * 4 * WIDTH
+    if batch.get("task") == "mlm":
+        total += 2 * int((batch["labels"] != -100).sum()) * (WIDTH * WIDTH + WIDTH * VOCAB)
+    if "decoder_input_ids" in batch:
+        targets = batch["decoder_attention_mask"].sum(1).double()
+        decoder = 2 * DEPTH * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + 2 * WIDTH * VOCAB  # self + cross q/out, FFN, output
+        total += float(targets.sum()) * decoder + float(lengths.sum()) * DEPTH * 4 * WIDTH * WIDTH  # cross keys/values
+        total += DEPTH * (float((targets ** 2).sum()) * 2 * WIDTH + float((targets * lengths).sum()) * 4 * WIDTH)
+    return (3 if train else 1) * total
+
+
+def work(batch: dict, train: bool) -> tuple[float, str]:
+    """What one step on ``batch`` processes, in the unit people count: real tokens, images or sentences."""
+    if "pixel_values" in batch:
+        return batch["pixel_values"].shape[0], "images"
+    if "decoder_input_ids" in batch and not train:
+        return batch["input_ids"].shape[0], "sentences"
+    tokens = batch["attention_mask"].sum() + (batch["decoder_attention_mask"].sum() if "decoder_input_ids" in batch else 0)
+    return float(tokens), "tokens"
 
 
 def matmul_peak(precision: str, size: int = 2048, repeats: int = 10) -> float:
@@ -225,16 +305,18 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"{options.rounds} rounds of {options.steps} steps per side, medians")
     peaks = {p: matmul_peak(p) for p in options.precision}
-    print("| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk MFU |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for p in options.precision:
-        print(f"| roofline: torch.mm 2048^3 | | {p} | | | | | {peaks[p] / 1e9:.0f} GFLOP/s |")
-    for modes in ([True, False] if options.inference else [True]):
+        print(f"| roofline: torch.mm 2048^3 | | {p} | | | | | {peaks[p] / 1e9:.0f} GFLOP/s | |")
+    for train in ([True, False] if options.inference else [True]):
         for key in options.only:
-            if key == "mlm" and not modes:
+            if key == "mlm" and not train:
                 continue  # masked-LM is a training objective
-            for what, hf_name, trunk, hf, batches in ROWS[key](modes):
-                flops = model_flops(batches, modes, vocab_rows=key == "mlm")
+            for what, hf_name, trunk, hf, batches in ROWS[key](train):
+                decoding = "decoding" in what
+                flops = statistics.mean(model_flops(b, train) for b in batches)
+                amount, unit = statistics.mean(work(b, train)[0] for b in batches), work(batches[0], train)[1]
                 for precision in options.precision:
                     run(trunk, batches[0], precision)  # warm-up
                     run(hf, batches[0], precision)
@@ -243,8 +325,9 @@ def main() -> None:
                         times["trunk"].append(timed(trunk, batches, precision, options.steps))
                         times["hf"].append(timed(hf, batches, precision, options.steps))
                     t, h = statistics.median(times["trunk"]), statistics.median(times["hf"])
-                    print(f"| {what} | {'training' if modes else 'inference'} | {precision} | {1000 * t:.1f} | {hf_name} | "
-                          f"{1000 * h:.1f} | {h / t:.2f} | {flops / t / peaks[precision]:.1%} |", flush=True)
+                    mfu = "" if decoding else f"{flops / t / peaks[precision]:.1%}"
+                    print(f"| {what} | {'training' if train else 'inference'} | {precision} | {1000 * t:.1f} | {hf_name} | "
+                          f"{1000 * h:.1f} | {h / t:.2f} | {amount / t:,.0f} {unit}/s | {mfu} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from trunk.models.stems import (
     sinusoidal_positions,
     sinusoidal_positions_2d,
 )
-from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
+from trunk.models.trunk import Attention, Backbone, Block, Dropout, FeedForward, Trunk, TrunkConfig, Unpadded, dropout, init_weights
 
 __all__ = [
     "Attention",
@@ -20,6 +20,7 @@ __all__ = [
     "Block",
     "Decoder",
     "DecoderBlock",
+    "Dropout",
     "GenerationConfig",
     "KVCache",
     "SpecialIds",
@@ -37,6 +38,8 @@ __all__ = [
     "TokenStem",
     "Trunk",
     "TrunkConfig",
+    "Unpadded",
+    "dropout",
     "init_weights",
     "pool",
     "sinusoidal_positions",

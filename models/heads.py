@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 from torch import nn
-from trunk.models.trunk import ACTIVATIONS
+from trunk.models.trunk import ACTIVATIONS, Dropout
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:
@@ -28,7 +28,7 @@ class SequenceClassificationHead(nn.Module):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,7 +74,7 @@ class TokenClassificationHead(nn.Module):
 
     def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -168,3 +168,66 @@ def test_cls_pooling_reads_the_first_token():
     changed = hidden.clone()
     changed[:, 1:] += 1.0
     torch.testing.assert_close(head(hidden), head(changed))
+
+
+def test_fast_dropout_drops_the_right_fraction_and_scales_the_rest():
+    from trunk.models import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(1_000_001, requires_grad=True)  # odd: one 32-bit draw serves two elements
+    y = dropout(x, 0.1)
+    dropped = (y == 0).float().mean().item()
+    assert dropped == pytest.approx(0.1, abs=0.002)
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # the gradient passes exactly where the value did
+    torch.manual_seed(0)
+    torch.testing.assert_close(dropout(torch.ones(1_000_001), 0.1), y.detach())  # reproducible from the seed
+    z = torch.randn(5, 7)
+    assert dropout(z, 0.1, training=False) is z and dropout(z, 0.0) is z
+    assert (dropout(z, 1.0) == 0).all()
+    assert dropout(z.bfloat16(), 0.5).dtype == torch.bfloat16
+
+
+def test_attention_with_dropout_is_attention_when_nothing_is_dropped():
+    """The written-out path that training takes on CPU computes what SDPA computes."""
+    import torch.nn.functional as F
+    from trunk.models.trunk import attention_with_dropout
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    torch.testing.assert_close(attention_with_dropout(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    out = attention_with_dropout(q, k, v, mask, 0.5)
+    assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_with_dropout(q, k, v, mask, 0.0))
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(positions, monkeypatch):
+    """The backbone skips padding (``Unpadded``); the outputs at real tokens and every gradient are
+    those of the plain padded computation."""
+    from trunk.models import Unpadded
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, positions=positions)
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
+    init_weights(trunk)
+    ids = torch.randint(5, 50, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    mask[2, 3:] = 0
+
+    def run():
+        trunk.zero_grad()
+        out = trunk(ids, mask)
+        (out * mask[..., None]).square().sum().backward()
+        return out * mask[..., None], {n: p.grad.clone() for n, p in trunk.named_parameters()}
+
+    assert Unpadded.pays(mask.bool())
+    unpadded_out, unpadded_grads = run()
+    monkeypatch.setattr(Unpadded, "pays", staticmethod(lambda mask: False))
+    padded_out, padded_grads = run()
+    torch.testing.assert_close(unpadded_out, padded_out, atol=1e-5, rtol=1e-5)
+    for name in padded_grads:
+        torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
