@@ -88,13 +88,13 @@ def trunk_side(tasks: dict, info: dict, train: bool, cfg: TrunkConfig | None = N
     module.train(train)
     name = next(iter(tasks))
     if train:
-        return Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4))
+        return Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True))
     return Side(module, lambda b: module.objectives[name](module.trunk, b), None)
 
 
 def hf_side(model: torch.nn.Module, forward: Callable[[dict], torch.Tensor], train: bool) -> Side:
     model.train(train)
-    return Side(model, forward, torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None)
+    return Side(model, forward, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if train else None)
 
 
 def run(side: Side, batch: dict, precision: str) -> None:
@@ -214,7 +214,7 @@ def translation_rows(train: bool):
             return F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100, label_smoothing=0.1)
 
         module.train()
-        trunk = Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4))
+        trunk = Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True))
         yield "translation (sources and targets of 8-32 tokens)", "BartForConditionalGeneration", trunk, hf_side(hf, hf_loss, True), batches
         return
     module.eval()

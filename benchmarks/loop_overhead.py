@@ -1,0 +1,122 @@
+"""What does `trunk fit` cost beyond the bare training loop? Prints a table.
+
+    python benchmarks/loop_overhead.py [--rounds 5] [--steps 40] [--precision bf16-mixed]
+
+Both sides train the same model (width 256, 4 blocks, 4 heads, FFN 1024) on the same batches of the
+built-in sentiment data (batch 64), alternating in one process:
+  * `trunk fit`: the quickstart recipe at that size through the CLI (`run_cli`), with everything a
+    run has: Lightning's loop, logging every 20 steps, the progress bar, checkpointing, the fault
+    tolerance callback (NaN guard, signal handling), train metrics, the lr schedule;
+  * the bare loop: a `for` loop over the same DataLoader calling the task's loss (which updates the
+    same train metrics), backward, fused AdamW and the schedule.
+A step is the time between the starts of consecutive steps (data loading included), median over the
+steps after the first 5 of each round, then median over rounds. Validation is off on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.cli import quiet_third_party, run_cli
+from trunk.tasks.optim import WarmupDecayLR
+
+SIZE = ["--model.trunk.d_model=256", "--model.trunk.n_layers=4", "--model.trunk.n_heads=4", "--model.trunk.d_ff=1024"]
+WARMUP_STEPS = 5
+
+
+class StepClock(L.Callback):
+    """Records when each training step starts."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.starts.append(time.perf_counter())
+
+
+def median_step(starts: list[float]) -> float:
+    return statistics.median(b - a for a, b in zip(starts[WARMUP_STEPS:], starts[WARMUP_STEPS + 1 :]))
+
+
+def trunk_fit(root: Path, steps: int, precision: str) -> tuple[float, object]:
+    clock = StepClock()
+    root.mkdir(parents=True)
+    (root / "run.yaml").write_text(
+        f"trainer:\n  default_root_dir: {root}\n  max_steps: {steps}\n  max_epochs: -1\n  limit_val_batches: 0\n"
+        f"  num_sanity_val_steps: 0\n  precision: {precision}\n  logger:\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {root}, name: csv}}\n"
+        "data:\n  tasks:\n    sentiment:\n      init_args: {test: null, predict: null}\n")
+    args = ["fit", "--config", "configs/quickstart.yaml", "--config", str(root / "run.yaml"), *SIZE]
+    original_init = L.Trainer.__init__
+
+    @functools.wraps(original_init)  # the CLI reads Trainer's signature
+    def with_clock(self, *a, **kw):  # the CLI builds the Trainer: add the clock to its callbacks
+        kw["callbacks"] = [*(kw.get("callbacks") or []), clock]
+        original_init(self, *a, **kw)
+
+    L.Trainer.__init__ = with_clock
+    try:
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            cli = run_cli(args)
+    finally:
+        L.Trainer.__init__ = original_init
+    return median_step(clock.starts), cli
+
+
+def bare_loop(cli, steps: int, precision: str) -> float:
+    module, data = cli.model, cli.datamodule
+    objective = module.objectives["sentiment"]
+    module.train()
+    optimizer = torch.optim.AdamW(module.param_groups(), lr=1e-3, weight_decay=0.01, fused=True)
+    scheduler = WarmupDecayLR(optimizer, steps, module.optim_config)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
+    starts: list[float] = []
+    batches = iter(data.train_dataloader())
+    for _ in range(steps):
+        starts.append(time.perf_counter())
+        batch = next(batches)
+        with autocast:
+            loss = objective.loss(module.trunk, batch, "train")
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+    return median_step(starts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--precision", default="bf16-mixed", choices=["32-true", "bf16-mixed"])
+    options = parser.parse_args()
+    quiet_third_party()
+    os.chdir(Path(__file__).resolve().parent.parent)  # the recipe's relative paths
+    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"{options.precision}; {options.rounds} rounds of {options.steps} steps per side")
+    fit_times, bare_times = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(options.rounds):
+            fit_time, cli = trunk_fit(Path(tmp) / f"round{r}", options.steps, options.precision)
+            fit_times.append(fit_time)
+            bare_times.append(bare_loop(cli, options.steps, options.precision))
+            print(f"round {r + 1}: trunk fit {1000 * fit_time:.1f} ms, bare loop {1000 * bare_times[-1]:.1f} ms", file=sys.stderr)
+    f, b = statistics.median(fit_times), statistics.median(bare_times)
+    print("| side | ms per step | relative |\n|---|---|---|")
+    print(f"| bare loop (loss, backward, fused AdamW, schedule) | {1000 * b:.1f} | 1.00 |")
+    print(f"| `trunk fit` (Lightning loop, logging, progress bar, callbacks) | {1000 * f:.1f} | {f / b:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
