@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trunk.models.stems import TokenStem
-from trunk.models.trunk import Attention, Block, TrunkConfig
+from trunk.models.trunk import Attention, Block, TrunkConfig, Unpadded
 
 
 class KVCache:
@@ -49,10 +49,12 @@ class DecoderBlock(Block):
         self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                cache: dict | None = None) -> torch.Tensor:
-        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"]), self.norm_attn)
-        x = self.residual(x, lambda h: self.cross_attn(h, memory_mask, context=memory,
-                                                       cache=None if cache is None else cache["cross"]), self.norm_cross)
+                cache: dict | None = None, unpadded: Unpadded | None = None) -> torch.Tensor:
+        """x: (B, U, C), or its (N, C) real tokens with ``unpadded`` (training)."""
+        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"], unpadded=unpadded),
+                          self.norm_attn)
+        x = self.residual(x, lambda h: self.cross_attn(h, memory_mask, context=memory, cache=None if cache is None else cache["cross"],
+                                                       unpadded=unpadded), self.norm_cross)
         return self.residual(x, self.ff, self.norm_ff)
 
 
@@ -75,10 +77,24 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         """With ``cache``, ``input_ids`` are only the tokens after the cached ones."""
+        return self.logits(self.hidden(input_ids, memory, memory_mask, cache))
+
+    def hidden(self, input_ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+               cache: KVCache | None = None, target_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's normalised output (B, U, C). With ``target_mask`` (B, U), True at real target
+        tokens, padded targets are computed on their real tokens only (zeros at the padding)."""
         x = self.stem(input_ids, offset=0 if cache is None else len(cache))
+        unpadded = Unpadded(target_mask) if cache is None and Unpadded.pays(target_mask) else None
+        if unpadded is not None:
+            x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, memory, memory_mask, None if cache is None else cache.layers[i])
-        return F.linear(self.final_norm(x), self.stem.token.weight, self.output_bias)  # tied to the target embeddings
+            x = block(x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded)
+        x = self.final_norm(x)
+        return x if unpadded is None else unpadded.pad(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., target vocab), through the target embeddings (tied)."""
+        return F.linear(hidden, self.stem.token.weight, self.output_bias)
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.blocks))

@@ -173,18 +173,17 @@ class Attention(nn.Module):
         cache: dict | None = None,
         unpadded: Unpadded | None = None,
     ) -> torch.Tensor:
-        """x: (B, T, C), or (N, C) real tokens with ``unpadded`` (self-attention only).
-        key_padding_mask: (B, S) bool, True at real tokens. context: (B, S, C)."""
-        q = self.q_proj(x)
-        if unpadded is not None:
-            q, kv = unpadded.pad(q), unpadded.pad(self.kv_proj(x))
+        """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
+        real keys. context: (B, S, C)."""
+        pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
+        q = pad(self.q_proj(x))
         B, T, C = q.shape
         q = q.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
         if context is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
         else:
-            S = T if context is None else context.shape[1]
-            kv = kv if unpadded is not None else self.kv_proj(x if context is None else context)
+            kv = pad(self.kv_proj(x)) if context is None else self.kv_proj(context)
+            S = kv.shape[1]
             k, v = kv.view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
             if context is None:
                 offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached

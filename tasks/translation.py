@@ -82,15 +82,17 @@ class Translation(Objective):
         return self.decoder(batch["decoder_input_ids"], memory, batch["attention_mask"].bool())
 
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(trunk, batch)
         labels = batch["labels"]
+        scored = labels != IGNORE_INDEX  # the real target positions: the decoder and its output layer skip the padding
+        hidden = self.decoder.hidden(batch["decoder_input_ids"], self.encode(trunk, batch), batch["attention_mask"].bool(),
+                                     target_mask=scored)
+        logits, labels = self.decoder.logits(hidden[scored]).float(), labels[scored]  # (N, V), (N,)
         metrics = self.metrics(stage)
-        metrics["acc"].update(logits.argmax(-1).flatten(), labels.flatten())
+        metrics["acc"].update(logits.argmax(-1), labels)
         if "bleu" in metrics:
             beam_size = self.val_beam_size if stage == "val" else self.generation.beam_size
             metrics["bleu"].update(self.translate(trunk, batch, beam_size), [[reference] for reference in batch["target"]])
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
-                               label_smoothing=self.label_smoothing)
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
 
     @torch.no_grad()
     def generate(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor, beam_size: int | None = None,

@@ -231,3 +231,31 @@ def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(po
     torch.testing.assert_close(unpadded_out, padded_out, atol=1e-5, rtol=1e-5)
     for name in padded_grads:
         torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_decoder_on_real_target_tokens_only_matches_the_padded_decoder():
+    from trunk.models import Decoder
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
+    decoder = Decoder(cfg).eval()
+    init_weights(decoder)
+    ids, memory = torch.randint(5, 40, (3, 10)), torch.randn(3, 6, 32)
+    memory_mask = torch.ones(3, 6, dtype=torch.bool)
+    memory_mask[1, 4:] = False
+    target_mask = torch.ones(3, 10, dtype=torch.bool)
+    target_mask[0, 6:] = False
+    target_mask[2, 2:] = False
+
+    def run(mask):
+        decoder.zero_grad()
+        hidden = decoder.hidden(ids, memory, memory_mask, target_mask=mask)[target_mask]
+        decoder.logits(hidden).logsumexp(-1).sum().backward()
+        return hidden, {n: p.grad.clone() for n, p in decoder.named_parameters()}
+
+    unpadded, unpadded_grads = run(target_mask)
+    padded, padded_grads = run(None)
+    torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decoder.logits(unpadded), decoder(ids, memory, memory_mask)[target_mask], atol=1e-5, rtol=1e-5)
+    for name in padded_grads:
+        torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
