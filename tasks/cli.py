@@ -16,14 +16,15 @@ from urllib.parse import urlparse
 
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
-from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary, TrunkProgressBar
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
@@ -127,6 +128,9 @@ class TrunkCLI(LightningCLI):
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks = [*callbacks, TrunkModelSummary()]
+        if (config.get("enable_progress_bar", True) is not False and _RICH_AVAILABLE
+                and not any(isinstance(c, ProgressBar) for c in callbacks)):
+            callbacks = [*callbacks, TrunkProgressBar()]
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:

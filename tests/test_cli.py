@@ -301,3 +301,20 @@ def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_abou
         cli = run_cli(args, run=False)
     config = cli.model.trunk_config
     assert (config.positions, config.max_len, config.d_model, config.n_layers) == ("rope", 128, 256, 4)
+
+
+def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(tiny_cli_args, monkeypatch):
+    """Redrawing after every step cost 8% of a step: the CLI's bar draws at most every 0.5 s."""
+    from trunk.tasks.callbacks import TrunkProgressBar
+
+    cli = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true"], run=False)
+    bars = [c for c in cli.trainer.callbacks if isinstance(c, TrunkProgressBar)]
+    assert len(bars) == 1 and cli.trainer.progress_bar_callback is bars[0]
+    assert not any(isinstance(c, TrunkProgressBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
+    bar, clock = TrunkProgressBar(interval=0.5), [100.0]
+    monkeypatch.setattr("trunk.tasks.callbacks.time.monotonic", lambda: clock[0])
+    drawn = []
+    for step in range(10):  # 0.2 s per step, 10 steps in the epoch
+        drawn.append(bar._due(step, 10))
+        clock[0] += 0.2
+    assert drawn == [True, False, False, True, False, False, True, False, False, True]  # every 0.6 s, and the last batch
