@@ -1,0 +1,45 @@
+"""The benchmark scripts' own logic: the FLOP count the MFU column rests on, and the figure script."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+
+def test_the_flop_count_counts_real_tokens_only():
+    import throughput
+
+    ids = torch.ones(2, 10, dtype=torch.long)
+    full = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    half = {"input_ids": ids, "attention_mask": torch.cat([torch.ones(2, 5), torch.zeros(2, 5)], 1).long()}
+    short = {"input_ids": ids[:, :5], "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    assert throughput.model_flops(half, train=True) == throughput.model_flops(short, train=True)  # padding is not work
+    assert throughput.model_flops(half, train=True) < throughput.model_flops(full, train=True)
+    assert throughput.model_flops(full, train=True) == 3 * throughput.model_flops(full, train=False)
+    W, D, F = throughput.WIDTH, throughput.DEPTH, throughput.FFN
+    assert throughput.model_flops(short, train=False) == 10 * 2 * D * (4 * W * W + 2 * W * F) + 2 * 25 * D * 4 * W
+
+
+def test_the_figure_script_draws_the_throughput_table(tmp_path):
+    pytest.importorskip("matplotlib")
+    table = tmp_path / "throughput.md"
+    table.write_text(
+        "machine: test\n"
+        "| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+        "| roofline: torch.mm 2048^3 | | fp32 | | | | | 177 GFLOP/s | |\n"
+        "| masked-LM | training | fp32 | 700 | BertForMaskedLM | 1400 | 2.00 | 5,000 tokens/s | 60% |\n"
+        "| masked-LM | training | bf16 | 400 | BertForMaskedLM, decoder at masked positions only | 500 | 1.25 | 9,000 tokens/s | 50% |\n")
+    out = tmp_path / "figure.png"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(table), str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size < 200_000
+    (tmp_path / "empty.md").write_text("no table here\n")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(tmp_path / "empty.md"), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "holds no markdown table" in done.stderr
