@@ -7,6 +7,15 @@ LayerNorm and the task head). Layer-wise learning-rate decay gives depth d the l
 Frozen parts run in eval mode: their dropout is off. A frozen part is a fixed feature extractor,
 and dropout there would only add noise to the features the trained layers see (the choice made
 for linear probes). A part that gradual unfreezing thaws gets its dropout back.
+
+Two ways to freeze. In one process, a frozen parameter has ``requires_grad=False``: backward skips
+it. Under DDP that works only for parts frozen for the whole run, because DDP fixes the parameters it
+synchronises when it wraps the model: a part thawed later would never have its gradients averaged.
+So parts that gradual unfreezing will thaw are *held* there instead (``TrunkModule.hold``): they keep
+``requires_grad``, DDP averages their gradients, and the module drops those gradients before each
+optimizer step; they are not in the optimizer and run in eval mode until thawed, which trains
+exactly as one process does. The cost: backward runs through the held parts as in full fine-tuning,
+and their gradients are communicated.
 """
 
 from __future__ import annotations
@@ -67,17 +76,22 @@ def apply_freezing(depths: list[list[nn.Module]], cfg: FinetuneConfig, final_nor
         set_trainable([final_norm], False)
 
 
-def keep_frozen_in_eval(trunk_parts: list[nn.Module]) -> None:
-    """Frozen trunk parts run in eval mode (no dropout): call after ``module.train()``."""
+def keep_frozen_in_eval(trunk_parts: list[nn.Module], trained) -> None:
+    """Frozen trunk parts run in eval mode (no dropout): call after ``module.train()``. ``trained(p)``
+    says whether a parameter trains (neither frozen nor held)."""
     for module in trunk_parts:
-        if not any(p.requires_grad for p in module.parameters()):
+        if not any(trained(p) for p in module.parameters()):
             module.eval()
 
 
 def set_trainable(modules, trainable: bool) -> None:
+    """Freeze (and switch to eval mode) or thaw ``modules``. Eval mode is set here, not only in
+    ``TrunkModule.train``: Lightning restores each submodule's own mode after validation."""
     for module in modules:
         for p in module.parameters():
             p.requires_grad = trainable
+        if not trainable:
+            module.eval()
 
 
 class GradualUnfreezing(BaseFinetuning):
@@ -93,12 +107,7 @@ class GradualUnfreezing(BaseFinetuning):
         self.every = every
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and trainer.world_size > 1:
-            raise ValueError(
-                "finetune.unfreeze_every does not work with several processes: DDP fixes the set of trained "
-                "parameters when it wraps the model, so parameters thawed later would not be synchronised. "
-                "Use finetune.freeze_layers / layer_decay, or train on one device."
-            )
+        self.hold = trainer.world_size > 1  # several processes: hold instead of freezing (see the module's docstring)
         super().setup(trainer, pl_module, stage)
 
     def thaw_order(self, pl_module) -> list[tuple[int, list]]:
@@ -112,13 +121,13 @@ class GradualUnfreezing(BaseFinetuning):
 
     def freeze_before_training(self, pl_module) -> None:
         for _, modules in self.thaw_order(pl_module):
-            set_trainable(modules, False)
+            pl_module.hold(modules) if getattr(self, "hold", False) else set_trainable(modules, False)
 
     def finetune_function(self, pl_module, epoch: int, optimizer: Optimizer) -> None:
         thawed = epoch // self.every
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for depth, modules in self.thaw_order(pl_module)[:thawed]:
-            set_trainable(modules, True)
+            pl_module.release(modules) if getattr(self, "hold", False) else set_trainable(modules, True)
             for module in modules:
                 module.train(pl_module.training)  # its dropout comes back
             for group in pl_module.make_param_groups(modules, depth, exclude=in_optimizer):

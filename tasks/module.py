@@ -98,6 +98,7 @@ class TrunkModule(L.LightningModule):
             objective.build(name, self.trunk, task_info[name])
         self.objectives = nn.ModuleDict(objectives)
         self._trained_tasks: set[str] = set()  # tasks with a batch since the last optimizer step
+        self._held: set[int] = set()  # ids of parameters held frozen under DDP (tasks/finetuning.py)
         self.connect(codec)
         if init_from:
             self.load_pretrained(load_pretrained(init_from), reinit_mismatched_heads)
@@ -239,6 +240,10 @@ class TrunkModule(L.LightningModule):
                     if id(p) not in shared:
                         p.grad = None
         self._trained_tasks.clear()
+        if self._held:  # held parameters (frozen under DDP): their averaged gradients are dropped
+            for p in self.parameters():
+                if id(p) in self._held:
+                    p.grad = None
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._step(batch, "val")
@@ -300,8 +305,21 @@ class TrunkModule(L.LightningModule):
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
         super().train(mode)
-        keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm])
+        keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm], self.trains)
         return self
+
+    def trains(self, p: nn.Parameter) -> bool:
+        """Whether the optimizer updates ``p``: neither frozen (``requires_grad=False``) nor held."""
+        return p.requires_grad and id(p) not in self._held
+
+    def hold(self, modules: list[nn.Module]) -> None:
+        """Freeze ``modules`` without touching ``requires_grad``: for parts thawed later under DDP (tasks/finetuning.py)."""
+        self._held.update(id(p) for m in modules for p in m.parameters())
+        for m in modules:
+            m.eval()
+
+    def release(self, modules: list[nn.Module]) -> None:
+        self._held.difference_update(id(p) for m in modules for p in m.parameters())
 
     def configure_callbacks(self):
         from trunk.tasks.callbacks import ExportTrunk
@@ -317,7 +335,7 @@ class TrunkModule(L.LightningModule):
         """Optimizer groups for the trainable parameters of ``modules`` at ``depth``: matrices decay,
         biases and norms do not (nanoGPT/BERT); frozen parameters get no optimizer state."""
         exclude = set() if exclude is None else exclude
-        params = [p for m in modules for p in m.parameters() if p.requires_grad and id(p) not in exclude]
+        params = [p for m in modules for p in m.parameters() if self.trains(p) and id(p) not in exclude]
         params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
         exclude.update(id(p) for p in params)
         lr = self.optim_config.lr * self.finetune.layer_decay ** (len(self.depth_groups()) - 1 - depth)
@@ -345,7 +363,7 @@ class TrunkModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def num_parameters(self, trainable_only: bool = False) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        return sum(p.numel() for p in self.parameters() if self.trains(p) or not trainable_only)
 
     # -- inference without the CLI ---------------------------------------------------------------------
     @property

@@ -117,3 +117,38 @@ def test_invalid_finetune_options():
     with pytest.raises(ValueError, match="freeze_layers=5 exceeds the trunk's 4 blocks"):
         TrunkModule({"t": SequenceClassification()}, task_info={"t": {"label_names": ["a", "b"]}},
                     finetune=FinetuneConfig(freeze_layers=5))
+
+
+def test_gradual_unfreezing_under_ddp_thaws_what_one_process_thaws(tiny_cli_args, tmp_path):
+    """Under DDP the parts waiting to thaw are held (gradients dropped), not frozen by requires_grad:
+    2 processes change exactly the parameters one process changes, epoch by epoch, and they stay in
+    sync (the processes' weights are equal: DDP averaged the thawed parts' gradients)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    records = {}
+    for processes in (1, 2):
+        record = tmp_path / f"changes{processes}.json"
+        args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir"))]
+        args += [f"--trainer.devices={processes}", "--trainer.max_epochs=3", "--model.finetune.unfreeze_every=1",
+                 "--trainer.callbacks+=probes.RecordChanges", f"--trainer.callbacks.path={record}",
+                 f"--trainer.default_root_dir={tmp_path / str(processes)}"]
+        if processes == 2:
+            args += ["--trainer.strategy=ddp"]
+        done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        records[processes] = json.loads(record.read_text())
+    one, two = records[1], records[2]
+    assert [e["changed"] for e in two] == [e["changed"] for e in one]
+    assert [e["training"] for e in two] == [e["training"] for e in one] == [
+        [False, False, False], [False, False, True], [False, True, True]]  # [stem, block 0, block 1]: top-down
+    assert one[0]["changed"] == [] and all(n.startswith("backbone.blocks.1.") or n.startswith("backbone.final_norm")
+                                           for n in one[1]["changed"])
+    assert any(n.startswith("backbone.blocks.0.") for n in one[2]["changed"])
+    assert not any(n.startswith("stems.") for e in one for n in e["changed"])  # thawed only at epoch 3
