@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trunk.models.stems import TokenStem
-from trunk.models.trunk import Attention, Block, TrunkConfig, Unpadded
+from trunk.models.trunk import Attention, Block, TrunkConfig, Unpadded, run_block
 
 
 class KVCache:
@@ -73,6 +73,11 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward when training (``run_block``)."""
+        self.grad_checkpointing = enable
 
     def forward(self, input_ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -88,7 +93,7 @@ class Decoder(nn.Module):
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded)
+            x = run_block(block, self.grad_checkpointing, x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 

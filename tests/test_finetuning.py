@@ -152,3 +152,45 @@ def test_gradual_unfreezing_under_ddp_thaws_what_one_process_thaws(tiny_cli_args
                                            for n in one[1]["changed"])
     assert any(n.startswith("backbone.blocks.0.") for n in one[2]["changed"])
     assert not any(n.startswith("stems.") for e in one for n in e["changed"])  # thawed only at epoch 3
+
+
+def test_activation_checkpointing_gives_the_same_gradients_with_less_kept(tiny_cli_args):
+    """``model.activation_checkpointing`` recomputes blocks in backward: the same loss and gradients
+    (dropout on: the random state is replayed), and no block activation is kept for backward."""
+    from trunk.tasks import Translation
+
+    def build(checkpointing: bool):
+        torch.manual_seed(0)
+        return TrunkModule({"mt": Translation()}, trunk={"vocab_size": 60, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
+                                                          "max_len": 32}, task_info={"mt": {}},
+                           activation_checkpointing=checkpointing).train()
+
+    plain, checkpointed = build(False), build(True)
+    assert checkpointed.trunk.backbone.grad_checkpointing and checkpointed.objectives["mt"].decoder.grad_checkpointing
+    ids = torch.randint(5, 60, (4, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": ids, "labels": ids}
+    grads, kept = {}, {}
+    for name, module in (("plain", plain), ("checkpointed", checkpointed)):
+        torch.manual_seed(1)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            loss = module.objectives["mt"].loss(module.trunk, batch, "train")
+        loss.backward()
+        grads[name] = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
+        kept[name] = sum(saved)
+    assert grads["plain"].keys() == grads["checkpointed"].keys()
+    for n in grads["plain"]:
+        torch.testing.assert_close(grads["checkpointed"][n], grads["plain"][n], msg=n)
+    assert kept["checkpointed"] < 0.5 * kept["plain"]
+
+
+def test_compile_option_compiles_every_block_and_keeps_the_outputs():
+    cfg = {"vocab_size": 60, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 32}
+    torch.manual_seed(0)
+    eager = TrunkModule({"s": SequenceClassification()}, trunk=cfg, task_info={"s": {"label_names": ["a", "b"]}}).eval()
+    compiled = TrunkModule({"s": SequenceClassification()}, trunk=cfg, task_info={"s": {"label_names": ["a", "b"]}}, compile=True).eval()
+    compiled.load_state_dict(eager.state_dict())
+    assert all(block._compiled_call_impl is not None for block in compiled.trunk.backbone.blocks)
+    ids = torch.randint(5, 60, (3, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.trunk(ids, torch.ones_like(ids)), eager.trunk(ids, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
