@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
@@ -126,6 +127,7 @@ class TrunkCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
+        check_multi_node_launch(config.get("num_nodes") or 1, plugins)
         if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks = [*callbacks, TrunkModelSummary()]
         if (config.get("enable_progress_bar", True) is not False and _RICH_AVAILABLE
@@ -253,6 +255,23 @@ class TrunkCLI(LightningCLI):
             return
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
+    """``trainer.num_nodes > 1`` needs something that starts the processes on every machine; without it
+    the first machine would wait for the others until the process-group timeout."""
+    if num_nodes <= 1 or any(isinstance(p, ClusterEnvironment) for p in plugins):
+        return
+    if any(env.detect() for env in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment)):
+        return
+    if all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")):
+        return  # Lightning's own launcher, started by hand on every machine
+    raise ValueError(
+        f"trainer.num_nodes={num_nodes} but no multi-machine launcher started this process. On every machine run "
+        f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> --master-addr=<first machine> "
+        "--master-port=29500 -m trunk.tasks.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; README \"Scaling out\"), "
+        "or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, leave num_nodes at 1."
+    )
 
 
 def _keep_csv_history(logger: CSVLogger, step: int) -> None:

@@ -318,3 +318,37 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
         drawn.append(bar._due(step, 10))
         clock[0] += 0.2
     assert drawn == [True, False, False, True, False, False, True, False, False, True]  # every 0.6 s, and the last batch
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_through_torchrun_on_localhost(tiny_cli_args, tmp_path):
+    """`torchrun --nnodes=2` started once per "machine" (here twice on localhost, one process each) and
+    `trainer.num_nodes=2`: one DDP run over both, as on a cluster with a shared filesystem."""
+    args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
+    args += ["--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp", "--trainer.max_epochs=2"]
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
+                               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "trunk.tasks.cli", "fit", *args],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert "GLOBAL_RANK: 0" in outputs[0] and "GLOBAL_RANK: 1" in outputs[1]
+    # 256 examples over 2 processes at batch 32: 4 steps an epoch, as with 2 processes on one machine
+    checkpoints = list((tmp_path / "run").rglob("*.ckpt"))
+    assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
+
+
+def test_several_nodes_without_a_launcher_is_an_error_not_a_hang(tiny_cli_args, monkeypatch):
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "LSB_JOBID", "MASTER_ADDR", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"num_nodes=2 but no multi-machine launcher.*torchrun --nnodes=2"):
+        run_cli([*tiny_cli_args, "--trainer.num_nodes=2"], run=False)
