@@ -18,6 +18,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
@@ -128,6 +129,7 @@ class TrunkCLI(LightningCLI):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         check_multi_node_launch(config.get("num_nodes") or 1, plugins)
+        check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
         if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks = [*callbacks, TrunkModelSummary()]
         if (config.get("enable_progress_bar", True) is not False and _RICH_AVAILABLE
@@ -257,6 +259,15 @@ class TrunkCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
+def check_strategy_fits_accelerator(strategy, accelerator) -> None:
+    """Lightning's FSDP and DeepSpeed strategies run on GPUs only: say so, with what runs on a CPU."""
+    name = strategy if isinstance(strategy, str) else ""
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    if on_cpu and name.startswith(("fsdp", "deepspeed")):
+        raise ValueError(f"trainer.strategy={name} runs on GPUs only, and this run is on CPU. On CPU use DDP: "
+                         "--config configs/trainer/ddp_cpu.yaml (or --trainer.strategy=ddp --trainer.devices=2).")
+
+
 def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
     """``trainer.num_nodes > 1`` needs something that starts the processes on every machine; without it
     the first machine would wait for the others until the process-group timeout."""
@@ -382,7 +393,7 @@ def main() -> None:
             run_cli()
         except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
             sys.exit("\nInterrupted.")
-        except (TrainingDiverged, ValueError, OSError, RuntimeError) as err:
+        except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
             unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
             if os.environ.get("TRUNK_TRACEBACK") or unexpected:
                 raise

@@ -352,3 +352,9 @@ def test_several_nodes_without_a_launcher_is_an_error_not_a_hang(tiny_cli_args, 
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match=r"num_nodes=2 but no multi-machine launcher.*torchrun --nnodes=2"):
         run_cli([*tiny_cli_args, "--trainer.num_nodes=2"], run=False)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2"])
+def test_a_gpu_only_strategy_on_cpu_names_the_cpu_alternative(strategy, tiny_cli_args):
+    with pytest.raises(ValueError, match=f"strategy={strategy} runs on GPUs only.*configs/trainer/ddp_cpu.yaml"):
+        run_cli([*tiny_cli_args, f"--trainer.strategy={strategy}"], run=False)
