@@ -107,14 +107,16 @@ def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> 
     """Load a tokenizer from a ``tokenizer.json``, a directory holding one, or a Lightning checkpoint
     (the datamodule state's ``checkpoint_key``)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and (path / "meta.pt").is_file():
+        path = path / "meta.pt"  # a sharded checkpoint: the datamodule's state (its tokenizers) is in meta.pt
+    elif path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(
             f"Tokenizer not found at '{path}'. Pass a tokenizer.json, a directory containing one, or a "
             ".ckpt written by Trunk; or leave data.tokenizer unset to train a new one on the training split."
         )
-    if path.suffix == ".ckpt":
+    if path.suffix in (".ckpt", ".pt"):
         tokenizer = tokenizer_from_checkpoint(path, key=checkpoint_key)
     else:
         try:

@@ -20,7 +20,8 @@ from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoin
 class TrunkProgressBar(RichProgressBar):
     """Lightning's rich progress bar, redrawn at most every ``interval`` seconds and at the last batch
     of each epoch. Redrawn after every step, it cost 8% of a training step (width 256, 2 CPU cores:
-    ``benchmarks/loop_overhead.py``). The CLI uses it unless the trainer is given another progress bar."""
+    ``benchmarks/loop_overhead.py``). The CLI uses it when rich is installed (where Lightning would pick its
+    rich bar) and the trainer is given no other progress bar; without rich, Lightning's tqdm bar throttles itself."""
 
     def __init__(self, interval: float = 0.5) -> None:
         super().__init__()
@@ -169,13 +170,14 @@ class ExportTrunk(Callback):
             check_writable(self.path(trainer), overwrite=True)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        checkpoint = trainer.checkpoint_callback
+        best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
+        state = None if best else pl_module.full_state_dict()  # every process: gathers the shards under FSDP2
         if trainer.is_global_zero:
-            checkpoint = trainer.checkpoint_callback
-            best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
             if best:
                 path = export_checkpoint(best, self.path(trainer), self.heads, overwrite=True)
             else:
-                pretrained = pl_module.export()
+                pretrained = pl_module.export(state)
                 data = trainer.datamodule
                 if data is not None:
                     attach_data(pretrained, data.hparams.get("data_tasks") or {}, data.state_dict())

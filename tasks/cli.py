@@ -29,7 +29,7 @@ from trunk.models import TrunkConfig
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary, TrunkProgressBar
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
-from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, read_config
+from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, is_sharded_checkpoint, read_config
 
 
 class _DropProductTips(logging.Filter):
@@ -76,7 +76,7 @@ class TrunkCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and Path(ckpt_path).is_file():
+        if ckpt_path and (Path(ckpt_path).is_file() or is_sharded_checkpoint(Path(ckpt_path))):
             self._check_checkpoint_tasks(self.config[subcommand], ckpt_path)  # before Lightning reads its hyperparameters
         tasks = (self.config[subcommand].model.get("tasks") if subcommand else None) or {}
         configured = {(task, name): copy.deepcopy(spec.init_args[name]) for task, spec in tasks.items()
@@ -160,7 +160,8 @@ class TrunkCLI(LightningCLI):
         version_dir = ckpt_path.resolve().parent.parent
         if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
             return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
-        step = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+        meta = ckpt_path / "meta.pt" if is_sharded_checkpoint(ckpt_path) else ckpt_path  # a sharded one keeps its step there
+        step = torch.load(meta, map_location="cpu", weights_only=True, mmap=True)["global_step"]
         for logger in trainer.loggers:
             if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
                 logger._version = int(version_dir.name.removeprefix("version_"))
@@ -215,8 +216,8 @@ class TrunkCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if not ckpt_path or ckpt_path in ("best", "last"):
             return
-        if not Path(ckpt_path).is_file():
-            what = "is a directory, not a file" if Path(ckpt_path).is_dir() else "does not exist"
+        if not Path(ckpt_path).is_file() and not is_sharded_checkpoint(Path(ckpt_path)):
+            what = "is a directory but not a sharded checkpoint (no meta.pt)" if Path(ckpt_path).is_dir() else "does not exist"
             sys.exit(f"error: --ckpt_path '{ckpt_path}' {what}. Pass the path of a .ckpt written by `trunk fit`.")
         if config.data.get("tokenizer") is None:
             config.data.tokenizer = ckpt_path

@@ -11,11 +11,12 @@ for linear probes). A part that gradual unfreezing thaws gets its dropout back.
 Two ways to freeze. In one process, a frozen parameter has ``requires_grad=False``: backward skips
 it. Under DDP that works only for parts frozen for the whole run, because DDP fixes the parameters it
 synchronises when it wraps the model: a part thawed later would never have its gradients averaged.
-So parts that gradual unfreezing will thaw are *held* there instead (``TrunkModule.hold``): they keep
-``requires_grad``, DDP averages their gradients, and the module drops those gradients before each
-optimizer step; they are not in the optimizer and run in eval mode until thawed, which trains
-exactly as one process does. The cost: backward runs through the held parts as in full fine-tuning,
-and their gradients are communicated.
+FSDP2 likewise builds its gradient reduction when it shards the model. So with several processes,
+parts that gradual unfreezing will thaw are *held* instead (``TrunkModule.hold``): they keep
+``requires_grad``, DDP / FSDP2 reduce their gradients, and the module drops those gradients before
+each optimizer step; they are not in the optimizer and run in eval mode until thawed, which trains
+exactly as one process does (tested for both). The cost: backward runs through the held parts as in
+full fine-tuning, and their gradients are communicated.
 """
 
 from __future__ import annotations
@@ -109,6 +110,14 @@ class GradualUnfreezing(BaseFinetuning):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.hold = trainer.world_size > 1  # several processes: hold instead of freezing (see the module's docstring)
         super().setup(trainer, pl_module, stage)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # FSDP2 may leave the root's parameters gathered after validation; Lightning names the optimizer's
+        # (sharded) parameters by the module's current ones, so put the shards back first.
+        for module in pl_module.modules():
+            if hasattr(module, "reshard") and hasattr(module, "unshard"):  # an FSDPModule
+                module.reshard()
+        super().on_train_epoch_start(trainer, pl_module)
 
     def thaw_order(self, pl_module) -> list[tuple[int, list]]:
         """(depth, modules) from the top block down to the stem, skipping parts frozen for good."""

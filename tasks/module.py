@@ -21,7 +21,7 @@ from torch import nn
 from trunk.datamodules.tokenizer import Codec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
-from trunk.tasks.objective import Objective, batch_size
+from trunk.tasks.objective import Objective, batch_size, is_metric_state
 from trunk.tasks.optim import OptimConfig, WarmupDecayLR
 from trunk.tasks.pretrained import (
     ARCHITECTURE_FIELDS,
@@ -110,7 +110,7 @@ class TrunkModule(L.LightningModule):
             for block in (m for m in self.modules() if isinstance(m, Block)):
                 block.compile()
         self._trained_tasks: set[str] = set()  # tasks with a batch since the last optimizer step
-        self._held: set[int] = set()  # ids of parameters held frozen under DDP (tasks/finetuning.py)
+        self._held: set[str] = set()  # names of parameters held frozen under DDP / FSDP2 (tasks/finetuning.py)
         self.connect(codec)
         if init_from:
             self.load_pretrained(load_pretrained(init_from), reinit_mismatched_heads)
@@ -197,11 +197,26 @@ class TrunkModule(L.LightningModule):
         if fresh:
             rank_zero_info(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation.")
 
-    def export(self) -> PretrainedTrunk:
-        """This model as a pretrained-trunk directory's contents (trunk, every head, tokenizers)."""
-        heads = {name: {"meta": o.head_meta(), "state": o.head_state()} for name, o in self.objectives.items()}
+    def export(self, state: dict[str, torch.Tensor] | None = None) -> PretrainedTrunk:
+        """This model as a pretrained-trunk directory's contents (trunk, every head, tokenizers).
+        ``state``: the model's whole state dict, when FSDP2 shards the weights (``full_state_dict``)."""
+        state = self.state_dict() if state is None else state
+
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and not is_metric_state(k[len(prefix):])}
+
+        heads = {name: {"meta": o.head_meta(), "state": part(f"objectives.{name}.")} for name, o in self.objectives.items()}
         stems = self._stems(dict(self.objectives))
-        return PretrainedTrunk(Path("."), self.trunk_config, stems, self.trunk.state_dict(), heads, self.codec or Codec())
+        return PretrainedTrunk(Path("."), self.trunk_config, stems, part("trunk."), heads, self.codec or Codec())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict with whole tensors, also when FSDP2 shards them: then a collective, to call on
+        every process (the first one gets the tensors)."""
+        if not getattr(self, "_sharded", False):
+            return self.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     # -- checkpoints: plain values only, so every checkpoint loads with weights_only=True --------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -228,8 +243,13 @@ class TrunkModule(L.LightningModule):
             raise ValueError(f"No task named {task!r}; this model's tasks are {sorted(self.objectives)}.")
         return self.objectives[task]
 
-    def _step(self, batch: dict, stage: str) -> torch.Tensor:
+    def forward(self, batch: dict, stage: str) -> torch.Tensor | list[dict]:
+        """One batch of ``stage``: its task's weighted loss ("train", "val", "test") or its prediction
+        records ("predict"). Every step goes through here: FSDP2 gathers the root's parameters (stems,
+        heads) in hooks around ``forward``."""
         task = batch["task"]
+        if stage == "predict":
+            return self.objective(task).predict(self.trunk, batch)
         loss = self.objective(task).loss(self.trunk, batch, stage)
         self.log(f"{stage}/{task}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
                  sync_dist=stage != "train", add_dataloader_idx=False)
@@ -237,7 +257,7 @@ class TrunkModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self._trained_tasks.add(batch["task"])
-        loss = self._step(batch, "train")
+        loss = self(batch, "train")
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size(batch))
         return loss
 
@@ -252,19 +272,19 @@ class TrunkModule(L.LightningModule):
                     if id(p) not in shared:
                         p.grad = None
         self._trained_tasks.clear()
-        if self._held:  # held parameters (frozen under DDP): their averaged gradients are dropped
-            for p in self.parameters():
-                if id(p) in self._held:
+        if self._held:  # held parameters (frozen under DDP / FSDP2): their averaged gradients are dropped
+            for name, p in self.named_parameters():
+                if name in self._held:
                     p.grad = None
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._step(batch, "val")
+        self(batch, "val")
 
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._step(batch, "test")
+        self(batch, "test")
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
-        return self.objective(batch["task"]).predict(self.trunk, batch)
+        return self(batch, "predict")
 
     def _log_metrics(self, stage: str) -> None:
         """Each task's epoch metrics (already synced across processes), and the run's score."""
@@ -307,6 +327,33 @@ class TrunkModule(L.LightningModule):
                 raise ValueError(f"{type(callback).__name__} monitors {monitor!r}: metrics are named <stage>/<task>/<metric> "
                                  f"(e.g. val/{next(iter(self.objectives))}/acc) or val/score (the mean of every task's primary metric).")
 
+    # -- sharding ----------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy``: FSDP2. Each block (trunk and translation decoders)
+        is one ``fully_shard`` unit, then the root takes the rest (stems, heads, norms; tied weights stay
+        one parameter). Parameters, gradients and AdamW state are split across the processes; a block's
+        weights are gathered just for its forward and backward. Under bf16-mixed the gathers move bf16
+        (``MixedPrecisionPolicy``) and gradients are reduced in fp32."""
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is None or getattr(self, "_sharded", False):
+            return  # not under ModelParallelStrategy, or already sharded (configure_model runs once per fit/test)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
+            raise ValueError(
+                f"Trunk shards its model over data-parallel processes only (FSDP2), but the strategy gives "
+                f"{mesh['tensor_parallel'].size()} processes to tensor parallelism. Set the strategy's data_parallel_size to the "
+                "number of processes and tensor_parallel_size=1, as configs/trainer/fsdp2_cpu.yaml does."
+            )
+        data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+        precision = str(getattr(self.trainer, "precision", "")) if self._trainer is not None else ""
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16-mixed"
+                  else MixedPrecisionPolicy())
+        for block in [m for m in self.modules() if isinstance(m, Block)]:
+            fully_shard(block, mesh=data_parallel, mp_policy=policy)
+        fully_shard(self, mesh=data_parallel, mp_policy=policy)
+        self._sharded = True
+
     # -- depths: freezing and layer-wise learning rates ------------------------------------------------
     def depth_groups(self) -> list[list[nn.Module]]:
         """The model bottom-up: [stems], [block 0], ..., [block L-1], [final norm, every task's head]."""
@@ -317,21 +364,34 @@ class TrunkModule(L.LightningModule):
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
         super().train(mode)
-        keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm], self.trains)
+        held = self._held_ids()
+        keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm],
+                            lambda p: self.trains(p, held))
         return self
 
-    def trains(self, p: nn.Parameter) -> bool:
-        """Whether the optimizer updates ``p``: neither frozen (``requires_grad=False``) nor held."""
-        return p.requires_grad and id(p) not in self._held
+    def trains(self, p: nn.Parameter, held: set[int] | None = None) -> bool:
+        """Whether the optimizer updates ``p``: neither frozen (``requires_grad=False``) nor held.
+        ``held``: ``_held_ids()``, when asking about many parameters."""
+        return p.requires_grad and id(p) not in (self._held_ids() if held is None else held)
+
+    def _held_ids(self) -> set[int]:
+        """The held parameters' current objects. Held parts are recorded by name, because FSDP2 replaces
+        the parameters when it shards the model (after gradual unfreezing has chosen what to hold)."""
+        return {id(p) for name, p in self.named_parameters() if name in self._held} if self._held else set()
+
+    def _names(self, modules: list[nn.Module]) -> set[str]:
+        ids = {id(p) for m in modules for p in m.parameters()}
+        return {name for name, p in self.named_parameters() if id(p) in ids}
 
     def hold(self, modules: list[nn.Module]) -> None:
-        """Freeze ``modules`` without touching ``requires_grad``: for parts thawed later under DDP (tasks/finetuning.py)."""
-        self._held.update(id(p) for m in modules for p in m.parameters())
+        """Freeze ``modules`` without touching ``requires_grad``: for parts thawed later under DDP or FSDP2
+        (tasks/finetuning.py)."""
+        self._held |= self._names(modules)
         for m in modules:
             m.eval()
 
     def release(self, modules: list[nn.Module]) -> None:
-        self._held.difference_update(id(p) for m in modules for p in m.parameters())
+        self._held -= self._names(modules)
 
     def configure_callbacks(self):
         from trunk.tasks.callbacks import ExportTrunk
@@ -347,7 +407,8 @@ class TrunkModule(L.LightningModule):
         """Optimizer groups for the trainable parameters of ``modules`` at ``depth``: matrices decay,
         biases and norms do not (nanoGPT/BERT); frozen parameters get no optimizer state."""
         exclude = set() if exclude is None else exclude
-        params = [p for m in modules for p in m.parameters() if self.trains(p) and id(p) not in exclude]
+        held = self._held_ids()
+        params = [p for m in modules for p in m.parameters() if self.trains(p, held) and id(p) not in exclude]
         params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
         exclude.update(id(p) for p in params)
         lr = self.optim_config.lr * self.finetune.layer_decay ** (len(self.depth_groups()) - 1 - depth)
@@ -375,7 +436,8 @@ class TrunkModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def num_parameters(self, trainable_only: bool = False) -> int:
-        return sum(p.numel() for p in self.parameters() if self.trains(p) or not trainable_only)
+        held = self._held_ids()
+        return sum(p.numel() for p in self.parameters() if self.trains(p, held) or not trainable_only)
 
     # -- inference without the CLI ---------------------------------------------------------------------
     @property

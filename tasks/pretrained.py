@@ -142,7 +142,7 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
     """The architecture (and the rest of config.json) of a trunk directory or a checkpoint, after
     checking that the files are there."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or is_sharded_checkpoint(path):
         ckpt = load_checkpoint(path)
         return _checkpoint_config(ckpt, path), _checkpoint_meta(ckpt, path)
     if not path.is_dir():
@@ -182,7 +182,7 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
     """Read and check a trunk directory or a checkpoint: files present, weights readable and shaped
     as configured, tokenizer vocabulary equal to the embedding table."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or is_sharded_checkpoint(path):
         return _pretrained_from_checkpoint(path)
     config, meta = read_config(path)
     verify_files(path, meta)
@@ -283,6 +283,11 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     """A Lightning checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain values
     only, so a crafted file cannot run code."""
     ckpt_path = Path(ckpt_path)
+    if is_sharded_checkpoint(ckpt_path):
+        return consolidate_sharded_checkpoint(ckpt_path)
+    if ckpt_path.is_dir():
+        raise ValueError(f"'{ckpt_path}' is a directory, not a checkpoint: pass a .ckpt file written by `trunk fit` (or the "
+                         "directory of a sharded checkpoint, which holds meta.pt).")
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
     try:
@@ -301,6 +306,25 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     if not isinstance(ckpt, dict):
         raise ValueError(f"'{ckpt_path}' is not a Lightning checkpoint (it holds a {type(ckpt).__name__}).")
     verify_digest(ckpt, ckpt_path)
+    return ckpt
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A distributed checkpoint directory, as Lightning's ModelParallelStrategy writes by default (one file of
+    shards per process, plus meta.pt with everything that is not a tensor)."""
+    return path.is_dir() and (path / "meta.pt").is_file() and (path / ".metadata").is_file()
+
+
+def consolidate_sharded_checkpoint(path: Path) -> dict:
+    """A sharded checkpoint's contents, gathered into one process's memory, as a checkpoint file would hold them."""
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+    try:
+        ckpt = _load_distributed_checkpoint(path)
+    except Exception as err:  # a missing or damaged shard
+        raise ValueError(f"'{path}' is a sharded checkpoint that cannot be read whole ({type(err).__name__}: {str(err)[:200]}): "
+                         "a shard file is missing or damaged.") from None
+    ckpt.pop("optimizer_0", None)  # the optimizer's shards: not needed to export or start from the weights
     return ckpt
 
 

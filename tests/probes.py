@@ -14,8 +14,13 @@ class RecordChanges(Callback):
         self.path = path
         self.epochs: list[dict] = []
 
+    @staticmethod
+    def weights(pl_module) -> dict:
+        """Whole tensors, also under FSDP2 (gathering a DTensor is a collective: every process calls this)."""
+        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in pl_module.trunk.named_parameters()}
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._before = {n: p.detach().clone() for n, p in pl_module.trunk.named_parameters()}
+        self._before = self.weights(pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == 0:
@@ -23,7 +28,7 @@ class RecordChanges(Callback):
             self._training = [pl_module.trunk.stems["text"].training, *(b.training for b in blocks)]
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        changed = sorted(n for n, p in pl_module.trunk.named_parameters() if not torch.equal(p.detach(), self._before[n]))
+        changed = sorted(n for n, p in self.weights(pl_module).items() if not torch.equal(p, self._before[n]))
         self.epochs.append({"changed": changed, "training": self._training})
         if trainer.is_global_zero:
             with open(self.path, "w") as f:

@@ -119,10 +119,9 @@ def test_invalid_finetune_options():
                     finetune=FinetuneConfig(freeze_layers=5))
 
 
-def test_gradual_unfreezing_under_ddp_thaws_what_one_process_thaws(tiny_cli_args, tmp_path):
-    """Under DDP the parts waiting to thaw are held (gradients dropped), not frozen by requires_grad:
-    2 processes change exactly the parameters one process changes, epoch by epoch, and they stay in
-    sync (the processes' weights are equal: DDP averaged the thawed parts' gradients)."""
+def test_gradual_unfreezing_under_ddp_and_fsdp2_thaws_what_one_process_thaws(tiny_cli_args, tmp_path):
+    """Under DDP and FSDP2 the parts waiting to thaw are held (gradients dropped), not frozen by
+    requires_grad: 2 processes change exactly the parameters one process changes, epoch by epoch."""
     import json
     import os
     import subprocess
@@ -132,21 +131,20 @@ def test_gradual_unfreezing_under_ddp_thaws_what_one_process_thaws(tiny_cli_args
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     records = {}
-    for processes in (1, 2):
-        record = tmp_path / f"changes{processes}.json"
+    for mode in ("one", "ddp", "fsdp2"):
+        record = tmp_path / f"changes_{mode}.json"
         args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir"))]
-        args += [f"--trainer.devices={processes}", "--trainer.max_epochs=3", "--model.finetune.unfreeze_every=1",
-                 "--trainer.callbacks+=probes.RecordChanges", f"--trainer.callbacks.path={record}",
-                 f"--trainer.default_root_dir={tmp_path / str(processes)}"]
-        if processes == 2:
-            args += ["--trainer.strategy=ddp"]
+        args += ["--trainer.max_epochs=3", "--model.finetune.unfreeze_every=1", "--trainer.callbacks+=probes.RecordChanges",
+                 f"--trainer.callbacks.path={record}", f"--trainer.default_root_dir={tmp_path / mode}"]
+        args += {"one": ["--trainer.devices=1"], "ddp": ["--trainer.devices=2", "--trainer.strategy=ddp"],
+                 "fsdp2": ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml")]}[mode]
         done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args], cwd=tmp_path, capture_output=True,
                               text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
-        records[processes] = json.loads(record.read_text())
-    one, two = records[1], records[2]
-    assert [e["changed"] for e in two] == [e["changed"] for e in one]
-    assert [e["training"] for e in two] == [e["training"] for e in one] == [
+        records[mode] = json.loads(record.read_text())
+    one, two, sharded = records["one"], records["ddp"], records["fsdp2"]
+    assert [e["changed"] for e in two] == [e["changed"] for e in sharded] == [e["changed"] for e in one]
+    assert [e["training"] for e in two] == [e["training"] for e in sharded] == [e["training"] for e in one] == [
         [False, False, False], [False, False, True], [False, True, True]]  # [stem, block 0, block 1]: top-down
     assert one[0]["changed"] == [] and all(n.startswith("backbone.blocks.1.") or n.startswith("backbone.final_norm")
                                            for n in one[1]["changed"])

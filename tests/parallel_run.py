@@ -1,0 +1,84 @@
+"""One tiny fp32 training run under a given strategy, for tests/test_scaling.py (run as a script:
+Lightning's launcher re-runs it once per process).
+
+    python tests/parallel_run.py {one,ddp,fsdp2} STEPS OUT.pt [--resume CKPT] [--save CKPT]
+
+Every step's global batch is the same 16 rows whatever the number of processes: with 2, each takes
+its half. Dropout is off, so 1 process, DDP-2 and FSDP2-2 must end with the same weights.
+"""
+
+import argparse
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import DataLoader
+from trunk.tasks import SequenceClassification, TrunkModule
+
+TRUNK = {"vocab_size": 100, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 32, "dropout": 0.0,
+         "attn_dropout": 0.0}
+
+
+def global_batches(n: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(5, 100, (16, 12), generator=g)
+        mask = (torch.arange(12) < torch.randint(4, 13, (16, 1), generator=g)).long()  # padded rows: the unpadded path too
+        out.append({"task": "s", "input_ids": ids * mask, "attention_mask": mask, "labels": torch.randint(0, 3, (16,), generator=g)})
+    return out
+
+
+class HalfBatches(L.LightningDataModule):
+    """Each process takes its slice of every global batch (no sampler: the slicing is the sharding)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def train_dataloader(self):
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        rows = 16 // world
+        batches = global_batches(self.steps)
+        done = self.trainer.global_step  # resumed mid-epoch, Lightning counts on from `done`: start with the next batch
+        mine = [{k: (v[rank * rows:(rank + 1) * rows] if torch.is_tensor(v) else v) for k, v in b.items()}
+                for b in batches[done:] + batches[:done]]
+        return DataLoader(mine, batch_size=None)
+
+
+class StopAt(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        trainer.should_stop = trainer.global_step >= self.step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["one", "ddp", "fsdp2"])
+    parser.add_argument("steps", type=int)
+    parser.add_argument("out")
+    parser.add_argument("--resume")
+    parser.add_argument("--save")
+    parser.add_argument("--stop-at", type=int, help="stop after this many steps (the schedule still plans STEPS)")
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=TRUNK, task_info={"s": {"label_names": ["a", "b", "c"]}})
+    strategy = {"one": "auto", "ddp": "ddp",
+                "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False)}
+    trainer = L.Trainer(accelerator="cpu", devices=1 if options.mode == "one" else 2, strategy=strategy[options.mode],
+                        max_steps=options.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, use_distributed_sampler=False, precision="32-true",
+                        callbacks=[StopAt(options.stop_at)] if options.stop_at else [])
+    trainer.fit(model, datamodule=HalfBatches(options.steps), ckpt_path=options.resume)
+    if options.save:
+        trainer.save_checkpoint(options.save)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.is_global_zero:
+        torch.save({k: v.detach().clone() for k, v in state.items()}, options.out)
+
+
+if __name__ == "__main__":
+    main()

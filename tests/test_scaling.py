@@ -1,0 +1,142 @@
+"""Strategies that split the work across processes: 1 process vs DDP-2 vs FSDP2-2 on CPU (gloo).
+
+Runs are real multi-process runs (tests/parallel_run.py, started as a script: Lightning's launcher
+starts the other process from it), fp32, dropout off, the same global batches.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+
+RUN = Path(__file__).parent / "parallel_run.py"
+
+
+def train(mode: str, steps: int, out: Path, *extra: str) -> dict[str, torch.Tensor]:
+    done = subprocess.run([sys.executable, str(RUN), mode, str(steps), str(out), *extra], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_one_process_ddp_and_fsdp2_train_the_same_weights(tmp_path):
+    """20 steps of the same global batches (padded rows included): DDP averages the halves' gradients,
+    FSDP2 reduce-scatters them; both end where one process does, to float rounding (tolerance 1e-5)."""
+    one = train("one", 20, tmp_path / "one.pt")
+    ddp = train("ddp", 20, tmp_path / "ddp.pt")
+    fsdp2 = train("fsdp2", 20, tmp_path / "fsdp2.pt")
+    start = train("one", 0, tmp_path / "start.pt")
+    assert max_difference(one, start) > 1e-3  # it trained
+    assert max_difference(one, ddp) < 1e-5
+    assert max_difference(one, fsdp2) < 1e-5
+
+
+def test_fsdp2_saved_and_resumed_continues_the_same_run(tmp_path):
+    straight = train("fsdp2", 20, tmp_path / "straight.pt")
+    train("fsdp2", 20, tmp_path / "half.pt", "--stop-at", "10", "--save", str(tmp_path / "half.ckpt"))
+    assert torch.load(tmp_path / "half.ckpt", weights_only=True)["global_step"] == 10  # one consolidated file
+    resumed = train("fsdp2", 20, tmp_path / "resumed.pt", "--resume", str(tmp_path / "half.ckpt"))
+    assert max_difference(straight, resumed) == 0.0
+
+
+@pytest.mark.slow
+def test_fsdp2_preset_trains_checkpoints_and_exports_through_the_cli(tiny_cli_args, tmp_path):
+    """`trunk fit` with configs/trainer/fsdp2_cpu.yaml: sharded training, an atomic consolidated checkpoint
+    that `trunk test` evaluates and `trunk export` turns into a trunk directory."""
+    args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+                          "--trainer.max_epochs=2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert "test/sentiment/acc" in fit.stdout + fit.stderr
+    checkpoints = sorted((tmp_path / "run").rglob("*.ckpt"))
+    assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
+    export = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(checkpoints[0]), str(tmp_path / "trunk")],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert (tmp_path / "trunk" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_fsdp2_pretraining_in_bf16_exports_a_trunk_equal_to_its_checkpoint(tmp_path):
+    """Masked-LM under FSDP2 in bf16-mixed (the decoder tied to the token embeddings: one parameter across
+    the sharded model). The trunk directory ExportTrunk writes at the end (gathered from the shards)
+    holds the weights of the last checkpoint (consolidated by the first process), which `trunk export`
+    writes unchanged."""
+    from safetensors.torch import load_file
+    from test_pretraining import pretrain_args, sentences
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences(600)) + "\n")
+    args = [a for a in pretrain_args(corpus, tmp_path / "run") if not a.startswith(("--trainer.devices", "--trainer.val_check"))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+                          "--trainer.precision=bf16-mixed", "--trainer.val_check_interval=3",
+                          "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    exported = load_file(str(tmp_path / "run" / "trunk" / "model.safetensors"))
+    last = next((tmp_path / "run").rglob("last.ckpt"))
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+    again = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(last), str(tmp_path / "from_ckpt")],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    from_checkpoint = load_file(str(tmp_path / "from_ckpt" / "model.safetensors"))
+    assert exported.keys() == from_checkpoint.keys() and any(k.startswith("heads.mlm.") for k in exported)
+    for key in exported:
+        assert torch.equal(exported[key], from_checkpoint[key]), key
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(tiny_cli_args, tmp_path):
+    """FSDP2 with Lightning's default distributed checkpoints (a directory of shards): `trunk export` and
+    `init_from` gather it, giving the trunk directory a consolidated checkpoint of the same run gives."""
+    from safetensors.torch import load_file
+
+    args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir", "--data.tasks.sentiment.test",
+                                                           "--data.tasks.sentiment.predict"))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fsdp2 = ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"), "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+             "--trainer.callbacks.save_last=true"]
+    exports = {}
+    for sharded in (False, True):
+        root = tmp_path / ("sharded" if sharded else "consolidated")
+        fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, *fsdp2, f"--trainer.default_root_dir={root}",
+                              f"--trainer.strategy.init_args.save_distributed_checkpoint={str(sharded).lower()}"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        assert fit.returncode == 0, fit.stderr[-3000:]
+        last = next(root.rglob("last.ckpt"))
+        assert last.is_dir() == sharded
+        out = tmp_path / f"trunk_{root.name}"
+        export = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(last), str(out)], capture_output=True,
+                                text=True, timeout=300, env=env)
+        assert export.returncode == 0, export.stderr[-3000:]
+        exports[sharded] = load_file(str(out / "model.safetensors"))
+    assert exports[True].keys() == exports[False].keys()
+    for key in exports[False]:
+        torch.testing.assert_close(exports[True][key], exports[False][key], msg=key)
+    # a run can start from the sharded checkpoint directly (model.init_from), its tokenizer included
+    sharded_last = next((tmp_path / "sharded").rglob("last.ckpt"))
+    start = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, f"--model.init_from={sharded_last}",
+                            "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'from_sharded'}"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert start.returncode == 0, start.stderr[-3000:]
+    # and be evaluated from it in one process (`trunk test --ckpt_path DIR`); a plain directory is refused
+    test_split = next(a for a in tiny_cli_args if a.startswith("--data.tasks.sentiment.test="))
+    test = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "test", *args, test_split, f"--ckpt_path={sharded_last}",
+                           f"--trainer.default_root_dir={tmp_path / 'test'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert test.returncode == 0, test.stderr[-3000:]
+    assert "test/sentiment/acc" in test.stdout + test.stderr
+    plain = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert plain.returncode != 0 and "is a directory but not a sharded checkpoint" in plain.stderr
