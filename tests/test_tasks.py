@@ -75,7 +75,7 @@ def test_text_and_image_tasks_share_one_backbone():
     images = {"task": "pictures", "pixel_values": torch.randn(2, 1, 8, 8), "labels": torch.tensor([0, 2])}
     text = {"task": "words", "input_ids": torch.randint(5, 60, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
             "labels": torch.tensor([0, 1])}
-    (model._step(images, "train") + model._step(text, "train")).backward()
+    (model(images, "train") + model(text, "train")).backward()
     assert all(p.grad is not None for p in model.trunk.backbone.parameters())
 
 
