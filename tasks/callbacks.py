@@ -17,6 +17,21 @@ from trunk.datamodules.atomic import temporary_path
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 
 
+class Throttle:
+    """Says when a progress display is due: at most every ``interval`` seconds, and at the last batch."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self._drawn = 0.0
+
+    def due(self, batch_idx: int, total: float) -> bool:
+        now = time.monotonic()
+        if now - self._drawn < self.interval and batch_idx + 1 != total:
+            return False
+        self._drawn = now
+        return True
+
+
 class TrunkProgressBar(RichProgressBar):
     """Lightning's rich progress bar, redrawn at most every ``interval`` seconds and at the last batch
     of each epoch. Redrawn after every step, it cost 8% of a training step (width 256, 2 CPU cores:
@@ -25,22 +40,14 @@ class TrunkProgressBar(RichProgressBar):
 
     def __init__(self, interval: float = 0.5) -> None:
         super().__init__()
-        self.interval = interval
-        self._drawn = 0.0
-
-    def _due(self, batch_idx: int, total: float) -> bool:
-        now = time.monotonic()
-        if now - self._drawn < self.interval and batch_idx + 1 != total:
-            return False
-        self._drawn = now
-        return True
+        self.throttle = Throttle(interval)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self._due(batch_idx, self.total_train_batches):  # the bar shows absolute positions: skipping a draw loses nothing
+        if self.throttle.due(batch_idx, self.total_train_batches):  # the bar shows absolute positions: skipping a draw loses nothing
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+        if self.throttle.due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 

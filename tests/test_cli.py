@@ -316,11 +316,13 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     else:  # Lightning's tqdm bar, which throttles its own redraws
         assert not bars and type(cli.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
     assert not any(isinstance(c, TrunkProgressBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
-    bar, clock = TrunkProgressBar(interval=0.5), [100.0]
+    from trunk.tasks.callbacks import Throttle
+
+    throttle, clock = Throttle(interval=0.5), [100.0]
     monkeypatch.setattr("trunk.tasks.callbacks.time.monotonic", lambda: clock[0])
     drawn = []
     for step in range(10):  # 0.2 s per step, 10 steps in the epoch
-        drawn.append(bar._due(step, 10))
+        drawn.append(throttle.due(step, 10))
         clock[0] += 0.2
     assert drawn == [True, False, False, True, False, False, True, False, False, True]  # every 0.6 s, and the last batch
 
