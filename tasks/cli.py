@@ -130,10 +130,12 @@ class TrunkCLI(LightningCLI):
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         check_multi_node_launch(config.get("num_nodes") or 1, plugins)
         check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
-        if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+        configured = config.get("callbacks") or []
+        given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
+        if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in given):
             callbacks = [*callbacks, TrunkModelSummary()]
         if (config.get("enable_progress_bar", True) is not False and _RICH_AVAILABLE
-                and not any(isinstance(c, ProgressBar) for c in callbacks)):
+                and not any(isinstance(c, ProgressBar) for c in given)):
             callbacks = [*callbacks, TrunkProgressBar()]
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None

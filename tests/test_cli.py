@@ -316,6 +316,10 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     else:  # Lightning's tqdm bar, which throttles its own redraws
         assert not bars and type(cli.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
     assert not any(isinstance(c, TrunkProgressBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
+    own = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true", "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar"],
+                  run=False)  # a bar of the user's own is kept, alone
+    assert type(own.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
+    assert not any(isinstance(c, TrunkProgressBar) for c in own.trainer.callbacks)
     from trunk.tasks.callbacks import Throttle
 
     throttle, clock = Throttle(interval=0.5), [100.0]
