@@ -63,9 +63,13 @@ def main() -> None:
     parser.add_argument("--resume")
     parser.add_argument("--save")
     parser.add_argument("--stop-at", type=int, help="stop after this many steps (the schedule still plans STEPS)")
+    parser.add_argument("--checkpointing-and-layer-decay", action="store_true",
+                        help="activation checkpointing and layer-wise learning rates (0.8 per depth)")
     options = parser.parse_args()
     torch.manual_seed(0)
-    model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=TRUNK, task_info={"s": {"label_names": ["a", "b", "c"]}})
+    extra = {"activation_checkpointing": True, "finetune": {"layer_decay": 0.8}} if options.checkpointing_and_layer_decay else {}
+    model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=TRUNK, task_info={"s": {"label_names": ["a", "b", "c"]}},
+                        **extra)
     strategy = {"one": "auto", "ddp": "ddp",
                 "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False)}
     trainer = L.Trainer(accelerator="cpu", devices=1 if options.mode == "one" else 2, strategy=strategy[options.mode],

@@ -40,6 +40,13 @@ def test_one_process_ddp_and_fsdp2_train_the_same_weights(tmp_path):
     assert max_difference(one, fsdp2) < 1e-5
 
 
+def test_fsdp2_with_activation_checkpointing_and_layer_decay_trains_like_one_process(tmp_path):
+    options = ["--checkpointing-and-layer-decay"]
+    one = train("one", 20, tmp_path / "one.pt", *options)
+    fsdp2 = train("fsdp2", 20, tmp_path / "fsdp2.pt", *options)
+    assert max_difference(one, fsdp2) < 1e-5
+
+
 def test_fsdp2_saved_and_resumed_continues_the_same_run(tmp_path):
     straight = train("fsdp2", 20, tmp_path / "straight.pt")
     train("fsdp2", 20, tmp_path / "half.pt", "--stop-at", "10", "--save", str(tmp_path / "half.ckpt"))
