@@ -170,8 +170,6 @@ class TrunkCLI(LightningCLI):
                 if isinstance(logger, CSVLogger):
                     _keep_csv_history(logger, step)
 
-
-
     @staticmethod
     def _check_wandb(config) -> None:
         """With an API key but no route to the server, log offline at once instead of blocking and failing."""

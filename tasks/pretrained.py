@@ -315,12 +315,44 @@ def is_sharded_checkpoint(path: Path) -> bool:
     return path.is_dir() and (path / "meta.pt").is_file() and (path / ".metadata").is_file()
 
 
+class _ShardIndexUnpickler(pickle.Unpickler):
+    """Reads a sharded checkpoint's index (``.metadata``, a plain pickle) allowing only the classes that
+    ``torch.distributed.checkpoint`` writes there, so a crafted index cannot run code."""
+
+    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+    def find_class(self, module: str, name: str):
+        import importlib
+
+        found = getattr(importlib.import_module(module), name, None) if module.startswith(("torch", "pathlib")) else None
+        if (module, name) in self.ALLOWED or (module == "torch.distributed.checkpoint.metadata"
+                                              and getattr(found, "__module__", None) == module):  # its own classes only
+            return found
+        found = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(found, (torch.dtype, torch.memory_format)):
+            return found
+        raise pickle.UnpicklingError(f"Unsupported global: {module}.{name}")
+
+
 def consolidate_sharded_checkpoint(path: Path) -> dict:
-    """A sharded checkpoint's contents, gathered into one process's memory, as a checkpoint file would hold them."""
-    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+    """A sharded checkpoint's contents, gathered into one process's memory, as a checkpoint file would hold
+    them. Like Lightning's ``_load_distributed_checkpoint``, but nothing is unpickled that could run code:
+    the index through ``_ShardIndexUnpickler`` first, meta.pt with ``weights_only=True``."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     try:
-        ckpt = _load_distributed_checkpoint(path)
+        with (path / ".metadata").open("rb") as f:
+            _ShardIndexUnpickler(f).load()
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"'{path}' is not a sharded checkpoint Trunk will read: its index (.metadata) holds objects other "
+                         f"than torch.distributed.checkpoint's, which could run code ({err}).") from None
+    ckpt: dict = {}
+    try:
+        _load_state_dict(ckpt, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        ckpt.update(torch.load(path / "meta.pt", map_location="cpu", weights_only=True))
     except Exception as err:  # a missing or damaged shard
         raise ValueError(f"'{path}' is a sharded checkpoint that cannot be read whole ({type(err).__name__}: {str(err)[:200]}): "
                          "a shard file is missing or damaged.") from None

@@ -147,3 +147,25 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
     plain = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert plain.returncode != 0 and "is a directory but not a sharded checkpoint" in plain.stderr
+
+
+def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
+    """A sharded checkpoint's index is a plain pickle: Trunk reads it allowing only the classes
+    torch.distributed.checkpoint writes, as it reads checkpoint files with weights_only=True."""
+    import pickle
+
+    from trunk.tasks.pretrained import load_checkpoint
+
+    marker = tmp_path / "ran"
+
+    class RunsCode:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    shard_dir = tmp_path / "last.ckpt"
+    shard_dir.mkdir()
+    (shard_dir / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    torch.save({"global_step": 1}, shard_dir / "meta.pt")
+    with pytest.raises(ValueError, match="could run code"):
+        load_checkpoint(shard_dir)
+    assert not marker.exists()
