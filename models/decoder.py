@@ -31,13 +31,16 @@ class KVCache:
         keys = self.layers[0]["self"].get("k") if self.layers else None
         return 0 if keys is None else keys.shape[2]
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep rows ``index`` (B',) of the batch, in that order. The memory's keys and values need
-        no reordering: beam search moves hypotheses only among the beams of one sentence, whose
+    def reorder(self, index: torch.Tensor, memory_rows: torch.Tensor | None = None) -> None:
+        """Keep rows ``index`` (B',) of the batch, in that order. The memory's keys and values are taken
+        at ``memory_rows`` when given (beam search widening from one hypothesis per sentence to K);
+        otherwise they stay: beam search moves hypotheses only among the beams of one sentence, whose
         memories are equal."""
         for layer in self.layers:
-            for name in ("k", "v"):
-                layer["self"][name] = layer["self"][name].index_select(0, index)
+            for kind, rows in (("self", index), ("cross", memory_rows)):
+                if rows is not None:
+                    for name in ("k", "v"):
+                        layer[kind][name] = layer[kind][name].index_select(0, rows)
 
 
 class DecoderBlock(Block):

@@ -46,13 +46,13 @@ class SpecialIds:
     banned: tuple[int, ...] = ()  # never generated (padding, start, mask ...)
 
 
-def _next_log_probs(decoder: Decoder, tokens: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None,
-                    cache: KVCache | None, ids: SpecialIds) -> torch.Tensor:
-    """Log-probabilities (N, V) of the token after ``tokens`` (N, t)."""
+def _next_logits(decoder: Decoder, tokens: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None,
+                 cache: KVCache | None, ids: SpecialIds) -> torch.Tensor:
+    """Float logits (N, V) of the token after ``tokens`` (N, t), banned tokens at -inf."""
     new_tokens = tokens if cache is None else tokens[:, len(cache) :]
     logits = decoder(new_tokens, memory, memory_mask, cache)[:, -1].float()
     logits[:, list(ids.banned)] = float("-inf")
-    return logits.log_softmax(-1)
+    return logits
 
 
 @torch.no_grad()
@@ -64,7 +64,7 @@ def greedy_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Ten
     finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
     cache = decoder.new_cache() if use_cache else None
     for _ in range(max_steps):
-        best = _next_log_probs(decoder, tokens, memory, memory_mask, cache, ids).argmax(-1)
+        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(-1)  # the log-softmax keeps the order
         best = best.masked_fill(finished, ids.pad)
         tokens = torch.cat([tokens, best[:, None]], dim=1)
         finished |= best == ids.eos
@@ -82,39 +82,50 @@ def beam_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tenso
     candidates by log-probability. Candidates among the best K that end in EOS join the sentence's
     finished pool (ranked by the length-normalised score); the K best that do not end stay live. A
     sentence is done when its pool holds K hypotheses; at ``max_steps`` the live ones join the pool.
+
+    The first step runs one hypothesis per sentence (all K would be the same start token) and widens
+    to K after it, so the memory's keys and values are projected once per sentence, not per beam.
+    A sentence's 2K best candidates are among each hypothesis's 2K best tokens, so only those are
+    normalised and ranked, never the whole (B, K x V) table.
     """
     B = memory.shape[0]
     K, device = beam_size, memory.device
-    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, C): beams of one sentence are adjacent
-    memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, dim=0)
-    tokens = torch.full((B * K, 1), ids.bos, dtype=torch.long, device=device)
-    scores = torch.zeros(B, K, device=device)
-    scores[:, 1:] = float("-inf")  # all beams start equal: keep one, or the first step fills K copies
+    tokens = torch.full((B, 1), ids.bos, dtype=torch.long, device=device)
+    scores = torch.zeros(B, 1, device=device)  # (B, live hypotheses per sentence): 1 at the first step, K after
     pool_scores = torch.full((B, K), float("-inf"), device=device)
     pool_tokens = torch.full((B, K, max_steps), ids.pad, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     cache = decoder.new_cache() if use_cache else None
     rank = torch.arange(2 * K, device=device)
     for step in range(max_steps):
-        log_probs = _next_log_probs(decoder, tokens, memory, memory_mask, cache, ids)  # (B*K, V)
-        V = log_probs.shape[-1]
-        candidates = (scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
+        logits = _next_logits(decoder, tokens, memory, memory_mask, cache, ids)  # (B * k, V)
+        k, (_, V) = scores.shape[1], logits.shape
+        n = min(2 * K, V)
+        best_logits, best_tokens = logits.topk(n, dim=1)  # each hypothesis's n best next tokens
+        log_probs = best_logits - logits.logsumexp(-1, keepdim=True)
+        candidates = (scores[:, :, None] + log_probs.view(B, k, n)).view(B, k * n)
+        if k * n < 2 * K:  # a tiny vocabulary: fill up with impossible candidates
+            candidates = torch.cat([candidates, candidates.new_full((B, 2 * K - k * n), float("-inf"))], dim=1)
         top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K)
-        beam, token = top_index // V, top_index % V
+        top_index = top_index.clamp(max=k * n - 1)
+        beam, token = top_index // n, best_tokens.view(B, k * n).gather(1, top_index)
         ends = token == ids.eos
-        sequences = torch.cat([tokens.view(B, K, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
+        sequences = torch.cat([tokens.view(B, k, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
                                token[:, :, None]], dim=2)  # (B, 2K, step + 1), without the start token
 
-        finishing = ends & (rank < K) & ~done[:, None]
+        finishing = ends & (rank < K) & ~done[:, None] & (top_scores > float("-inf"))
         normalised = torch.where(finishing, top_scores / (step + 1) ** length_penalty, float("-inf"))
         pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, normalised, sequences, ids.pad)
 
         live = (ends.long() * 2 * K + rank).argsort(dim=1)[:, :K]  # the K best that did not end, in score order
         scores = top_scores.gather(1, live)
-        rows = (torch.arange(B, device=device)[:, None] * K + beam.gather(1, live)).view(-1)
+        rows = (torch.arange(B, device=device)[:, None] * k + beam.gather(1, live)).view(-1)
         tokens = torch.cat([tokens[rows], token.gather(1, live).view(-1, 1)], dim=1)
+        if step == 0:  # widen to K hypotheses per sentence (beams of one sentence are adjacent)
+            memory = memory.repeat_interleave(K, dim=0)
+            memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, dim=0)
         if cache is not None:
-            cache.reorder(rows)
+            cache.reorder(rows, memory_rows=rows if step == 0 else None)
         done |= pool_scores[:, -1] > float("-inf")
         if done.all():
             break

@@ -189,18 +189,20 @@ def test_fast_dropout_drops_the_right_fraction_and_scales_the_rest():
     assert dropout(z.bfloat16(), 0.5).dtype == torch.bfloat16
 
 
-def test_attention_with_dropout_is_attention_when_nothing_is_dropped():
-    """The written-out path that training takes on CPU computes what SDPA computes."""
+def test_written_out_attention_is_attention_when_nothing_is_dropped():
+    """The written-out path that CPU training and decoding steps (one query) take computes what SDPA computes."""
     import torch.nn.functional as F
-    from trunk.models.trunk import attention_with_dropout
+    from trunk.models.trunk import attention_written_out
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
     mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
     mask[1, ..., 4:] = False
-    torch.testing.assert_close(attention_with_dropout(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-    out = attention_with_dropout(q, k, v, mask, 0.5)
-    assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_with_dropout(q, k, v, mask, 0.0))
+    torch.testing.assert_close(attention_written_out(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    one = q[:, :, -1:]
+    torch.testing.assert_close(attention_written_out(one, k, v, mask, 0.0), F.scaled_dot_product_attention(one, k, v, attn_mask=mask))
+    out = attention_written_out(q, k, v, mask, 0.5)
+    assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_written_out(q, k, v, mask, 0.0))
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
