@@ -29,6 +29,7 @@ from fit import cpu_name  # benchmarks/fit.py, beside this script
 from torch.utils.data import DataLoader
 from trunk.datamodules import MultiTaskData, TextClassificationData
 from trunk.datamodules.builtin import sentiment_example
+from trunk.datamodules.text import rows
 from trunk.models import TrunkConfig
 from trunk.tasks import SequenceClassification, TokenClassification, TrunkModule
 
@@ -102,7 +103,8 @@ def main() -> None:
     data = MultiTaskData({"sst2": TextClassificationData(train=str(path), batch_size=64)}, tokenizer_vocab_size=2000)
     data.setup("fit")
     member = data.tasks["sst2"]
-    plain = DataLoader(member._encoded["train"], batch_size=64, shuffle=True, collate_fn=member.collate)
+    examples = rows(member._encoded["train"], list(range(member.size("train"))))  # in memory: the plain loop's baseline
+    plain = DataLoader(examples, batch_size=64, shuffle=True, collate_fn=member.collate)
     loaders = {"single": plain, "joint": data.train_dataloader()}
 
     def drain(loader) -> float:

@@ -8,10 +8,8 @@ process at every step. Validation and test run every task that has the split, ev
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import random
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -103,29 +101,28 @@ class MultiTaskStream(IterableDataset):
     def __iter__(self):
         data = self.data
         epoch, rank, world = data.position()
-        seed = data.run_seed() * 1_000_003 + epoch
-        schedule = data.sampler().draw(len(self), torch.Generator().manual_seed(seed), data.progress(epoch))
-        streams = {name: self._batches(name, member, epoch, rank, world) for name, member in data.tasks.items()}
+        schedule = self.schedule(epoch)
+        streams = {}
+        for task_index, (name, member) in enumerate(data.tasks.items()):
+            # A streamed task continues where the earlier epochs left it; a task of rows starts a pass per epoch.
+            before = sum(self.schedule(e).count(name) for e in range(epoch)) if member.streaming else 0
+            streams[name] = member.train_items(f"{data.run_seed()}/{task_index}", epoch, rank, world, before)
         done = data.batches_done(epoch)  # a resumed run: the batches of this epoch trained before the checkpoint
+        seed = data.run_seed() * 1_000_003 + epoch
         for step, name in enumerate(schedule):
-            indices = next(streams[name])
+            item = next(streams[name])
             if step < done:
                 continue
             # The batch's own randomness (masks, augmentation) depends only on where it is in the run,
             # not on what ran before it: a resumed run builds the same batches.
             generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-            yield {"task": name, **data.tasks[name].make_batch("train", indices, train=True, generator=generator)}
+            yield {"task": name, **data.tasks[name].train_batch(item, generator)}
 
-    def _batches(self, name: str, member: TaskData, epoch: int, rank: int, world: int):
-        """Endless batches of one task: passes over its rows, each shuffled with a seed every process shares,
-        then cut into this process's shard."""
-        n, task_index = member.size("train"), list(self.data.tasks).index(name)
-        for passes in itertools.count():
-            rng = random.Random(f"{self.data.run_seed()}/{task_index}/{epoch}/{passes}")
-            order = list(range(n))
-            rng.shuffle(order)
-            shard = order[rank::world] or order[:1]
-            yield from member.train_batches(shard, rng)
+    def schedule(self, epoch: int) -> list[str]:
+        """The task of each training step of ``epoch`` (the same on every process)."""
+        data = self.data
+        seed = data.run_seed() * 1_000_003 + epoch
+        return data.sampler().draw(len(self), torch.Generator().manual_seed(seed), data.progress(epoch))
 
 
 class MultiTaskData(L.LightningDataModule):
@@ -206,6 +203,11 @@ class MultiTaskData(L.LightningDataModule):
                 self._tokenizer = load_tokenizer(self.tokenizer_path)
             else:
                 members = self.text_tasks.values()
+                streamed = [m.name for m in members if m.streaming]
+                if streamed:
+                    raise ValueError(f"Tasks {streamed} stream their training text, so there is no pass over it to train a "
+                                     "tokenizer on: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), or "
+                                     "model.init_from.")
                 if any(m.split_specs["train"] is None for m in members):
                     raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
                                      "checkpoint), or model.init_from, or give every text task a train split to train one on.")
@@ -241,12 +243,23 @@ class MultiTaskData(L.LightningDataModule):
         return {name: member.info() for name, member in self.tasks.items()}
 
     # -- Lightning hooks ---------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
+    def prepare_data(self) -> None:
+        """Lightning calls this on one process per node while the others wait at a barrier: the splits of
+        this stage are encoded into the on-disk cache there, and the other processes map the cache in
+        ``setup`` instead of encoding too."""
+        stage = getattr(getattr(self.trainer, "state", None), "fn", None)
+        if stage is not None and stage.value in STAGE_ROLES:
+            self._prepare_splits(stage.value)
+
+    def _prepare_splits(self, stage: str) -> None:
         self.tokenizer  # noqa: B018 (connects every text task)
         for role in STAGE_ROLES[stage]:
             for member in self.tasks.values():
                 if member.has_split(role) and (role != "predict" or member.name in self.predict_tasks):
                     member.prepare(role)
+
+    def setup(self, stage: str) -> None:
+        self._prepare_splits(stage)
         if stage == "predict" and not self.predict_tasks:
             raise ValueError("No task has a predict split: set data.tasks.<name>.predict.")
         if stage == "fit" and self.trainer is not None:
@@ -289,12 +302,20 @@ class MultiTaskData(L.LightningDataModule):
 
     # -- sampling ----------------------------------------------------------------------------------
     def sampler(self) -> TaskSampler:
-        sizes = {name: member.size("train") for name, member in self.tasks.items()}
+        streamed = [name for name, member in self.tasks.items() if member.streaming]
+        if streamed and len(self.tasks) > 1 and self.sampling not in ("uniform", "fixed"):
+            raise ValueError(f"data.sampling={self.sampling!r} draws tasks by their number of training rows, but {streamed} "
+                             "stream theirs (their size is unknown). Set data.sampling to 'fixed' (with data.weights) or 'uniform'.")
+        sizes = {name: 1 if member.streaming else member.size("train") for name, member in self.tasks.items()}
         return TaskSampler(sizes, self.sampling, self.temperature, self.weights, self.anneal_to)
 
     def steps_per_epoch(self) -> int:
         if self._steps_per_epoch:
             return self._steps_per_epoch
+        streamed = [name for name, member in self.tasks.items() if member.streaming]
+        if streamed:
+            raise ValueError(f"Tasks {streamed} stream their training data, whose length is unknown: set data.steps_per_epoch "
+                             "(training batches per epoch; validation and checkpoints follow it).")
         _, _, world = self.position()
         return sum(math.ceil(math.ceil(m.size("train") / world) / m.batch_size) for m in self.tasks.values())
 

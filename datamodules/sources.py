@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import datasets
@@ -42,6 +43,47 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
             "Check the dataset name, data.dataset_config and the split name; hub datasets need network "
             "access (or a filled Hugging Face cache). For local files, leave data.dataset unset and give paths."
         ) from err
+
+
+def stream_rows(dataset: str | None, dataset_config: str | None, split: str, role: str) -> Iterable[dict]:
+    """The rows of one split, read as they are used (``datasets`` streaming): a hub split, or a local
+    csv / json / parquet file. Nothing is read up front."""
+    if dataset is None:
+        path = Path(split).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{role}: file '{split}' {missing(path)}.")
+        builder, options = FILE_FORMATS[file_format(path)]
+        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", streaming=True, **options)
+    if dataset.startswith(BUILTIN_PREFIX):
+        return load_split(dataset, dataset_config, split, role)  # small, generated: no need to stream
+    try:
+        return datasets.load_dataset(dataset, dataset_config, split=split, streaming=True)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise ValueError(f"Could not stream split '{split}' ({role}) of dataset '{dataset}': {err}\nCheck the dataset name, "
+                         "data.dataset_config and the split name; hub datasets need network access.") from err
+
+
+def text_lines(path: str | Path, role: str) -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read one at a time, with errors that name the
+    file and the line (for files too large to read whole, or to check first)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            for line_number, line in enumerate(f, start=1):
+                if b"\x00" in line:
+                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not text. "
+                                     f"Point {role} at a text file.")
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
+                                     "not UTF-8. Save the file as UTF-8.") from None
+    except (OSError, EOFError) as err:  # a truncated or fake .gz
+        raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
 
 
 def source_key(dataset: str | None, spec: str) -> list | str:

@@ -14,17 +14,24 @@ Batch contract (every objective reads these keys; see README "Batches"):
 
 from __future__ import annotations
 
+import functools
+import itertools
+import json
+import os
 import random
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import datasets
+import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
-from trunk.datamodules.sources import empty_split_error, load_split, source_key
-from trunk.datamodules.tokenizer import PAD
+from trunk.datamodules.encoded import encoded_split
+from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split, source_key
+from trunk.datamodules.tokenizer import PAD, fingerprint
 
 ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
@@ -70,6 +77,32 @@ def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rn
         rng.shuffle(chunk)
         batches += chunk
     return batches
+
+
+CHUNK = 1000  # rows per datasets.map batch
+NOTES = "__trunk_notes__"
+RAW = "__raw__"  # prefix of the raw columns while they are encoded  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
+
+
+def _encode_chunk(data: "TextDataModule", role: str, features: datasets.Features, chunk: dict) -> dict:
+    """datasets.map's function: a chunk of raw rows (columns) -> encoded examples (columns)."""
+    data._notes = []
+    try:
+        chunk = {name[len(RAW) :]: values for name, values in chunk.items()}
+        examples = data.encode(datasets.Dataset.from_dict(chunk, features=features), role)
+        notes = data._notes
+    finally:
+        data._notes = None
+    columns = {name: [e[name].tolist() if isinstance(e[name], torch.Tensor) else e[name] for e in examples] for name in examples[0]}
+    columns[NOTES] = [json.dumps(notes) if i == 0 else "" for i in range(len(examples))]
+    return columns
+
+
+def rows(ds: datasets.Dataset, indices: list[int]) -> list[dict]:
+    """Rows ``indices`` of an encoded split as a list of examples (one Arrow take, not a read per row)."""
+    columns = ds[indices]
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
 
 
 class TaggedCollate:
@@ -154,6 +187,25 @@ class TaskData:
         """Batches of training row indices, from a shuffled ``order`` (subclasses may bucket by length)."""
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
+    #: whether training data is streamed (no known size, read as it trains) rather than indexed rows
+    streaming: bool = False
+
+    def train_items(self, seed: str, epoch: int, rank: int, world: int, before: int) -> Iterator:
+        """This process's endless training items for one epoch; ``train_batch`` makes each a batch. Here:
+        passes over the rows, each shuffled with a seed every process shares, then cut into this
+        process's shard. ``before``: this task's batches in earlier epochs (a stream continues after them)."""
+        n = self.size("train")
+        for passes in itertools.count():
+            rng = random.Random(f"{seed}/{epoch}/{passes}")
+            order = list(range(n))
+            rng.shuffle(order)
+            shard = order[rank::world] or order[:1]
+            yield from self.train_batches(shard, rng)
+
+    def train_batch(self, item, generator: torch.Generator) -> dict:
+        """The training batch of one item of ``train_items``, its randomness drawn from ``generator``."""
+        return self.make_batch("train", item, train=True, generator=generator)
+
     def state_dict(self) -> dict:
         return {}
 
@@ -184,23 +236,36 @@ class TextDataModule(TaskData):
     """Text tasks: rows (hub, local files or built-in) tokenized with the run's tokenizer.
 
     Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
-    python values per example) and ``collate(examples) -> batch``.
+    python values per example, for any slice of the split's rows) and ``collate(examples) -> batch``.
+
+    Encoded splits live in an on-disk Arrow cache (``datamodules/encoded.py``), keyed by the rows,
+    the tokenizer and every option of the task, and memory-mapped: the next run and every process
+    of a distributed run read them instead of tokenizing again. They are built with
+    ``datasets.map(batched=True)``, in ``num_proc`` processes.
 
     Args:
         max_length: longer inputs are truncated (with one warning per split).
         bucket_by_length: batch training examples of similar length together.
+        num_proc: processes that encode a split (``datasets.map``'s ``num_proc``); unset: one, whose
+            tokenizer already runs on every core.
         **kwargs: see ``TaskData`` (dataset, splits, val_fraction, batch sizes, workers).
     """
 
     tokenizer_model: ClassVar[str] = "wordpiece"  # translation wants "bpe" (exact detokenization)
+    # Options that change how batches are drawn, not what a split encodes to: not part of the cache key.
+    not_encoding: ClassVar[frozenset[str]] = frozenset({"batch_size", "eval_batch_size", "num_workers", "num_proc", "bucket_by_length", "name"})
 
-    def __init__(self, max_length: int = 128, bucket_by_length: bool = False, **kwargs) -> None:
+    def __init__(self, max_length: int = 128, bucket_by_length: bool = False, num_proc: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        if num_proc is not None and num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1 (processes that encode a split), got {num_proc}.")
         self.max_length = max_length
         self.bucket_by_length = bucket_by_length
+        self.num_proc = num_proc
         self._raw: dict[str, datasets.Dataset] = {}
-        self._encoded: dict[str, list[dict]] = {}
+        self._encoded: dict[str, datasets.Dataset] = {}
         self._tokenizer: Tokenizer | None = None
+        self._notes: list | None = None  # while encoding for the cache: truncation counts, reported once per split
         self.lowercase = False
 
     def connect(self, tokenizer: Tokenizer, lowercase: bool = False) -> None:
@@ -285,8 +350,13 @@ class TextDataModule(TaskData):
         self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role)
         return encodings
 
-    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", consequence: str = "") -> None:
-        if truncated:
+    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", words_lost: int | None = None) -> None:
+        """One warning for the examples of a split cut to ``option`` tokens (``words_lost``: NER words left without
+        sub-tokens). While a split is encoded in chunks, the counts are collected and summed (``report_truncation``)."""
+        if self._notes is not None:
+            self._notes.append([truncated, total, role, option, words_lost])
+        elif truncated:
+            consequence = "" if words_lost is None else f" ({words_lost} words lost their sub-tokens: they are predicted O, and scored so)"
             rank_zero_warn(
                 f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
                 f"tokens and were truncated{consequence}. Raise {self.option(option)} to keep them whole; it may not exceed "
@@ -294,26 +364,86 @@ class TextDataModule(TaskData):
                 "training from scratch."
             )
 
+    def report_truncation(self, notes: list) -> None:
+        """Warn once per (split, option) for the truncation counts collected over a split's chunks."""
+        totals: dict = {}
+        for truncated, total, role, option, words_lost in notes:
+            entry = totals.setdefault((role, option), [0, 0, None])
+            entry[0], entry[1] = entry[0] + truncated, entry[1] + total
+            if words_lost is not None:
+                entry[2] = (entry[2] or 0) + words_lost
+        for (role, option), (truncated, total, words_lost) in totals.items():
+            self.warn_truncated(truncated, total, role, option, words_lost)
+
     # -- TaskData --------------------------------------------------------------------------------
     def info(self) -> dict:
         return {**super().info(), "max_length": self.max_length}
 
     def prepare(self, role: str) -> None:
+        """Encode one split into the cache, or map the cached encoding (``datamodules/encoded.py``)."""
         if role not in self._encoded:
-            self._encoded[role] = self.encode(self.raw(role), role)
+            ds, notes = encoded_split(self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role))
+            self.report_truncation(notes)
+            self._encoded[role] = ds.remove_columns(NOTES) if NOTES in ds.column_names else ds  # a view: no rewrite
 
     def size(self, role: str) -> int:
         return len(self._encoded[role])
 
     def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
-        examples = self._encoded[role]
-        return self.collate([examples[i] for i in indices])
+        return self.collate(rows(self._encoded[role], indices))
 
     def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
         if not self.bucket_by_length:
             return super().train_batches(order, rng)
-        lengths = [len(e["input_ids"]) for e in self._encoded["train"]]
+        lengths = pc.list_value_length(self._encoded["train"].data.column("input_ids")).to_pylist()
         return length_buckets(order, lengths, self.batch_size, rng)
+
+    # -- the encoded-split cache -------------------------------------------------------------------
+    def encoding_key(self, role: str) -> list:
+        """Everything a split's encoding depends on: the task class and its options, the rows' sources,
+        what the model is told about the data (label names ...), and the tokenizers."""
+        options = {}
+        for name, value in sorted(vars(self).items()):
+            if not name.startswith("_") and name not in self.not_encoding:
+                try:
+                    options[name] = json.loads(json.dumps(value))
+                except (TypeError, ValueError):
+                    pass  # not a plain option
+        roles = [role] + (["train"] if role == "validation" and self.split_specs["validation"] is None else [])
+        sources = [[source_key(self.dataset, spec) for spec in ([s] if isinstance(s, str) else s)]
+                   for s in (self.split_specs[r] for r in roles) if s is not None]
+        hub = self.dataset is not None and not self.dataset.startswith(BUILTIN_PREFIX) and not Path(self.dataset).expanduser().is_dir()
+        if hub:  # a hub dataset's rows can change under the same name: key by its fingerprint too
+            sources.append(self.raw(role)._fingerprint)
+        return [type(self).__module__, type(self).__qualname__, role, options, sources, self.info(), self.tokenizer_fingerprints()]
+
+    def tokenizer_fingerprints(self) -> list[str]:
+        return [fingerprint(self.tokenizer)]
+
+    #: whether ``encode`` may see any slice of the rows; False: it needs the whole split at once (document context)
+    encodes_rows_independently: ClassVar[bool] = True
+
+    def build_encoded(self, role: str, directory: Path) -> list:
+        """Encode one split into Arrow files in ``directory`` (``datasets.map``, batched, ``num_proc``
+        processes); returns the truncation counts to report."""
+        raw = self.raw(role)
+        self.info()  # label names and the like, worked out once here rather than in every process
+        whole = not self.encodes_rows_independently
+        procs = None if whole or (self.num_proc or 1) < 2 or len(raw) < 2 * CHUNK else self.num_proc
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        if procs:  # each process encodes on one core; no fork-after-threads warning from tokenizers
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            # Renamed inputs: datasets would cast an output column to the type of the input column of its name.
+            source = raw.rename_columns({name: RAW + name for name in raw.column_names})
+            encoded = source.map(functools.partial(_encode_chunk, self, role, raw.features), batched=True,
+                                 batch_size=None if whole else CHUNK, num_proc=procs, remove_columns=source.column_names,
+                                 cache_file_name=str(directory / "encoded.arrow"), new_fingerprint=directory.name,
+                                 desc=f"Encoding {self.option(role)}")
+        finally:
+            if procs:
+                os.environ.pop("TOKENIZERS_PARALLELISM") if previous is None else os.environ.update(TOKENIZERS_PARALLELISM=previous)
+        return [n for chunk in encoded[NOTES] if chunk for n in json.loads(chunk)]
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         raise NotImplementedError

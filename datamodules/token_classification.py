@@ -127,6 +127,10 @@ class TokenClassificationData(TextDataModule):
         return (" ".join(tokens) for tokens in self.raw("train")["tokens"])
 
     # -- encoding ----------------------------------------------------------------------------------
+    @property
+    def encodes_rows_independently(self) -> bool:
+        return self.context_length == 0  # context windows read the neighbouring sentences of the document
+
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         label_ids = {name: i for i, name in enumerate(self.label_names)} if role != "predict" else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
@@ -167,8 +171,7 @@ class TokenClassificationData(TextDataModule):
             left, right = left[len(left) - n_left :], right[:n_right]
             windows.append(([cls_id, *left, *ids[:room], *right, sep_id], [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1)))
         cut_words = sum(len(set(w)) - len(set(w[:room])) for ids, w in zip(pieces, word_ids) if len(ids) > room)
-        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role,
-                            consequence=f" ({cut_words} words lost their sub-tokens: they are predicted O, and scored so)")
+        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role, words_lost=cut_words)
         return windows
 
     @staticmethod

@@ -132,6 +132,15 @@ def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> 
 TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe}
 
 
+def fingerprint(tokenizer: Tokenizer) -> str:
+    """What a tokenizer encodes to, as a digest: its vocabulary, model and pipeline, not the truncation
+    and padding settings that encoding switches on and off."""
+    state = json.loads(tokenizer.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
 def cache_dir() -> Path:
     """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
     return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+
 from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer
 from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, cached_tokenizer, load_tokenizer
+from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, cached_tokenizer, fingerprint, load_tokenizer
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz
 
@@ -151,6 +152,10 @@ class TranslationData(TextDataModule):
 
     def tokenizer_text_options(self) -> list:
         return [self.source_lang, self.target_lang, self.translation_column, *super().tokenizer_text_options()]
+
+    def tokenizer_fingerprints(self) -> list[str]:
+        own = [] if self.joint_vocabulary else [fingerprint(self.target_tokenizer)]
+        return super().tokenizer_fingerprints() + own
 
     def info(self) -> dict:
         return {**super().info(), "target_vocab_size": None if self.joint_vocabulary else self.target_tokenizer.get_vocab_size(),

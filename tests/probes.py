@@ -33,3 +33,22 @@ class RecordChanges(Callback):
         if trainer.is_global_zero:
             with open(self.path, "w") as f:
                 json.dump(self.epochs, f)
+
+
+class CountEncodes(Callback):
+    """Appends one line to ``path`` (the process's rank and the split) every time a process encodes a
+    split rather than reading the cache: patched in when the CLI builds the callbacks, in every process."""
+
+    def __init__(self, path: str) -> None:
+        import os
+
+        from trunk.datamodules.text import TextDataModule
+
+        build = TextDataModule.build_encoded
+
+        def counting(data, role, directory):
+            with open(path, "a") as f:
+                f.write(f"{os.environ.get('LOCAL_RANK', '0')} {role}\n")
+            return build(data, role, directory)
+
+        TextDataModule.build_encoded = counting

@@ -57,7 +57,7 @@ def test_integer_labels_with_word_names(tmp_path):
     data = run_data(TextClassificationData(train=str(f), text_column="sentence", label_names=["negative", "positive"]),
                     tokenizer_vocab_size=50)
     data.setup("fit")
-    assert [e["label"] for e in data.tasks["sst"]._encoded["train"][:4]] == [0, 1, 0, 1]
+    assert data.tasks["sst"]._encoded["train"]["label"][:4] == [0, 1, 0, 1]
 
 
 def test_builtin_dataset_is_deterministic_and_balanced():
@@ -159,7 +159,7 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
     messages = [str(w.message) for w in caught if "truncated" in str(w.message)]
     assert len(messages) == 1 and "2 of 3 examples" in messages[0] and "max_length=16" in messages[0]
     assert "may not exceed model.trunk.max_len" in messages[0]  # the second knob is named
-    assert max(len(e["input_ids"]) for e in data.tasks["sst"]._encoded["train"]) == 16
+    assert max(len(ids) for ids in data.tasks["sst"]._encoded["train"]["input_ids"]) == 16
     vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
     assert len(vocabulary) == 1 and "has no more pieces seen at least twice" in vocabulary[0]  # a warning, with its reason
 
@@ -366,7 +366,7 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
     data = run_data(member, tokenizer_vocab_size=50)
     assert member.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
     data.setup("fit")
-    assert [e["label"] for e in member._encoded["train"][:2]] == [0, 1]
+    assert member._encoded["train"]["label"][:2] == [0, 1]
     with pytest.raises(ValueError, match="unlabelled rows .* use `trunk predict`"):
         data.setup("test")
 

@@ -98,7 +98,7 @@ def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
     data = run.tasks["mlm"]
     train, val = data.raw("train")["text"], data.raw("validation")["text"]
     assert len(train) + len(val) == 300 and len(val) == 30 and not set(val) & set(train)
-    blocks = [e["input_ids"] for e in data._encoded["train"]]
+    blocks = torch.tensor(data._encoded["train"]["input_ids"])
     assert all(len(b) == 16 and b[0] == data.tokenizer.token_to_id("[CLS]") for b in blocks)
     stream = [i for e in data.tokenizer.encode_batch(train, add_special_tokens=False) for i in (*e.ids, 3)]
     assert torch.cat([b[1:] for b in blocks]).tolist() == stream[: 15 * len(blocks)]  # nothing lost, nothing padded
