@@ -169,3 +169,39 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     with pytest.raises(ValueError, match="could run code"):
         load_checkpoint(shard_dir)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("preset", ["ddp_gpu", "fsdp_gpu", "deepspeed_zero2_gpu"])
+def test_gpu_presets_build_their_strategy(preset):
+    """The GPU presets cannot train on this CPU machine; their strategies must still build from the YAML
+    exactly as LightningCLI builds them (DeepSpeed, when not installed, must say how to install it)."""
+    import importlib.util
+    import inspect
+    import warnings
+    from typing import Union
+
+    import yaml
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy, StrategyRegistry
+    from trunk.models.trunk import Block
+
+    config = yaml.safe_load((REPO / "configs" / "trainer" / f"{preset}.yaml").read_text())["trainer"]
+    assert config["accelerator"] == "gpu" and config["precision"] == "bf16-mixed"
+    strategy = config["strategy"]
+    if isinstance(strategy, str):
+        assert strategy in StrategyRegistry
+        return
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=Union[str, Strategy])
+    if preset == "deepspeed_zero2_gpu" and importlib.util.find_spec("deepspeed") is None:
+        inspect.signature(DeepSpeedStrategy).bind(**strategy["init_args"])  # every key is an argument of the strategy
+        with pytest.raises(Exception, match="pip install -U deepspeed"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parser.instantiate_classes(parser.parse_object({"strategy": strategy}))
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = parser.instantiate_classes(parser.parse_object({"strategy": strategy})).strategy
+    if preset == "fsdp_gpu":
+        assert isinstance(built, FSDPStrategy) and built.kwargs["use_orig_params"] is True
+        assert built.kwargs["auto_wrap_policy"]._module_classes == {Block}  # one FSDP unit per block
