@@ -16,10 +16,11 @@ from datasets.arrow_writer import ArrowWriter
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 from trunk.datamodules.sources import (
-    FILE_FORMATS,
     check_columns,
+    column,
     empty_split_error,
     file_format,
+    FILE_FORMATS,
     load_split,
     read_conll,
     stream_rows,
@@ -160,7 +161,7 @@ class CorpusData(TextDataModule):
             if not lazy:
                 ds = load_split(self.dataset, self.dataset_config, source, role)
                 check_columns(ds, {"text_column": self.text_column}, role)
-                yield from (t.strip() for t in ds[self.text_column] if t and t.strip())
+                yield from (t.strip() for t in column(ds, self.text_column) if t and t.strip())
                 return
             for row in stream_rows(self.dataset, self.dataset_config, source, role):
                 if self.text_column not in row:

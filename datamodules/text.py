@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 from trunk.datamodules.encoded import encoded_split
-from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split, source_key
+from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, source_key
 from trunk.datamodules.tokenizer import PAD, fingerprint
 
 ROLES = ("train", "validation", "test", "predict")
@@ -330,8 +330,8 @@ class TextDataModule(TaskData):
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
-        for column in self.tokenizer_columns():
-            yield from (t for t in train[column] if t)
+        for name in self.tokenizer_columns():
+            yield from (t for t in column(train, name) if t)
 
     @property
     def vocab_size(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 import torch
-from trunk.datamodules.sources import check_columns
+from trunk.datamodules.sources import check_columns, column
 from trunk.datamodules.text import TextDataModule, pad
 
 
@@ -60,7 +60,7 @@ class TextClassificationData(TextDataModule):
             if isinstance(feature, datasets.ClassLabel):
                 self._label_names = list(feature.names)
             else:
-                values = _check_labels(train[self.label_column], self.option("train"), self.label_column)
+                values = _check_labels(column(train, self.label_column), self.option("train"), self.label_column)
                 self._label_names = sorted({str(v) for v in values}, key=_natural_key)
         return self._label_names
 
@@ -69,7 +69,7 @@ class TextClassificationData(TextDataModule):
 
     def label_ids(self, ds: datasets.Dataset, role: str) -> list[int]:
         feature = ds.features[self.label_column]
-        values = ds[self.label_column]
+        values = column(ds, self.label_column)
         if isinstance(feature, datasets.ClassLabel):
             if -1 in values:
                 raise ValueError(
@@ -96,10 +96,10 @@ class TextClassificationData(TextDataModule):
         return [index[str(v)] for v in values]
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
-        texts = ds[self.text_column]
+        texts = column(ds, self.text_column)
         if any(t is None for t in texts):
             raise ValueError(f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows.")
-        inputs = texts if self.text_pair_column is None else list(zip(texts, ds[self.text_pair_column]))
+        inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
         ids = [e.ids for e in self.tokenize(inputs, role)]
         labels = self.label_ids(ds, role) if role != "predict" else [None] * len(ids)
         return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]

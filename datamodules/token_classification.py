@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 import torch
-from trunk.datamodules.sources import ROW_FORMATS, check_columns, file_format, load_split, read_conll
+from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
 from trunk.datamodules.tagging import (
     Scheme,
     Span,
@@ -83,17 +83,17 @@ class TokenClassificationData(TextDataModule):
         ds = load_split(self.dataset, self.dataset_config, spec, role)
         has_tags = self.tags_column in ds.column_names
         check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
-        tags = ds[self.tags_column] if has_tags else [None] * len(ds)
+        tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)
         feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
         if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
             tags = [[feature.names[t] for t in row] for row in tags]
-        return datasets.Dataset.from_dict({"tokens": ds[self.tokens_column], "tags": tags, "document": [0] * len(ds)})
+        return datasets.Dataset.from_dict({"tokens": column(ds, self.tokens_column), "tags": tags, "document": [0] * len(ds)})
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        if role != "predict" and any(t is None for t in ds["tags"]):
+        if role != "predict" and any(t is None for t in column(ds, "tags")):
             raise ValueError(f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag "
                              "column for training and evaluation; words-only files are for data.predict.")
-        for i, (tokens, tags) in enumerate(zip(ds["tokens"], ds["tags"])):
+        for i, (tokens, tags) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"))):
             if tags is not None and len(tokens) != len(tags):
                 raise ValueError(f"{self.option(role)}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
             for tag in tags or ():
@@ -107,7 +107,7 @@ class TokenClassificationData(TextDataModule):
     @property
     def label_names(self) -> list[str]:
         if self._label_names is None:
-            types = {span.type for tags in self.raw("train")["tags"] for span in spans_from_tags(tags)}
+            types = {span.type for tags in column(self.raw("train"), "tags") for span in spans_from_tags(tags)}
             if not types:
                 raise ValueError(f"{self.option('train')} has no entities (every tag is O): nothing to learn. "
                                  f"Check {self.option('tag_column')}.")
@@ -124,7 +124,7 @@ class TokenClassificationData(TextDataModule):
         return {**super().info(), "label_names": self.label_names}
 
     def texts_for_tokenizer(self):
-        return (" ".join(tokens) for tokens in self.raw("train")["tokens"])
+        return (" ".join(tokens) for tokens in column(self.raw("train"), "tokens"))
 
     # -- encoding ----------------------------------------------------------------------------------
     @property
@@ -135,7 +135,7 @@ class TokenClassificationData(TextDataModule):
         label_ids = {name: i for i, name in enumerate(self.label_names)} if role != "predict" else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
         examples = []
-        for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(ds["tokens"], ds["tags"], self._windows(ds, role))):
+        for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"), self._windows(ds, role))):
             word_starts = [-1] * len(words)  # -1: the word was truncated away (predicted O)
             for position, word in enumerate(word_ids):
                 if word is not None and word_starts[word] < 0:
@@ -158,9 +158,9 @@ class TokenClassificationData(TextDataModule):
         each position came from (None for [CLS], [SEP] and context)."""
         tokenizer = self.tokenizer
         tokenizer.no_truncation()  # the sentence is cut here, so that context never displaces it
-        encodings = tokenizer.encode_batch([list(t) for t in ds["tokens"]], is_pretokenized=True, add_special_tokens=False)
+        encodings = tokenizer.encode_batch([list(t) for t in column(ds, "tokens")], is_pretokenized=True, add_special_tokens=False)
         pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
-        documents, room = ds["document"], self.max_length - 2
+        documents, room = column(ds, "document"), self.max_length - 2
         cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
         windows = []
         for i, ids in enumerate(pieces):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer
-from trunk.datamodules.sources import FILE_FORMATS, check_columns, file_format, load_split, read_text
+from trunk.datamodules.sources import FILE_FORMATS, check_columns, column, file_format, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
 from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, cached_tokenizer, fingerprint, load_tokenizer
 
@@ -105,7 +105,7 @@ class TranslationData(TextDataModule):
     def _read_rows(self, ds: datasets.Dataset, role: str) -> datasets.Dataset:
         needs_target = not role.endswith(".predict")
         if self.translation_column in ds.column_names:  # {lang: sentence} dicts (hub translation datasets)
-            pairs = ds[self.translation_column]
+            pairs = column(ds, self.translation_column)
             languages = sorted(pairs[0]) if pairs else []
             for lang in (self.source_lang, *([self.target_lang] if needs_target else [])):
                 if lang not in languages:
@@ -119,8 +119,8 @@ class TranslationData(TextDataModule):
         except KeyError as err:
             raise ValueError(f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
                            "(translation_column) or one column per language.") from None
-        targets = ds[self.target_lang] if self.target_lang in ds.column_names else None
-        return self._pairs(ds[self.source_lang], targets, role, "row")
+        targets = column(ds, self.target_lang) if self.target_lang in ds.column_names else None
+        return self._pairs(column(ds, self.source_lang), targets, role, "row")
 
     @staticmethod
     def _lines(path: Path, role: str) -> list[str]:
@@ -169,7 +169,7 @@ class TranslationData(TextDataModule):
             if self.target_tokenizer_path:
                 self._target_tokenizer = load_tokenizer(self.target_tokenizer_path, checkpoint_key=f"{TARGET_KEY}/{self.name}")
             else:
-                self._target_tokenizer = cached_tokenizer([*self.tokenizer_key(), "target"], lambda: self.raw("train")["target"],
+                self._target_tokenizer = cached_tokenizer([*self.tokenizer_key(), "target"], lambda: column(self.raw("train"), "target"),
                                                           "bpe", self.target_tokenizer_vocab_size, self.lowercase,
                                                           f"the targets of task '{self.name}'")
         return self._target_tokenizer
@@ -185,16 +185,16 @@ class TranslationData(TextDataModule):
     # -- encoding ----------------------------------------------------------------------------------
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         self._check_special_ids()
-        sources = self.tokenize(ds["source"], role)
-        examples = [{"input_ids": e.ids, "source": s} for e, s in zip(sources, ds["source"])]
+        sources = self.tokenize(column(ds, "source"), role)
+        examples = [{"input_ids": e.ids, "source": s} for e, s in zip(sources, column(ds, "source"))]
         if role == "predict" or ds["target"][0] is None:
             return examples
         target_tokenizer = self.target_tokenizer
         target_tokenizer.no_truncation()  # cut here, leaving room for [CLS] / [SEP]
-        targets = target_tokenizer.encode_batch(ds["target"], add_special_tokens=False)
+        targets = target_tokenizer.encode_batch(column(ds, "target"), add_special_tokens=False)
         room = self.target_max_length - 1
         truncated = 0
-        for example, encoding, text in zip(examples, targets, ds["target"]):
+        for example, encoding, text in zip(examples, targets, column(ds, "target")):
             ids = encoding.ids[:room]
             truncated += len(encoding.ids) > room
             example.update(decoder_input_ids=[SPECIAL_TOKENS.index(CLS), *ids], labels=[*ids, SPECIAL_TOKENS.index(SEP)], target=text)
