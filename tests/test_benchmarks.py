@@ -43,3 +43,17 @@ def test_the_figure_script_draws_the_throughput_table(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(tmp_path / "empty.md"), str(out)],
                           capture_output=True, text=True)
     assert done.returncode != 0 and "holds no markdown table" in done.stderr
+
+
+def test_the_gpu_estimate_counts_flops_as_the_measured_benchmark_does():
+    import gpu_estimate
+    import throughput
+
+    ids = torch.ones(2, 20, dtype=torch.long)
+    labels = torch.full((2, 20), -100)
+    labels[:, :3] = 1  # 15% of the tokens masked, the estimate's rate
+    batch = {"task": "mlm", "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    model = gpu_estimate.Model("test", throughput.WIDTH, throughput.DEPTH, throughput.FFN, throughput.VOCAB, length=20)
+    assert 40 * model.training_flops_per_token() == pytest.approx(throughput.model_flops(batch, train=True))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_estimate.py")], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.count("\n| ") == 4, done.stderr  # header + 3 models
