@@ -174,12 +174,14 @@ def test_a_joint_toy_reaches_each_single_task_quality(keyword_sentiment_files, n
     assert joint["test/ner/f1"] >= alone_ner["test/ner/f1"] - 0.05
 
 
-def test_two_process_joint_run_uses_every_head_on_every_rank(sentiment_files, ner_files, tmp_path):
-    """Real gloo DDP (no find_unused_parameters): a rank that drew another task than its peer would hang or fail.
-    Then validation of the checkpoint on 2 processes equals 1 process, task by task."""
+@pytest.mark.parametrize("preset", ["ddp_cpu", "fsdp2_cpu"])
+def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_files, ner_files, tmp_path):
+    """Real gloo DDP (no find_unused_parameters) and FSDP2 (both heads in the root unit, one unused each step):
+    a rank that drew another task than its peer would hang or fail. Then validation of the checkpoint on 2
+    processes equals 1 process, task by task."""
     args = [*TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files), *trainer(tmp_path / "run")]
     args = [a for a in args if not a.startswith("--trainer.devices")]
-    ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]
+    ddp = ["--config", str(REPO / f"configs/trainer/{preset}.yaml")]
     result = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True,
                             text=True, timeout=600, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
