@@ -182,6 +182,9 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
     """Read and check a trunk directory or a checkpoint: files present, weights readable and shaped
     as configured, tokenizer vocabulary equal to the embedding table."""
     path = Path(path)
+    if path.is_file() and path.name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) and (path.parent / CONFIG_FILE).is_file():
+        raise ValueError(f"'{path}' is one file of the trunk directory '{path.parent}': give the directory itself "
+                         f"(model.init_from={path.parent}).")
     if path.is_file() or is_sharded_checkpoint(path):
         return _pretrained_from_checkpoint(path)
     config, meta = read_config(path)

@@ -462,3 +462,10 @@ def test_the_model_summary_counts_the_tied_decoder_once():
         summary = _SharedOnceSummary(model, max_depth=depth)
         rows = dict(zip(summary.layer_names, summary.param_nums))
         assert rows["trunk"] + rows["objectives"] == summary.total_parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_a_file_inside_a_trunk_directory_is_refused_naming_the_directory(pretrained):
+    _, trunk_dir = pretrained
+    for name in ("model.safetensors", "config.json"):
+        with pytest.raises(ValueError, match=f"one file of the trunk directory '{trunk_dir}': give the directory itself"):
+            load_pretrained(trunk_dir / name)
