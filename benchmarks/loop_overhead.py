@@ -1,6 +1,6 @@
 """What does `trunk fit` cost beyond the bare training loop? Prints a table.
 
-    python benchmarks/loop_overhead.py [--rounds 5] [--steps 40] [--precision bf16-mixed]
+    python benchmarks/loop_overhead.py [--rounds 5] [--steps 40] [--precision bf16-mixed] [--bar rich|tqdm]
 
 Both sides train the same model (width 256, 4 blocks, 4 heads, FFN 1024) on the same batches of the
 built-in sentiment data (batch 64), alternating in one process:
@@ -100,11 +100,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--precision", default="bf16-mixed", choices=["32-true", "bf16-mixed"])
+    parser.add_argument("--bar", default="rich", choices=["rich", "tqdm"],
+                        help="the CLI's progress bar: rich (where installed) or tqdm (a plain install)")
     options = parser.parse_args()
+    if options.bar == "tqdm":
+        import trunk.tasks.cli
+
+        trunk.tasks.cli._RICH_AVAILABLE = False  # as where rich is not installed
     quiet_third_party()
     os.chdir(Path(__file__).resolve().parent.parent)  # the recipe's relative paths
     print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"{options.precision}; {options.rounds} rounds of {options.steps} steps per side")
+          f"{options.precision}, {options.bar} progress bar; {options.rounds} rounds of {options.steps} steps per side")
     fit_times, bare_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(options.rounds):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lightning as L
 import yaml
-from lightning.pytorch.callbacks import BasePredictionWriter, Callback, ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback, ModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
@@ -32,23 +32,31 @@ class Throttle:
         return True
 
 
-class TrunkProgressBar(RichProgressBar):
-    """Lightning's rich progress bar, redrawn at most every ``interval`` seconds and at the last batch
-    of each epoch. Redrawn after every step, it cost 8% of a training step (width 256, 2 CPU cores:
-    ``benchmarks/loop_overhead.py``). The CLI uses it when rich is installed (where Lightning would pick its
-    rich bar) and the trainer is given no other progress bar; without rich, Lightning's tqdm bar throttles itself."""
+class ThrottledBar:
+    """Redraws a Lightning progress bar at most every ``interval`` seconds and at the last batch of each
+    epoch. Redrawn after every step, the rich bar cost 8% of a training step and the tqdm bar (which
+    also formats the logged metrics every step) 6% (width 256, 2 CPU cores: ``benchmarks/loop_overhead.py``).
+    The bars show absolute positions, so a skipped draw loses nothing."""
 
     def __init__(self, interval: float = 0.5) -> None:
         super().__init__()
         self.throttle = Throttle(interval)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.throttle.due(batch_idx, self.total_train_batches):  # the bar shows absolute positions: skipping a draw loses nothing
+        if self.throttle.due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.throttle.due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+
+class TrunkProgressBar(ThrottledBar, RichProgressBar):
+    """Lightning's rich bar, throttled: the CLI's bar where rich is installed and the trainer is given no other."""
+
+
+class TrunkTQDMProgressBar(ThrottledBar, TQDMProgressBar):
+    """Lightning's tqdm bar, throttled: the CLI's bar where rich is not installed."""
 
 
 class PredictionWriter(BasePredictionWriter):

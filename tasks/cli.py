@@ -26,7 +26,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
-from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary, TrunkProgressBar
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary, TrunkProgressBar, TrunkTQDMProgressBar
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, is_sharded_checkpoint, read_config
@@ -134,9 +134,8 @@ class TrunkCLI(LightningCLI):
         given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
         if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in given):
             callbacks = [*callbacks, TrunkModelSummary()]
-        if (config.get("enable_progress_bar", True) is not False and _RICH_AVAILABLE
-                and not any(isinstance(c, ProgressBar) for c in given)):
-            callbacks = [*callbacks, TrunkProgressBar()]
+        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, TrunkProgressBar() if _RICH_AVAILABLE else TrunkTQDMProgressBar()]
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:

@@ -304,22 +304,22 @@ def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_abou
 
 
 def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(tiny_cli_args, monkeypatch):
-    """Redrawing after every step cost 8% of a step: the CLI's bar draws at most every 0.5 s."""
-    from trunk.tasks.callbacks import TrunkProgressBar
+    """Redrawing after every step cost 6-8% of a step: the CLI's bar (rich where installed, else tqdm) draws at most every 0.5 s."""
+    from trunk.tasks.callbacks import ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
 
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
-    cli = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true"], run=False)
-    bars = [c for c in cli.trainer.callbacks if isinstance(c, TrunkProgressBar)]
-    if _RICH_AVAILABLE:  # with rich installed, Lightning's default would be its rich bar: Trunk's throttled one replaces it
+    for rich in {_RICH_AVAILABLE, False}:
+        monkeypatch.setattr("trunk.tasks.cli._RICH_AVAILABLE", rich)
+        cli = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true"], run=False)
+        bars = [c for c in cli.trainer.callbacks if isinstance(c, ThrottledBar)]
         assert len(bars) == 1 and cli.trainer.progress_bar_callback is bars[0]
-    else:  # Lightning's tqdm bar, which throttles its own redraws
-        assert not bars and type(cli.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
-    assert not any(isinstance(c, TrunkProgressBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
+        assert isinstance(bars[0], TrunkProgressBar if rich else TrunkTQDMProgressBar)
+    assert not any(isinstance(c, ThrottledBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
     own = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true", "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar"],
                   run=False)  # a bar of the user's own is kept, alone
     assert type(own.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
-    assert not any(isinstance(c, TrunkProgressBar) for c in own.trainer.callbacks)
+    assert not any(isinstance(c, ThrottledBar) for c in own.trainer.callbacks)
     from trunk.tasks.callbacks import Throttle
 
     throttle, clock = Throttle(interval=0.5), [100.0]
