@@ -73,6 +73,12 @@ class TrunkCLI(LightningCLI):
     # over the checkpoint's (Lightning would restore them all, so a beam size could never change).
     INFERENCE_OPTIONS = ("generation", "val_beam_size", "decoding")
 
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:  # one whole line each in `trunk --help`, not the Trainer docstrings' first words
+            for choice in self.parser._subcommands_action._choices_actions:
+                choice.help = SUBCOMMANDS.get(choice.dest, choice.help)
+
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -351,9 +357,22 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
-        parser_kwargs={"epilog": "Also: `trunk export CKPT DIR` writes a pretrained-trunk directory from a checkpoint "
-                                 "(`trunk export --help`)."},
+        parser_kwargs={
+            "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, classification, "
+                           "NER, translation, ViT), trained alone or jointly.",
+            "epilog": "Also: export  Write a pretrained-trunk directory from a checkpoint: `trunk export CKPT DIR` "
+                      "(`trunk export --help`).",
+        },
     )
+
+
+# One line each for `trunk --help` (Lightning's defaults are the Trainer methods' docstrings, cut mid-sentence).
+SUBCOMMANDS = {
+    "fit": "Train on every task's data (validating as configured; a test split is evaluated at the end).",
+    "validate": "Evaluate a checkpoint (--ckpt_path) or a fresh model on the validation splits.",
+    "test": "Evaluate a checkpoint (--ckpt_path) on the test splits.",
+    "predict": "Write each predict split's predictions as JSON lines (predictions.output).",
+}
 
 
 def export_main(args: list[str]) -> None:

@@ -369,3 +369,14 @@ def test_several_nodes_without_a_launcher_is_an_error_not_a_hang(tiny_cli_args, 
 def test_a_gpu_only_strategy_on_cpu_names_the_cpu_alternative(strategy, tiny_cli_args):
     with pytest.raises(ValueError, match=f"strategy={strategy} runs on GPUs only.*configs/trainer/ddp_cpu.yaml"):
         run_cli([*tiny_cli_args, f"--trainer.strategy={strategy}"], run=False)
+
+
+def test_help_lists_every_subcommand_with_a_one_line_summary():
+    from trunk.tasks.cli import SUBCOMMANDS
+
+    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # the help text is reflowed
+    for name, summary in SUBCOMMANDS.items():
+        assert f"{name} {summary}" in text, name
+    assert "export Write a pretrained-trunk directory from a checkpoint" in text
