@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 import yaml
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback, ModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from trunk.datamodules.atomic import temporary_path
+from trunk.tasks.objective import batch_size
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 
 
@@ -57,6 +59,159 @@ class TrunkProgressBar(ThrottledBar, RichProgressBar):
 
 class TrunkTQDMProgressBar(ThrottledBar, TQDMProgressBar):
     """Lightning's tqdm bar, throttled: the CLI's bar where rich is not installed."""
+
+
+class Throughput(Callback):
+    """Training throughput, logged every ``trainer.log_every_n_steps`` batches under ``perf/``:
+    ``samples_per_sec`` and ``tokens_per_sec`` (real tokens the trunk computes on, padding excluded;
+    the first process's rate times the number of processes), and ``mfu``, the trunk's training FLOPs
+    (``TrunkModule.training_flops_per_token``; heads and decoders not counted) over the devices' peak:
+    ``peak_flops`` per device when given, else Lightning's table of GPU peaks (none for CPUs: no MFU).
+    A window holds training batches only (a validation in between starts a new one), data loading
+    included. Tokens are summed on the device and read once per window: no sync per step.
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak_flops = peak_flops
+        self._start: float | None = None
+
+    def _peak(self, trainer) -> float | None:
+        if self.peak_flops:
+            return self.peak_flops
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float16 if "16" in str(trainer.precision) else torch.float32
+        return get_available_flops(trainer.strategy.root_device, dtype)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        samples, tokens, length = pl_module.batch_work(batch)
+        if self._start is None:
+            self._start, self._samples, self._tokens, self._flops = time.perf_counter(), 0, 0, 0
+        self._samples += samples
+        self._tokens = self._tokens + tokens
+        self._flops = self._flops + tokens * pl_module.training_flops_per_token(length)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self._start is None or (batch_idx + 1) % max(trainer.log_every_n_steps, 1):
+            return
+        seconds = time.perf_counter() - self._start
+        tokens, flops = float(self._tokens), float(self._flops)  # the window's one device sync
+        world = trainer.world_size
+        rates = {"perf/samples_per_sec": world * self._samples / seconds, "perf/tokens_per_sec": world * tokens / seconds}
+        peak = self._peak(trainer)
+        if peak:
+            rates["perf/mfu"] = flops / seconds / peak  # this device's FLOPs over its peak
+        pl_module.log_dict(rates, on_step=True, on_epoch=False, batch_size=1)
+        self._start = None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._start = None  # evaluation time is not training throughput
+
+
+class PredictionSamples(Callback):
+    """At each validation, the first ``rows`` validation examples of every task, with the gold answer and
+    the prediction: the same rows every epoch, so a table compares epochs. Written as JSON lines to
+    ``<log dir>/samples/<task>.jsonl`` (one line per example, with ``epoch``, ``step`` and ``id``, its
+    position in the validation split; appended every validation), and logged as the W&B table
+    ``samples/<task>`` when a ``WandbLogger`` is attached (images as images). The columns are the
+    task's (``Objective.samples``): classification text, gold, predicted, probability; NER the sentence
+    and its gold and predicted entities marked; translation source, reference, hypothesis and sentence
+    BLEU; images the image, gold, predicted, probability. Pretraining tasks have no table. Under several
+    processes the first process's rows are shown (its shard of the split). The CLI adds it to every
+    logged run; costs one extra forward pass (translation: generation) of the first batches per task.
+    """
+
+    def __init__(self, rows: int = 16) -> None:
+        if rows < 1:
+            raise ValueError(f"PredictionSamples.rows must be >= 1, got {rows}.")
+        self.rows = rows
+        self._warned: set[str] = set()
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._taken: dict[str, list[dict]] = {}
+        self._seen: dict[str, int] = {}
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if trainer.sanity_checking:
+            return
+        task = batch["task"]
+        taken = self._taken.setdefault(task, [])
+        start = self._seen.get(task, 0)
+        self._seen[task] = start + batch_size(batch)
+        if len(taken) < self.rows:
+            with torch.no_grad():
+                records = pl_module(batch, "samples")
+            taken += [{"id": start + i, **record} for i, record in enumerate(records[: self.rows - len(taken)])]
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        log_dir = trainer.log_dir  # a collective under DDP: every process asks
+        for task, taken in self._taken.items():
+            if taken and len(taken) < self.rows and task not in self._warned:
+                self._warned.add(task)
+                rank_zero_warn(f"PredictionSamples: task '{task}' has {self._seen[task]} validation examples (in this process), "
+                               f"fewer than rows={self.rows}; its table shows all {len(taken)}.")
+        if not trainer.is_global_zero:
+            return
+        epoch, step = trainer.current_epoch, trainer.global_step
+        for task, taken in self._taken.items():
+            if not taken:
+                continue
+            if log_dir:
+                path = Path(log_dir) / "samples" / f"{task}.jsonl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a", encoding="utf-8") as f:
+                    for row in taken:
+                        record = {"epoch": epoch, "step": step, **{k: v for k, v in row.items() if k != "wandb_image"}}
+                        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
+                log_wandb_table(logger, f"samples/{task}", taken, epoch, step)
+
+
+def log_wandb_table(logger, key: str, rows: list[dict], epoch: int, step: int) -> None:
+    """One W&B table of ``rows`` (an ``image`` column for ``wandb_image`` tensors, scaled to [0, 1] per image)."""
+    import wandb
+
+    names = list(rows[0])
+    columns = ["epoch", *("image" if n == "wandb_image" else n for n in names)]
+
+    def cell(name, value):
+        if name != "wandb_image":
+            return value
+        image = value.float().cpu()
+        image = (image - image.min()) / (image.max() - image.min()).clamp(min=1e-8)
+        return wandb.Image(image.permute(1, 2, 0).squeeze(-1).numpy())
+
+    table = wandb.Table(columns=columns, data=[[epoch, *(cell(n, r[n]) for n in names)] for r in rows])
+    logger.experiment.log({key: table, "trainer/global_step": step})  # on the x-axis WandbLogger logs metrics against
+
+
+class Norms(Callback):
+    """Every ``every_n_steps`` optimizer steps, logs the gradient and weight norms (L2) of the whole model
+    and of each part under ``norms/``: the stems, each trunk block, the final norm, each task's head.
+    Off unless added (``--trainer.callbacks+=trunk.tasks.callbacks.Norms``): it reads every gradient."""
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"Norms.every_n_steps must be >= 1, got {every_n_steps}.")
+        self.every_n_steps = every_n_steps
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step % self.every_n_steps:
+            return
+        parts = {"stems": pl_module.trunk.stems, "final_norm": pl_module.trunk.backbone.final_norm,
+                 **{f"block{i}": block for i, block in enumerate(pl_module.trunk.backbone.blocks)},
+                 **{f"head_{name}": objective for name, objective in pl_module.objectives.items()}}
+        values = {}
+        for name, part in [("all", pl_module), *parts.items()]:
+            params = [p for p in part.parameters() if p.requires_grad]
+            grads = [p.grad for p in params if p.grad is not None]
+            if params:
+                values[f"norms/{name}/weight"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(params)))
+            if grads:
+                values[f"norms/{name}/grad"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
 
 
 class PredictionWriter(BasePredictionWriter):

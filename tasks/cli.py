@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
@@ -26,7 +26,15 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
-from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, TrunkModelSummary, TrunkProgressBar, TrunkTQDMProgressBar
+from trunk.tasks.callbacks import (
+    LogConfigCallback,
+    PredictionSamples,
+    PredictionWriter,
+    Throughput,
+    TrunkModelSummary,
+    TrunkProgressBar,
+    TrunkTQDMProgressBar,
+)
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, is_sharded_checkpoint, read_config
@@ -142,6 +150,13 @@ class TrunkCLI(LightningCLI):
             callbacks = [*callbacks, TrunkModelSummary()]
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, TrunkProgressBar() if _RICH_AVAILABLE else TrunkTQDMProgressBar()]
+        if config.get("logger") is not False and config.get("logger") != []:  # what every logged run records (CSV, W&B), unless given
+            if not any(isinstance(c, LearningRateMonitor) for c in given):
+                callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]  # per optimizer group, by name
+            if not any(isinstance(c, Throughput) for c in given):
+                callbacks = [*callbacks, Throughput()]
+            if not any(isinstance(c, PredictionSamples) for c in given):
+                callbacks = [*callbacks, PredictionSamples()]
         trainer = super()._instantiate_trainer(config, callbacks)
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:

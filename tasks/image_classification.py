@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from trunk.models import Trunk
 from trunk.tasks.sequence_classification import SequenceClassification
 
 
@@ -37,3 +38,9 @@ class ImageClassification(SequenceClassification):
 
     def stem_options(self) -> dict:
         return {"image_size": self.image_size, "patch_size": self.patch_size, "channels": self.channels}
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = super().samples(trunk, batch)
+        for record, image in zip(records, batch["pixel_values"]):
+            record["wandb_image"] = image  # shown as an image in W&B tables; left out of the JSON lines
+        return records

@@ -244,16 +244,35 @@ class TrunkModule(L.LightningModule):
         return self.objectives[task]
 
     def forward(self, batch: dict, stage: str) -> torch.Tensor | list[dict]:
-        """One batch of ``stage``: its task's weighted loss ("train", "val", "test") or its prediction
-        records ("predict"). Every step goes through here: FSDP2 gathers the root's parameters (stems,
+        """One batch of ``stage``: its task's weighted loss ("train", "val", "test"), its prediction
+        records ("predict") or its gold-and-predicted records ("samples"). Every step goes through here: FSDP2 gathers the root's parameters (stems,
         heads) in hooks around ``forward``."""
         task = batch["task"]
         if stage == "predict":
             return self.objective(task).predict(self.trunk, batch)
+        if stage == "samples":  # validation's prediction tables (PredictionSamples)
+            return self.objective(task).samples(self.trunk, batch)
         loss = self.objective(task).loss(self.trunk, batch, stage)
         self.log(f"{stage}/{task}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
                  sync_dist=stage != "train", add_dataloader_idx=False)
         return self.task_weights[task] * loss
+
+    def batch_work(self, batch: dict) -> tuple[int, torch.Tensor, int]:
+        """What the trunk computes on for ``batch``: (samples, real tokens as a 0-d tensor on the batch's
+        device, the longest sequence). Padding is not work; an image is its patches and [CLS]."""
+        if "pixel_values" in batch:
+            images = batch["pixel_values"]
+            patch = self.trunk.stems["image"].patch_size
+            length = (images.shape[-2] // patch) * (images.shape[-1] // patch) + 1
+            return images.shape[0], torch.tensor(images.shape[0] * length), length
+        mask = batch["attention_mask"]
+        return mask.shape[0], mask.sum(), mask.shape[1]
+
+    def training_flops_per_token(self, length: int) -> float:
+        """The trunk's training FLOPs per token at sequence ``length``: 2 per multiply-add of its matmuls and
+        attention's two products, x3 for forward and backward. Heads and decoders are not counted."""
+        c = self.trunk_config
+        return 3 * (2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * length * c.d_model)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self._trained_tasks.add(batch["task"])

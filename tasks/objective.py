@@ -81,6 +81,12 @@ class Objective(nn.Module):
         """One JSON-ready record per example."""
         raise NotImplementedError
 
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """One record per example of a labelled batch: the input, the gold answer and the prediction, for the
+        prediction tables of validation (``PredictionSamples``). Values are strings and numbers (and a
+        ``wandb_image`` tensor for images). None: the task has no such table (pretraining)."""
+        return []
+
     def encode(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """The trunk's output for this task's inputs: (B, T, C)."""
         return trunk(batch[self.input_key], batch.get("attention_mask"), stem=self.stem)

@@ -64,3 +64,11 @@ class SequenceClassification(Objective):
                     record = {key: batch[key][i], **record}
             records.append(record)
         return records
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = []
+        for record, gold in zip(self.predict(trunk, batch), batch["labels"].tolist()):
+            predicted = record["label"]
+            records.append({**{k: v for k, v in record.items() if k in ("text", "id")}, "gold": self.label_names[gold],
+                            "predicted": predicted, "probability": round(record["probs"][predicted], 4)})
+        return records

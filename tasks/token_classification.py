@@ -124,6 +124,16 @@ class TokenClassification(Objective):
             metrics["entities"].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """The sentence with its gold and its predicted entities marked ``[PER Anna Petrova]``."""
+        records = []
+        for record, gold_ids, n in zip(self.predict(trunk, batch), batch["word_labels"].tolist(), batch["num_words"].tolist()):
+            gold = spans_from_tags([self.label_names[i] for i in gold_ids[:n]])
+            predicted = spans_from_tags(record["tags"])
+            records.append({"text": " ".join(record["words"]), "gold": mark_entities(record["words"], gold),
+                            "predicted": mark_entities(record["words"], predicted), "correct": set(gold) == set(predicted)})
+        return records
+
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         logits = self(trunk, batch)
         tags = self.tags(self.decode(logits, batch["word_starts"], batch["num_words"]), batch["num_words"])
@@ -133,3 +143,13 @@ class TokenClassification(Objective):
                         for s in spans_from_tags(sentence_tags)]
             records.append({"words": list(words), "tags": sentence_tags, "entities": entities})
         return records
+
+
+def mark_entities(words: list[str], spans) -> str:
+    """Words with each entity bracketed and typed: ``[PER Anna Petrova] visited [LOC Oslo]``."""
+    out, starts, ends = [], {s.start: s for s in spans}, {s.end for s in spans}
+    for i, word in enumerate(words):
+        out.append(f"[{starts[i].type} {word}" if i in starts else word)
+        if i in ends:
+            out[-1] += "]"
+    return " ".join(out)

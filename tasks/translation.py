@@ -113,6 +113,15 @@ class Translation(Objective):
         cut = [row[: row.index(GENERATION_IDS.eos)] if GENERATION_IDS.eos in row else row for row in tokens]
         return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
 
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """Source, reference, hypothesis (greedy or ``val_beam_size``) and the sentence's sacreBLEU."""
+        from torchmetrics.functional.text import sacre_bleu_score
+
+        hypotheses = self.translate(trunk, batch, self.val_beam_size)
+        return [{"source": source, "reference": reference, "hypothesis": hypothesis,
+                 "bleu": round(100 * float(sacre_bleu_score([hypothesis], [[reference]])), 2)}
+                for source, reference, hypothesis in zip(batch["source"], batch["target"], hypotheses)]
+
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         translations = self.translate(trunk, batch)
         return [{"source": source, "translation": translation} for source, translation in zip(batch["source"], translations)]

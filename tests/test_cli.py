@@ -88,11 +88,27 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with W&B credentials
     monkeypatch.chdir(tmp_path)
-    cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml")])
+    cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml"), "--trainer.max_epochs=2",
+                   "--trainer.log_every_n_steps=2"])
     assert os.environ["WANDB_MODE"] == "offline"
     runs = list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
     assert runs, "no offline W&B run directory was written"
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
+    # What `wandb sync` would upload: learning rates, throughput, and a prediction table per validation.
+    import wandb
+    from wandb_records import history
+
+    wandb.finish()  # flushes the run file (a process that ends does this itself)
+    rows = history(runs[0])
+    logged = {key for row in rows for key in row}
+    assert {f"lr-AdamW/{g['name']}" for g in cli.trainer.optimizers[0].param_groups} <= logged
+    assert {"perf/samples_per_sec", "perf/tokens_per_sec", "val/sentiment/acc"} <= logged
+    tables = [row for row in rows if "samples/sentiment/path" in row]
+    assert len(tables) == 2 and all(row["samples/sentiment/nrows"] == 16 for row in tables)  # one per validation
+    contents = [json.loads((runs[0] / "files" / row["samples/sentiment/path"]).read_text()) for row in tables]
+    assert all(c["columns"] == ["epoch", "id", "text", "gold", "predicted", "probability"] for c in contents)
+    assert [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))  # the same rows
+    assert [r[0] for r in contents[1]["data"]] == [1] * 16
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -380,3 +396,41 @@ def test_help_lists_every_subcommand_with_a_one_line_summary():
     for name, summary in SUBCOMMANDS.items():
         assert f"{name} {summary}" in text, name
     assert "export Write a pretrained-trunk directory from a checkpoint" in text
+
+
+def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms(tiny_cli_args, tmp_path):
+    """The CSV logger gets the learning rate of every optimizer group, samples/s and tokens/s, MFU when a peak is
+    given (the FLOPs per token it implies are the trunk's, between the shortest and the longest batch's), and,
+    with the Norms callback, gradient and weight norms of the model and its parts."""
+    import csv
+
+    args = [a for a in tiny_cli_args if not a.startswith("--trainer.default_root_dir")]
+    cli = run_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}", "--trainer.log_every_n_steps=2",
+                   "--trainer.callbacks+=trunk.tasks.callbacks.Throughput", "--trainer.callbacks.peak_flops=1e12",
+                   "--trainer.callbacks+=trunk.tasks.callbacks.Norms", "--trainer.callbacks.every_n_steps=2"])
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    series = lambda key: [float(r[key]) for r in rows if r.get(key)]  # noqa: E731
+    groups = [g["name"] for g in cli.trainer.optimizers[0].param_groups]
+    for name in groups:
+        assert series(f"lr-AdamW/{name}"), (name, [k for k in rows[0] if "lr" in k])
+    tokens, mfu = series("perf/tokens_per_sec"), series("perf/mfu")
+    assert tokens and len(mfu) == len(tokens) and all(t > 0 for t in tokens)
+    model = cli.model
+    per_token = [m * 1e12 / t for m, t in zip(mfu, tokens)]
+    assert all(model.training_flops_per_token(1) <= f <= model.training_flops_per_token(64) for f in per_token)
+    for part in ("all", "stems", "block0", "block1", "head_sentiment"):
+        assert series(f"norms/{part}/grad") and series(f"norms/{part}/weight"), part
+    assert all(a >= b for a, b in zip(series("norms/all/grad"), series("norms/block0/grad")))
+
+
+def test_validation_samples_are_written_as_json_lines_without_wandb(tiny_cli_args, tmp_path):
+    """The same rows every epoch, capped (with one warning) at the validation split's size."""
+    with pytest.warns(UserWarning, match="has 64 validation examples .* fewer than rows=100") as caught:
+        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2", "--trainer.callbacks+=trunk.tasks.callbacks.PredictionSamples",
+                       "--trainer.callbacks.rows=100"])
+    assert sum("fewer than rows" in str(w.message) for w in caught) == 1
+    lines = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 64 and set(lines[0]) == {"epoch", "step", "id", "text", "gold", "predicted", "probability"}
+    epochs = [[r["id"] for r in lines if r["epoch"] == e] for e in (0, 1)]
+    assert epochs[0] == epochs[1] == list(range(64))
+    assert all(r["gold"] in ("negative", "positive") and 0.5 <= r["probability"] <= 1 for r in lines)
