@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, replace
 
 import torch
@@ -114,12 +116,16 @@ class Translation(Objective):
         return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
-        """Source, reference, hypothesis (greedy or ``val_beam_size``) and the sentence's sacreBLEU."""
+        """Source, reference, hypothesis (greedy or ``val_beam_size``) and the sentence's sacreBLEU: add-one
+        smoothed, up to the n-gram order the hypothesis has (else a sentence of 3 tokens always scores 0)."""
         from torchmetrics.functional.text import sacre_bleu_score
 
+        def sentence_bleu(hypothesis: str, reference: str) -> float:
+            order = max(1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis))))  # n-grams the sentence has (sacreBLEU's "effective order")
+            return round(100 * float(sacre_bleu_score([hypothesis], [[reference]], n_gram=order, smooth=True)), 2)
+
         hypotheses = self.translate(trunk, batch, self.val_beam_size)
-        return [{"source": source, "reference": reference, "hypothesis": hypothesis,
-                 "bleu": round(100 * float(sacre_bleu_score([hypothesis], [[reference]])), 2)}
+        return [{"source": source, "reference": reference, "hypothesis": hypothesis, "bleu": sentence_bleu(hypothesis, reference)}
                 for source, reference, hypothesis in zip(batch["source"], batch["target"], hypotheses)]
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:

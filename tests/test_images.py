@@ -161,6 +161,9 @@ def test_fit_test_predict_through_the_cli(tmp_path):
     labels = cli.model.objectives["shapes"].label_names
     assert labels == ["cross", "diagonal", "horizontal", "square", "vertical"]
     assert cli.trainer.callback_metrics["test/shapes/acc"] > 0.8  # chance is 0.2; after fit, the CLI tests the best checkpoint
+    samples = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "shapes.jsonl").read_text().splitlines()]
+    assert samples and set(samples[0]) == {"epoch", "step", "id", "gold", "predicted", "probability"}  # the image itself: W&B only
+    assert all(r["gold"] in labels and r["predicted"] in labels for r in samples)
     out = tmp_path / "predictions.jsonl"
     folder = tmp_path / "new"
     folder.mkdir()

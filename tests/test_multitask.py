@@ -225,3 +225,18 @@ def test_a_monitor_naming_no_task_is_a_clear_error(sentiment_files, tmp_path):
         run_cli(["fit", *args])
     with pytest.raises(ValueError, match="metrics are named <stage>/<task>/<metric>"):
         run_cli(["fit", *args[:-1], "--trainer.callbacks.monitor=val/acc"])
+
+
+def test_a_joint_run_writes_each_tasks_validation_samples(joint):
+    """NER samples mark the gold and the predicted entities in the sentence."""
+    from trunk.datamodules.tagging import Span
+    from trunk.tasks.token_classification import mark_entities
+
+    cli, _ = joint
+    folder = Path(cli.trainer.log_dir) / "samples"
+    ner = [json.loads(line) for line in (folder / "ner.jsonl").read_text().splitlines()]
+    assert set(ner[0]) == {"epoch", "step", "id", "text", "gold", "predicted", "correct"}
+    assert all("[" in r["gold"] for r in ner)  # every generated sentence has an entity
+    assert (folder / "sentiment.jsonl").is_file()
+    words = ["Anna", "Petrova", "visited", "New", "York", "today"]
+    assert mark_entities(words, [Span("PER", 0, 1), Span("LOC", 3, 4)]) == "[PER Anna Petrova] visited [LOC New York] today"

@@ -162,6 +162,11 @@ def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(rever
     assert metrics["test/translate/acc"] > 0.99
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"val/translate/bleu", "val/translate/loss", "val/translate/acc", "train/loss", "val/score"} <= set(logged)
+    samples = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "translate.jsonl").read_text().splitlines()]
+    last = [r for r in samples if r["epoch"] == samples[-1]["epoch"]]
+    assert set(last[0]) == {"epoch", "step", "id", "source", "reference", "hypothesis", "bleu"}
+    assert all(r["bleu"] == pytest.approx(100.0) for r in last if r["hypothesis"] == r["reference"])
+    assert sum(r["hypothesis"] == r["reference"] for r in last) > len(last) / 2  # mostly learnt by the last epoch
     ckpt = cli.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *translation_args(reversal_files, tmp_path, **{"model.generation.max_length": 2}), f"--ckpt_path={ckpt}"])
     assert tested.model.objectives["translate"].generation.max_length == 2  # generation options are the config's, not the checkpoint's
