@@ -116,7 +116,9 @@ class PredictionSamples(Callback):
     ``samples/<task>`` when a ``WandbLogger`` is attached (images as images). The columns are the
     task's (``Objective.samples``): classification text, gold, predicted, probability; NER the sentence
     and its gold and predicted entities marked; translation source, reference, hypothesis and sentence
-    BLEU; images the image, gold, predicted, probability. Pretraining tasks have no table. Under several
+    BLEU; images the image, gold, predicted, probability. Pretraining tasks have no table. Classification
+    tasks (text and images) also get the confusion matrix of the whole validation split, as
+    ``<task>.confusion.jsonl`` beside the samples and the W&B plot ``confusion/<task>``. Under several
     processes the first process's rows are shown (its shard of the split). The CLI adds it to every
     logged run; costs one extra forward pass (translation: generation) of the first batches per task.
     """
@@ -147,6 +149,8 @@ class PredictionSamples(Callback):
         if trainer.sanity_checking:
             return
         log_dir = trainer.log_dir  # a collective under DDP: every process asks
+        confusions = {name: (objective.label_names, matrix) for name, objective in pl_module.objectives.items()
+                      if (matrix := objective.confusion("val")) is not None}  # collectives too
         for task, taken in self._taken.items():
             if taken and len(taken) < self.rows and task not in self._warned:
                 self._warned.add(task)
@@ -167,6 +171,19 @@ class PredictionSamples(Callback):
                         f.write(json.dumps(record, ensure_ascii=False) + "\n")
             for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
                 log_wandb_table(logger, f"samples/{task}", taken, epoch, step)
+        for task, (labels, matrix) in confusions.items():
+            counts = matrix.long().tolist()
+            if log_dir:
+                (Path(log_dir) / "samples").mkdir(parents=True, exist_ok=True)
+                with open(Path(log_dir) / "samples" / f"{task}.confusion.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"epoch": epoch, "step": step, "labels": labels, "rows_gold_columns_predicted": counts}) + "\n")
+            for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
+                import wandb
+
+                gold = [g for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]
+                predicted = [p for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]
+                plot = wandb.plot.confusion_matrix(y_true=gold, preds=predicted, class_names=labels, title=f"{task}: validation")
+                logger.experiment.log({f"confusion/{task}": plot, "trainer/global_step": step})
 
 
 def log_wandb_table(logger, key: str, rows: list[dict], epoch: int, step: int) -> None:

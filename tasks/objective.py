@@ -100,7 +100,13 @@ class Objective(nn.Module):
             value = metric.compute()
             values.update({k: v for k, v in value.items()} if isinstance(value, dict) else {name: value})
             metric.reset()
-        return values
+        return {k: v for k, v in values.items() if v.ndim == 0}  # scalars; a confusion matrix is read by confusion()
+
+    def confusion(self, stage: str) -> torch.Tensor | None:
+        """The epoch's (gold, predicted) count matrix so far, synced across processes (every process must
+        call this); None for tasks without one."""
+        metric = self.metrics(stage)["confusion"] if "confusion" in self.metrics(stage) else None
+        return metric.compute() if metric is not None and metric.update_called else None
 
     # -- heads that carry over ------------------------------------------------------------------------
     def head_state(self) -> dict[str, torch.Tensor]:

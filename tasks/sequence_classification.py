@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objective import Objective
 
@@ -40,7 +40,10 @@ class SequenceClassification(Objective):
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        return {"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")}
+        metrics = {"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")}
+        if stage == "val":  # (gold, predicted) counts: written by PredictionSamples, not logged as a scalar
+            metrics["confusion"] = MulticlassConfusionMatrix(n)
+        return metrics
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, num_labels) logits."""

@@ -109,6 +109,7 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert all(c["columns"] == ["epoch", "id", "text", "gold", "predicted", "probability"] for c in contents)
     assert [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))  # the same rows
     assert [r[0] for r in contents[1]["data"]] == [1] * 16
+    assert sum("confusion/sentiment_table/path" in row or "confusion/sentiment/path" in row for row in rows) == 2, logged
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -434,3 +435,12 @@ def test_validation_samples_are_written_as_json_lines_without_wandb(tiny_cli_arg
     epochs = [[r["id"] for r in lines if r["epoch"] == e] for e in (0, 1)]
     assert epochs[0] == epochs[1] == list(range(64))
     assert all(r["gold"] in ("negative", "positive") and 0.5 <= r["probability"] <= 1 for r in lines)
+    confusion = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.confusion.jsonl").read_text().splitlines()]
+    assert [c["epoch"] for c in confusion] == [0, 1] and confusion[0]["labels"] == ["negative", "positive"]
+    matrix = confusion[1]["rows_gold_columns_predicted"]
+    assert sum(map(sum, matrix)) == 64  # the whole validation split
+    correct = sum(matrix[i][i] for i in range(2)) / 64
+    import csv
+
+    logged = [float(r["val/sentiment/acc"]) for r in csv.DictReader(open(Path(cli.trainer.log_dir) / "metrics.csv")) if r.get("val/sentiment/acc")]
+    assert correct == pytest.approx(logged[-1], abs=1e-6)  # the matrix of the same predictions as the logged accuracy
