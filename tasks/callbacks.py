@@ -15,6 +15,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from trunk.datamodules.atomic import temporary_path
+from trunk.tasks.artifacts import log_trunk_artifact
 from trunk.tasks.objective import batch_size
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 
@@ -343,11 +344,15 @@ class ExportTrunk(Callback):
     Args:
         dirpath: where to write; unset: ``<trainer.default_root_dir>/trunk``.
         heads: also store every task's head (by task name, with its label names).
+        artifact_name: with a ``WandbLogger``, the directory is also logged as a version of this W&B
+            artifact (type ``trunk``; aliases ``latest``, and ``best`` when it holds the best checkpoint);
+            default ``trunk-<name of trainer.default_root_dir>``.
     """
 
-    def __init__(self, dirpath: str | None = None, heads: bool = True) -> None:
+    def __init__(self, dirpath: str | None = None, heads: bool = True, artifact_name: str | None = None) -> None:
         self.dirpath = dirpath
         self.heads = heads
+        self.artifact_name = artifact_name
 
     def path(self, trainer: L.Trainer) -> Path:
         return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
@@ -373,4 +378,7 @@ class ExportTrunk(Callback):
                 path = save_pretrained(self.path(trainer), pretrained, overwrite=True)
             rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
                            f"start a run from it with --model.init_from={path}")
+            for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
+                name = self.artifact_name or f"trunk-{Path(trainer.default_root_dir).name}"
+                log_trunk_artifact(logger.experiment, path, name, ["latest", "best"] if best else ["latest"])
         trainer.strategy.barrier()

@@ -5,14 +5,11 @@ from __future__ import annotations
 import copy
 import csv
 import logging
-import netrc
 import os
-import socket
 import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 import yaml
@@ -26,6 +23,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.models import TrunkConfig
+from trunk.tasks.artifacts import log_trunk_artifact, resolve_init_from, wandb_has_credentials, wandb_reachable
 from trunk.tasks.callbacks import (
     LogConfigCallback,
     PredictionSamples,
@@ -53,25 +51,6 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
-
-
-def wandb_reachable(timeout: float = 3.0) -> bool:
-    """Whether the W&B server answers within ``timeout`` seconds (wandb itself would retry for minutes)."""
-    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def wandb_has_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
 
 
 class TrunkCLI(LightningCLI):
@@ -215,6 +194,7 @@ class TrunkCLI(LightningCLI):
             config.model.init_from = None  # the checkpoint holds the trained weights and the tokenizer
             return
         try:
+            init_from = config.model.init_from = str(resolve_init_from(init_from))  # a W&B artifact: downloaded
             pretrained, meta = read_config(init_from)
         except (FileNotFoundError, ValueError) as err:
             sys.exit(f"error: model.init_from: {err}")
@@ -404,12 +384,24 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
     parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
+    parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
+                                                "offline without an API key (`wandb sync` uploads it)")
+    parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
     options = parser.parse_args(args)
     try:
         path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
+    if options.wandb_project:
+        import wandb
+
+        if not wandb_has_credentials() or not wandb_reachable():
+            os.environ.setdefault("WANDB_MODE", "offline")
+        name = options.artifact_name or f"trunk-{Path(path).name}"
+        with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
+            log_trunk_artifact(run, path, name, ["latest"])
+        print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
 
 
 def is_collective_failure(err: BaseException) -> bool:

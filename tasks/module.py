@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from trunk.datamodules.tokenizer import Codec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
+from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objective import Objective, batch_size, is_metric_state
 from trunk.tasks.optim import OptimConfig, WarmupDecayLR
@@ -113,7 +114,7 @@ class TrunkModule(L.LightningModule):
         self._held: set[str] = set()  # names of parameters held frozen under DDP / FSDP2 (tasks/finetuning.py)
         self.connect(codec)
         if init_from:
-            self.load_pretrained(load_pretrained(init_from), reinit_mismatched_heads)
+            self.load_pretrained(load_pretrained(resolve_init_from(init_from)), reinit_mismatched_heads)
         elif self.finetune.layer_decay < 1.0:
             rank_zero_warn(f"finetune.layer_decay={self.finetune.layer_decay} without model.init_from: the randomly initialised "
                            "lower layers learn more slowly than the top. Set layer_decay to 1.0 when training from scratch.")

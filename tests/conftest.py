@@ -1,6 +1,7 @@
 """Test isolation: no network, no W&B account, caches in temporary directories."""
 
 import os
+import sys
 import tempfile
 
 _TMP = tempfile.mkdtemp(prefix="trunk-tests-")
@@ -183,3 +184,15 @@ def standalone(member, name: str = "ner", **options):
 
     MultiTaskData({name: member}, **options).tokenizer  # noqa: B018 (loads or trains it, and connects it)
     return member
+
+
+@pytest.fixture(autouse=True)
+def fresh_wandb():
+    """W&B keeps its settings (a run's folder among them) for the next run of the process: each test starts clean."""
+    yield
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+        wandb.teardown()

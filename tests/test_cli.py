@@ -96,10 +96,11 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
     # What `wandb sync` would upload: learning rates, throughput, and a prediction table per validation.
     import wandb
-    from wandb_records import history
+    from wandb_records import history, settled
 
-    wandb.finish()  # flushes the run file (a process that ends does this itself)
-    rows = history(runs[0])
+    wandb.finish()
+    rows = settled(history, runs[0], lambda rows: sum("confusion/sentiment_table/path" in r or "confusion/sentiment/path" in r
+                                                          for r in rows) == 2)
     logged = {key for row in rows for key in row}
     assert {f"lr-AdamW/{g['name']}" for g in cli.trainer.optimizers[0].param_groups} <= logged
     assert {"perf/samples_per_sec", "perf/tokens_per_sec", "val/sentiment/acc"} <= logged

@@ -469,3 +469,59 @@ def test_a_file_inside_a_trunk_directory_is_refused_naming_the_directory(pretrai
     for name in ("model.safetensors", "config.json"):
         with pytest.raises(ValueError, match=f"one file of the trunk directory '{trunk_dir}': give the directory itself"):
             load_pretrained(trunk_dir / name)
+
+
+def wandb_offline(monkeypatch, tmp_path) -> None:
+    """No account, no network: W&B writes an offline run under tmp_path."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
+def trunk_artifacts(run_dir: Path) -> list:
+    from wandb_records import records, settled
+
+    def read(folder):
+        return [r.artifact for r in records(folder) if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "trunk"]
+
+    return settled(read, run_dir, bool)
+
+
+def test_pretraining_logs_its_trunk_directory_as_a_wandb_artifact_and_export_can_too(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import wandb
+    from conftest import REPO
+
+    wandb_offline(monkeypatch, tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences(300)) + "\n")
+    cli = run_cli([*pretrain_args(corpus, tmp_path / "pretrain"), "--config", str(REPO / "configs/trainer/wandb.yaml")])
+    wandb.finish()
+    run_dir = next((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
+    (artifact,) = trunk_artifacts(run_dir)
+    assert artifact.name == "trunk-pretrain" and list(artifact.aliases) == ["latest"]
+    assert {c.path for c in artifact.manifest.contents} == {"config.json", "model.safetensors", "tokenizer.json"}
+    # `trunk export --wandb-project`: the same, from a checkpoint, in a run of its own
+    last = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    (tmp_path / "wandb-dir").mkdir()
+    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", last, str(tmp_path / "exported"), "--wandb-project", "trunk-test"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_DIR": str(tmp_path / "wandb-dir")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "W&B artifact trunk-exported:latest (offline)" in done.stdout
+    export_run = next((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    (exported,) = trunk_artifacts(export_run)
+    assert exported.name == "trunk-exported" and {c.path for c in exported.manifest.contents} >= {"config.json", "model.safetensors"}
+
+
+def test_init_from_a_wandb_artifact_offline_is_refused_with_the_way_out(tiny_cli_args, tmp_path, monkeypatch):
+    wandb_offline(monkeypatch, tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(SystemExit, match=r"W&B artifact, but W&B is offline here.*wandb artifact get me/proj/trunk-pretrain:latest"):
+        run_cli([*tiny_cli_args, "--model.init_from=wandb-artifact://me/proj/trunk-pretrain:latest"], run=False)
+    with pytest.raises(ValueError, match="entity>/<project>/<name>:<alias"):
+        TrunkModule({"s": SequenceClassification()}, init_from="wandb-artifact://just-a-name", task_info={"s": {"label_names": ["a", "b"]}})

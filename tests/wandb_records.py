@@ -15,7 +15,10 @@ BLOCK, HEADER = 32768, 7
 def records(run_dir: Path):
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data = next(Path(run_dir).glob("run-*.wandb")).read_bytes()
+    files = list(Path(run_dir).glob("run-*.wandb"))
+    if not files:  # not written yet
+        return
+    data = files[0].read_bytes()
     assert data[:4] == b":W&B", "not a W&B run file"
     position, pending = HEADER, b""
     while position + 7 <= len(data):
@@ -43,3 +46,16 @@ def history(run_dir: Path) -> list[dict]:
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
     return rows
+
+
+def settled(read, run_dir: Path, ready, timeout: float = 60.0):
+    """``read(run_dir)`` once ``ready(result)``: W&B's own process writes the file, and may still be
+    writing when ``wandb.finish()`` returns."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        result = read(run_dir)
+        if ready(result) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
