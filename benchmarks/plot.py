@@ -5,11 +5,18 @@
 
 ``throughput``: one bar per row and precision of the throughput table, the speed-up over the Hugging
 Face model (HF time / Trunk time), with 1.0 (as fast) marked.
+
+``curves``: learning curves from the ``metrics.csv`` of one or several runs (CSVLogger, which every
+run writes), one panel per metric, one line per run:
+
+    python benchmarks/plot.py curves runs.png --run scratch=runs/sst2/csv/version_0/metrics.csv \
+        --run pretrained=runs/sst2_finetune/csv/version_0/metrics.csv --metric val/sst2/acc train/loss --x epoch
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 from pathlib import Path
 
 
@@ -56,14 +63,68 @@ def throughput_figure(table: Path, output: Path) -> None:
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
 
 
+def read_series(path: Path, metric: str, x: str) -> tuple[list[float], list[float]]:
+    """(x, value) of every row of a metrics.csv where ``metric`` was logged."""
+    if not path.is_file():
+        raise SystemExit(f"error: {path} does not exist: give the metrics.csv of a run (in its CSV logger's version_N folder).")
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get(metric) not in (None, "")]
+    xs = [float(r[x]) + (1 if x == "epoch" else 0) for r in rows if r.get(x) not in (None, "")]  # epochs counted from 1
+    return xs, [float(r[metric]) for r in rows if r.get(x) not in (None, "")]
+
+
+def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, title: str | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parsed = []
+    for run in runs:
+        label, _, path = run.partition("=")
+        if not path:
+            raise SystemExit(f"error: --run {run!r}: write LABEL=PATH/metrics.csv.")
+        parsed.append((label, Path(path)))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        drawn = 0
+        for label, path in parsed:
+            xs, ys = read_series(path, metric, x)
+            if xs:
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2, label=label)
+                drawn += 1
+        if not drawn:
+            raise SystemExit(f"error: no run logged {metric!r}; the runs' columns are in the first line of their metrics.csv.")
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel(x, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=100, bbox_inches="tight")
+    print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="figure", required=True)
     throughput = commands.add_parser("throughput", help="speed-ups over Hugging Face from benchmarks/throughput.py's table")
     throughput.add_argument("table", type=Path)
     throughput.add_argument("output", type=Path)
+    curves = commands.add_parser("curves", help="learning curves from runs' metrics.csv files")
+    curves.add_argument("output", type=Path)
+    curves.add_argument("--run", action="append", required=True, help="LABEL=PATH/metrics.csv (repeat for several runs)")
+    curves.add_argument("--metric", nargs="+", required=True, help="columns to draw, one panel each (e.g. train/loss val/sst2/acc)")
+    curves.add_argument("--x", choices=["step", "epoch"], default="step")
+    curves.add_argument("--title")
     options = parser.parse_args()
-    throughput_figure(options.table, options.output)
+    if options.figure == "throughput":
+        throughput_figure(options.table, options.output)
+    else:
+        curves_figure(options.output, options.run, options.metric, options.x, options.title)
 
 
 if __name__ == "__main__":

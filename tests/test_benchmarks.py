@@ -57,3 +57,28 @@ def test_the_gpu_estimate_counts_flops_as_the_measured_benchmark_does():
     assert 40 * model.training_flops_per_token() == pytest.approx(throughput.model_flops(batch, train=True))
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_estimate.py")], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.count("\n| ") == 4, done.stderr  # header + 3 models
+
+
+def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
+    pytest.importorskip("matplotlib")
+    import csv
+
+    logs = []
+    for name, slope in (("a", 1.0), ("b", 0.5)):
+        path = tmp_path / name / "metrics.csv"
+        path.parent.mkdir()
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, ["epoch", "step", "train/loss", "val/t/acc"])
+            writer.writeheader()
+            for step in range(1, 21):  # the CSV logger's layout: each row holds some of the columns
+                writer.writerow({"epoch": step // 10, "step": step, "train/loss": 2 - slope * step / 20})
+                if step % 10 == 0:
+                    writer.writerow({"epoch": step // 10, "step": step, "val/t/acc": slope * step / 20})
+        logs.append(f"{name}={path}")
+    out = tmp_path / "curves.png"
+    run = [sys.executable, str(BENCHMARKS / "plot.py"), "curves", str(out), "--run", logs[0], "--run", logs[1], "--metric", "train/loss"]
+    done = subprocess.run([*run, "val/t/acc"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size < 200_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run([*run, "val/other/f1"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no run logged 'val/other/f1'" in missing.stderr
