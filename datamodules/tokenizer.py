@@ -161,6 +161,7 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
             return load_tokenizer(path)
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
+    rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")  # not a silent pause
     tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
