@@ -112,7 +112,7 @@ class Throughput(Callback):
 class PredictionSamples(Callback):
     """At each validation, the first ``rows`` validation examples of every task, with the gold answer and
     the prediction: the same rows every epoch, so a table compares epochs. Written as JSON lines to
-    ``<log dir>/samples/<task>.jsonl`` (one line per example, with ``epoch``, ``step`` and ``id``, its
+    ``<log dir>/samples/<task>.jsonl`` (the CSV logger's folder of the run where there is one; one line per example, with ``epoch``, ``step`` and ``id``, its
     position in the validation split; appended every validation), and logged as the W&B table
     ``samples/<task>`` when a ``WandbLogger`` is attached (images as images). The columns are the
     task's (``Objective.samples``): classification text, gold, predicted, probability; NER the sentence
@@ -159,6 +159,8 @@ class PredictionSamples(Callback):
                                f"fewer than rows={self.rows}; its table shows all {len(taken)}.")
         if not trainer.is_global_zero:
             return
+        # Beside the run's CSV log (its own version folder), where one is kept: W&B's log_dir is shared by its runs.
+        log_dir = next((lg.log_dir for lg in trainer.loggers if type(lg).__name__ == "CSVLogger"), log_dir)
         epoch, step = trainer.current_epoch, trainer.global_step
         for task, taken in self._taken.items():
             if not taken:

@@ -111,6 +111,8 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))  # the same rows
     assert [r[0] for r in contents[1]["data"]] == [1] * 16
     assert sum("confusion/sentiment_table/path" in row or "confusion/sentiment/path" in row for row in rows) == 2, logged
+    csv_dir = next(Path(lg.log_dir) for lg in cli.trainer.loggers if type(lg).__name__ == "CSVLogger")
+    assert len((csv_dir / "samples" / "sentiment.jsonl").read_text().splitlines()) == 32  # the JSON lines too, in the run's own folder
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
