@@ -63,9 +63,9 @@ def stream_rows(dataset: str | None, dataset_config: str | None, split: str, rol
                          "data.dataset_config and the split name; hub datasets need network access.") from err
 
 
-def text_lines(path: str | Path, role: str) -> Iterator[str]:
-    """The lines of a UTF-8 text file (plain or gzip), read one at a time, with errors that name the
-    file and the line (for files too large to read whole, or to check first)."""
+def text_lines(path: str | Path, role: str, kind: str = "text") -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read one at a time, failing clearly on a binary
+    or non-UTF-8 file with the file and the line named (before a parser reports it as something else)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
@@ -75,13 +75,14 @@ def text_lines(path: str | Path, role: str) -> Iterator[str]:
         with opener(path, "rb") as f:
             for line_number, line in enumerate(f, start=1):
                 if b"\x00" in line:
-                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not text. "
-                                     f"Point {role} at a text file.")
+                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
+                                     f"Point {role} at a {kind} file.")
                 try:
                     yield line.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
-                                     "not UTF-8. Save the file as UTF-8.") from None
+                                     f"not UTF-8. Save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 {path.name} "
+                                     f"> fixed{''.join(path.suffixes)}).") from None
     except (OSError, EOFError) as err:  # a truncated or fake .gz
         raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
 
@@ -139,25 +140,10 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
 
 
 def check_text_file(path: Path, role: str, kind: str = "text") -> None:
-    """Fail clearly on an empty, binary or non-UTF-8 file (plain or .gz), naming the file and the line,
-    before a parser reports it as something else."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    """Fail clearly on an empty, binary or non-UTF-8 file (plain or .gz), naming the file and the line."""
     has_text = False
-    try:
-        with opener(path, "rb") as f:
-            for line_number, line in enumerate(f, start=1):
-                if b"\x00" in line:
-                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
-                                     f"Point {role} at a {kind} file.")
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
-                                     f"not UTF-8. Save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 {path.name} "
-                                     f"> fixed{''.join(path.suffixes)}).") from None
-                has_text = has_text or bool(text.strip())
-    except (OSError, EOFError) as err:  # a truncated or fake .gz
-        raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
+    for line in text_lines(path, role, kind):  # every line: a bad byte may come after the first text
+        has_text = has_text or bool(line.strip())
     if not has_text:
         raise empty_split_error(role, str(path))
 
