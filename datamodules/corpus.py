@@ -209,10 +209,8 @@ class CorpusData(TextDataModule):
         Validation blocks are masked here, once, with a fixed seed: the same masks every evaluation."""
         raw = self.raw(role)
         self.tokenizer.no_truncation()
-        procs = self.num_proc if (self.num_proc or 1) > 1 and len(raw) >= 2 * CHUNK else None
-        documents = raw.map(functools.partial(_document_ids, self.tokenizer), batched=True, batch_size=CHUNK, num_proc=procs,
-                            remove_columns=raw.column_names, cache_file_name=str(directory / "work" / "documents.arrow"),
-                            new_fingerprint=directory.name, desc=f"Tokenizing {self.option(role)}")
+        documents = self.map_rows(raw, functools.partial(_document_ids, self.tokenizer), directory / "work" / "documents.arrow",
+                                  f"Tokenizing {self.option(role)}")
         generator = torch.Generator().manual_seed(1234)
         with ArrowWriter(path=str(directory / "blocks.arrow")) as writer:
             for blocks in batched(self.pack((ids for chunk in documents.iter(CHUNK) for ids in chunk["ids"]), role), CHUNK):

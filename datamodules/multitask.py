@@ -301,8 +301,13 @@ class MultiTaskData(L.LightningDataModule):
         return any(member.has_split(role) for member in self.tasks.values())
 
     # -- sampling ----------------------------------------------------------------------------------
+    @property
+    def streamed_tasks(self) -> list[str]:
+        """Tasks whose training data is streamed: no known size."""
+        return [name for name, member in self.tasks.items() if member.streaming]
+
     def sampler(self) -> TaskSampler:
-        streamed = [name for name, member in self.tasks.items() if member.streaming]
+        streamed = self.streamed_tasks
         if streamed and len(self.tasks) > 1 and self.sampling not in ("uniform", "fixed"):
             raise ValueError(f"data.sampling={self.sampling!r} draws tasks by their number of training rows, but {streamed} "
                              "stream theirs (their size is unknown). Set data.sampling to 'fixed' (with data.weights) or 'uniform'.")
@@ -312,9 +317,8 @@ class MultiTaskData(L.LightningDataModule):
     def steps_per_epoch(self) -> int:
         if self._steps_per_epoch:
             return self._steps_per_epoch
-        streamed = [name for name, member in self.tasks.items() if member.streaming]
-        if streamed:
-            raise ValueError(f"Tasks {streamed} stream their training data, whose length is unknown: set data.steps_per_epoch "
+        if self.streamed_tasks:
+            raise ValueError(f"Tasks {self.streamed_tasks} stream their training data, whose length is unknown: set data.steps_per_epoch "
                              "(training batches per epoch; validation and checkpoints follow it).")
         _, _, world = self.position()
         return sum(math.ceil(math.ceil(m.size("train") / world) / m.batch_size) for m in self.tasks.values())

@@ -15,6 +15,7 @@ Batch contract (every objective reads these keys; see README "Batches"):
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -80,8 +81,8 @@ def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rn
 
 
 CHUNK = 1000  # rows per datasets.map batch
-NOTES = "__trunk_notes__"
-RAW = "__raw__"  # prefix of the raw columns while they are encoded  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
+NOTES = "__trunk_notes__"  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
+RAW = "__raw__"  # prefix of the raw columns while they are encoded
 
 
 def _encode_chunk(data: "TextDataModule", role: str, features: datasets.Features, chunk: dict) -> dict:
@@ -428,22 +429,25 @@ class TextDataModule(TaskData):
         processes); returns the truncation counts to report."""
         raw = self.raw(role)
         self.info()  # label names and the like, worked out once here rather than in every process
-        whole = not self.encodes_rows_independently
-        procs = None if whole or (self.num_proc or 1) < 2 or len(raw) < 2 * CHUNK else self.num_proc
+        # Renamed inputs: datasets would cast an output column to the type of the input column of its name.
+        source = raw.rename_columns({name: RAW + name for name in raw.column_names})
+        encoded = self.map_rows(source, functools.partial(_encode_chunk, self, role, raw.features), directory / "encoded.arrow",
+                                f"Encoding {self.option(role)}", whole=not self.encodes_rows_independently)
+        return [n for chunk in column(encoded, NOTES) if chunk for n in json.loads(chunk)]
+
+    def map_rows(self, ds: datasets.Dataset, function, path: Path, desc: str, whole: bool = False) -> datasets.Dataset:
+        """``datasets.map(function, batched=True)`` over chunks of ``ds`` (the whole of it with ``whole``), written
+        to ``path``: in ``num_proc`` processes where the split has a chunk for each."""
+        procs = None if whole or (self.num_proc or 1) < 2 or len(ds) < 2 * CHUNK else self.num_proc
         previous = os.environ.get("TOKENIZERS_PARALLELISM")
         if procs:  # each process encodes on one core; no fork-after-threads warning from tokenizers
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
-            # Renamed inputs: datasets would cast an output column to the type of the input column of its name.
-            source = raw.rename_columns({name: RAW + name for name in raw.column_names})
-            encoded = source.map(functools.partial(_encode_chunk, self, role, raw.features), batched=True,
-                                 batch_size=None if whole else CHUNK, num_proc=procs, remove_columns=source.column_names,
-                                 cache_file_name=str(directory / "encoded.arrow"), new_fingerprint=directory.name,
-                                 desc=f"Encoding {self.option(role)}")
+            return ds.map(function, batched=True, batch_size=None if whole else CHUNK, num_proc=procs, remove_columns=ds.column_names,
+                          cache_file_name=str(path), new_fingerprint=hashlib.sha256(str(path).encode()).hexdigest()[:32], desc=desc)
         finally:
             if procs:
                 os.environ.pop("TOKENIZERS_PARALLELISM") if previous is None else os.environ.update(TOKENIZERS_PARALLELISM=previous)
-        return [n for chunk in encoded[NOTES] if chunk for n in json.loads(chunk)]
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         raise NotImplementedError

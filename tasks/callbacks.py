@@ -161,32 +161,34 @@ class PredictionSamples(Callback):
             return
         # Beside the run's CSV log (its own version folder), where one is kept: W&B's log_dir is shared by its runs.
         log_dir = next((lg.log_dir for lg in trainer.loggers if type(lg).__name__ == "CSVLogger"), log_dir)
+        folder = Path(log_dir) / "samples" if log_dir else None
+        if folder is not None and (self._taken or confusions):
+            folder.mkdir(parents=True, exist_ok=True)
+        wandb_loggers = [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
         epoch, step = trainer.current_epoch, trainer.global_step
         for task, taken in self._taken.items():
             if not taken:
                 continue
-            if log_dir:
-                path = Path(log_dir) / "samples" / f"{task}.jsonl"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a", encoding="utf-8") as f:
+            if folder is not None:
+                with open(folder / f"{task}.jsonl", "a", encoding="utf-8") as f:
                     for row in taken:
                         record = {"epoch": epoch, "step": step, **{k: v for k, v in row.items() if k != "wandb_image"}}
                         f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
+            for logger in wandb_loggers:
                 log_wandb_table(logger, f"samples/{task}", taken, epoch, step)
         for task, (labels, matrix) in confusions.items():
             counts = matrix.long().tolist()
-            if log_dir:
-                (Path(log_dir) / "samples").mkdir(parents=True, exist_ok=True)
-                with open(Path(log_dir) / "samples" / f"{task}.confusion.jsonl", "a", encoding="utf-8") as f:
+            if folder is not None:
+                with open(folder / f"{task}.confusion.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps({"epoch": epoch, "step": step, "labels": labels, "rows_gold_columns_predicted": counts}) + "\n")
-            for logger in (lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"):
+            if wandb_loggers:
                 import wandb
 
-                gold = [g for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]
-                predicted = [p for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]
-                plot = wandb.plot.confusion_matrix(y_true=gold, preds=predicted, class_names=labels, title=f"{task}: validation")
-                logger.experiment.log({f"confusion/{task}": plot, "trainer/global_step": step})
+                pairs = [(g, p) for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]  # one per example
+                plot = wandb.plot.confusion_matrix(y_true=[g for g, _ in pairs], preds=[p for _, p in pairs], class_names=labels,
+                                                   title=f"{task}: validation")
+                for logger in wandb_loggers:
+                    logger.experiment.log({f"confusion/{task}": plot, "trainer/global_step": step})
 
 
 def log_wandb_table(logger, key: str, rows: list[dict], epoch: int, step: int) -> None:
