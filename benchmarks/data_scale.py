@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def encode_rows(args) -> list[tuple]:
 
 def encode(args) -> None:
     rows = encode_rows(args)
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; median of {args.rounds} rounds, alternating")
+    print(f"machine: {cpu_info()}, {os.cpu_count()} cores; median of {args.rounds} rounds, alternating")
     print("| data | size | path | time (s) | rows/s |")
     print("|---|---|---|---|---|")
     for kind, size, name, seconds, speed in rows:
@@ -137,7 +137,7 @@ def stream(args) -> None:
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB: the largest child, the run
     finally:
         corpus.unlink(missing_ok=True)
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores")
+    print(f"machine: {cpu_info()}, {os.cpu_count()} cores")
     print("| corpus | steps (batch 32 x 128 tokens, bf16) | time to the first batch | trunk fit wall time | peak RSS of the run |")
     print("|---|---|---|---|---|")
     print(f"| {size / 2**30:.2f} GiB ({args.source} repeated) | {args.steps} | {first_batch:.1f} s | {wall:.0f} s | {peak:.2f} GiB |")

@@ -9,20 +9,12 @@ validation and the test run on the best checkpoint.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 
 import torch
 from trunk.tasks.cli import run_cli
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+from trunk.tasks.precision import cpu_info
 
 
 def main(args: list[str]) -> None:
@@ -33,7 +25,7 @@ def main(args: list[str]) -> None:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
     rows = [
         ("command", "trunk fit " + " ".join(args)),
-        ("machine", f"{os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}"),
+        ("machine", f"{os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}"),
         ("precision", str(trainer.precision)),
         ("epochs / steps", f"{trainer.current_epoch} / {trainer.global_step}"),
         (f"best {ckpt.monitor}" if ckpt and ckpt.monitor else "best", f"{float(ckpt.best_model_score):.4f}" if ckpt and ckpt.best_model_score is not None else "-"),

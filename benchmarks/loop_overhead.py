@@ -27,7 +27,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 from trunk.tasks.cli import quiet_third_party, run_cli
 from trunk.tasks.optim import WarmupDecayLR
 
@@ -109,7 +109,7 @@ def main() -> None:
         trunk.tasks.cli._RICH_AVAILABLE = False  # as where rich is not installed
     quiet_third_party()
     os.chdir(Path(__file__).resolve().parent.parent)  # the recipe's relative paths
-    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{options.precision}, {options.bar} progress bar; {options.rounds} rounds of {options.steps} steps per side")
     fit_times, bare_times = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 from torch.utils.data import DataLoader
 from trunk.datamodules import MultiTaskData, TextClassificationData
 from trunk.datamodules.builtin import sentiment_example
@@ -121,7 +121,7 @@ def main() -> None:
             results[("model step", side)].append(timed(lambda: model_step(modules[side], optimizers[side], batch), options.steps))
             results[("batch", side)].append(drain(loaders[side]))
 
-    print(f"\nmachine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, "
+    print(f"\nmachine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}; {options.rounds} rounds, medians")
     print("| what | single task (ms) | multi-task machinery (ms) | ratio |\n|---|---|---|---|")
     for kind in ("model step", "batch"):

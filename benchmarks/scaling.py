@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 from throughput import matmul_peak  # benchmarks/throughput.py
 
 TOKENS_PER_BATCH, DEPTH, VOCAB = 4096, 4, 8000
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     options = parser.parse_args()
     peak = matmul_peak(options.precision)
-    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{options.precision}; torch.mm peak {peak / 1e9:.0f} GFLOP/s; batches of {TOKENS_PER_BATCH} tokens, medians of {options.steps} steps")
     baseline = in_fresh_process(0, 0, 0, options.precision)[2]
     print(f"A process that imported torch and Trunk and built nothing peaks at {baseline:.0f} MiB.")

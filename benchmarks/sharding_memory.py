@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 
 MIB = 2**20
 
@@ -85,7 +85,7 @@ def main() -> None:
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
         results[name] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     n = results["ddp"][0]["total_parameters"]
-    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}; {n / 1e6:.0f}M parameters, fp32, 2 processes, "
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; {n / 1e6:.0f}M parameters, fp32, 2 processes, "
           f"per process (MiB), the larger of the two")
     print("| strategy | parameters | gradients | AdamW state | parameters + gradients + AdamW | peak resident memory |")
     print("|---|---|---|---|---|---|")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 
 GLOBAL_BATCH, LENGTH, WARMUP = 32, 128, 5
 
@@ -89,7 +89,7 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--run", mode, "--out", str(out), "--steps", str(options.steps),
                         "--precision", options.precision], check=True, env={**os.environ, "OMP_NUM_THREADS": "1" if mode != "one" else "2"})
         medians[mode] = statistics.median(json.loads((out / "times.json").read_text()))
-    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}; masked-LM, width 256, 4 blocks, {options.precision}, "
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; masked-LM, width 256, 4 blocks, {options.precision}, "
           f"global batch {GLOBAL_BATCH} x {LENGTH} tokens; median of {options.steps - WARMUP} steps after {WARMUP} warm-up")
     print("| run | processes x threads | step time (ms) | tokens/s | relative to 1 process |")
     print("|---|---|---|---|---|")

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from fit import cpu_name  # benchmarks/fit.py, beside this script
+from trunk.tasks.precision import cpu_info
 from trunk.models import SpecialIds, TrunkConfig, beam_search, greedy_search
 from trunk.tasks import (
     ImageClassification,
@@ -302,7 +302,7 @@ def main() -> None:
     parser.add_argument("--inference", action=argparse.BooleanOptionalAction, default=True, help="also time inference")
     options = parser.parse_args()
     torch.manual_seed(0)
-    print(f"machine: {os.cpu_count()} x {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"{options.rounds} rounds of {options.steps} steps per side, medians")
     peaks = {p: matmul_peak(p) for p in options.precision}
     print("| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |")

@@ -8,20 +8,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
 import torch
 from trunk.datamodules.tokenizer import Codec
 from trunk.tasks.module import TrunkModule
+from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import load_checkpoint, load_pretrained
 
 
-class Predictor:
-    """A trained model and, per task, the data class that turns raw inputs into its batches."""
+INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
 
-    def __init__(self, model: TrunkModule, data: dict) -> None:
+
+class Predictor:
+    """A trained model and, per task, the data class that turns raw inputs into its batches.
+
+    ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
+    (the rule of training runs, ``trunk.tasks.precision``); ``32-true`` or ``bf16-mixed`` force one."""
+
+    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto") -> None:
+        if precision not in INFERENCE_PRECISIONS:
+            raise ValueError(f"precision={precision!r}: inference runs in one of {list(INFERENCE_PRECISIONS)}.")
         self.model, self.data = model.eval(), data
+        self.precision = resolve_precision(precision, model.device.type)
 
     @property
     def tasks(self) -> list[str]:
@@ -40,21 +51,24 @@ class Predictor:
         if task not in self.data:
             raise ValueError(f"No task named {task!r}; this model's tasks are {self.tasks}.")
         records: list[dict] = []
+        device = self.model.device
+        bf16 = torch.autocast(device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
         for start in range(0, len(inputs), batch_size):
             batch = {"task": task, **self.data[task].encode_inputs(list(inputs[start : start + batch_size]))}
-            batch = {k: v.to(self.model.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            records += self.model.predict_step(batch, 0)
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            with bf16:
+                records += self.model.predict_step(batch, 0)
         return records
 
 
-def load(path: str | Path, data: dict | None = None, map_location: str = "cpu") -> Predictor:
+def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto") -> Predictor:
     """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads.
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
-    checkpoints store each task's data settings)."""
+    checkpoints store each task's data settings). ``precision``: see ``Predictor``."""
     path = Path(path)
     if path.is_dir():
-        return _from_directory(path, data)
+        return _from_directory(path, data, precision)
     ckpt = load_checkpoint(path)
     model = TrunkModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
@@ -65,10 +79,10 @@ def load(path: str | Path, data: dict | None = None, map_location: str = "cpu") 
                          "load(path, data={task: TextClassificationData(...), ...}).")
     data_state = next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {})
     _connect(model.codec, model, data, data_state)
-    return Predictor(model, data)
+    return Predictor(model, data, precision)
 
 
-def _from_directory(path: Path, data: dict | None) -> Predictor:
+def _from_directory(path: Path, data: dict | None, precision: str) -> Predictor:
     pretrained = load_pretrained(path)
     if not pretrained.heads:
         raise ValueError(f"'{path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, or "
@@ -85,7 +99,7 @@ def _from_directory(path: Path, data: dict | None) -> Predictor:
     if missing:
         raise ValueError(f"'{path}' holds no data settings for the tasks {missing}: pass them as load(path, data={{...}}).")
     _connect(pretrained.codec, model, data, {name: head["meta"].get("data_state", {}) for name, head in pretrained.heads.items()})
-    return Predictor(model, data)
+    return Predictor(model, data, precision)
 
 
 def _instantiate(spec: dict):

@@ -7,15 +7,18 @@ import csv
 import logging
 import os
 import sys
+import typing
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal, Union
 
 import torch
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
@@ -35,7 +38,10 @@ from trunk.tasks.callbacks import (
 )
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule, objective_class
+from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, is_sharded_checkpoint, read_config
+
+LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
 
 class _DropProductTips(logging.Filter):
@@ -51,6 +57,14 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
+
+
+class TrunkTrainer(Trainer):
+    """Lightning's ``Trainer`` with one more precision, ``auto`` (the default): bf16-mixed where the device
+    multiplies bf16 natively, 32-true where it does not (``trunk.tasks.precision``). The run says which in one line."""
+
+    def __init__(self, *, precision: Union[Literal["auto"], LIGHTNING_PRECISION] = "auto", **kwargs) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
 
 
 class TrunkCLI(LightningCLI):
@@ -137,6 +151,7 @@ class TrunkCLI(LightningCLI):
             if not any(isinstance(c, PredictionSamples) for c in given):
                 callbacks = [*callbacks, PredictionSamples()]
         trainer = super()._instantiate_trainer(config, callbacks)
+        (self.config[self.subcommand] if self.subcommand else self.config).trainer.precision = trainer.precision  # as saved
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
         if ckpt_path:
             self._continue_logging(trainer, Path(ckpt_path))
@@ -348,6 +363,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     return TrunkCLI(
         TrunkModule,
         MultiTaskData,
+        trainer_class=TrunkTrainer,
         save_config_callback=LogConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
