@@ -19,6 +19,7 @@ quickstart: install
 	$(VENV)/bin/trunk fit --config configs/quickstart.yaml
 
 test: install
+	$(VENV)/bin/ruff check --quiet .
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 PLOT := $(VENV)/bin/python benchmarks/plot.py

@@ -32,7 +32,8 @@ def step_time(recipe: Path, precision: str, steps: int, root: Path) -> float:
         "trainer": {"default_root_dir": str(root), "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0,
                     "num_sanity_val_steps": 0, "logger": False, "enable_checkpointing": False, "callbacks": [],
                     "enable_progress_bar": False, "enable_model_summary": False, "precision": precision},
-        "data": {"tasks": {name: {"init_args": {"test": None, "predict": None}} for name in tasks}},
+        "data": {"tasks": {name: {"init_args": {k: None for k in ("test", "predict") if k in (spec.get("init_args") or {})}}
+                           for name, spec in tasks.items()}},
         "model": {"init_from": None},
     }
     root.mkdir(parents=True)

@@ -27,7 +27,7 @@ from trunk.datamodules.sources import (
     text_lines,
 )
 from trunk.datamodules.text import CHUNK, TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 
 
 class TokenMasker:

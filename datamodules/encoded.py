@@ -27,7 +27,7 @@ from pathlib import Path
 
 import datasets
 from lightning.pytorch.utilities import rank_zero_warn
-from trunk.datamodules.tokenizer import cache_dir
+from trunk.core.codec import cache_dir
 
 CACHE_VERSION = 2  # bump when the layout of encoded examples changes
 META = "trunk_cache.json"

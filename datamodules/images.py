@@ -201,10 +201,10 @@ class ImageClassificationData(TaskData):
         if rows["labels"] is not None:
             if self._label_names is None and role.endswith(".train"):  # no names in the source: its distinct labels
                 self._label_names = [str(label) for label in sorted(set(rows["labels"]))]
-            names = self.label_names
-            index = {name: i for i, name in enumerate(names)}
+            names = self.label_names  # integer labels are positions in these
+            index = {name: i for i, name in enumerate(self.label_order)}
             try:
-                labels = [label if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names)
+                labels = [index[names[label]] if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names)
                           else index[str(label)] for label in rows["labels"]]
             except KeyError as err:
                 raise ValueError(f"{role} has the label {err.args[0]!r}, which is not one of the classes {names}. "
@@ -298,12 +298,12 @@ class ImageClassificationData(TaskData):
         return len(self.split(role)["images"])
 
     def info(self) -> dict:
-        return {**super().info(), "label_names": self.label_names}
+        return {**super().info(), "label_names": self.label_order}
 
     # -- checkpoints: the normalisation and the class names travel with the model ---------------------
     def state_dict(self) -> dict:
         mean, std = self._statistics()
-        return {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "label_names": self.label_names}
+        return {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "label_names": self.label_order}
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.std = state["mean"], state["std"]

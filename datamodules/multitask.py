@@ -18,9 +18,10 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
-from trunk.datamodules.atomic import atomic_write
+from trunk.core.atomic import atomic_write
 from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
-from trunk.datamodules.tokenizer import Codec, cached_tokenizer, load_tokenizer
+from trunk.core.codec import Codec, load_tokenizer
+from trunk.datamodules.tokenizer import cached_tokenizer
 
 # The training stream builds batches in the main process (never in workers), so its length is exact.
 warnings.filterwarnings("ignore", message=".*Your `IterableDataset` has `__len__` defined.*")
@@ -187,59 +188,71 @@ class MultiTaskData(L.LightningDataModule):
             TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)  # fail now, not after encoding
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
-        self._tokenizer = None
+        self._codec: Codec | None = None
 
-    # -- the tokenizer: one per run --------------------------------------------------------------
+    # -- the codec: one per run ------------------------------------------------------------------
     @property
     def text_tasks(self) -> dict[str, TextDataModule]:
         return {name: m for name, m in self.tasks.items() if isinstance(m, TextDataModule)}
 
+    def build_codec(self) -> Codec:
+        """The run's tokenizers when nothing trained brings them (``trunk.tasks.run`` decides): ``tokenizer``
+        loaded, else trained once on every text task's training text (cached, keyed by all of it); a
+        translation task with a vocabulary of its own adds its target tokenizer."""
+        tokenizer = None
+        if self.text_tasks and self.tokenizer_path:
+            tokenizer = load_tokenizer(self.tokenizer_path)
+        elif self.text_tasks:
+            members = self.text_tasks.values()
+            streamed = [m.name for m in members if m.streaming]
+            if streamed:
+                raise ValueError(f"Tasks {streamed} stream their training text, so there is no pass over it to train a "
+                                 "tokenizer on: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), or "
+                                 "model.init_from.")
+            if any(m.split_specs["train"] is None for m in members):
+                raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
+                                 "checkpoint), or model.init_from, or give every text task a train split to train one on.")
+            model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
+            key = [m.tokenizer_key() for m in members]
+            texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
+            tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,
+                                         f"the training text of {sorted(self.text_tasks)}")
+        for member in self.text_tasks.values():
+            member.connect(tokenizer, self.lowercase)
+        targets = {name: m.own_target_tokenizer() for name, m in self.text_tasks.items()}
+        return Codec(tokenizer, {name: target for name, target in targets.items() if target is not None})
+
+    def connect(self, codec: Codec) -> None:
+        """Hand every task the run's tokenizers (a translation task with its own vocabulary takes its target
+        tokenizer from ``codec.targets`` when it is there)."""
+        self._codec = codec
+        for name, member in self.text_tasks.items():
+            member.connect(codec.tokenizer, self.lowercase, codec.targets.get(name))
+
+    @property
+    def codec(self) -> Codec:
+        """The run's tokenizers: as connected, or built now (data used without ``trunk.tasks.run``)."""
+        if self._codec is None:
+            self.connect(self.build_codec())
+        return self._codec
+
     @property
     def tokenizer(self):
-        """The run's tokenizer: loaded from ``tokenizer``, else trained once on every text task's
-        training text (cached, keyed by all of it); None when no task reads text."""
-        if self._tokenizer is None and self.text_tasks:
-            if self.tokenizer_path:
-                self._tokenizer = load_tokenizer(self.tokenizer_path)
-            else:
-                members = self.text_tasks.values()
-                streamed = [m.name for m in members if m.streaming]
-                if streamed:
-                    raise ValueError(f"Tasks {streamed} stream their training text, so there is no pass over it to train a "
-                                     "tokenizer on: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), or "
-                                     "model.init_from.")
-                if any(m.split_specs["train"] is None for m in members):
-                    raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
-                                     "checkpoint), or model.init_from, or give every text task a train split to train one on.")
-                model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
-                key = [m.tokenizer_key() for m in members]
-                texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
-                self._tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,
-                                                   f"the training text of {sorted(self.text_tasks)}")
-            for member in self.text_tasks.values():
-                member.connect(self._tokenizer, self.lowercase)
-        return self._tokenizer
+        """The tokenizer of every text task; None when no task reads text."""
+        return self.codec.tokenizer
 
     @property
     def vocab_size(self) -> int:
-        """The tokenizer's vocabulary (linked into model.trunk.vocab_size). Image-only runs build no
-        text stem, so the value is then the config's default and unused."""
+        """The tokenizer's vocabulary. Image-only runs build no text stem, so the value is then the config's
+        default and unused."""
         tokenizer = self.tokenizer
         return tokenizer.get_vocab_size() if tokenizer is not None else 8192
 
     @property
-    def codec(self) -> Codec:
-        """The run's tokenizers, for the model to decode with (linked into model.codec)."""
-        tokenizer = self.tokenizer
-        targets = {name: m.target_tokenizer for name, m in self.text_tasks.items()
-                   if getattr(m, "joint_vocabulary", True) is False}
-        return Codec(tokenizer, targets)
-
-    @property
     def task_info(self) -> dict[str, dict]:
-        """What the model must know of each task's data (linked into model.task_info): the objective
-        kinds it feeds, its stem, label names, a translation task's target vocabulary."""
-        self.tokenizer  # noqa: B018 (text tasks need it to report target vocabularies)
+        """What the model must know of each task's data: the objective kinds it feeds, its stem, label
+        names, lengths, a translation task's target vocabulary."""
+        self.codec  # noqa: B018 (text tasks need it to report target vocabularies)
         return {name: member.info() for name, member in self.tasks.items()}
 
     # -- Lightning hooks ---------------------------------------------------------------------------
@@ -252,7 +265,7 @@ class MultiTaskData(L.LightningDataModule):
             self._prepare_splits(stage.value)
 
     def _prepare_splits(self, stage: str) -> None:
-        self.tokenizer  # noqa: B018 (connects every text task)
+        self.codec  # noqa: B018 (connects every text task)
         for role in STAGE_ROLES[stage]:
             for member in self.tasks.values():
                 if member.has_split(role) and (role != "predict" or member.name in self.predict_tasks):

@@ -4,7 +4,7 @@ A task's data turns rows into batches; ``MultiTaskData`` (``datamodules/multitas
 one or more of them into the run's datamodule, builds the one tokenizer of the run and hands it to
 each (``connect``), and decides which task the next training batch comes from.
 
-Batch contract (every objective reads these keys; see README "Batches"):
+Batch contract (every objective reads these keys; see docs/configuration.md, "Batches"):
     task            str           the task the batch belongs to (added by ``MultiTaskData``)
     input_ids       (B, T) long   token ids, padded with the tokenizer's [PAD] id (0) to the batch's longest
     attention_mask  (B, T) long   1 at real tokens, 0 at padding
@@ -32,7 +32,7 @@ from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 from trunk.datamodules.encoded import encoded_split
 from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, source_key
-from trunk.datamodules.tokenizer import PAD, fingerprint
+from trunk.core.codec import PAD, fingerprint
 
 ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
@@ -184,6 +184,32 @@ class TaskData:
         """What the model must know about this task's data: ``kinds``, and ``label_names`` where there are labels."""
         return {"kinds": list(self.kinds), "stem": self.stem}
 
+    # -- labels: the names as the config or the data give them, the ids in the order the model uses -----
+    _label_names: list[str] | None = None  # set by subclasses with labels: configured, or read from the data
+    _label_order: list[str] | None = None
+
+    @property
+    def label_order(self) -> list[str]:
+        """The label names in the order of the ids batches carry: a trained head's (``use_labels_of``), else the data's."""
+        return self._label_order or self.label_names
+
+    def use_labels_of(self, stored: list[str], source: str) -> str | None:
+        """Carry labels as ids in the order of the trained head's ``stored`` names, matched by *name*: names
+        the config leaves unset are taken from it; the same names in another order are reordered; another
+        set of names is an error naming both. Returns what was matched, for the run's report."""
+        if self._label_names is None:
+            self._label_names = list(stored)
+            return None
+        own = list(self._label_names)
+        if own == list(stored):
+            return None
+        if sorted(own) != sorted(stored):
+            raise ValueError(f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
+                             f"{self.option('label_names')} is {own}. Leave {self.option('label_names')} unset to use the trained "
+                             "labels, or list the same names (in any order).")
+        self._label_order = list(stored)
+        return f"{self.option('label_names')} {own} matched by name to the trained order {list(stored)}"
+
     def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
         """Batches of training row indices, from a shuffled ``order`` (subclasses may bucket by length)."""
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
@@ -269,11 +295,16 @@ class TextDataModule(TaskData):
         self._notes: list | None = None  # while encoding for the cache: truncation counts, reported once per split
         self.lowercase = False
 
-    def connect(self, tokenizer: Tokenizer, lowercase: bool = False) -> None:
-        """Hand this task the run's tokenizer (and the run's lowercasing, for tokenizers it trains itself)."""
+    def connect(self, tokenizer: Tokenizer, lowercase: bool = False, target: Tokenizer | None = None) -> None:
+        """Hand this task the run's tokenizer (and the run's lowercasing, for tokenizers it trains itself);
+        ``target``: its own output tokenizer, where it has one (``own_target_tokenizer``)."""
         if self._tokenizer is not None and self._tokenizer.get_vocab() != tokenizer.get_vocab():
             self._encoded.clear()  # encoded with another tokenizer
         self._tokenizer, self.lowercase = tokenizer, lowercase
+
+    def own_target_tokenizer(self) -> Tokenizer | None:
+        """A tokenizer of this task's own for its outputs (translation with separate vocabularies), else None."""
+        return None
 
     @property
     def tokenizer(self) -> Tokenizer:

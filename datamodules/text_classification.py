@@ -41,7 +41,12 @@ class TextClassificationData(TextDataModule):
         self._configured_label_names = label_names is not None
 
     def info(self) -> dict:
-        return {**super().info(), "label_names": self.label_names}
+        return {**super().info(), "label_names": self.label_order}
+
+    def use_labels_of(self, stored: list[str], source: str) -> str | None:
+        note = super().use_labels_of(stored, source)
+        self._configured_label_names = True  # fixed: a row with another label is an error, as with configured names
+        return note
 
     def strata(self, rows: datasets.Dataset) -> list:
         return [str(v) for v in rows[self.label_column]]
@@ -77,7 +82,7 @@ class TextClassificationData(TextDataModule):
                     "Evaluate on a labelled split, or use `trunk predict` for unlabelled data."
                 )
             values = [feature.names[v] for v in values]
-        index = {name: i for i, name in enumerate(self.label_names)}
+        index = {name: i for i, name in enumerate(self.label_order)}
         if not isinstance(feature, datasets.ClassLabel):
             values = _check_labels(values, self.option(role), self.label_column)
         if _names_by_position(values, self.label_names):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import torch
 from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
-from trunk.datamodules.tagging import (
+from trunk.core.tagging import (
     Scheme,
     Span,
     label_names_for,
@@ -15,7 +15,7 @@ from trunk.datamodules.tagging import (
     tags_from_spans,
 )
 from trunk.datamodules.text import TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, SEP
+from trunk.core.codec import CLS, IGNORE_INDEX, SEP
 
 
 class TokenClassificationData(TextDataModule):
@@ -121,7 +121,12 @@ class TokenClassificationData(TextDataModule):
         return ["tokens", self.tag_column, self.tokens_column]
 
     def info(self) -> dict:
-        return {**super().info(), "label_names": self.label_names}
+        return {**super().info(), "label_names": self.label_order}
+
+    def use_labels_of(self, stored: list[str], source: str) -> str | None:
+        note = super().use_labels_of(stored, source)
+        self.label_scheme, _ = parse_label_names(self.label_order)  # the trained head's scheme
+        return note
 
     def texts_for_tokenizer(self):
         return (" ".join(tokens) for tokens in column(self.raw("train"), "tokens"))
@@ -132,7 +137,7 @@ class TokenClassificationData(TextDataModule):
         return self.context_length == 0  # context windows read the neighbouring sentences of the document
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
-        label_ids = {name: i for i, name in enumerate(self.label_names)} if role != "predict" else {}
+        label_ids = {name: i for i, name in enumerate(self.label_order)} if role != "predict" else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
         examples = []
         for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"), self._windows(ds, role))):

@@ -9,7 +9,8 @@ import datasets
 from tokenizers import Tokenizer
 from trunk.datamodules.sources import FILE_FORMATS, check_columns, column, file_format, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
-from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, cached_tokenizer, fingerprint, load_tokenizer
+from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
+from trunk.datamodules.tokenizer import cached_tokenizer
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz
 
@@ -160,6 +161,16 @@ class TranslationData(TextDataModule):
     def info(self) -> dict:
         return {**super().info(), "target_vocab_size": None if self.joint_vocabulary else self.target_tokenizer.get_vocab_size(),
                 "target_max_length": self.target_max_length}
+
+    def connect(self, tokenizer: Tokenizer, lowercase: bool = False, target: Tokenizer | None = None) -> None:
+        super().connect(tokenizer, lowercase)
+        if target is not None and not self.joint_vocabulary:
+            if self._target_tokenizer is not None and self._target_tokenizer.get_vocab() != target.get_vocab():
+                self._encoded.clear()  # encoded with another target tokenizer
+            self._target_tokenizer = target
+
+    def own_target_tokenizer(self) -> Tokenizer | None:
+        return None if self.joint_vocabulary else self.target_tokenizer
 
     @property
     def target_tokenizer(self) -> Tokenizer:

@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from trunk.core.checkpoint import load_checkpoint
 
 
 @dataclass
@@ -58,7 +59,7 @@ class TrunkConfig:
         if path.is_dir():
             values = json.loads((path / "config.json").read_text())["trunk"]
         else:
-            values = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]["trunk"]
+            values = load_checkpoint(path)["hyper_parameters"]["trunk"]
         return cls.from_dict({**dict(values), **overrides})
 
     @classmethod

@@ -13,10 +13,12 @@ import importlib
 from pathlib import Path
 
 import torch
-from trunk.datamodules.tokenizer import Codec
+from trunk.core.checkpoint import is_sharded_checkpoint
+from trunk.datamodules import MultiTaskData
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
-from trunk.tasks.pretrained import load_checkpoint, load_pretrained
+from trunk.tasks.pretrained import load_pretrained
+from trunk.tasks.run import read_run_checkpoint, resolve
 
 
 INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
@@ -62,59 +64,47 @@ class Predictor:
 
 
 def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto") -> Predictor:
-    """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads.
+    """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
+    once (``trunk.tasks.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
     checkpoints store each task's data settings). ``precision``: see ``Predictor``."""
     path = Path(path)
-    if path.is_dir():
-        return _from_directory(path, data, precision)
-    ckpt = load_checkpoint(path)
-    model = TrunkModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
-    specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
-    data = {**{name: _instantiate(spec) for name, spec in specs.items() if spec}, **(data or {})}
-    missing = sorted(set(model.objectives) - set(data))
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        pretrained = load_pretrained(path)
+        if not pretrained.heads:
+            raise ValueError(f"'{path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, or "
+                             "export a fine-tuned checkpoint with `trunk export CKPT DIR`.")
+        heads = {name: head["meta"] for name, head in pretrained.heads.items()}
+        run = _run_data(path, {name: meta.get("data") for name, meta in heads.items()},
+                        {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
+        for name, meta in heads.items():
+            if meta.get("label_names") is not None:
+                run.tasks[name].use_labels_of(meta["label_names"], f"'{path}'")
+        model = resolve({"tasks": {name: meta["objective"] for name, meta in heads.items()}}, run, init_from=pretrained).model
+    else:
+        ckpt = read_run_checkpoint(path)
+        specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
+        run = _run_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
+        model = resolve({}, run, ckpt_path=path, checkpoint=ckpt).model
+        model.on_load_checkpoint(ckpt)  # refuses non-finite weights
+        model.load_state_dict(ckpt["state_dict"])
+    return Predictor(model.to(map_location), run.tasks, precision)
+
+
+def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:
+    """The stored tasks' data (as the run configured it, without its splits), or the ``given`` ones."""
+    tasks = {**{name: _instantiate(spec) for name, spec in specs.items() if spec}, **(given or {})}
+    missing = sorted(set(specs) - set(tasks))
     if missing:
         raise ValueError(f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as "
                          "load(path, data={task: TextClassificationData(...), ...}).")
-    data_state = next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {})
-    _connect(model.codec, model, data, data_state)
-    return Predictor(model, data, precision)
-
-
-def _from_directory(path: Path, data: dict | None, precision: str) -> Predictor:
-    pretrained = load_pretrained(path)
-    if not pretrained.heads:
-        raise ValueError(f"'{path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, or "
-                         "export a fine-tuned checkpoint with `trunk export CKPT DIR`.")
-    tasks = {name: head["meta"]["objective"] for name, head in pretrained.heads.items()}
-    info = {name: {"label_names": head["meta"].get("label_names"),
-                   "target_vocab_size": pretrained.codec.targets[name].get_vocab_size() if name in pretrained.codec.targets else None}
-            for name, head in pretrained.heads.items()}
-    model = TrunkModule(tasks, trunk=pretrained.config, task_info=info, codec=pretrained.codec)
-    model.load_pretrained(pretrained)
-    data = {**{name: _instantiate(head["meta"]["data"]) for name, head in pretrained.heads.items() if head["meta"].get("data")},
-            **(data or {})}
-    missing = sorted(set(model.objectives) - set(data))
-    if missing:
-        raise ValueError(f"'{path}' holds no data settings for the tasks {missing}: pass them as load(path, data={{...}}).")
-    _connect(pretrained.codec, model, data, {name: head["meta"].get("data_state", {}) for name, head in pretrained.heads.items()})
-    return Predictor(model, data, precision)
+    run = MultiTaskData(tasks)
+    for name, member in run.tasks.items():
+        member.load_state_dict(states.get(name, {}))
+    return run
 
 
 def _instantiate(spec: dict):
     module, _, name = spec["class_path"].rpartition(".")
     return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))
-
-
-def _connect(codec: Codec | None, model: TrunkModule, data: dict, data_state: dict) -> None:
-    for name, member in data.items():
-        member.name = name
-        member.load_state_dict(data_state.get(name, {}))
-        if hasattr(member, "connect") and codec is not None and codec.tokenizer is not None:
-            member.connect(codec.tokenizer)
-            if name in codec.targets:
-                member._target_tokenizer = codec.targets[name]
-        labels = model.objectives[name].label_names
-        if labels is not None and hasattr(member, "_label_names"):
-            member._label_names = labels

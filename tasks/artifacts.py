@@ -72,7 +72,7 @@ def resolve_init_from(reference: str | Path) -> Path:
                          "route to the server). Download it where W&B is reachable (`wandb artifact get "
                          f"{name} --root DIR`) and pass that directory as model.init_from.")
     import wandb
-    from trunk.datamodules.tokenizer import cache_dir
+    from trunk.core.codec import cache_dir
 
     try:
         artifact = wandb.Api(timeout=30).artifact(name, type="trunk")

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, Callback, ModelSum
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
-from trunk.datamodules.atomic import temporary_path
+from trunk.core.atomic import temporary_path
 from trunk.tasks.artifacts import log_trunk_artifact
 from trunk.tasks.objective import batch_size
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained

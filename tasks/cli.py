@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import logging
 import os
 import sys
@@ -11,7 +12,7 @@ import typing
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 import torch
 import yaml
@@ -25,8 +26,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnviro
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
-from trunk.models import TrunkConfig
-from trunk.tasks.artifacts import log_trunk_artifact, resolve_init_from, wandb_has_credentials, wandb_reachable
+from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.tasks.callbacks import (
     LogConfigCallback,
     PredictionSamples,
@@ -37,9 +37,10 @@ from trunk.tasks.callbacks import (
     TrunkTQDMProgressBar,
 )
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
-from trunk.tasks.module import TrunkModule, objective_class
+from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
-from trunk.tasks.pretrained import ARCHITECTURE_FIELDS, export_checkpoint, is_sharded_checkpoint, read_config
+from trunk.tasks.pretrained import export_checkpoint
+from trunk.tasks.run import RunSourceError, resolve
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -70,10 +71,6 @@ class TrunkTrainer(Trainer):
 class TrunkCLI(LightningCLI):
     """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
 
-    # How a trained model is run, not what it learned: with --ckpt_path, the config's values win
-    # over the checkpoint's (Lightning would restore them all, so a beam size could never change).
-    INFERENCE_OPTIONS = ("generation", "val_beam_size", "decoding")
-
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         if add_subcommands:  # one whole line each in `trunk --help`, not the Trainer docstrings' first words
@@ -81,23 +78,71 @@ class TrunkCLI(LightningCLI):
                 choice.help = SUBCOMMANDS.get(choice.dest, choice.help)
 
     def _parse_ckpt_path(self) -> None:
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and (Path(ckpt_path).is_file() or is_sharded_checkpoint(Path(ckpt_path))):
-            self._check_checkpoint_tasks(self.config[subcommand], ckpt_path)  # before Lightning reads its hyperparameters
-        tasks = (self.config[subcommand].model.get("tasks") if subcommand else None) or {}
-        configured = {(task, name): copy.deepcopy(spec.init_args[name]) for task, spec in tasks.items()
-                      for name in self.INFERENCE_OPTIONS if spec.get("init_args") and name in spec.init_args}
-        super()._parse_ckpt_path()
-        for (task, name), value in configured.items():
-            if task in self.config[subcommand].model.tasks:
-                self.config[subcommand].model.tasks[task].init_args[name] = value
+        """Lightning would read the checkpoint here to restore the model's options; ``resolve`` reads it once."""
+
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """The Trainer, the data, and the model's options: the model itself is built by ``trunk.tasks.run.resolve``
+        (not by the parser), once the data and any checkpoint or trunk directory are known."""
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.add_class_arguments(TrunkModule, "model", fail_untyped=False, instantiate=False, sub_configs=True,
+                                   skip={"task_info", "codec"})
+        parser.add_argument("--model.init_from", type=Optional[str], default=None,
+                            help="A pretrained-trunk directory, a checkpoint (a new run from its weights: fresh optimizer, schedule "
+                                 "and step count) or wandb-artifact://entity/project/name:alias. Loads the trunk and, for each task "
+                                 "with a stored head of the same name and kind, that head (labels matched by name).")
+        parser.add_argument("--model.reinit_mismatched_heads", type=bool, default=False,
+                            help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
+                                 "fresh classifier (else: an error naming both label sets).")
+        parser.add_lightning_class_args(self._datamodule_class, "data")
+
+    def instantiate_classes(self) -> None:
+        """Parse -> resolve -> Trainer: the data and the objectives from the config, then the run's facts and its
+        model from ``resolve`` (reading any checkpoint or trunk directory once), then the Trainer."""
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        options = dict(self._get(self.config_init, "model"))
+        init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
+        ckpt_path = config.get("ckpt_path")
+        try:
+            self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
+                               reinit_mismatched_heads=reinit)
+        except RunSourceError as err:
+            sys.exit(f"error: {err}")
+        self.run.say()
+        self.model = self.run.model
+        self._record_resolved()
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
+
+    def _record_resolved(self) -> None:
+        """Write what ``resolve`` decided into the run's config (saved as config.yaml and logged), so it records what
+        ran rather than what was overridden: the checkpoint's model options, the trunk's architecture and
+        vocabulary, the tokenizer, each task's lengths and label order."""
+        model, data, sub = self.model, self.datamodule, self.subcommand
+        if self.run.checkpoint_path is not None:  # Lightning's own merge of a checkpoint's options, as it would have done
+            options = copy.deepcopy({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                                     for k, v in model.hparams.items() if k != "task_info"})  # the parser converts in place
+            self.config = self.parser.parse_object({sub: {"model": options}} if sub else {"model": options}, self.config)
+        config = self.config[sub] if sub else self.config
+        if self.run.checkpoint_path is not None:
+            config.model.init_from = None  # the checkpoint holds the weights
+        for key, value in model.trunk_config.to_dict().items():
+            config.model.trunk[key] = value
+        if self.run.tokenizer_source is not None:
+            config.data.tokenizer = self.run.tokenizer_source
+        config.data.lowercase = data.lowercase
+        for name, member in data.tasks.items():
+            args = (config.data.tasks or {}).get(name, {}).get("init_args")
+            if args is None:
+                continue
+            for key in ("max_length", "target_max_length"):
+                if key in args:
+                    args[key] = getattr(member, key)
+            if "label_names" in args and getattr(member, "_label_names", None) is not None:
+                args["label_names"] = list(member.label_order)
 
     def add_arguments_to_parser(self, parser) -> None:
-        # What the data knows flows into the model by links: users never type vocabulary sizes or labels.
-        parser.link_arguments("data.vocab_size", "model.trunk.vocab_size", apply_on="instantiate")
-        parser.link_arguments("data.task_info", "model.task_info", apply_on="instantiate")
-        parser.link_arguments("data.codec", "model.codec", apply_on="instantiate")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(FaultTolerance, "fault_tolerance")
 
@@ -114,8 +159,6 @@ class TrunkCLI(LightningCLI):
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = str(self._last_checkpoint(config))
-        self._use_pretrained_trunk(config)
-        self._use_checkpoint(config)
 
     @staticmethod
     def _last_checkpoint(config) -> Path:
@@ -133,7 +176,8 @@ class TrunkCLI(LightningCLI):
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            config["plugins"] = [*plugins, AtomicCheckpointIO()]
+            run = getattr(self, "run", None)
+            config["plugins"] = [*plugins, AtomicCheckpointIO(run and run.checkpoint_path, run and run.checkpoint)]
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         check_multi_node_launch(config.get("num_nodes") or 1, plugins)
         check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
@@ -152,9 +196,11 @@ class TrunkCLI(LightningCLI):
                 callbacks = [*callbacks, PredictionSamples()]
         trainer = super()._instantiate_trainer(config, callbacks)
         (self.config[self.subcommand] if self.subcommand else self.config).trainer.precision = trainer.precision  # as saved
-        ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand == "fit" else None
-        if ckpt_path:
-            self._continue_logging(trainer, Path(ckpt_path))
+        run = getattr(self, "run", None)
+        if self.subcommand == "fit" and run is not None and run.checkpoint is not None:
+            self._continue_logging(trainer, run.checkpoint_path, run.checkpoint["global_step"])
+        if run is not None:
+            run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
         return trainer
 
     def _ddp_with_timeout(self, strategy):
@@ -170,14 +216,12 @@ class TrunkCLI(LightningCLI):
         return DDPStrategy(start_method=start_method, find_unused_parameters=find_unused, timeout=timedelta(minutes=minutes))
 
     @staticmethod
-    def _continue_logging(trainer, ckpt_path: Path) -> None:
+    def _continue_logging(trainer, ckpt_path: Path, step: int) -> None:
         """A resumed run logs to (and checkpoints in) the directory of the run it resumes, so the
         checkpoint callback finds its best score and top-k files again, instead of a new version_N."""
         version_dir = ckpt_path.resolve().parent.parent
         if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
             return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
-        meta = ckpt_path / "meta.pt" if is_sharded_checkpoint(ckpt_path) else ckpt_path  # a sharded one keeps its step there
-        step = torch.load(meta, map_location="cpu", weights_only=True, mmap=True)["global_step"]
         for logger in trainer.loggers:
             if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
                 logger._version = int(version_dir.name.removeprefix("version_"))
@@ -198,74 +242,6 @@ class TrunkCLI(LightningCLI):
         if set(model_tasks) != set(data_tasks):
             sys.exit(f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "
                      "needs an objective (model.tasks.<name>) and data (data.tasks.<name>) under the same name.")
-
-    def _use_pretrained_trunk(self, config) -> None:
-        """With model.init_from, take the pretrained trunk's tokenizer, and its architecture for every
-        model.trunk field left at its default; fields set to other values fail in the model, naming both."""
-        init_from = config.model.get("init_from")
-        if not init_from:
-            return
-        if config.get("ckpt_path"):
-            config.model.init_from = None  # the checkpoint holds the trained weights and the tokenizer
-            return
-        try:
-            init_from = config.model.init_from = str(resolve_init_from(init_from))  # a W&B artifact: downloaded
-            pretrained, meta = read_config(init_from)
-        except (FileNotFoundError, ValueError) as err:
-            sys.exit(f"error: model.init_from: {err}")
-        if "text" in meta["stems"]:
-            tokenizer = config.data.get("tokenizer")
-            if tokenizer is not None and Path(tokenizer).resolve() not in (Path(init_from).resolve(), (Path(init_from) / "tokenizer.json").resolve()):
-                sys.exit(f"error: data.tokenizer='{tokenizer}' but model.init_from='{init_from}' brings its own tokenizer, which "
-                         "the pretrained weights need. Remove data.tokenizer.")
-            config.data.tokenizer = init_from
-        defaults, trunk_args = TrunkConfig(), config.model.trunk
-        for name in ARCHITECTURE_FIELDS:
-            if name != "vocab_size" and trunk_args.get(name) == getattr(defaults, name):
-                trunk_args[name] = getattr(pretrained, name)
-        self._cap_max_length(config, pretrained.max_len)
-
-    def _use_checkpoint(self, config) -> None:
-        """With --ckpt_path, reuse the checkpoint's tokenizers and label names and respect its max_len,
-        so test/predict data is encoded as in training (Lightning has already restored the model's hparams)."""
-        ckpt_path = config.get("ckpt_path")
-        if not ckpt_path or ckpt_path in ("best", "last"):
-            return
-        if not Path(ckpt_path).is_file() and not is_sharded_checkpoint(Path(ckpt_path)):
-            what = "is a directory but not a sharded checkpoint (no meta.pt)" if Path(ckpt_path).is_dir() else "does not exist"
-            sys.exit(f"error: --ckpt_path '{ckpt_path}' {what}. Pass the path of a .ckpt written by `trunk fit`.")
-        if config.data.get("tokenizer") is None:
-            config.data.tokenizer = ckpt_path
-        task_info = config.model.get("task_info") or {}
-        for name, spec in (config.data.get("tasks") or {}).items():
-            args = spec.get("init_args") or {}
-            if args.get("joint_vocabulary") is False and args.get("target_tokenizer") is None:
-                args.target_tokenizer = ckpt_path  # translation with separate vocabularies
-            labels = (task_info.get(name) or {}).get("label_names")
-            if "label_names" in args and args.label_names is None and labels:
-                args.label_names = labels
-        self._cap_max_length(config, (config.model.get("trunk") or {}).get("max_len"))
-
-    @staticmethod
-    def _check_checkpoint_tasks(config, ckpt_path: str) -> None:
-        """The checkpoint must be readable, Trunk's, and trained for this config's tasks (names and kinds)."""
-        try:
-            _, meta = read_config(ckpt_path)
-        except (FileNotFoundError, ValueError) as err:
-            sys.exit(f"error: --ckpt_path: {err}")
-        stored = {task: head["kind"] for task, head in meta["heads"].items()}
-        configured = {task: objective_class(spec.class_path).kind for task, spec in (config.model.get("tasks") or {}).items()}
-        if stored != configured:
-            sys.exit(f"error: --ckpt_path '{ckpt_path}' was trained for the tasks {stored}, but this config has {configured}. "
-                     "Pass the config the checkpoint was trained with; or, to start a new run from its weights (heads carry "
-                     f"over by task name and kind), use --model.init_from={ckpt_path} instead of --ckpt_path.")
-
-    @staticmethod
-    def _cap_max_length(config, trunk_max_len: int | None) -> None:
-        for spec in (config.data.get("tasks") or {}).values():
-            args = spec.get("init_args") or {}
-            if trunk_max_len and args.get("max_length", 0) > trunk_max_len:
-                args.max_length = trunk_max_len  # a trained position table sets the limit
 
     def after_fit(self) -> None:
         """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
@@ -296,7 +272,7 @@ def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
     raise ValueError(
         f"trainer.num_nodes={num_nodes} but no multi-machine launcher started this process. On every machine run "
         f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> --master-addr=<first machine> "
-        "--master-port=29500 -m trunk.tasks.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; README \"Scaling out\"), "
+        "--master-port=29500 -m trunk.tasks.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; docs/scaling.md), "
         "or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, leave num_nodes at 1."
     )
 

@@ -30,20 +30,30 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
-from trunk.datamodules.atomic import atomic_write
-from trunk.tasks.pretrained import DIGEST_KEY, load_checkpoint, tensor_digest
+from trunk.core.atomic import atomic_write
+from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, tensor_digest
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints that are never half-written and always verified when read (with ``weights_only=True``)."""
+    """Checkpoints that are never half-written and always verified when read (with ``weights_only=True``).
+
+    ``read_path`` / ``read``: a checkpoint already read (and verified) by ``trunk.tasks.run.resolve``;
+    Lightning's restore of that path takes these contents instead of reading the file a second time."""
+
+    def __init__(self, read_path: str | Path | None = None, read: dict | None = None) -> None:
+        super().__init__()
+        self._read = (Path(read_path).resolve(), read) if read_path is not None and read is not None else None
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         checkpoint = {**checkpoint, DIGEST_KEY: tensor_digest(checkpoint)}
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if self._read is not None and Path(path).resolve() == self._read[0]:
+            contents, self._read = self._read[1], None  # once: a later load (another fit) reads the file as it is then
+            return contents
         return load_checkpoint(path)
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
-from trunk.datamodules.tokenizer import IGNORE_INDEX
+from trunk.core.codec import IGNORE_INDEX
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objective import Objective
 

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
-from trunk.datamodules.tokenizer import Codec
+from trunk.core.codec import Codec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
@@ -30,6 +29,7 @@ from trunk.tasks.pretrained import (
     PretrainedTrunk,
     check_architecture,
     load_pretrained,
+    pretrained_trunk_config,
     trunk_config,
 )
 
@@ -62,19 +62,14 @@ class TrunkModule(L.LightningModule):
             ``ImageClassification``). The names must be those of ``data.tasks``.
         trunk: the architecture (``vocab_size`` is linked from the data's tokenizer).
         optimizer: AdamW and its warmup + decay schedule, over the trunk and every head.
-        init_from: a pretrained-trunk directory, or a checkpoint (a new run from its weights: fresh
-            optimizer, schedule and step count). Loads the trunk and, for each task of this run
-            with a stored head of the same name and kind, that head (labels matched by name).
         finetune: freezing, gradual unfreezing and layer-wise learning rates.
         task_weights: task -> weight of its loss (default 1 each).
-        reinit_mismatched_heads: with ``init_from``, a stored head whose labels differ from the data's
-            keeps its body and gets a fresh classifier (else: an error naming both label sets).
         task_info: what the data says of each task (objective kinds, labels); linked from the data.
         codec: the run's tokenizers, for decoding; linked from the data, stored in checkpoints.
         activation_checkpointing: recompute each block's activations in backward instead of keeping
             them (trunk and translation decoder): less memory for about a third more compute.
         compile: ``torch.compile`` each block (trunk and decoder). Off by default: on the reference
-            2-core CPU it made the step slower (0.93x in bf16, after a 38 s warm-up; README "Speed");
+            2-core CPU it made the step slower (0.93x in bf16, after a 38 s warm-up; docs/speed.md);
             try it on GPUs.
     """
 
@@ -83,10 +78,8 @@ class TrunkModule(L.LightningModule):
         tasks: dict[str, Objective],
         trunk: TrunkConfig = TrunkConfig(),
         optimizer: OptimConfig = OptimConfig(),
-        init_from: str | None = None,
         finetune: FinetuneConfig = FinetuneConfig(),
         task_weights: dict[str, float] | None = None,
-        reinit_mismatched_heads: bool = False,
         task_info: dict[str, dict] | None = None,
         codec: Codec | None = None,
         activation_checkpointing: bool = False,
@@ -100,7 +93,6 @@ class TrunkModule(L.LightningModule):
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights = self._check_weights(task_weights or {}, objectives)
         task_info = self._check_tasks(objectives, task_info)
-        self._check_lengths(task_info)
         self.trunk = build_trunk(self.trunk_config, self._stems(objectives))
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
@@ -113,12 +105,22 @@ class TrunkModule(L.LightningModule):
         self._trained_tasks: set[str] = set()  # tasks with a batch since the last optimizer step
         self._held: set[str] = set()  # names of parameters held frozen under DDP / FSDP2 (tasks/finetuning.py)
         self.connect(codec)
-        if init_from:
-            self.load_pretrained(load_pretrained(resolve_init_from(init_from)), reinit_mismatched_heads)
-        elif self.finetune.layer_decay < 1.0:
-            rank_zero_warn(f"finetune.layer_decay={self.finetune.layer_decay} without model.init_from: the randomly initialised "
-                           "lower layers learn more slowly than the top. Set layer_decay to 1.0 when training from scratch.")
         apply_freezing(self.depth_groups(), self.finetune, self.trunk.backbone.final_norm)
+
+    @classmethod
+    def from_pretrained(cls, source: str | Path | PretrainedTrunk, tasks: dict[str, Objective], *,
+                        reinit_mismatched_heads: bool = False, trunk: TrunkConfig | dict | None = None, **options) -> "TrunkModule":
+        """A model whose trunk, and each task's head where ``source`` stores one of the same name and kind (labels
+        matched by name), start from a trunk directory or a checkpoint: what ``model.init_from`` does in a run.
+        Fields of ``trunk`` left at their defaults take the pretrained values. ``reinit_mismatched_heads``: a
+        stored head whose labels differ from the data's keeps its body and gets a fresh classifier (else: an
+        error naming both label sets)."""
+        pretrained = source if isinstance(source, PretrainedTrunk) else load_pretrained(resolve_init_from(source))
+        codec = options.pop("codec", None) or pretrained.codec
+        vocab_size = codec.tokenizer.get_vocab_size() if codec.tokenizer is not None else pretrained.config.vocab_size
+        model = cls(tasks, trunk=pretrained_trunk_config(trunk, pretrained.config, vocab_size), codec=codec, **options)
+        model.load_pretrained(pretrained, reinit_mismatched_heads)
+        return model
 
     # -- building ----------------------------------------------------------------------------------
     @staticmethod
@@ -148,15 +150,6 @@ class TrunkModule(L.LightningModule):
                                  f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind.")
         return task_info
 
-    def _check_lengths(self, task_info: dict[str, dict]) -> None:
-        """Inputs (and translation targets) must fit the text stem's position table."""
-        limit = self.trunk_config.max_len
-        for name, info in task_info.items():
-            for key in ("max_length", "target_max_length"):
-                if (info.get(key) or 0) > limit:
-                    raise ValueError(f"data.tasks.{name}.{key}={info[key]} is longer than the trunk's max_len={limit}: lower "
-                                     f"data.tasks.{name}.{key}, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed).")
-
     @staticmethod
     def _stems(objectives: dict[str, Objective]) -> dict[str, dict]:
         """The stems the tasks read: one text stem, one image stem (its patch options must agree)."""
@@ -175,9 +168,10 @@ class TrunkModule(L.LightningModule):
         for objective in self.objectives.values():
             objective.connect(codec)
 
-    def load_pretrained(self, pretrained: PretrainedTrunk, reinit_mismatched_heads: bool = False) -> None:
+    def load_pretrained(self, pretrained: PretrainedTrunk, reinit_mismatched_heads: bool = False) -> list[str]:
         """Start from a pretrained trunk (and its heads), after checking that the architectures match.
-        Stems the directory lacks stay fresh (a ViT from a text trunk gets a new patch stem)."""
+        Stems the directory lacks stay fresh (a ViT from a text trunk gets a new patch stem). Returns what
+        was carried over, in words."""
         shared = [kind for kind in self.trunk.stems if kind in pretrained.stems]
         names = [n for n in ARCHITECTURE_FIELDS if "text" in shared or n not in TEXT_STEM_FIELDS]
         check_architecture(self.trunk_config, pretrained.config, pretrained.path, names)
@@ -189,14 +183,17 @@ class TrunkModule(L.LightningModule):
         missing, unexpected = self.trunk.load_state_dict(state, strict=False)
         assert not unexpected, unexpected
         fresh = sorted(set(self.trunk.stems) - set(shared))
+        notes = []
         for name, objective in self.objectives.items():
             head = pretrained.heads.get(name)
             if head is None or head["meta"]["kind"] != objective.kind:
+                notes.append(f"task '{name}': a fresh head")
                 continue
-            objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path))
-            rank_zero_info(f"Task '{name}': reused its head from {pretrained.path}.")
+            how = objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path))
+            notes.append(f"task '{name}': its head from {pretrained.path}{f' ({how})' if how else ''}")
         if fresh:
-            rank_zero_info(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation.")
+            notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
+        return notes
 
     def export(self, state: dict[str, torch.Tensor] | None = None) -> PretrainedTrunk:
         """This model as a pretrained-trunk directory's contents (trunk, every head, tokenizers).

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 from torchmetrics import Metric
-from trunk.datamodules.tokenizer import Codec
+from trunk.core.codec import Codec
 from trunk.models import Trunk, TrunkConfig
 
 STAGES = ("train", "val", "test")
@@ -117,17 +117,21 @@ class Objective(nn.Module):
         return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec()}
 
     def load_head(self, state: dict[str, torch.Tensor], label_names: list[str] | None, reinit_mismatched: bool,
-                  source: str) -> None:
+                  source: str) -> str | None:
         """Load a stored head. Per-label rows follow the labels by *name* (any order); a different
-        label set keeps this head's fresh classifier rows with ``reinit_mismatched``, else fails."""
+        label set keeps this head's fresh classifier rows with ``reinit_mismatched``, else fails.
+        Returns how the labels were matched, when not one to one."""
         state = dict(state)
+        how = None
         if self.label_keys and label_names is not None and self.label_names is not None and label_names != self.label_names:
             if sorted(label_names) == sorted(self.label_names):
                 order = torch.tensor([label_names.index(name) for name in self.label_names])
                 state.update({k: state[k][order] for k in self.label_keys if k in state})
+                how = f"label rows reordered by name to {self.label_names}"
             elif reinit_mismatched:
                 own = self.head_state()
                 state.update({k: own[k] for k in self.label_keys})
+                how = f"a fresh classifier: trained on {label_names}, now {self.label_names}"
             else:
                 raise ValueError(
                     f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this run's data "
@@ -139,6 +143,7 @@ class Objective(nn.Module):
         if missing or unexpected:
             raise ValueError(f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}). Were they trained with other head options?")
+        return how
 
 
 def is_metric_state(key: str) -> bool:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
-from trunk.datamodules.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
-from trunk.datamodules.tokenizer import IGNORE_INDEX
+from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
+from trunk.core.codec import IGNORE_INDEX
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objective import Objective
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
-from trunk.datamodules.tokenizer import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search, init_weights
 from trunk.tasks.objective import Objective
 

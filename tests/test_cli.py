@@ -124,7 +124,8 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     """A small pretrained-trunk directory for recipes that fine-tune (model.init_from)."""
     import csv
 
-    from trunk.datamodules.tokenizer import Codec, train_wordpiece
+    from trunk.core.codec import Codec
+    from trunk.datamodules.tokenizer import train_wordpiece
     from trunk.models import TrunkConfig, build_trunk
     from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained
 

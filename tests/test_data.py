@@ -12,7 +12,8 @@ from conftest import write_rows
 from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassificationData, TokenClassificationData
 from trunk.datamodules.builtin import sentiment_example
 from trunk.datamodules.text import hold_out, length_buckets
-from trunk.datamodules.tokenizer import CLS, PAD, SEP, load_tokenizer, train_wordpiece
+from trunk.core.codec import CLS, PAD, SEP, load_tokenizer
+from trunk.datamodules.tokenizer import train_wordpiece
 
 
 def run_data(member, name: str = "sst", **options) -> MultiTaskData:

@@ -12,7 +12,8 @@ import torch
 from conftest import REPO, sentiment_example, write_rows
 from trunk.datamodules import CorpusData, MultiTaskData, TextClassificationData
 from trunk.datamodules.text import TextDataModule
-from trunk.datamodules.tokenizer import cache_dir, train_wordpiece
+from trunk.core.codec import cache_dir
+from trunk.datamodules.tokenizer import train_wordpiece
 
 
 def sentiment_run(path: Path, **options) -> MultiTaskData:

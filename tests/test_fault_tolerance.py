@@ -147,7 +147,7 @@ def test_a_write_killed_midway_leaves_the_previous_file_whole(tmp_path):
     torch.save({"step": 1}, target)
     script = (
         "import os, signal, torch\n"
-        "from trunk.datamodules.atomic import atomic_write\n"
+        "from trunk.core.atomic import atomic_write\n"
         "def write(tmp):\n"
         "    with open(tmp, 'wb') as f:\n"
         "        f.write(b'half a checkpoint'); f.flush()\n"

@@ -184,7 +184,7 @@ def test_fit_test_predict_through_the_cli(tmp_path):
 
 
 def test_a_text_trunk_initialises_the_vit_blocks(tmp_path):
-    from trunk.datamodules import Codec
+    from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
     from trunk.models import build_trunk
     from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained

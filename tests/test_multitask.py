@@ -115,8 +115,8 @@ def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
     config = trained.model.trunk_config
 
     def reuse(labels, **options) -> TrunkModule:
-        return TrunkModule({"sentiment": SequenceClassification()}, trunk=config, init_from=str(tmp_path / "exported"),
-                           task_info={"sentiment": {"label_names": labels}}, **options)
+        return TrunkModule.from_pretrained(tmp_path / "exported", {"sentiment": SequenceClassification()}, trunk=config,
+                                           task_info={"sentiment": {"label_names": labels}}, **options)
 
     swapped = reuse(["positive", "negative"]).eval()  # same labels, other order: rows follow the names
     batch = {"task": "sentiment", **trained.data["sentiment"].encode_inputs(texts)}
@@ -229,7 +229,7 @@ def test_a_monitor_naming_no_task_is_a_clear_error(sentiment_files, tmp_path):
 
 def test_a_joint_run_writes_each_tasks_validation_samples(joint):
     """NER samples mark the gold and the predicted entities in the sentence."""
-    from trunk.datamodules.tagging import Span
+    from trunk.core.tagging import Span
     from trunk.tasks.token_classification import mark_entities
 
     cli, _ = joint

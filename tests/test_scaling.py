@@ -154,7 +154,7 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     torch.distributed.checkpoint writes, as it reads checkpoint files with weights_only=True."""
     import pickle
 
-    from trunk.tasks.pretrained import load_checkpoint
+    from trunk.core.checkpoint import load_checkpoint
 
     marker = tmp_path / "ran"
 

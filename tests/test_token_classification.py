@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import single_task, standalone, write_conll
 from trunk.datamodules import TokenClassificationData, read_conll
-from trunk.datamodules.tagging import (
+from trunk.core.tagging import (
     Span,
     allowed_transitions,
     constrained_decode,
@@ -195,7 +195,7 @@ def split_words_data(tmp_path) -> TokenClassificationData:
     train = write_conll(tmp_path / "train.txt", [[("Ewan", "B-PER"), ("McGregor", "I-PER"), ("left", "O")],
                                                   [("Oslo", "B-LOC"), ("Mc", "O")]])
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from trunk.datamodules.tokenizer import SPECIAL_TOKENS
+    from trunk.core.codec import SPECIAL_TOKENS
 
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "Ewan", "Mc", "##Gre", "##gor", "left", "Oslo"])}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
@@ -244,7 +244,7 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
         lines += ["-DOCSTART- -X- -X- O", ""] + [line for s in doc for line in [f"{w} NN O {t}" for w, t in s] + [""]]
     (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from trunk.datamodules.tokenizer import SPECIAL_TOKENS
+    from trunk.core.codec import SPECIAL_TOKENS
     tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
@@ -338,7 +338,7 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
 
 
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
-    from trunk.datamodules import Codec
+    from trunk.core.codec import Codec
     from trunk.models import TrunkConfig, build_trunk
     from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, save_pretrained
 

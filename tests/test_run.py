@@ -1,0 +1,114 @@
+"""One owner for a run's facts (trunk.tasks.run.resolve): every entry path matches labels by name, reads a
+checkpoint once, and loads without the directory a model was fine-tuned from."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import single_task
+from trunk.tasks import load
+from trunk.tasks.cli import run_cli
+
+SWAPPED = "--data.tasks.sentiment.label_names=[positive, negative]"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny sentiment run's best checkpoint and the arguments it was trained with (module-wide: several tests reuse it)."""
+    import random
+
+    from conftest import TINY_MODEL, write_rows
+    from trunk.datamodules.builtin import sentiment_example
+
+    tmp = tmp_path_factory.mktemp("trained")
+    rng = random.Random(0)
+    files = {split: write_rows(tmp / f"{split}.csv", [sentiment_example(rng) for _ in range(n)])
+             for split, n in {"train": 1024, "validation": 64, "test": 64}.items()}
+    args = single_task([*TINY_MODEL, "--data=trunk.datamodules.TextClassificationData", f"--data.train={files['train']}",
+                        f"--data.validation={files['validation']}", f"--data.test={files['test']}", f"--data.predict={files['test']}",
+                        "--data.tokenizer_vocab_size=300", "--data.max_length=64", "--data.batch_size=32",
+                        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=4", "--trainer.precision=32-true",
+                        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                        f"--trainer.default_root_dir={tmp / 'run'}", "--seed_everything=0"])
+    cli = run_cli(["fit", *args])
+    return cli.trainer.checkpoint_callback.best_model_path, args, tmp
+
+
+def test_labels_given_in_another_order_give_the_same_answers_on_every_ckpt_path(trained, tmp_path):
+    """The issue's silently wrong answer: test acc 0.9933 became 0.0067 with the label names swapped."""
+    ckpt, args, _ = trained
+    for command, stage in (("validate", "val"), ("test", "test")):
+        plain = run_cli([command, *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
+        swapped = run_cli([command, *args, f"--ckpt_path={ckpt}", SWAPPED]).trainer.callback_metrics
+        assert stage == "test" or abs(plain["val/sentiment/acc"] - 0.5) > 0.05  # not even: swapped ids would show
+        for metric in ("acc", "loss"):
+            assert swapped[f"{stage}/sentiment/{metric}"].item() == pytest.approx(plain[f"{stage}/sentiment/{metric}"].item()), command
+    outputs = []
+    for extra in ([], [SWAPPED]):
+        out = tmp_path / f"predictions{len(extra)}.jsonl"
+        run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={out}", *extra])
+        outputs.append([json.loads(line) for line in out.read_text().splitlines()])
+    assert outputs[0] == outputs[1] and {r["label"] for r in outputs[0]} <= {"negative", "positive"}
+
+
+def test_a_resumed_run_keeps_the_trained_label_order(trained, tmp_path):
+    ckpt, args, _ = trained
+    resumed = [run_cli(["fit", *args, f"--ckpt_path={ckpt}", "--trainer.max_epochs=5", f"--trainer.default_root_dir={tmp_path / str(i)}",
+                        *extra]) for i, extra in enumerate(([], [SWAPPED]))]
+    assert resumed[1].model.objectives["sentiment"].label_names == ["negative", "positive"]
+    for (name, a), b in zip(resumed[0].model.state_dict().items(), resumed[1].model.state_dict().values()):
+        assert torch.equal(a, b), name  # the same batches, the same labels: the same weights
+
+
+def test_another_label_set_is_a_clear_error_naming_both(trained):
+    ckpt, args, _ = trained
+    with pytest.raises(ValueError, match=r"was trained on the labels \['negative', 'positive'\], but data.tasks.sentiment.label_names "
+                                         r"is \['good', 'bad'\]"):
+        run_cli(["test", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.label_names=[good, bad]"])
+
+
+def test_test_reads_its_checkpoint_once(trained, monkeypatch):
+    ckpt, args, _ = trained
+    reads = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0] if a else k.get("f")) or real(*a, **k))
+    run_cli(["test", *args, f"--ckpt_path={ckpt}"])
+    assert [str(p) for p in reads] == [ckpt]
+
+
+def test_the_resolved_config_records_what_ran(trained, tmp_path):
+    ckpt, args, _ = trained
+    cli = run_cli(["fit", *args, f"--ckpt_path={ckpt}", "--trainer.max_epochs=5", f"--trainer.default_root_dir={tmp_path}",
+                   "--model.trunk.max_len=512", SWAPPED])
+    saved = next(tmp_path.rglob("config.yaml")).read_text()
+    import yaml
+
+    config = yaml.safe_load(saved)
+    assert config["model"]["trunk"]["max_len"] == 64 and config["model"]["trunk"]["vocab_size"] == cli.model.trunk_config.vocab_size
+    assert config["data"]["tasks"]["sentiment"]["init_args"]["label_names"] == ["negative", "positive"]
+
+
+def test_a_fine_tuned_checkpoint_loads_after_its_trunk_directory_is_gone(trained, tmp_path):
+    from trunk.tasks.cli import export_main
+
+    ckpt, args, _ = trained
+    export_main([ckpt, str(tmp_path / "trunk")])
+    tuned = run_cli(["fit", *[a for a in args if not a.startswith(("--model.trunk.", "--trainer.default_root_dir"))],
+                     f"--model.init_from={tmp_path / 'trunk'}", "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path / 'tuned'}"])
+    best = tuned.trainer.checkpoint_callback.best_model_path
+    texts = ["the film was great", "the plot was not good"]
+    before = load(best).predict(texts)
+    shutil.rmtree(tmp_path / "trunk")
+    assert load(best).predict(texts) == before
+
+
+def test_longer_lengths_are_lowered_to_trained_weights_and_refused_from_scratch(trained, tmp_path):
+    """The one length rule (trunk.tasks.run.fit_lengths): trained weights fix the position table."""
+    ckpt, args, _ = trained
+    cli = run_cli(["validate", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.max_length=100"])
+    assert cli.datamodule.tasks["sentiment"].max_length == 64
+    with pytest.raises(ValueError, match="max_length=100 is longer than the trunk's max_len=64"):
+        run_cli(["validate", *args, "--data.tasks.sentiment.max_length=100"])
+    assert Path(ckpt).is_file()
