@@ -16,8 +16,6 @@ from typing import Literal, Optional, Union
 
 import torch
 import yaml
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
-from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
@@ -27,15 +25,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from trunk.datamodules import MultiTaskData
 from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
-from trunk.tasks.callbacks import (
-    LogConfigCallback,
-    PredictionSamples,
-    PredictionWriter,
-    Throughput,
-    TrunkModelSummary,
-    TrunkProgressBar,
-    TrunkTQDMProgressBar,
-)
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
@@ -111,6 +101,9 @@ class TrunkCLI(LightningCLI):
             sys.exit(f"error: {err}")
         self.run.say()
         self.model = self.run.model
+        writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
+        if isinstance(writer, PredictionWriter):
+            writer.tasks = self.datamodule.predict_tasks  # which tasks write files decides their names, before any batch
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
         self.trainer = self.instantiate_trainer()
@@ -183,17 +176,7 @@ class TrunkCLI(LightningCLI):
         check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
         configured = config.get("callbacks") or []
         given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
-        if config.get("enable_model_summary", True) is not False and not any(isinstance(c, ModelSummary) for c in given):
-            callbacks = [*callbacks, TrunkModelSummary()]
-        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
-            callbacks = [*callbacks, TrunkProgressBar() if _RICH_AVAILABLE else TrunkTQDMProgressBar()]
-        if config.get("logger") is not False and config.get("logger") != []:  # what every logged run records (CSV, W&B), unless given
-            if not any(isinstance(c, LearningRateMonitor) for c in given):
-                callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]  # per optimizer group, by name
-            if not any(isinstance(c, Throughput) for c in given):
-                callbacks = [*callbacks, Throughput()]
-            if not any(isinstance(c, PredictionSamples) for c in given):
-                callbacks = [*callbacks, PredictionSamples()]
+        callbacks = [*callbacks, *run_callbacks(config, given)]
         trainer = super()._instantiate_trainer(config, callbacks)
         (self.config[self.subcommand] if self.subcommand else self.config).trainer.precision = trainer.precision  # as saved
         run = getattr(self, "run", None)

@@ -18,10 +18,11 @@ import lightning as L
 import torch
 from torch import nn
 from trunk.core.codec import Codec
+from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
-from trunk.tasks.objective import Objective, batch_size, is_metric_state
+from trunk.tasks.objectives.base import Objective, batch_size, is_metric_state
 from trunk.tasks.optim import OptimConfig, WarmupDecayLR
 from trunk.tasks.pretrained import (
     ARCHITECTURE_FIELDS,
@@ -41,7 +42,12 @@ def as_config(cls: type, value):
 
 def objective_class(class_path: str) -> type[Objective]:
     module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        if module.startswith("trunk.tasks."):  # stored by a version whose objectives lived in other files
+            return getattr(importlib.import_module("trunk.tasks"), name)
+        raise
 
 
 def as_objective(value) -> Objective:
@@ -64,7 +70,8 @@ class TrunkModule(L.LightningModule):
         optimizer: AdamW and its warmup + decay schedule, over the trunk and every head.
         finetune: freezing, gradual unfreezing and layer-wise learning rates.
         task_weights: task -> weight of its loss (default 1 each).
-        task_info: what the data says of each task (objective kinds, labels); linked from the data.
+        task_info: task -> its ``TaskSpec`` (or the spec's dict form): what the data says of it (objective
+            kinds, label names, lengths); decided by ``trunk.tasks.run.resolve``.
         codec: the run's tokenizers, for decoding; linked from the data, stored in checkpoints.
         activation_checkpointing: recompute each block's activations in backward instead of keeping
             them (trunk and translation decoder): less memory for about a third more compute.
@@ -80,19 +87,20 @@ class TrunkModule(L.LightningModule):
         optimizer: OptimConfig = OptimConfig(),
         finetune: FinetuneConfig = FinetuneConfig(),
         task_weights: dict[str, float] | None = None,
-        task_info: dict[str, dict] | None = None,
+        task_info: dict[str, TaskSpec | dict] | None = None,
         codec: Codec | None = None,
         activation_checkpointing: bool = False,
         compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["codec"])
-        self.hparams.update(tasks={name: o.spec() if isinstance(o, Objective) else o for name, o in tasks.items()})
         objectives = {name: as_objective(o) for name, o in tasks.items()}
+        self.hparams.update(tasks={name: o.spec() for name, o in objectives.items()})  # plain values, current class paths
         self.trunk_config = trunk_config(trunk) if isinstance(trunk, dict) else trunk
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights = self._check_weights(task_weights or {}, objectives)
         task_info = self._check_tasks(objectives, task_info)
+        self.hparams.update(task_info={name: spec.to_dict() for name, spec in task_info.items()})  # plain values
         self.trunk = build_trunk(self.trunk_config, self._stems(objectives))
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
@@ -134,17 +142,16 @@ class TrunkModule(L.LightningModule):
         return {name: float(weights.get(name, 1.0)) for name in objectives}
 
     @staticmethod
-    def _check_tasks(objectives: dict[str, Objective], task_info: dict[str, dict] | None) -> dict[str, dict]:
+    def _check_tasks(objectives: dict[str, Objective], task_info: dict[str, TaskSpec | dict] | None) -> dict[str, TaskSpec]:
         """The model's tasks and the data's must be the same, each objective fed by data of its kind."""
         if not objectives:
             raise ValueError("model.tasks is empty: name at least one task and its objective.")
-        if task_info is None:
-            task_info = {name: {} for name in objectives}
+        task_info = {name: TaskSpec.of(spec) for name, spec in (task_info or {name: None for name in objectives}).items()}
         if set(task_info) != set(objectives):
             raise ValueError(f"model.tasks names {sorted(objectives)} but data.tasks names {sorted(task_info)}: every task "
                              "needs both an objective (model.tasks.<name>) and data (data.tasks.<name>), under the same name.")
         for name, objective in objectives.items():
-            kinds = task_info[name].get("kinds")
+            kinds = task_info[name].kinds
             if kinds is not None and objective.kind not in kinds:
                 raise ValueError(f"Task '{name}': its data feeds {' or '.join(kinds)} objectives, but model.tasks.{name} is "
                                  f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind.")

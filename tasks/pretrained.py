@@ -29,7 +29,7 @@ from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.models import TrunkConfig, build_trunk
-from trunk.tasks.objective import is_metric_state
+from trunk.tasks.objectives.base import is_metric_state
 
 FORMAT_NAME, FORMAT_VERSION = "trunk", 2
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, single_task
+from kinds import recipe_task_args
 from trunk.tasks import TrunkModule
 from trunk.tasks.cli import run_cli
 
@@ -137,28 +138,6 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     return save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer)))
 
 
-def tiny_task_data(name: str, data_class: str, files: dict) -> tuple[list[str], list[str] | None]:
-    """CLI overrides pointing one task of a recipe at small generated data, and the labels it should get."""
-    if data_class.endswith("ImageClassificationData"):
-        args = ["--data.dataset=trunk:shapes", "--data.train=train", "--data.validation=validation", "--data.test=test"]
-        return single_task(args, name), ["cross", "diagonal", "horizontal", "square", "vertical"]
-    args, labels = ["--data.dataset=null"], None
-    if data_class.endswith("TokenClassificationData"):
-        args += [f"--data.{split}={files['ner'][split]}" for split in ("train", "validation", "test")]
-        labels = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
-    elif data_class.endswith("TranslationData"):
-        args += [f"--data.{split}={files['reversal'][split]}" for split in ("train", "validation", "test")]
-        args += ["--data.source_lang=src", "--data.target_lang=tgt"]
-    elif data_class.endswith("CorpusData"):
-        args += [f"--data.train={files['sentiment']['train']}", "--data.text_column=text", "--data.validation=null"]
-    else:
-        args += [f"--data.train={files['sentiment']['train']}", "--data.text_column=text",
-                 f"--data.validation={files['sentiment']['validation']}", "--data.test=null", "--data.predict=null",
-                 "--data.label_column=label", "--data.label_names=null"]
-        labels = ["negative", "positive"]
-    return single_task(args, name), labels
-
-
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, reversal_files, tiny_trunk_dir, tmp_path):
     """Each recipe builds its model, data and trainer (every task's data pointed at small generated files)."""
@@ -166,7 +145,7 @@ def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, re
     files = {"sentiment": sentiment_files, "ner": ner_files, "reversal": reversal_files}
     args, expected = [], {}
     for name, spec in recipe["data"]["tasks"].items():
-        task_args, expected[name] = tiny_task_data(name, spec["class_path"], files)
+        task_args, expected[name] = recipe_task_args(name, spec["class_path"], files)
         args += task_args
     args.append(f"--model.init_from={tiny_trunk_dir}" if recipe["model"].get("init_from") else "--data.tokenizer_vocab_size=300")
     cli = run_cli(["--config", str(config), *args, f"--trainer.default_root_dir={tmp_path}"], run=False)
@@ -331,7 +310,7 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
     for rich in {_RICH_AVAILABLE, False}:
-        monkeypatch.setattr("trunk.tasks.cli._RICH_AVAILABLE", rich)
+        monkeypatch.setattr("trunk.tasks.callbacks._RICH_AVAILABLE", rich)
         cli = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true"], run=False)
         bars = [c for c in cli.trainer.callbacks if isinstance(c, ThrottledBar)]
         assert len(bars) == 1 and cli.trainer.progress_bar_callback is bars[0]
@@ -344,7 +323,7 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     from trunk.tasks.callbacks import Throttle
 
     throttle, clock = Throttle(interval=0.5), [100.0]
-    monkeypatch.setattr("trunk.tasks.callbacks.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("trunk.tasks.callbacks.progress.time.monotonic", lambda: clock[0])
     drawn = []
     for step in range(10):  # 0.2 s per step, 10 steps in the epoch
         drawn.append(throttle.due(step, 10))

@@ -230,7 +230,7 @@ def test_a_monitor_naming_no_task_is_a_clear_error(sentiment_files, tmp_path):
 def test_a_joint_run_writes_each_tasks_validation_samples(joint):
     """NER samples mark the gold and the predicted entities in the sentence."""
     from trunk.core.tagging import Span
-    from trunk.tasks.token_classification import mark_entities
+    from trunk.tasks.objectives.token_classification import mark_entities
 
     cli, _ = joint
     folder = Path(cli.trainer.log_dir) / "samples"

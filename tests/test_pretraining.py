@@ -296,7 +296,7 @@ def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
     torch.save(checkpoint, tmp_path / "c.ckpt")
     hparams = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["trunk"]["d_model"] == 32
-    assert hparams["tasks"]["t"] == {"class_path": "trunk.tasks.sequence_classification.SequenceClassification",
+    assert hparams["tasks"]["t"] == {"class_path": "trunk.tasks.SequenceClassification",
                                      "init_args": {"pooling": "mean", "head_dropout": 0.1}}
     rebuilt = TrunkModule(**hparams)
     assert rebuilt.trunk_config == TINY and rebuilt.objectives["t"].pooling == "mean"
@@ -456,7 +456,7 @@ def test_a_reader_never_finds_the_trunk_directory_missing_during_a_re_export(tmp
 
 
 def test_the_model_summary_counts_the_tied_decoder_once():
-    from trunk.tasks.callbacks import _SharedOnceSummary
+    from trunk.tasks.callbacks.summary import _SharedOnceSummary
 
     model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=TrunkConfig(vocab_size=500, d_model=32, n_layers=1, n_heads=2,
                                                                             d_ff=64, max_len=16))

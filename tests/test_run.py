@@ -112,3 +112,12 @@ def test_longer_lengths_are_lowered_to_trained_weights_and_refused_from_scratch(
     with pytest.raises(ValueError, match="max_length=100 is longer than the trunk's max_len=64"):
         run_cli(["validate", *args, "--data.tasks.sentiment.max_length=100"])
     assert Path(ckpt).is_file()
+
+
+def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
+    """Checkpoints and trunk directories of earlier versions name objectives by the files they lived in."""
+    from trunk.tasks.module import as_objective
+
+    objective = as_objective({"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}})
+    assert type(objective).__name__ == "SequenceClassification" and objective.pooling == "mean"
+    assert objective.spec()["class_path"] == "trunk.tasks.SequenceClassification"

@@ -1,4 +1,5 @@
-"""Sequence classification: one label per text (or text pair), or per image, from a pooled trunk vector."""
+"""What sequence and image classification share: one label per input from a pooled trunk vector, accuracy and
+macro-F1, a confusion matrix at validation, label and probabilities per prediction."""
 
 from __future__ import annotations
 
@@ -8,31 +9,28 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+from trunk.core.contract import TaskSpec
 from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objective import Objective
+from trunk.tasks.objectives.base import Objective
 
 
-class SequenceClassification(Objective):
-    """Classify a sequence from its [CLS] vector or the mean of its token vectors.
-
-    Metrics: accuracy (``acc``, the task's primary) and macro-F1 (``f1``). Predictions:
-    ``{text, label, probs}`` per example. Label names come from the task's data.
+class Classification(Objective):
+    """Base of ``SequenceClassification`` and ``ImageClassification``: a head on the pooled trunk output.
 
     Args:
         pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
         head_dropout: dropout inside the classification head.
     """
 
-    kind = "sequence_classification"
     label_keys = ("head.classifier.weight", "head.classifier.bias")
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout)
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, **config) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, **config)
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
         self.pooling, self.head_dropout = pooling, head_dropout
 
-    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not self.label_names or len(self.label_names) < 2:
             raise ValueError(f"Task '{self.name}': classification needs at least 2 labels, got {self.label_names!r}.")
         self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)

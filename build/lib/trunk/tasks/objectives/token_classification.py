@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
 from trunk.core.codec import IGNORE_INDEX
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objective import Objective
+from trunk.tasks.objectives.base import Objective
 
 
 class EntityF1(Metric):

@@ -45,7 +45,11 @@ class Objective(nn.Module):
 
     def spec(self) -> dict:
         """The class path and constructor arguments that rebuild this objective (plain values)."""
-        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": dict(self.config)}
+        import trunk.tasks
+
+        name = type(self).__qualname__  # Trunk's own by their public name, which outlives any file layout
+        module = "trunk.tasks" if getattr(trunk.tasks, name, None) is type(self) else type(self).__module__
+        return {"class_path": f"{module}.{name}", "init_args": dict(self.config)}
 
     def stem_options(self) -> dict:
         """Options of the stem this objective's inputs go through (image size, patches ...)."""

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
+from trunk.core.contract import TaskSpec
 from trunk.core.codec import IGNORE_INDEX
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objective import Objective
+from trunk.tasks.objectives.base import Objective
 
 
 class Perplexity(Metric):
@@ -63,7 +64,7 @@ class MaskedLanguageModeling(Objective):
     def __init__(self) -> None:
         super().__init__()
 
-    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.head = tied_mlm_head(trunk)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:

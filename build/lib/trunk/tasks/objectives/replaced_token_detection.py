@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, MulticlassAccuracy
 from trunk.models import Backbone, ReplacedTokenHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
-from trunk.tasks.objective import Objective
+from trunk.tasks.objectives.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
+from trunk.tasks.objectives.base import Objective
 
 
 class ReplacedTokenDetection(Objective):

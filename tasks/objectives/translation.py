@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
+from trunk.core.contract import TaskSpec
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search, init_weights
-from trunk.tasks.objective import Objective
+from trunk.tasks.objectives.base import Objective
 
 # The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK].
 GENERATION_IDS = SpecialIds(bos=SPECIAL_IDS[CLS], eos=SPECIAL_IDS[SEP], pad=SPECIAL_IDS[PAD],
@@ -54,8 +55,8 @@ class Translation(Objective):
         self.decoder_layers, self.share_embeddings, self.label_smoothing = decoder_layers, share_embeddings, label_smoothing
         self.generation, self.val_beam_size = generation, val_beam_size
 
-    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
-        self.target_vocab_size = info.get("target_vocab_size") or cfg.vocab_size
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        self.target_vocab_size = info.target_vocab_size or cfg.vocab_size
         if self.share_embeddings and self.target_vocab_size != cfg.vocab_size:
             raise ValueError(f"Task '{self.name}': share_embeddings needs one vocabulary for both sides, but the source has "
                              f"{cfg.vocab_size} tokens and the target {self.target_vocab_size}. Set joint_vocabulary=true in "

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from trunk.models import Trunk
-from trunk.tasks.sequence_classification import SequenceClassification
+from trunk.tasks.objectives.classification import Classification
 
 
-class ImageClassification(SequenceClassification):
+class ImageClassification(Classification):
     """Classify images from the [CLS] vector (or the mean of the patch vectors) of a ViT.
 
     Images are cut into ``patch_size`` squares, projected, given a [CLS] token and 2-D positions
@@ -16,7 +16,7 @@ class ImageClassification(SequenceClassification):
     ``Backbone``: the image stem of the trunk, beside the text stem when text tasks share the run.
     Images of another size than ``image_size`` work when divisible by the patch size (positions are
     interpolated). Metrics and predictions are those of ``SequenceClassification`` (accuracy,
-    macro-F1; label and probabilities per image, with the image's file or index as ``id``).
+    macro-F1; label and probabilities per image, with the image's file or index as ``id``), shared through ``Classification``.
 
     Args:
         image_size: the side of the (square) training images, in pixels: sizes the position table.
@@ -32,8 +32,7 @@ class ImageClassification(SequenceClassification):
 
     def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Literal["cls", "mean"] = "cls",
                  head_dropout: float = 0.1) -> None:
-        super().__init__(pooling, head_dropout)
-        self.config.update(image_size=image_size, patch_size=patch_size, channels=channels)
+        super().__init__(pooling, head_dropout, image_size=image_size, patch_size=patch_size, channels=channels)
         self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
 
     def stem_options(self) -> dict:

@@ -1,0 +1,95 @@
+"""Writes that never leave a half-written file, and never remove the previous good one.
+
+Every file Trunk writes for later runs (checkpoints, trunk directories, cached tokenizers) goes to a
+temporary name in the destination directory (the same filesystem, so the final rename is atomic),
+is flushed to disk, then renamed over the destination. A kill at any moment leaves either the old
+file or the new one, never a truncated one; a temporary file left behind by a kill is ignored and
+replaced by the next write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TMP_MARK = ".tmp"  # temporary names: .<name>.tmp<pid>
+
+
+def temporary_path(path: Path) -> Path:
+    return path.parent / f".{path.name}{TMP_MARK}{os.getpid()}"
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (a no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+    fsync_directory(directory)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: write(tmp)``: the content appears at ``p`` whole, or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_directory(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` and move the result to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def replace_directory(tmp: Path, directory: Path) -> None:
+    """Move the finished directory ``tmp`` to ``directory``, replacing what is there. Where the OS can
+    swap two directories atomically (Linux), a reader always finds a whole directory, old or new;
+    elsewhere there is a moment with none, but never a mixed or half-written one."""
+    fsync_tree(tmp)
+    if directory.is_dir() and not directory.is_symlink() and _exchange(tmp, directory):
+        shutil.rmtree(tmp, ignore_errors=True)  # now holds the old content
+    else:
+        old = directory.parent / f".{directory.name}.old{os.getpid()}"
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_directory(directory.parent)

@@ -1,0 +1,100 @@
+"""The run's codec: the tokenizers every text task and the model share, their special ids, and how a
+tokenizer is read back from a file, a trunk directory or a checkpoint. (Training one is the data's job:
+``trunk.datamodules.tokenizer``.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from trunk.core.checkpoint import load_checkpoint
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # PAD is id 0, UNK 1, CLS 2, SEP 3, MASK 4
+SPECIAL_IDS = {token: i for i, token in enumerate(SPECIAL_TOKENS)}  # every Trunk tokenizer has these ids
+IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)
+
+
+@dataclass
+class Codec:
+    """The run's tokenizers: one for every text input, plus a target tokenizer for each translation
+    task with a vocabulary of its own. Built once by the data, handed to the model (decoding)."""
+
+    tokenizer: Tokenizer | None = None
+    targets: dict[str, Tokenizer] = field(default_factory=dict)
+
+    def target(self, task: str) -> Tokenizer:
+        tokenizer = self.targets.get(task, self.tokenizer)
+        if tokenizer is None:
+            raise ValueError(f"Task '{task}' has no tokenizer to decode with.")
+        return tokenizer
+
+    def state_dict(self) -> dict:
+        """Plain strings, stored in every checkpoint (``tokenizer_from_checkpoint`` reads them back)."""
+        state = {"tokenizer_json": self.tokenizer.to_str()} if self.tokenizer is not None else {}
+        state.update({f"{TARGET_KEY}/{task}": t.to_str() for task, t in self.targets.items()})
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Codec":
+        tokenizer = Tokenizer.from_str(state["tokenizer_json"]) if "tokenizer_json" in state else None
+        targets = {key.split("/", 1)[1]: Tokenizer.from_str(v) for key, v in state.items() if key.startswith(f"{TARGET_KEY}/")}
+        return cls(tokenizer, targets)
+
+
+TARGET_KEY = "target_tokenizer_json"
+
+
+def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None, key: str = "tokenizer_json") -> Tokenizer:
+    """The tokenizer a Trunk run stored inside a Lightning checkpoint (``ckpt``: already loaded)."""
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
+    for value in ckpt.values():
+        if isinstance(value, dict) and key in value:
+            return Tokenizer.from_str(value[key])
+    raise ValueError(f"Checkpoint {path} holds no tokenizer: it was not written by a Trunk text datamodule.")
+
+
+def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> Tokenizer:
+    """Load a tokenizer from a ``tokenizer.json``, a directory holding one, or a Lightning checkpoint
+    (the datamodule state's ``checkpoint_key``)."""
+    path = Path(path)
+    if path.is_dir() and (path / "meta.pt").is_file():
+        path = path / "meta.pt"  # a sharded checkpoint: the datamodule's state (its tokenizers) is in meta.pt
+    elif path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Tokenizer not found at '{path}'. Pass a tokenizer.json, a directory containing one, or a "
+            ".ckpt written by Trunk; or leave data.tokenizer unset to train a new one on the training split."
+        )
+    if path.suffix in (".ckpt", ".pt"):
+        tokenizer = tokenizer_from_checkpoint(path, key=checkpoint_key)
+    else:
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the Rust error says little about which file was bad
+            raise ValueError(f"Could not read tokenizer file '{path}': {err}") from err
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"Tokenizer '{path}' lacks the special tokens {missing}; Trunk needs {SPECIAL_TOKENS}.")
+    return tokenizer
+
+
+def fingerprint(tokenizer: Tokenizer) -> str:
+    """What a tokenizer encodes to, as a digest: its vocabulary, model and pipeline, not the truncation
+    and padding settings that encoding switches on and off."""
+    state = json.loads(tokenizer.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def cache_dir() -> Path:
+    """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
+    return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
+
+

@@ -1,0 +1,17 @@
+"""Data: raw rows (hub, local files, built-in) -> tokenized, dynamically padded batches, per task.
+
+``MultiTaskData`` is the datamodule of every run; each of its tasks has a ``TaskData``. The batch
+contract shared by every objective is documented in ``datamodules/text.py`` and docs/configuration.md.
+"""
+
+from trunk.datamodules.corpus import CorpusData, TokenMasker
+from trunk.datamodules.images import ImageClassificationData
+from trunk.datamodules.multitask import MultiTaskData, TaskSampler
+from trunk.datamodules.sources import read_conll
+from trunk.datamodules.text import TaskData, TextDataModule
+from trunk.datamodules.text_classification import TextClassificationData
+from trunk.datamodules.token_classification import TokenClassificationData
+from trunk.datamodules.translation import TranslationData
+
+__all__ = ["CorpusData", "ImageClassificationData", "MultiTaskData", "TaskData", "TaskSampler", "TextClassificationData",
+           "TextDataModule", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]

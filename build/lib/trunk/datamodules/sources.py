@@ -1,0 +1,234 @@
+"""Where rows come from: a Hugging Face hub dataset, local files, or a dataset built into Trunk."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import datasets
+from trunk.datamodules import builtin
+
+# File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
+# because corpora such as SST-2 contain bare quote characters inside unquoted fields.
+FILE_FORMATS = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+BUILTIN_PREFIX = "trunk:"
+
+
+def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str) -> datasets.Dataset:
+    """Load one split.
+
+    ``dataset`` None: ``split`` is a local file path. ``dataset`` ``trunk:<name>``: a built-in dataset
+    (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
+    dataset directory) and ``split`` a split name such as ``train`` or ``validation[:50%]``.
+    ``role`` names the option for error messages (e.g. ``data.train``).
+    """
+    if dataset is None:
+        return _load_file(split, role)
+    if dataset.startswith(BUILTIN_PREFIX):
+        return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
+    try:
+        return datasets.load_dataset(dataset, dataset_config, split=split)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise ValueError(
+            f"Could not load split '{split}' ({role}) of dataset '{dataset}'"
+            f"{f' (config {dataset_config!r})' if dataset_config else ''}: {err}\n"
+            "Check the dataset name, data.dataset_config and the split name; hub datasets need network "
+            "access (or a filled Hugging Face cache). For local files, leave data.dataset unset and give paths."
+        ) from err
+
+
+def stream_rows(dataset: str | None, dataset_config: str | None, split: str, role: str) -> Iterable[dict]:
+    """The rows of one split, read as they are used (``datasets`` streaming): a hub split, or a local
+    csv / json / parquet file. Nothing is read up front."""
+    if dataset is None:
+        path = Path(split).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{role}: file '{split}' {missing(path)}.")
+        builder, options = FILE_FORMATS[file_format(path)]
+        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", streaming=True, **options)
+    if dataset.startswith(BUILTIN_PREFIX):
+        return load_split(dataset, dataset_config, split, role)  # small, generated: no need to stream
+    try:
+        return datasets.load_dataset(dataset, dataset_config, split=split, streaming=True)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise ValueError(f"Could not stream split '{split}' ({role}) of dataset '{dataset}': {err}\nCheck the dataset name, "
+                         "data.dataset_config and the split name; hub datasets need network access.") from err
+
+
+def text_lines(path: str | Path, role: str, kind: str = "text") -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read one at a time, failing clearly on a binary
+    or non-UTF-8 file with the file and the line named (before a parser reports it as something else)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            for line_number, line in enumerate(f, start=1):
+                if b"\x00" in line:
+                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
+                                     f"Point {role} at a {kind} file.")
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
+                                     f"not UTF-8. Save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 {path.name} "
+                                     f"> fixed{''.join(path.suffixes)}).") from None
+    except (OSError, EOFError) as err:  # a truncated or fake .gz
+        raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
+
+
+def column(ds: datasets.Dataset, name: str) -> list:
+    """One column as a Python list, in one Arrow conversion: iterating ``ds[name]`` (datasets' lazy
+    Column) formats row by row, about 100x slower, and it was most of the time of encoding SST-2."""
+    return ds[name][:]
+
+
+def source_key(dataset: str | None, spec: str) -> list | str:
+    """What a split's rows come from, for cache keys: a local file by path, size and modification
+    time, a local dataset directory by those of every file in it (an edited file changes the key),
+    a hub or built-in split by its name."""
+    def stat(path: Path) -> list:
+        info = path.stat()
+        return [str(path.resolve()), info.st_size, info.st_mtime_ns]
+
+    if dataset is None:
+        path = Path(spec).expanduser()
+        return stat(path) if path.is_file() else spec
+    folder = Path(dataset).expanduser()
+    if folder.is_dir():
+        return [spec, *(stat(p) for p in sorted(folder.rglob("*")) if p.is_file())]
+    return [dataset, spec]
+
+
+def file_format(path: str | Path) -> str:
+    """A file's type suffix, looking through .gz: ``train.tsv.gz`` -> ``.tsv``."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+
+
+def _load_file(path_str: str, role: str) -> datasets.Dataset:
+    path = Path(path_str).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{role}: file '{path_str}' {missing(path)}. Give the path to a local "
+            f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
+        )
+    suffix = file_format(path)
+    if suffix not in FILE_FORMATS:
+        raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
+    builder, options = FILE_FORMATS[suffix]
+    if builder != "parquet":
+        check_text_file(path, role, suffix[1:])
+    try:
+        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
+    except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
+        if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
+            raise empty_split_error(role, path_str) from None
+        cause = err.__cause__ or err.__context__ or err
+        raise ValueError(f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {cause}. Check that the "
+                         f"file is {suffix[1:]} (its suffix decides how it is read).") from None
+
+
+def check_text_file(path: Path, role: str, kind: str = "text") -> None:
+    """Fail clearly on an empty, binary or non-UTF-8 file (plain or .gz), naming the file and the line."""
+    has_text = False
+    for line in text_lines(path, role, kind):  # every line: a bad byte may come after the first text
+        has_text = has_text or bool(line.strip())
+    if not has_text:
+        raise empty_split_error(role, str(path))
+
+
+def missing(path: Path) -> str:
+    """Why a path that should be a file is not one."""
+    return "is a directory, not a file" if path.is_dir() else "does not exist"
+
+
+def empty_split_error(role: str, spec: str) -> ValueError:
+    return ValueError(f"{role} ('{spec}') is empty: it has no rows. Point {role} at a split with data.")
+
+
+def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str) -> None:
+    """Fail early, naming the option to change, when a configured column is missing."""
+    prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
+    for option, column in columns.items():
+        if column is not None and column not in ds.column_names:
+            raise ValueError(
+                f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
+                f"set {prefix}.{option} to one of them."
+            )
+
+
+def read_text(path: str | Path, role: str) -> str:
+    """The whole of a UTF-8 text file, plain or gzip, with errors that name the option."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+    check_text_file(path, role)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
+
+
+def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> datasets.Dataset:
+    """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens``, ``tags`` and ``document``.
+
+    One word per line with whitespace-separated columns: the word first, the tag in ``tag_column``.
+    Blank or whitespace-only lines separate sentences; a ``-DOCSTART-`` line starts a new document
+    (``document`` counts them from 0; a file without any is one document). Every line must have as
+    many columns as the first one. A file with a single column has words only (for prediction);
+    its ``tags`` are None.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, "
+                                f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
+    check_text_file(path, role, "CoNLL")
+    opener = gzip.open if path.suffix == ".gz" else open
+    sentences: list[list[list[str]]] = []
+    documents: list[int] = []  # each sentence's document
+    current: list[list[str]] = []
+    n_columns = first_line = None
+    document, document_has_sentences = 0, False
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            columns = line.split()
+            if not columns or columns[0] == "-DOCSTART-":
+                if current:
+                    sentences.append(current)
+                    documents.append(document)
+                    current, document_has_sentences = [], True
+                if columns and document_has_sentences:
+                    document, document_has_sentences = document + 1, False
+                continue
+            if n_columns is None:
+                n_columns, first_line = len(columns), line_number
+            elif len(columns) != n_columns:
+                raise ValueError(f"{role}: {path}:{line_number} has {len(columns)} columns but line {first_line} has "
+                                 f"{n_columns}: {line.strip()!r}. Every word line needs the same columns (word first, "
+                                 "tag in data.tag_column), separated by whitespace.")
+            current.append(columns)
+    if current:
+        sentences.append(current)
+        documents.append(document)
+    words = [[row[0] for row in s] for s in sentences]
+    if n_columns == 1:
+        return datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(sentences), "document": documents})
+    if n_columns is not None and not -n_columns <= tag_column < n_columns:
+        raise ValueError(f"{role}: data.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
+                         f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
+    return datasets.Dataset.from_dict({"tokens": words, "tags": [[row[tag_column] for row in s] for s in sentences],
+                                       "document": documents})

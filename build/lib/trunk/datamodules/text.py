@@ -1,0 +1,491 @@
+"""What every task's data shares (``TaskData``), and the base of the text tasks (``TextDataModule``).
+
+A task's data turns rows into batches; ``MultiTaskData`` (``datamodules/multitask.py``) combines
+one or more of them into the run's datamodule, builds the one tokenizer of the run and hands it to
+each (``connect``), and decides which task the next training batch comes from.
+
+Batch contract (every objective reads these keys; see docs/configuration.md, "Batches"):
+    task            str           the task the batch belongs to (added by ``MultiTaskData``)
+    input_ids       (B, T) long   token ids, padded with the tokenizer's [PAD] id (0) to the batch's longest
+    attention_mask  (B, T) long   1 at real tokens, 0 at padding
+    labels          task-specific: (B,) class ids, or (B, T) with -100 where no loss is taken
+    text            list[str]     the raw inputs (kept for predictions)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import datasets
+import pyarrow.compute as pc
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from tokenizers import Encoding, Tokenizer
+from torch.utils.data import DataLoader
+from trunk.datamodules.encoded import encoded_split
+from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, source_key
+from trunk.core.codec import PAD, fingerprint
+
+ROLES = ("train", "validation", "test", "predict")
+STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
+
+
+def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    """Right-pad to the longest sequence: (B, T_max)."""
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), value, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out
+
+
+def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None) -> tuple[list[int], list[int]]:
+    """Split ``range(n)`` into (train, validation) indices, ``fraction`` held out at random with a fixed
+    seed; with ``strata`` (one label per row) each label keeps its share in both parts."""
+    rng = random.Random(seed)
+    groups: dict = {}
+    for i in range(n):
+        groups.setdefault(strata[i] if strata is not None else None, []).append(i)
+    validation: list[int] = []
+    for members in groups.values():
+        rng.shuffle(members)
+        validation += members[: round(len(members) * fraction)]
+    if not validation and n > 1:  # tiny data: at least one row
+        validation = [rng.randrange(n)]
+    if len(validation) >= n:
+        raise ValueError(f"Only {n} training rows: too few to hold out a validation share of {fraction}. "
+                         "Give more data, or a validation split.")
+    held = set(validation)
+    return [i for i in range(n) if i not in held], sorted(validation)
+
+
+def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rng: random.Random,
+                   pool_batches: int = 50) -> list[list[int]]:
+    """Batches of similar length (less padding, fewer wasted FLOPs): take ``pool_batches * batch_size``
+    indices of ``order`` at a time, sort them by length, cut them into batches, shuffle the batches."""
+    batches: list[list[int]] = []
+    pool_size = pool_batches * batch_size
+    for start in range(0, len(order), pool_size):
+        pool = sorted(order[start : start + pool_size], key=lambda i: lengths[i])
+        chunk = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
+        rng.shuffle(chunk)
+        batches += chunk
+    return batches
+
+
+CHUNK = 1000  # rows per datasets.map batch
+NOTES = "__trunk_notes__"  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
+RAW = "__raw__"  # prefix of the raw columns while they are encoded
+
+
+def _encode_chunk(data: "TextDataModule", role: str, features: datasets.Features, chunk: dict) -> dict:
+    """datasets.map's function: a chunk of raw rows (columns) -> encoded examples (columns)."""
+    data._notes = []
+    try:
+        chunk = {name[len(RAW) :]: values for name, values in chunk.items()}
+        examples = data.encode(datasets.Dataset.from_dict(chunk, features=features), role)
+        notes = data._notes
+    finally:
+        data._notes = None
+    columns = {name: [e[name].tolist() if isinstance(e[name], torch.Tensor) else e[name] for e in examples] for name in examples[0]}
+    columns[NOTES] = [json.dumps(notes) if i == 0 else "" for i in range(len(examples))]
+    return columns
+
+
+def rows(ds: datasets.Dataset, indices: list[int]) -> list[dict]:
+    """Rows ``indices`` of an encoded split as a list of examples (one Arrow take, not a read per row)."""
+    columns = ds[indices]
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
+
+
+class TaggedCollate:
+    """Builds a batch of one split from a list of row indices and marks it with its task (picklable, for workers)."""
+
+    def __init__(self, data: "TaskData", role: str, task: str) -> None:
+        self.data, self.role, self.task = data, role, task
+
+    def __call__(self, indices: list[int]) -> dict:
+        return {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+
+
+class TaskData:
+    """One task's data: its splits, how rows become batches, what the model must know about it.
+
+    Subclasses read their sources (``prepare``), report their size (``size``) and build batches
+    from row indices (``make_batch``). ``MultiTaskData`` does the rest: loaders, sampling across
+    tasks, the tokenizer.
+
+    Args:
+        dataset: a hub dataset name (``glue``), a local dataset directory, a built-in ``trunk:<name>``,
+            or unset: then ``train`` / ``validation`` / ... are file paths.
+        dataset_config: the hub dataset's configuration (``sst2`` for ``glue``).
+        train, validation, test, predict: split names when ``dataset`` is set (``train[:10%]``
+            works), else file paths. Unset splits are skipped.
+        val_fraction: with no validation split, hold out this share of the training rows (random
+            with a fixed seed; classification keeps each label's share).
+        batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
+        num_workers: dataloader worker processes for evaluation and prediction.
+    """
+
+    kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
+    stem: ClassVar[str] = "text"  # the trunk stem its inputs go through
+
+    def __init__(
+        self,
+        dataset: str | None = None,
+        dataset_config: str | None = None,
+        train: str | None = None,
+        validation: str | None = None,
+        test: str | None = None,
+        predict: str | None = None,
+        val_fraction: float = 0.0,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        self.dataset, self.dataset_config = dataset, dataset_config
+        self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
+        self.val_fraction = val_fraction
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or 2 * batch_size
+        self.num_workers = num_workers
+        self.name = "task"  # set by MultiTaskData: the task's name, for messages and batches
+
+    def option(self, key: str) -> str:
+        """How a user spells one of this task's options: ``data.tasks.<name>.<key>``."""
+        return f"data.tasks.{self.name}.{key}"
+
+    # -- for subclasses ------------------------------------------------------------------------------
+    def prepare(self, role: str) -> None:
+        """Read (and encode) one split, once."""
+        raise NotImplementedError
+
+    def size(self, role: str) -> int:
+        raise NotImplementedError
+
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
+        """The batch of rows ``indices`` of split ``role``; ``train``: with training-time randomness (masks,
+        augmentation) drawn from ``generator``."""
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        """What the model must know about this task's data: ``kinds``, and ``label_names`` where there are labels."""
+        return {"kinds": list(self.kinds), "stem": self.stem}
+
+    # -- labels: the names as the config or the data give them, the ids in the order the model uses -----
+    _label_names: list[str] | None = None  # set by subclasses with labels: configured, or read from the data
+    _label_order: list[str] | None = None
+
+    @property
+    def label_order(self) -> list[str]:
+        """The label names in the order of the ids batches carry: a trained head's (``use_labels_of``), else the data's."""
+        return self._label_order or self.label_names
+
+    def use_labels_of(self, stored: list[str], source: str) -> str | None:
+        """Carry labels as ids in the order of the trained head's ``stored`` names, matched by *name*: names
+        the config leaves unset are taken from it; the same names in another order are reordered; another
+        set of names is an error naming both. Returns what was matched, for the run's report."""
+        if self._label_names is None:
+            self._label_names = list(stored)
+            return None
+        own = list(self._label_names)
+        if own == list(stored):
+            return None
+        if sorted(own) != sorted(stored):
+            raise ValueError(f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
+                             f"{self.option('label_names')} is {own}. Leave {self.option('label_names')} unset to use the trained "
+                             "labels, or list the same names (in any order).")
+        self._label_order = list(stored)
+        return f"{self.option('label_names')} {own} matched by name to the trained order {list(stored)}"
+
+    def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
+        """Batches of training row indices, from a shuffled ``order`` (subclasses may bucket by length)."""
+        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+    #: whether training data is streamed (no known size, read as it trains) rather than indexed rows
+    streaming: bool = False
+
+    def train_items(self, seed: str, epoch: int, rank: int, world: int, before: int) -> Iterator:
+        """This process's endless training items for one epoch; ``train_batch`` makes each a batch. Here:
+        passes over the rows, each shuffled with a seed every process shares, then cut into this
+        process's shard. ``before``: this task's batches in earlier epochs (a stream continues after them)."""
+        n = self.size("train")
+        for passes in itertools.count():
+            rng = random.Random(f"{seed}/{epoch}/{passes}")
+            order = list(range(n))
+            rng.shuffle(order)
+            shard = order[rank::world] or order[:1]
+            yield from self.train_batches(shard, rng)
+
+    def train_batch(self, item, generator: torch.Generator) -> dict:
+        """The training batch of one item of ``train_items``, its randomness drawn from ``generator``."""
+        return self.make_batch("train", item, train=True, generator=generator)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    # -- shared ----------------------------------------------------------------------------------------
+    def has_split(self, role: str) -> bool:
+        held_out = role == "validation" and self.val_fraction > 0 and self.split_specs["train"] is not None
+        return self.split_specs[role] is not None or held_out
+
+    def spec(self, role: str):
+        spec = self.split_specs[role]
+        if spec is None:
+            raise ValueError(f"No {role} split is configured for task '{self.name}': set {self.option(role)} "
+                             "(a file path, or a split name with dataset).")
+        return spec
+
+    def loader(self, role: str) -> DataLoader:
+        """An evaluation / prediction loader over one split, in order; batches carry the task's name."""
+        self.prepare(role)
+        return DataLoader(range(self.size(role)), batch_size=self.eval_batch_size, shuffle=False,
+                          collate_fn=TaggedCollate(self, role, self.name), num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, generator=torch.Generator())  # not the global RNG (see train_dataloader)
+
+
+class TextDataModule(TaskData):
+    """Text tasks: rows (hub, local files or built-in) tokenized with the run's tokenizer.
+
+    Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
+    python values per example, for any slice of the split's rows) and ``collate(examples) -> batch``.
+
+    Encoded splits live in an on-disk Arrow cache (``datamodules/encoded.py``), keyed by the rows,
+    the tokenizer and every option of the task, and memory-mapped: the next run and every process
+    of a distributed run read them instead of tokenizing again. They are built with
+    ``datasets.map(batched=True)``, in ``num_proc`` processes.
+
+    Args:
+        max_length: longer inputs are truncated (with one warning per split).
+        bucket_by_length: batch training examples of similar length together.
+        num_proc: processes that encode a split (``datasets.map``'s ``num_proc``); unset: one, whose
+            tokenizer already runs on every core.
+        **kwargs: see ``TaskData`` (dataset, splits, val_fraction, batch sizes, workers).
+    """
+
+    tokenizer_model: ClassVar[str] = "wordpiece"  # translation wants "bpe" (exact detokenization)
+    # Options that change how batches are drawn, not what a split encodes to: not part of the cache key.
+    not_encoding: ClassVar[frozenset[str]] = frozenset({"batch_size", "eval_batch_size", "num_workers", "num_proc", "bucket_by_length", "name"})
+
+    def __init__(self, max_length: int = 128, bucket_by_length: bool = False, num_proc: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if num_proc is not None and num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1 (processes that encode a split), got {num_proc}.")
+        self.max_length = max_length
+        self.bucket_by_length = bucket_by_length
+        self.num_proc = num_proc
+        self._raw: dict[str, datasets.Dataset] = {}
+        self._encoded: dict[str, datasets.Dataset] = {}
+        self._tokenizer: Tokenizer | None = None
+        self._notes: list | None = None  # while encoding for the cache: truncation counts, reported once per split
+        self.lowercase = False
+
+    def connect(self, tokenizer: Tokenizer, lowercase: bool = False, target: Tokenizer | None = None) -> None:
+        """Hand this task the run's tokenizer (and the run's lowercasing, for tokenizers it trains itself);
+        ``target``: its own output tokenizer, where it has one (``own_target_tokenizer``)."""
+        if self._tokenizer is not None and self._tokenizer.get_vocab() != tokenizer.get_vocab():
+            self._encoded.clear()  # encoded with another tokenizer
+        self._tokenizer, self.lowercase = tokenizer, lowercase
+
+    def own_target_tokenizer(self) -> Tokenizer | None:
+        """A tokenizer of this task's own for its outputs (translation with separate vocabularies), else None."""
+        return None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise RuntimeError(f"Task '{self.name}' has no tokenizer yet: MultiTaskData connects one before encoding.")
+        return self._tokenizer
+
+    # -- splits ----------------------------------------------------------------------------------
+    def raw(self, role: str) -> datasets.Dataset:
+        """The rows of one split, loaded once and checked for emptiness."""
+        if role not in self._raw:
+            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
+                rows = self.load(self.spec("train"), self.option("train"))
+                if len(rows) == 0:
+                    raise empty_split_error(self.option("train"), self.spec("train"))
+                self.check(rows, "train")
+                train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows))
+                self._raw["train"], self._raw["validation"] = rows.select(train), rows.select(validation)
+            else:
+                ds = self.load(self.spec(role), self.option(role))
+                if len(ds) == 0:
+                    raise empty_split_error(self.option(role), str(self.spec(role)))
+                self.check(ds, role)
+                self._raw[role] = ds
+        return self._raw[role]
+
+    def load(self, spec: str, role: str) -> datasets.Dataset:
+        """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
+        return load_split(self.dataset, self.dataset_config, spec, role)
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
+
+    def strata(self, rows: datasets.Dataset) -> list | None:
+        """One value per row to stratify the held-out validation share by (classification: the label)."""
+        return None
+
+    # -- tokenizer -------------------------------------------------------------------------------
+    def tokenizer_columns(self) -> list[str]:
+        """The columns whose text trains the tokenizer."""
+        raise NotImplementedError
+
+    def tokenizer_key(self) -> list:
+        """What the tokenizer trained on this task's text depends on (part of the tokenizer cache key)."""
+        sources = [source_key(self.dataset, spec) for spec in self._train_specs()]
+        return [type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options()]
+
+    def _train_specs(self) -> list[str]:
+        spec = self.spec("train")
+        return [spec] if isinstance(spec, str) else list(spec)
+
+    def tokenizer_text_options(self) -> list:
+        """Options that change which text trains the tokenizer (part of the cache key)."""
+        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"]]
+
+    def texts_for_tokenizer(self) -> Iterator[str]:
+        train = self.raw("train")
+        for name in self.tokenizer_columns():
+            yield from (t for t in column(train, name) if t)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.token_to_id(PAD)
+
+    def tokenize(self, texts: list, role: str, is_pretokenized: bool = False) -> list[Encoding]:
+        """Encode texts (str, (str, str) pairs, or word lists with ``is_pretokenized``), truncating
+        to max_length with one warning per split."""
+        tokenizer = self.tokenizer
+        tokenizer.enable_truncation(self.max_length)
+        encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
+        self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role)
+        return encodings
+
+    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", words_lost: int | None = None) -> None:
+        """One warning for the examples of a split cut to ``option`` tokens (``words_lost``: NER words left without
+        sub-tokens). While a split is encoded in chunks, the counts are collected and summed (``report_truncation``)."""
+        if self._notes is not None:
+            self._notes.append([truncated, total, role, option, words_lost])
+        elif truncated:
+            consequence = "" if words_lost is None else f" ({words_lost} words lost their sub-tokens: they are predicted O, and scored so)"
+            rank_zero_warn(
+                f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
+                f"tokens and were truncated{consequence}. Raise {self.option(option)} to keep them whole; it may not exceed "
+                "model.trunk.max_len (the position table's length, fixed by a pretrained trunk), so raise that too when "
+                "training from scratch."
+            )
+
+    def report_truncation(self, notes: list) -> None:
+        """Warn once per (split, option) for the truncation counts collected over a split's chunks."""
+        totals: dict = {}
+        for truncated, total, role, option, words_lost in notes:
+            entry = totals.setdefault((role, option), [0, 0, None])
+            entry[0], entry[1] = entry[0] + truncated, entry[1] + total
+            if words_lost is not None:
+                entry[2] = (entry[2] or 0) + words_lost
+        for (role, option), (truncated, total, words_lost) in totals.items():
+            self.warn_truncated(truncated, total, role, option, words_lost)
+
+    # -- TaskData --------------------------------------------------------------------------------
+    def info(self) -> dict:
+        return {**super().info(), "max_length": self.max_length}
+
+    def prepare(self, role: str) -> None:
+        """Encode one split into the cache, or map the cached encoding (``datamodules/encoded.py``)."""
+        if role not in self._encoded:
+            ds, notes = encoded_split(self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role))
+            self.report_truncation(notes)
+            self._encoded[role] = ds.remove_columns(NOTES) if NOTES in ds.column_names else ds  # a view: no rewrite
+
+    def size(self, role: str) -> int:
+        return len(self._encoded[role])
+
+    def make_batch(self, role: str, indices: list[int], train: bool, generator: torch.Generator | None = None) -> dict:
+        return self.collate(rows(self._encoded[role], indices))
+
+    def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
+        if not self.bucket_by_length:
+            return super().train_batches(order, rng)
+        lengths = pc.list_value_length(self._encoded["train"].data.column("input_ids")).to_pylist()
+        return length_buckets(order, lengths, self.batch_size, rng)
+
+    # -- the encoded-split cache -------------------------------------------------------------------
+    def encoding_key(self, role: str) -> list:
+        """Everything a split's encoding depends on: the task class and its options, the rows' sources,
+        what the model is told about the data (label names ...), and the tokenizers."""
+        options = {}
+        for name, value in sorted(vars(self).items()):
+            if not name.startswith("_") and name not in self.not_encoding:
+                try:
+                    options[name] = json.loads(json.dumps(value))
+                except (TypeError, ValueError):
+                    pass  # not a plain option
+        roles = [role] + (["train"] if role == "validation" and self.split_specs["validation"] is None else [])
+        sources = [[source_key(self.dataset, spec) for spec in ([s] if isinstance(s, str) else s)]
+                   for s in (self.split_specs[r] for r in roles) if s is not None]
+        hub = self.dataset is not None and not self.dataset.startswith(BUILTIN_PREFIX) and not Path(self.dataset).expanduser().is_dir()
+        if hub:  # a hub dataset's rows can change under the same name: key by its fingerprint too
+            sources.append(self.raw(role)._fingerprint)
+        return [type(self).__module__, type(self).__qualname__, role, options, sources, self.info(), self.tokenizer_fingerprints()]
+
+    def tokenizer_fingerprints(self) -> list[str]:
+        return [fingerprint(self.tokenizer)]
+
+    #: whether ``encode`` may see any slice of the rows; False: it needs the whole split at once (document context)
+    encodes_rows_independently: ClassVar[bool] = True
+
+    def build_encoded(self, role: str, directory: Path) -> list:
+        """Encode one split into Arrow files in ``directory`` (``datasets.map``, batched, ``num_proc``
+        processes); returns the truncation counts to report."""
+        raw = self.raw(role)
+        self.info()  # label names and the like, worked out once here rather than in every process
+        # Renamed inputs: datasets would cast an output column to the type of the input column of its name.
+        source = raw.rename_columns({name: RAW + name for name in raw.column_names})
+        encoded = self.map_rows(source, functools.partial(_encode_chunk, self, role, raw.features), directory / "encoded.arrow",
+                                f"Encoding {self.option(role)}", whole=not self.encodes_rows_independently)
+        return [n for chunk in column(encoded, NOTES) if chunk for n in json.loads(chunk)]
+
+    def map_rows(self, ds: datasets.Dataset, function, path: Path, desc: str, whole: bool = False) -> datasets.Dataset:
+        """``datasets.map(function, batched=True)`` over chunks of ``ds`` (the whole of it with ``whole``), written
+        to ``path``: in ``num_proc`` processes where the split has a chunk for each."""
+        procs = None if whole or (self.num_proc or 1) < 2 or len(ds) < 2 * CHUNK else self.num_proc
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        if procs:  # each process encodes on one core; no fork-after-threads warning from tokenizers
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            return ds.map(function, batched=True, batch_size=None if whole else CHUNK, num_proc=procs, remove_columns=ds.column_names,
+                          cache_file_name=str(path), new_fingerprint=hashlib.sha256(str(path).encode()).hexdigest()[:32], desc=desc)
+        finally:
+            if procs:
+                os.environ.pop("TOKENIZERS_PARALLELISM") if previous is None else os.environ.update(TOKENIZERS_PARALLELISM=previous)
+
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        raise NotImplementedError
+
+    def collate(self, examples: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw inputs (texts, or what the task's predict rows hold): for the Python API."""
+        raise NotImplementedError(f"{type(self).__name__} does not predict from raw inputs.")

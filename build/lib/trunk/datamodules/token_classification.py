@@ -1,0 +1,226 @@
+"""Token classification (named-entity recognition) data: sentences as words, one tag per word."""
+
+from __future__ import annotations
+
+import datasets
+import torch
+from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
+from trunk.core.tagging import (
+    Scheme,
+    Span,
+    label_names_for,
+    parse_label_names,
+    spans_from_tags,
+    split_tag,
+    tags_from_spans,
+)
+from trunk.datamodules.text import TextDataModule, pad
+from trunk.core.codec import CLS, IGNORE_INDEX, SEP
+
+
+class TokenClassificationData(TextDataModule):
+    """Sentences of words with one entity tag per word (IOB1, IOB2/BIO or BIOES), for ``TokenClassification``.
+
+    Sources: CoNLL column files (any suffix but the row formats; plain or .gz), json/jsonl/parquet
+    rows with a word-list and a tag-list column, or a hub dataset such as ``conll2003`` (tags may
+    be class ids: their names come from the dataset's features). The predict split needs words
+    only (a one-column file works).
+
+    Tags of any input scheme are read as entity spans (see ``datamodules/tagging.py``) and
+    re-written in ``label_scheme`` for training. Words are split into sub-tokens; either the first
+    sub-token of each word carries the word's label (the rest are ignored), or with
+    ``label_all_subtokens`` every sub-token does (the entity is re-tagged over sub-tokens).
+    Predictions are always read per word, from each word's first sub-token.
+
+    With ``context_length`` > 0 each sentence is encoded with the text around it (document context,
+    as in FLERT): up to that many sub-tokens of the neighbouring sentences of its document, split
+    between left and right, within max_length. Context takes no loss and gets no predictions; it
+    lets the model see, for example, that a name in a results table is a team. Documents come
+    from ``-DOCSTART-`` lines in column files; rows and hub datasets are read as one document in
+    their order.
+
+    Args:
+        tag_column: the tag's column in column files (CoNLL-2003: -1, the last).
+        tokens_column, tags_column: the list columns of row files and hub datasets.
+        label_scheme: ``bio`` or ``bioes``: how the model's labels spell entities.
+        label_all_subtokens: label every sub-token, not only each word's first.
+        label_names: the model's labels (``O``, ``B-LOC``, ...); unset: built from the entity
+            types in the training split. A checkpoint's labels are reused when testing it.
+        context_length: sub-tokens of document context around each sentence (0: none).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, val_fraction, max_length, batch_size, ...).
+    """
+
+    kinds = ("token_classification",)
+
+    def __init__(
+        self,
+        tag_column: int = -1,
+        tokens_column: str = "tokens",
+        tags_column: str = "ner_tags",
+        label_scheme: Scheme = "bio",
+        label_all_subtokens: bool = False,
+        label_names: list[str] | None = None,
+        context_length: int = 0,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if context_length < 0:
+            raise ValueError(f"context_length must be >= 0 (sub-tokens of context), got {context_length}.")
+        self.context_length = context_length
+        label_names_for([], label_scheme)  # validates the scheme's name
+        self.tag_column, self.tokens_column, self.tags_column = tag_column, tokens_column, tags_column
+        self.label_scheme, self.label_all_subtokens = label_scheme, label_all_subtokens
+        self._label_names = None
+        if label_names is not None:
+            self.label_scheme, _ = parse_label_names(label_names)
+            self._label_names = list(label_names)
+
+    # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
+    def load(self, spec: str, role: str) -> datasets.Dataset:
+        is_file = self.dataset is None
+        if is_file and file_format(spec) not in ROW_FORMATS:
+            return read_conll(spec, self.tag_column, role)
+        ds = load_split(self.dataset, self.dataset_config, spec, role)
+        has_tags = self.tags_column in ds.column_names
+        check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
+        tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)
+        feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
+        if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
+            tags = [[feature.names[t] for t in row] for row in tags]
+        return datasets.Dataset.from_dict({"tokens": column(ds, self.tokens_column), "tags": tags, "document": [0] * len(ds)})
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        if role != "predict" and any(t is None for t in column(ds, "tags")):
+            raise ValueError(f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag "
+                             "column for training and evaluation; words-only files are for data.predict.")
+        for i, (tokens, tags) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"))):
+            if tags is not None and len(tokens) != len(tags):
+                raise ValueError(f"{self.option(role)}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
+            for tag in tags or ():
+                try:
+                    split_tag(tag)
+                except ValueError as err:
+                    raise ValueError(f"{self.option(role)}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check "
+                                     f"{self.option('tag_column')} (now {self.tag_column}) or {self.option('tags_column')} "
+                                     f"(now {self.tags_column!r}).") from None
+
+    @property
+    def label_names(self) -> list[str]:
+        if self._label_names is None:
+            types = {span.type for tags in column(self.raw("train"), "tags") for span in spans_from_tags(tags)}
+            if not types:
+                raise ValueError(f"{self.option('train')} has no entities (every tag is O): nothing to learn. "
+                                 f"Check {self.option('tag_column')}.")
+            self._label_names = label_names_for(types, self.label_scheme)
+        return self._label_names
+
+    def tokenizer_columns(self) -> list[str]:
+        return ["tokens"]
+
+    def tokenizer_text_options(self) -> list:
+        return ["tokens", self.tag_column, self.tokens_column]
+
+    def info(self) -> dict:
+        return {**super().info(), "label_names": self.label_order}
+
+    def use_labels_of(self, stored: list[str], source: str) -> str | None:
+        note = super().use_labels_of(stored, source)
+        self.label_scheme, _ = parse_label_names(self.label_order)  # the trained head's scheme
+        return note
+
+    def texts_for_tokenizer(self):
+        return (" ".join(tokens) for tokens in column(self.raw("train"), "tokens"))
+
+    # -- encoding ----------------------------------------------------------------------------------
+    @property
+    def encodes_rows_independently(self) -> bool:
+        return self.context_length == 0  # context windows read the neighbouring sentences of the document
+
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        label_ids = {name: i for i, name in enumerate(self.label_order)} if role != "predict" else {}
+        known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
+        examples = []
+        for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"), self._windows(ds, role))):
+            word_starts = [-1] * len(words)  # -1: the word was truncated away (predicted O)
+            for position, word in enumerate(word_ids):
+                if word is not None and word_starts[word] < 0:
+                    word_starts[word] = position
+            example = {"input_ids": input_ids, "word_starts": word_starts, "words": words}
+            if tags is not None and role != "predict":
+                spans = spans_from_tags(tags)
+                unknown = {s.type for s in spans} - known_types
+                if unknown:
+                    raise ValueError(f"{self.option(role)}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
+                                     f"the model knows {sorted(known_types)}. Fix the tags, or set {self.option('label_names')} "
+                                     "to a label set that includes them.")
+                example["word_labels"] = [label_ids[t] for t in tags_from_spans(spans, len(words), self.label_scheme)]
+                example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)
+            examples.append(example)
+        return examples
+
+    def _windows(self, ds: datasets.Dataset, role: str) -> list[tuple[list[int], list[int | None]]]:
+        """Each sentence's input ids, ``[CLS] left-context sentence right-context [SEP]``, and the word
+        each position came from (None for [CLS], [SEP] and context)."""
+        tokenizer = self.tokenizer
+        tokenizer.no_truncation()  # the sentence is cut here, so that context never displaces it
+        encodings = tokenizer.encode_batch([list(t) for t in column(ds, "tokens")], is_pretokenized=True, add_special_tokens=False)
+        pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
+        documents, room = column(ds, "document"), self.max_length - 2
+        cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+        windows = []
+        for i, ids in enumerate(pieces):
+            budget = min(self.context_length, max(room - len(ids), 0))
+            left, right = self._neighbours(pieces, documents, i, -1, budget), self._neighbours(pieces, documents, i, 1, budget)
+            n_left = min(len(left), max(budget // 2, budget - len(right)))  # an even split, unless one side runs short
+            n_right = min(len(right), budget - n_left)
+            left, right = left[len(left) - n_left :], right[:n_right]
+            windows.append(([cls_id, *left, *ids[:room], *right, sep_id], [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1)))
+        cut_words = sum(len(set(w)) - len(set(w[:room])) for ids, w in zip(pieces, word_ids) if len(ids) > room)
+        self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role, words_lost=cut_words)
+        return windows
+
+    @staticmethod
+    def _neighbours(pieces: list[list[int]], documents: list[int], i: int, step: int, budget: int) -> list[int]:
+        """Up to ``budget`` sub-tokens of the sentences before (step -1) or after (+1) sentence i, in its document."""
+        tokens: list[int] = []
+        j = i + step
+        while len(tokens) < budget and 0 <= j < len(pieces) and documents[j] == documents[i]:
+            tokens = tokens + pieces[j] if step > 0 else pieces[j] + tokens
+            j += step
+        return (tokens[:budget] if step > 0 else tokens[max(len(tokens) - budget, 0) :]) if budget else []
+
+    def _token_labels(self, spans: list[Span], word_labels: list[int], word_ids: list, word_starts: list[int],
+                      label_ids: dict[str, int]) -> list[int]:
+        """Per-sub-token targets: the word's label at its first sub-token (ignored elsewhere), or the
+        entities re-tagged over all sub-tokens."""
+        labels = [IGNORE_INDEX] * len(word_ids)
+        if not self.label_all_subtokens:
+            for word, position in enumerate(word_starts):
+                if position >= 0:
+                    labels[position] = word_labels[word]
+            return labels
+        last_piece = {word: position for position, word in enumerate(word_ids) if word is not None}
+        token_spans = [Span(s.type, word_starts[s.start], last_piece[max(w for w in range(s.start, s.end + 1) if w in last_piece)])
+                       for s in spans if word_starts[s.start] >= 0]
+        token_tags = tags_from_spans(token_spans, len(word_ids), self.label_scheme)
+        return [label_ids[tag] if word is not None else IGNORE_INDEX for tag, word in zip(token_tags, word_ids)]
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw sentences: word lists, or strings split on whitespace."""
+        words = [list(x) if isinstance(x, (list, tuple)) else str(x).split() for x in inputs]
+        rows = datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))})
+        return self.collate(self.encode(rows, "predict"))
+
+    def collate(self, examples: list[dict]) -> dict:
+        input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).long(),
+            "word_starts": pad([e["word_starts"] for e in examples], -1),
+            "num_words": torch.tensor([len(e["words"]) for e in examples]),
+            "words": [e["words"] for e in examples],
+        }
+        if "labels" in examples[0]:
+            batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
+            batch["word_labels"] = pad([e["word_labels"] for e in examples], IGNORE_INDEX)
+        return batch

@@ -1,0 +1,78 @@
+"""Tokenizers trained on the training text (WordPiece, or BPE where text is generated), cached per data
+and options. Reading one back, the special ids and the ``Codec`` live in ``trunk.core.codec``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from trunk.core.atomic import atomic_write
+from trunk.core.codec import CLS, SEP, SPECIAL_TOKENS, UNK, cache_dir, load_tokenizer
+
+
+def _add_bert_template(tokenizer: Tokenizer) -> None:
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
+    """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+    steps = [normalizers.NFD(), normalizers.StripAccents()]
+    if lowercase:
+        steps.insert(0, normalizers.Lowercase())
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    _add_bert_template(tokenizer)
+    return tokenizer
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
+    """Train a SentencePiece-style BPE tokenizer: spaces are kept as "▁" inside the tokens, so
+    ``decode`` gives the text back exactly (detokenized), which generated text needs."""
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    _add_bert_template(tokenizer)
+    return tokenizer
+
+
+TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe}
+
+
+def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,
+                     what: str = "the training text") -> Tokenizer:
+    """Train a tokenizer once per (data, options) and cache it; ``key`` names the data.
+
+    Tokenizer training is not deterministic across processes (hash-order tie breaks), so every DDP
+    rank must read the same file rather than train its own: the launching process trains and
+    caches before the other ranks start.
+    """
+    digest = hashlib.sha256(json.dumps([key, model, vocab_size, lowercase], default=str).encode()).hexdigest()[:20]
+    path = cache_dir() / "tokenizers" / f"{digest}.json"
+    if path.is_file():
+        try:
+            return load_tokenizer(path)
+        except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
+            rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
+    rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")  # not a silent pause
+    tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
+    if tokenizer.get_vocab_size() < vocab_size:
+        rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
+                       "pieces seen at least twice. That is fine: the vocabulary is what the data holds.")
+    atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
+    rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
+    return tokenizer

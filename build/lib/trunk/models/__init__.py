@@ -1,0 +1,47 @@
+"""Plain PyTorch models: no Lightning, no data, no files. Start reading at ``trunk.py``."""
+
+from trunk.models.decoder import Decoder, DecoderBlock, KVCache
+from trunk.models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
+from trunk.models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
+from trunk.models.stems import (
+    STEM_KINDS,
+    PatchStem,
+    TokenStem,
+    build_stem,
+    build_trunk,
+    sinusoidal_positions,
+    sinusoidal_positions_2d,
+)
+from trunk.models.trunk import Attention, Backbone, Block, Dropout, FeedForward, Trunk, TrunkConfig, Unpadded, dropout, init_weights
+
+__all__ = [
+    "Attention",
+    "Backbone",
+    "Block",
+    "Decoder",
+    "DecoderBlock",
+    "Dropout",
+    "GenerationConfig",
+    "KVCache",
+    "SpecialIds",
+    "beam_search",
+    "greedy_search",
+    "FeedForward",
+    "MaskedLMHead",
+    "PatchStem",
+    "STEM_KINDS",
+    "build_stem",
+    "build_trunk",
+    "ReplacedTokenHead",
+    "SequenceClassificationHead",
+    "TokenClassificationHead",
+    "TokenStem",
+    "Trunk",
+    "TrunkConfig",
+    "Unpadded",
+    "dropout",
+    "init_weights",
+    "pool",
+    "sinusoidal_positions",
+    "sinusoidal_positions_2d",
+]

@@ -1,0 +1,148 @@
+"""Generation from a ``Decoder``: batched greedy and beam search, with or without the key/value cache.
+
+Both return generated tokens (B, L) without the start token, ending at the first end-of-sequence
+token (included) and padded after it. With ``use_cache`` each step feeds the decoder one token
+per hypothesis; without it, the whole prefix (slow: for checking the cache).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from trunk.models.decoder import Decoder, KVCache
+
+
+@dataclass
+class GenerationConfig:
+    """How ``Translation`` generates.
+
+    beam_size: 1 is greedy search (and gives exactly its tokens).
+    length_penalty: finished hypotheses are ranked by log-probability / length ** length_penalty
+        (0: raw log-probability, favouring short outputs; 1: per-token average).
+    max_length: the most tokens to generate, end-of-sequence included.
+    max_length_ratio: also at most ``ratio * source length + 10`` tokens (the longest source of the batch).
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 1.0
+    max_length: int = 128
+    max_length_ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.max_length < 1:
+            raise ValueError(f"generation.beam_size and generation.max_length must be >= 1, got {self.beam_size} and {self.max_length}.")
+
+    def steps(self, source_length: int) -> int:
+        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length) + 10))
+
+
+@dataclass
+class SpecialIds:
+    bos: int  # the decoder's first input
+    eos: int  # ends a hypothesis
+    pad: int  # fills positions after the end
+    banned: tuple[int, ...] = ()  # never generated (padding, start, mask ...)
+
+
+def _next_logits(decoder: Decoder, tokens: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None,
+                 cache: KVCache | None, ids: SpecialIds) -> torch.Tensor:
+    """Float logits (N, V) of the token after ``tokens`` (N, t), banned tokens at -inf."""
+    new_tokens = tokens if cache is None else tokens[:, len(cache) :]
+    logits = decoder(new_tokens, memory, memory_mask, cache)[:, -1].float()
+    logits[:, list(ids.banned)] = float("-inf")
+    return logits
+
+
+@torch.no_grad()
+def greedy_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tensor | None, ids: SpecialIds,
+                  max_steps: int, use_cache: bool = True) -> torch.Tensor:
+    """The most probable next token at each step. memory: (B, S, C); memory_mask: (B, S) True at real tokens."""
+    B = memory.shape[0]
+    tokens = torch.full((B, 1), ids.bos, dtype=torch.long, device=memory.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
+    cache = decoder.new_cache() if use_cache else None
+    for _ in range(max_steps):
+        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(-1)  # the log-softmax keeps the order
+        best = best.masked_fill(finished, ids.pad)
+        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        finished |= best == ids.eos
+        if finished.all():
+            break
+    return tokens[:, 1:]
+
+
+@torch.no_grad()
+def beam_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tensor | None, ids: SpecialIds,
+                max_steps: int, beam_size: int = 4, length_penalty: float = 1.0, use_cache: bool = True) -> torch.Tensor:
+    """Batched beam search in the manner of fairseq.
+
+    Each step extends the K live hypotheses of every sentence by every token and keeps the 2K best
+    candidates by log-probability. Candidates among the best K that end in EOS join the sentence's
+    finished pool (ranked by the length-normalised score); the K best that do not end stay live. A
+    sentence is done when its pool holds K hypotheses; at ``max_steps`` the live ones join the pool.
+
+    The first step runs one hypothesis per sentence (all K would be the same start token) and widens
+    to K after it, so the memory's keys and values are projected once per sentence, not per beam.
+    A sentence's 2K best candidates are among each hypothesis's 2K best tokens, so only those are
+    normalised and ranked, never the whole (B, K x V) table.
+    """
+    B = memory.shape[0]
+    K, device = beam_size, memory.device
+    tokens = torch.full((B, 1), ids.bos, dtype=torch.long, device=device)
+    scores = torch.zeros(B, 1, device=device)  # (B, live hypotheses per sentence): 1 at the first step, K after
+    pool_scores = torch.full((B, K), float("-inf"), device=device)
+    pool_tokens = torch.full((B, K, max_steps), ids.pad, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    cache = decoder.new_cache() if use_cache else None
+    rank = torch.arange(2 * K, device=device)
+    for step in range(max_steps):
+        logits = _next_logits(decoder, tokens, memory, memory_mask, cache, ids)  # (B * k, V)
+        k, (_, V) = scores.shape[1], logits.shape
+        n = min(2 * K, V)
+        best_logits, best_tokens = logits.topk(n, dim=1)  # each hypothesis's n best next tokens
+        log_probs = best_logits - logits.logsumexp(-1, keepdim=True)
+        candidates = (scores[:, :, None] + log_probs.view(B, k, n)).view(B, k * n)
+        if k * n < 2 * K:  # a tiny vocabulary: fill up with impossible candidates
+            candidates = torch.cat([candidates, candidates.new_full((B, 2 * K - k * n), float("-inf"))], dim=1)
+        top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K)
+        top_index = top_index.clamp(max=k * n - 1)
+        beam, token = top_index // n, best_tokens.view(B, k * n).gather(1, top_index)
+        ends = token == ids.eos
+        sequences = torch.cat([tokens.view(B, k, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
+                               token[:, :, None]], dim=2)  # (B, 2K, step + 1), without the start token
+
+        finishing = ends & (rank < K) & ~done[:, None] & (top_scores > float("-inf"))
+        normalised = torch.where(finishing, top_scores / (step + 1) ** length_penalty, float("-inf"))
+        pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, normalised, sequences, ids.pad)
+
+        live = (ends.long() * 2 * K + rank).argsort(dim=1)[:, :K]  # the K best that did not end, in score order
+        scores = top_scores.gather(1, live)
+        rows = (torch.arange(B, device=device)[:, None] * k + beam.gather(1, live)).view(-1)
+        tokens = torch.cat([tokens[rows], token.gather(1, live).view(-1, 1)], dim=1)
+        if step == 0:  # widen to K hypotheses per sentence (beams of one sentence are adjacent)
+            memory = memory.repeat_interleave(K, dim=0)
+            memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, dim=0)
+        if cache is not None:
+            cache.reorder(rows, memory_rows=rows if step == 0 else None)
+        done |= pool_scores[:, -1] > float("-inf")
+        if done.all():
+            break
+    else:  # out of steps: sentences still searching take their live hypotheses too
+        live_scores = torch.where(done[:, None], float("-inf"), scores / max_steps ** length_penalty)
+        pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, live_scores, tokens.view(B, K, -1)[:, :, 1:], ids.pad)
+    best = pool_tokens[:, 0]
+    length = int((best != ids.pad).sum(1).max())
+    return best[:, : max(length, 1)]
+
+
+def _keep_best(pool_scores: torch.Tensor, pool_tokens: torch.Tensor, new_scores: torch.Tensor, new_tokens: torch.Tensor,
+               pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge (B, N) new hypotheses into the (B, K) pool, best first."""
+    B, K, L = pool_tokens.shape
+    padded = torch.full((B, new_tokens.shape[1], L), pad, dtype=torch.long, device=pool_tokens.device)
+    padded[:, :, : new_tokens.shape[2]] = new_tokens
+    merged_scores, order = torch.cat([pool_scores, new_scores], dim=1).topk(K, dim=1)
+    merged_tokens = torch.cat([pool_tokens, padded], dim=1).gather(1, order[:, :, None].expand(-1, -1, L))
+    return merged_scores, merged_tokens

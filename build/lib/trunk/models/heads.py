@@ -1,0 +1,82 @@
+"""Task heads: small modules that map trunk outputs (B, T, C) to task outputs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+from trunk.models.trunk import ACTIVATIONS, Dropout
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:
+    """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean over real (unpadded) tokens."""
+    if how == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+class SequenceClassificationHead(nn.Module):
+    """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier."""
+
+    def __init__(self, d_model: int, num_labels: int, pooling: Literal["cls", "mean"] = "cls", dropout: float = 0.1) -> None:
+        super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        self.pooling = pooling
+        self.dense = nn.Linear(d_model, d_model)
+        self.drop = Dropout(dropout)
+        self.classifier = nn.Linear(d_model, num_labels)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, num_labels)."""
+        x = torch.tanh(self.dense(self.drop(pool(hidden, attention_mask, self.pooling))))
+        return self.classifier(self.drop(x))
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
+    weight is the token embedding (tied: one matrix for reading and writing tokens)."""
+
+    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5) -> None:
+        super().__init__()
+        vocab_size, d_model = token_embedding.weight.shape
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS[activation]()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder.weight = token_embedding.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., C) at the positions to predict (the masked ones only) -> (..., vocab) logits."""
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense + activation, then one logit per token ("was this token replaced?")."""
+
+    def __init__(self, d_model: int, activation: str = "gelu") -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS[activation]()
+        self.out = nn.Linear(d_model, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, T)."""
+        return self.out(self.act(self.dense(hidden))).squeeze(-1)
+
+
+class TokenClassificationHead(nn.Module):
+    """Per-token labels: dropout and a linear classifier on every position's vector."""
+
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.drop = Dropout(dropout)
+        self.classifier = nn.Linear(d_model, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (B, T, C) -> logits (B, T, num_labels)."""
+        return self.classifier(self.drop(hidden))

@@ -1,0 +1,146 @@
+"""Stems turn raw inputs into the (B, T, C) vectors the backbone consumes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from trunk.models.trunk import Backbone, Dropout, Trunk, TrunkConfig, init_weights
+
+
+def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:
+    """The fixed sin/cos table of "Attention Is All You Need": (n_positions, dim)."""
+    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table
+
+
+class TokenStem(nn.Module):
+    """Token embedding + position embedding (learned or sinusoidal; none for rope), then dropout.
+
+    Post-LN models (BERT) also normalise the embeddings; pre-LN models leave that to the first block.
+    """
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.max_len = cfg.max_len
+        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.positions == "learned":
+            self.position = nn.Embedding(cfg.max_len, cfg.d_model)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("position_table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        # "rope": no absolute positions here; attention rotates queries and keys (models/trunk.py)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """input_ids: (B, T) -> (B, T, C). ``offset``: the position of the first token (incremental decoding)."""
+        T = offset + input_ids.shape[1]
+        if T > self.max_len:
+            raise ValueError(
+                f"Sequence length {T} exceeds the trunk's max_len={self.max_len}: truncate the inputs "
+                "(the datamodules do this via their max_length option) or build the trunk with a larger max_len."
+            )
+        x = self.token(input_ids)
+        if hasattr(self, "position"):
+            x = x + self.position.weight[offset:T]
+        elif hasattr(self, "position_table"):
+            x = x + self.position_table[offset:T]
+        return self.drop(self.norm(x))
+
+
+def sinusoidal_positions_2d(rows: int, cols: int, dim: int) -> torch.Tensor:
+    """Fixed 2-D positions (MAE / MoCo v3): half the channels encode the row, half the column. (rows * cols, dim)."""
+    if dim % 4:
+        raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {dim}.")
+    row = sinusoidal_positions(rows, dim // 2)[:, None, :].expand(rows, cols, dim // 2)
+    col = sinusoidal_positions(cols, dim // 2)[None, :, :].expand(rows, cols, dim // 2)
+    return torch.cat([row, col], dim=-1).reshape(rows * cols, dim)
+
+
+class PatchStem(nn.Module):
+    """ViT stem: images (B, C, H, W) -> [CLS] + one vector per non-overlapping patch, (B, 1 + N, d_model).
+
+    Each p x p patch is flattened and projected linearly (a convolution with stride p computes
+    exactly that). Positions follow ``cfg.positions``: ``learned`` or ``sinusoidal`` add a 2-D
+    table over the patch grid; ``rope`` adds none (attention rotates by the patches' raster
+    order). Images of another size than ``image_size`` work when the patch size divides them: the
+    learned table is resized bicubically (as in timm / DeiT) and the sinusoidal one recomputed.
+    """
+
+    def __init__(self, cfg: TrunkConfig, image_size: int, patch_size: int, channels: int) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"patch_size={patch_size} does not divide image_size={image_size}: choose a patch size "
+                             f"that divides it (for {image_size}: {[p for p in range(1, image_size + 1) if image_size % p == 0]}).")
+        self.patch_size, self.channels = patch_size, channels
+        self.grid = image_size // patch_size
+        self.proj = nn.Conv2d(channels, cfg.d_model, kernel_size=patch_size, stride=patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+        nn.init.normal_(self.cls, std=cfg.init_std)
+        if cfg.positions == "learned":
+            self.position = nn.Parameter(torch.zeros(1, self.grid * self.grid, cfg.d_model))
+            nn.init.normal_(self.position, std=cfg.init_std)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("position_table", sinusoidal_positions_2d(self.grid, self.grid, cfg.d_model)[None], persistent=False)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
+        self.drop = Dropout(cfg.dropout)
+
+    def positions(self, rows: int, cols: int) -> torch.Tensor | None:
+        """The (1, rows * cols, d_model) position table for a grid of patches; None for rope."""
+        if hasattr(self, "position_table"):
+            if (rows, cols) == (self.grid, self.grid):
+                return self.position_table
+            return sinusoidal_positions_2d(rows, cols, self.position_table.shape[-1]).to(self.position_table.device)[None]
+        if not hasattr(self, "position"):
+            return None
+        if (rows, cols) == (self.grid, self.grid):
+            return self.position
+        table = self.position.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2)  # (1, d, grid, grid)
+        table = F.interpolate(table.float(), size=(rows, cols), mode="bicubic", align_corners=False)
+        return table.permute(0, 2, 3, 1).reshape(1, rows * cols, -1).to(self.position.dtype)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        if pixels.ndim != 4 or pixels.shape[1] != self.channels:
+            raise ValueError(f"Expected images shaped (batch, {self.channels}, height, width), got {tuple(pixels.shape)}: "
+                             f"the model takes {self.channels}-channel images (the objective's channels). Set the task's data channels={self.channels} "
+                             "to convert the images, or build the model for their channel count.")
+        H, W = pixels.shape[-2:]
+        if H % self.patch_size or W % self.patch_size:
+            raise ValueError(f"Images of {H}x{W} pixels do not split into {self.patch_size}x{self.patch_size} patches: "
+                             f"resize them (data.tasks.<task>.image_size) to a multiple of the patch size.")
+        x = self.proj(pixels).flatten(2).transpose(1, 2)  # (B, N, d_model), patches in raster order
+        table = self.positions(H // self.patch_size, W // self.patch_size)
+        if table is not None:
+            x = x + table
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        return self.drop(self.norm(x))
+
+
+STEM_KINDS = ("text", "image")
+
+
+def build_stem(kind: str, cfg: TrunkConfig, options: dict | None = None) -> nn.Module:
+    """A stem by modality: ``text`` (a ``TokenStem``) or ``image`` (a ``PatchStem``; ``options``: image_size,
+    patch_size, channels)."""
+    if kind == "text":
+        stem = TokenStem(cfg)
+        init_weights(stem, cfg.init_std)
+        return stem
+    if kind == "image":
+        return PatchStem(cfg, **(options or {}))  # initialises its own [CLS] and positions; the projection keeps conv init
+    raise ValueError(f"Unknown stem {kind!r}; stems are {STEM_KINDS}.")
+
+
+def build_trunk(cfg: TrunkConfig, stems: dict[str, dict] | None = None) -> Trunk:
+    """A freshly initialised trunk: ``stems`` maps each modality it reads to its options ({"text": {}} by default)."""
+    stems = {"text": {}} if stems is None else stems
+    built = {kind: build_stem(kind, cfg, options) for kind, options in stems.items()}
+    backbone = Backbone(cfg)
+    init_weights(backbone, cfg.init_std)
+    return Trunk(backbone, built)

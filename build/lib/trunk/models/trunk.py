@@ -1,0 +1,339 @@
+"""The trunk: a transformer encoder written from scratch.
+
+Read top to bottom: ``TrunkConfig`` -> ``Attention`` -> ``FeedForward`` -> ``Block`` -> ``Backbone``.
+A *stem* (see ``stems.py``) turns raw inputs into vectors, the ``Backbone`` mixes them, and a *head*
+(see ``heads.py``) turns them into task outputs. ``Trunk`` is stem + backbone: the part that is
+pretrained once and shared by every task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from trunk.core.checkpoint import load_checkpoint
+
+
+@dataclass
+class TrunkConfig:
+    """Architecture of the trunk. ``vocab_size`` and ``max_len`` size the text stem only."""
+
+    vocab_size: int = 8192
+    d_model: int = 256  # width
+    n_layers: int = 4  # depth
+    n_heads: int = 4
+    d_ff: int = 1024  # feed-forward width, usually 4 * d_model
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    max_len: int = 512
+    positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # rope: rotary, relative, inside attention
+    norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "choose n_heads so that each head gets d_model / n_heads channels."
+            )
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides) -> "TrunkConfig":
+        """The architecture of a pretrained-trunk directory (its config.json) or of a Trunk checkpoint,
+        with ``overrides`` on top (``dropout=0.2``): plain Python, as litgpt's ``Config.from_file``."""
+        path = Path(path)
+        if path.is_dir():
+            values = json.loads((path / "config.json").read_text())["trunk"]
+        else:
+            values = load_checkpoint(path)["hyper_parameters"]["trunk"]
+        return cls.from_dict({**dict(values), **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrunkConfig":
+        """A config from stored values; fields written by a later version are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout``, about twice as fast on CPU (benchmarks/throughput.py).
+
+    On CPU, torch draws one 32-bit random number per element for dropout's Bernoulli mask, and the
+    draw costs far more than the multiply: dropout took about a third of a training step. Here one
+    32-bit draw serves two elements (two 15-bit halves), and the mask is made already scaled, so the
+    forward and the backward are one multiply each. The keep probability is 1 - round(32768 p) / 32768,
+    within 2e-5 of 1 - p. The saved mask has x's dtype (F.dropout keeps a bool one). On other
+    devices, where dropout is a fused kernel, this is ``F.dropout``.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF  # uniform in [0, 32768)
+    keep_scaled = torch.where(bits >= round(p * 32768), 1.0 / (1.0 - p), 0.0).to(x.dtype)
+    return x * keep_scaled.view(x.shape)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` on the fast ``dropout`` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+class Unpadded:
+    """Where the real tokens of a padded (B, T) batch are, so the blocks compute on real tokens only.
+
+    Fine-tuning batches are padded to their longest row; at SST-2's lengths most positions are
+    padding. The backbone gathers the N real tokens into (N, C) once; every linear layer, norm and
+    dropout then runs on N rows, and attention alone scatters queries, keys and values back into
+    the padded (B, T) layout for its masked product (``pad``) and gathers its output (``unpad``).
+    """
+
+    def __init__(self, key_padding_mask: torch.Tensor) -> None:
+        self.batch, self.length = key_padding_mask.shape
+        self.index = key_padding_mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of the real tokens
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (N, C)."""
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C) -> (B, T, C), zeros at the padding."""
+        out = x.new_zeros(self.batch * self.length, x.shape[-1]).index_copy(0, self.index, x)
+        return out.view(self.batch, self.length, -1)
+
+    @staticmethod
+    def pays(key_padding_mask: torch.Tensor | None) -> bool:
+        """Worth it from a tenth of padding up: below that, the gathers cost more than they save."""
+        return key_padding_mask is not None and key_padding_mask.numel() > 0 and bool(key_padding_mask.float().mean() < 0.9)
+
+
+def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (RoFormer; GPT-NeoX's half-split layout) of (B, H, T, D) queries or keys.
+
+    Channel pair i of position t turns by the angle t * base^(-2i/D), so a query-key dot product
+    depends on the two positions only through their distance. A model can attend "one word to the
+    left" from its first steps, which learned absolute positions must discover first.
+    """
+    T, D = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    angles = torch.outer(torch.arange(offset, offset + T, device=x.device, dtype=torch.float32), inv_freq)  # (T, D/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head attention on ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
+
+    Self-attention when ``context`` is None, cross-attention on ``context`` otherwise; the same
+    weights layout serves both, so the decoder reuses this class unchanged. With ``rotary``,
+    self-attention rotates queries and keys by their positions (``rotate``).
+
+    For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
+    keys and values between calls: self-attention appends the new tokens' and attends to all of
+    them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
+        super().__init__()
+        if rotary and (d_model // n_heads) % 2:
+            raise ValueError(f"Rotary positions need an even head width; d_model / n_heads = {d_model // n_heads}.")
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.rotary = rotary
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: dict | None = None,
+        unpadded: Unpadded | None = None,
+    ) -> torch.Tensor:
+        """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
+        real keys. context: (B, S, C)."""
+        pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
+        q = pad(self.q_proj(x))
+        B, T, C = q.shape
+        q = q.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
+        if context is not None and cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
+        else:
+            kv = pad(self.kv_proj(x)) if context is None else self.kv_proj(context)
+            S = kv.shape[1]
+            k, v = kv.view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+            if context is None:
+                offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
+                if self.rotary:
+                    q, k = rotate(q, offset), rotate(k, offset)
+                if offset:
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            if cache is not None:  # contiguous: else every later step's attention products copy them
+                k, v = k.contiguous(), v.contiguous()
+                cache["k"], cache["v"] = k, v
+        S = k.shape[2]
+
+        mask = None
+        if key_padding_mask is not None:
+            mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        if causal and T > 1:
+            # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
+            # Queries are the last T of the S positions (earlier ones may come from the cache).
+            causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+            mask = causal_mask if mask is None else mask & causal_mask
+        p = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and (p > 0 or T == 1):
+            y = attention_written_out(q, k, v, mask, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.out_proj(y if unpadded is None else unpadded.unpad(y))
+
+
+def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
+    """softmax(QK^T / sqrt(D) + mask) V with dropout ``p`` on the probabilities, written out. Used on CPU
+    where SDPA is slow: with dropout it falls back to these same steps but draws its mask with the slow
+    Bernoulli; for one query (a decoding step) its flash kernel costs 1.2x these steps in fp32, 5x in bf16."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return dropout(scores.softmax(-1), p) @ v
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: expand, activate, project back. No dropout inside (as BERT and GPT-2): on the
+    d_ff-wide activations it cost about a seventh of a training step; the block's residual dropout follows."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff)
+        self.act = ACTIVATIONS[activation]()
+        self.fc_out = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    """One residual block: attention then feed-forward, each wrapped in LayerNorm + residual."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, rotary=cfg.positions == "rope")
+        self.norm_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
+        self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.drop = Dropout(cfg.dropout)
+
+    def residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+        if self.pre_norm:  # x + f(LN(x)): the residual stream is never normalised
+            return x + self.drop(sublayer(norm(x)))
+        return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                unpadded: Unpadded | None = None) -> torch.Tensor:
+        """x: (B, T, C), or (N, C) real tokens with ``unpadded``."""
+        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded), self.norm_attn)
+        return self.residual(x, self.ff, self.norm_ff)
+
+
+def run_block(block: nn.Module, grad_checkpointing: bool, *args):
+    """``block(*args)``; with ``grad_checkpointing`` (in training), its activations are not kept but
+    recomputed in backward: less memory for about a third more compute. The random state is replayed,
+    so dropout draws the same masks both times."""
+    if grad_checkpointing and block.training and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
+    return block(*args)
+
+
+class Backbone(nn.Module):
+    """The encoder stack shared by every modality: (B, T, C) vectors in, (B, T, C) vectors out."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Pre-LN leaves the residual stream unnormalised, so it needs one LayerNorm at the very end.
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward (``run_block``)."""
+        self.grad_checkpointing = enable
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros."""
+        unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
+        if unpadded is not None:
+            x = unpadded.unpad(x)
+        for block in self.blocks:
+            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded)
+        x = self.final_norm(x)
+        return x if unpadded is None else unpadded.pad(x)
+
+
+class Trunk(nn.Module):
+    """Stems + backbone: the pretrained, shareable part of every model.
+
+    One backbone, and one stem per input modality (``text``: a ``TokenStem``; ``image``: a
+    ``PatchStem``), so text and image tasks can train one set of blocks in the same run.
+    """
+
+    def __init__(self, backbone: Backbone, stems: dict[str, nn.Module]) -> None:
+        super().__init__()
+        if not stems:
+            raise ValueError("A trunk needs at least one stem (text or image).")
+        self.stems = nn.ModuleDict(stems)
+        self.backbone = backbone
+
+    @property
+    def cfg(self) -> TrunkConfig:
+        return self.backbone.cfg
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
+        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C)."""
+        key_padding_mask = None if attention_mask is None else attention_mask.bool()
+        return self.backbone(self.stems[stem](inputs), key_padding_mask)
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT/GPT initialisation: N(0, std) for matrices and embeddings, zero biases, unit LayerNorms."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * depth), so the
+    # stream's variance does not grow with depth.
+    n_layers = sum(isinstance(m, Block) for m in module.modules())
+    for name, p in module.named_parameters():
+        if name.endswith(("attn.out_proj.weight", "ff.fc_out.weight")):
+            nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * max(n_layers, 1)))

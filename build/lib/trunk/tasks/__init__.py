@@ -1,0 +1,19 @@
+"""The model side: one LightningModule (``TrunkModule``) and an objective per task kind (``objectives/``)."""
+
+from trunk.tasks.api import Predictor, load
+from trunk.tasks.finetuning import FinetuneConfig
+from trunk.tasks.module import TrunkModule
+from trunk.tasks.objectives import (
+    EntityF1,
+    ImageClassification,
+    MaskedLanguageModeling,
+    Objective,
+    ReplacedTokenDetection,
+    SequenceClassification,
+    TokenClassification,
+    Translation,
+)
+from trunk.tasks.optim import OptimConfig
+
+__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "Objective", "OptimConfig", "Predictor",
+           "ReplacedTokenDetection", "SequenceClassification", "TokenClassification", "Translation", "TrunkModule", "load"]

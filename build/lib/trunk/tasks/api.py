@@ -1,0 +1,110 @@
+"""Inference in plain Python, without the CLI:
+
+    from trunk.tasks import load
+    model = load("runs/sst2/csv/version_0/checkpoints/best.ckpt")     # or a trunk directory with heads
+    model.predict(["a gripping film", "a dull plot"], task="sst2")
+    # [{"text": "a gripping film", "label": "positive", "probs": {...}}, ...]  (the records of `trunk predict`)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from pathlib import Path
+
+import torch
+from trunk.core.checkpoint import is_sharded_checkpoint
+from trunk.datamodules import MultiTaskData
+from trunk.tasks.module import TrunkModule
+from trunk.tasks.precision import resolve_precision
+from trunk.tasks.pretrained import load_pretrained
+from trunk.tasks.run import read_run_checkpoint, resolve
+
+
+INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
+
+
+class Predictor:
+    """A trained model and, per task, the data class that turns raw inputs into its batches.
+
+    ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
+    (the rule of training runs, ``trunk.tasks.precision``); ``32-true`` or ``bf16-mixed`` force one."""
+
+    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto") -> None:
+        if precision not in INFERENCE_PRECISIONS:
+            raise ValueError(f"precision={precision!r}: inference runs in one of {list(INFERENCE_PRECISIONS)}.")
+        self.model, self.data = model.eval(), data
+        self.precision = resolve_precision(precision, model.device.type)
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.model.objectives)
+
+    @torch.no_grad()
+    def predict(self, inputs: list, task: str | None = None, batch_size: int = 64) -> list[dict]:
+        """One record per input, as ``trunk predict`` writes them. ``inputs``: texts (or (text, pair)
+        tuples) for classification, sentences (strings or word lists) for NER, source sentences for
+        translation, image paths / PIL images / arrays for image tasks. ``task`` may be left out
+        when the model has one task."""
+        if task is None:
+            if len(self.tasks) != 1:
+                raise ValueError(f"This model has the tasks {self.tasks}: name one with task=...")
+            task = self.tasks[0]
+        if task not in self.data:
+            raise ValueError(f"No task named {task!r}; this model's tasks are {self.tasks}.")
+        records: list[dict] = []
+        device = self.model.device
+        bf16 = torch.autocast(device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
+        for start in range(0, len(inputs), batch_size):
+            batch = {"task": task, **self.data[task].encode_inputs(list(inputs[start : start + batch_size]))}
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            with bf16:
+                records += self.model.predict_step(batch, 0)
+        return records
+
+
+def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto") -> Predictor:
+    """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
+    once (``trunk.tasks.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
+
+    ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
+    checkpoints store each task's data settings). ``precision``: see ``Predictor``."""
+    path = Path(path)
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        pretrained = load_pretrained(path)
+        if not pretrained.heads:
+            raise ValueError(f"'{path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, or "
+                             "export a fine-tuned checkpoint with `trunk export CKPT DIR`.")
+        heads = {name: head["meta"] for name, head in pretrained.heads.items()}
+        run = _run_data(path, {name: meta.get("data") for name, meta in heads.items()},
+                        {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
+        for name, meta in heads.items():
+            if meta.get("label_names") is not None:
+                run.tasks[name].use_labels_of(meta["label_names"], f"'{path}'")
+        model = resolve({"tasks": {name: meta["objective"] for name, meta in heads.items()}}, run, init_from=pretrained).model
+    else:
+        ckpt = read_run_checkpoint(path)
+        specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
+        run = _run_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
+        model = resolve({}, run, ckpt_path=path, checkpoint=ckpt).model
+        model.on_load_checkpoint(ckpt)  # refuses non-finite weights
+        model.load_state_dict(ckpt["state_dict"])
+    return Predictor(model.to(map_location), run.tasks, precision)
+
+
+def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:
+    """The stored tasks' data (as the run configured it, without its splits), or the ``given`` ones."""
+    tasks = {**{name: _instantiate(spec) for name, spec in specs.items() if spec}, **(given or {})}
+    missing = sorted(set(specs) - set(tasks))
+    if missing:
+        raise ValueError(f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as "
+                         "load(path, data={task: TextClassificationData(...), ...}).")
+    run = MultiTaskData(tasks)
+    for name, member in run.tasks.items():
+        member.load_state_dict(states.get(name, {}))
+    return run
+
+
+def _instantiate(spec: dict):
+    module, _, name = spec["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))

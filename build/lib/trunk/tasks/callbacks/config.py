@@ -1,0 +1,17 @@
+"""The resolved config, saved beside the run and logged to every logger."""
+
+from __future__ import annotations
+
+import lightning as L
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+
+
+class LogConfigCallback(SaveConfigCallback):
+    """Save config.yaml in the log directory (Lightning's default) and log the resolved config to every logger."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # plain types only
+        config.pop("config", None)  # the paths of the YAML files themselves
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"config": config})

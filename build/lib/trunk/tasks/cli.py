@@ -1,0 +1,406 @@
+"""The ``trunk`` command: LightningCLI with Trunk's links, callbacks and checkpoint handling."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import logging
+import os
+import sys
+import typing
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import torch
+import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy
+from trunk.datamodules import MultiTaskData
+from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
+from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
+from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
+from trunk.tasks.module import TrunkModule
+from trunk.tasks.precision import resolve_precision
+from trunk.tasks.pretrained import export_checkpoint
+from trunk.tasks.run import RunSourceError, resolve
+
+LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
+
+
+class _DropProductTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_third_party() -> None:
+    """Keep the output to what a user can act on: no product tips, no deprecation notices from inside
+    libraries, no advice to add loader workers (training batches are built in the main process by design)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropProductTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
+    warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
+
+
+class TrunkTrainer(Trainer):
+    """Lightning's ``Trainer`` with one more precision, ``auto`` (the default): bf16-mixed where the device
+    multiplies bf16 natively, 32-true where it does not (``trunk.tasks.precision``). The run says which in one line."""
+
+    def __init__(self, *, precision: Union[Literal["auto"], LIGHTNING_PRECISION] = "auto", **kwargs) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+
+class TrunkCLI(LightningCLI):
+    """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:  # one whole line each in `trunk --help`, not the Trainer docstrings' first words
+            for choice in self.parser._subcommands_action._choices_actions:
+                choice.help = SUBCOMMANDS.get(choice.dest, choice.help)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning would read the checkpoint here to restore the model's options; ``resolve`` reads it once."""
+
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """The Trainer, the data, and the model's options: the model itself is built by ``trunk.tasks.run.resolve``
+        (not by the parser), once the data and any checkpoint or trunk directory are known."""
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.add_class_arguments(TrunkModule, "model", fail_untyped=False, instantiate=False, sub_configs=True,
+                                   skip={"task_info", "codec"})
+        parser.add_argument("--model.init_from", type=Optional[str], default=None,
+                            help="A pretrained-trunk directory, a checkpoint (a new run from its weights: fresh optimizer, schedule "
+                                 "and step count) or wandb-artifact://entity/project/name:alias. Loads the trunk and, for each task "
+                                 "with a stored head of the same name and kind, that head (labels matched by name).")
+        parser.add_argument("--model.reinit_mismatched_heads", type=bool, default=False,
+                            help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
+                                 "fresh classifier (else: an error naming both label sets).")
+        parser.add_lightning_class_args(self._datamodule_class, "data")
+
+    def instantiate_classes(self) -> None:
+        """Parse -> resolve -> Trainer: the data and the objectives from the config, then the run's facts and its
+        model from ``resolve`` (reading any checkpoint or trunk directory once), then the Trainer."""
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        options = dict(self._get(self.config_init, "model"))
+        init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
+        ckpt_path = config.get("ckpt_path")
+        try:
+            self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
+                               reinit_mismatched_heads=reinit)
+        except RunSourceError as err:
+            sys.exit(f"error: {err}")
+        self.run.say()
+        self.model = self.run.model
+        self._record_resolved()
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
+
+    def _record_resolved(self) -> None:
+        """Write what ``resolve`` decided into the run's config (saved as config.yaml and logged), so it records what
+        ran rather than what was overridden: the checkpoint's model options, the trunk's architecture and
+        vocabulary, the tokenizer, each task's lengths and label order."""
+        model, data, sub = self.model, self.datamodule, self.subcommand
+        if self.run.checkpoint_path is not None:  # Lightning's own merge of a checkpoint's options, as it would have done
+            options = copy.deepcopy({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                                     for k, v in model.hparams.items() if k != "task_info"})  # the parser converts in place
+            self.config = self.parser.parse_object({sub: {"model": options}} if sub else {"model": options}, self.config)
+        config = self.config[sub] if sub else self.config
+        if self.run.checkpoint_path is not None:
+            config.model.init_from = None  # the checkpoint holds the weights
+        for key, value in model.trunk_config.to_dict().items():
+            config.model.trunk[key] = value
+        if self.run.tokenizer_source is not None:
+            config.data.tokenizer = self.run.tokenizer_source
+        config.data.lowercase = data.lowercase
+        for name, member in data.tasks.items():
+            args = (config.data.tasks or {}).get(name, {}).get("init_args")
+            if args is None:
+                continue
+            for key in ("max_length", "target_max_length"):
+                if key in args:
+                    args[key] = getattr(member, key)
+            if "label_names" in args and getattr(member, "_label_names", None) is not None:
+                args["label_names"] = list(member.label_order)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_lightning_class_args(FaultTolerance, "fault_tolerance")
+
+    # Each step trains one task, so under DDP the other tasks' heads get no gradient that step: the
+    # reducer must be told (find_unused_parameters), at the cost of one graph traversal per step.
+    DDP_FIND_UNUSED = {name: f"{name}_find_unused_parameters_true" for name in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")}
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self._check_task_names(config)
+        self._check_wandb(config)
+        strategy = config.trainer.get("strategy")
+        if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
+            config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            config.ckpt_path = str(self._last_checkpoint(config))
+
+    @staticmethod
+    def _last_checkpoint(config) -> Path:
+        """``--ckpt_path last``: the newest last.ckpt under the run's root directory."""
+        root = Path(config.trainer.get("default_root_dir") or ".")
+        found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            sys.exit(f"error: --ckpt_path last: no last.ckpt under '{root}' (trainer.default_root_dir): nothing to resume. "
+                     "Start the run without --ckpt_path, or pass the checkpoint's path.")
+        print(f"Resuming from {found[-1]}", file=sys.stderr)
+        return found[-1]
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        # Checkpoints are written atomically with a digest, and read with weights_only=True and verified.
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            run = getattr(self, "run", None)
+            config["plugins"] = [*plugins, AtomicCheckpointIO(run and run.checkpoint_path, run and run.checkpoint)]
+        config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
+        check_multi_node_launch(config.get("num_nodes") or 1, plugins)
+        check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
+        configured = config.get("callbacks") or []
+        given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
+        callbacks = [*callbacks, *run_callbacks(config, given)]
+        trainer = super()._instantiate_trainer(config, callbacks)
+        (self.config[self.subcommand] if self.subcommand else self.config).trainer.precision = trainer.precision  # as saved
+        run = getattr(self, "run", None)
+        if self.subcommand == "fit" and run is not None and run.checkpoint is not None:
+            self._continue_logging(trainer, run.checkpoint_path, run.checkpoint["global_step"])
+        if run is not None:
+            run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
+        return trainer
+
+    def _ddp_with_timeout(self, strategy):
+        """``ddp*`` strategies named by string get the process-group timeout of fault_tolerance.ddp_timeout_minutes:
+        a process that stops responding turns into an error on every process instead of a hang."""
+        if not isinstance(strategy, str) or not strategy.startswith("ddp"):
+            return strategy
+        name, find_unused = strategy.removesuffix("_find_unused_parameters_true"), strategy.endswith("_find_unused_parameters_true")
+        start_method = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}.get(name)
+        if start_method is None:
+            return strategy
+        minutes = (self.config[self.subcommand].get("fault_tolerance") or {}).get("ddp_timeout_minutes", 30.0)
+        return DDPStrategy(start_method=start_method, find_unused_parameters=find_unused, timeout=timedelta(minutes=minutes))
+
+    @staticmethod
+    def _continue_logging(trainer, ckpt_path: Path, step: int) -> None:
+        """A resumed run logs to (and checkpoints in) the directory of the run it resumes, so the
+        checkpoint callback finds its best score and top-k files again, instead of a new version_N."""
+        version_dir = ckpt_path.resolve().parent.parent
+        if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
+            return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
+        for logger in trainer.loggers:
+            if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
+                logger._version = int(version_dir.name.removeprefix("version_"))
+                if isinstance(logger, CSVLogger):
+                    _keep_csv_history(logger, step)
+
+    @staticmethod
+    def _check_wandb(config) -> None:
+        """With an API key but no route to the server, log offline at once instead of blocking and failing."""
+        uses_wandb = "WandbLogger" in str(config.trainer.get("logger"))
+        if uses_wandb and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun") and not wandb_reachable():
+            os.environ["WANDB_MODE"] = "offline"
+            print("W&B server unreachable: logging offline. Upload the run later with `wandb sync <its directory>`.", file=sys.stderr)
+
+    @staticmethod
+    def _check_task_names(config) -> None:
+        model_tasks, data_tasks = config.model.get("tasks") or {}, config.data.get("tasks") or {}
+        if set(model_tasks) != set(data_tasks):
+            sys.exit(f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "
+                     "needs an objective (model.tasks.<name>) and data (data.tasks.<name>) under the same name.")
+
+    def after_fit(self) -> None:
+        """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
+        if not self.datamodule.has_split("test") or self.trainer.interrupted:
+            return
+        best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def check_strategy_fits_accelerator(strategy, accelerator) -> None:
+    """Lightning's FSDP and DeepSpeed strategies run on GPUs only: say so, with what runs on a CPU."""
+    name = strategy if isinstance(strategy, str) else ""
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    if on_cpu and name.startswith(("fsdp", "deepspeed")):
+        raise ValueError(f"trainer.strategy={name} runs on GPUs only, and this run is on CPU. On CPU use DDP: "
+                         "--config configs/trainer/ddp_cpu.yaml (or --trainer.strategy=ddp --trainer.devices=2).")
+
+
+def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
+    """``trainer.num_nodes > 1`` needs something that starts the processes on every machine; without it
+    the first machine would wait for the others until the process-group timeout."""
+    if num_nodes <= 1 or any(isinstance(p, ClusterEnvironment) for p in plugins):
+        return
+    if any(env.detect() for env in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment)):
+        return
+    if all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")):
+        return  # Lightning's own launcher, started by hand on every machine
+    raise ValueError(
+        f"trainer.num_nodes={num_nodes} but no multi-machine launcher started this process. On every machine run "
+        f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> --master-addr=<first machine> "
+        "--master-port=29500 -m trunk.tasks.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; docs/scaling.md), "
+        "or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, leave num_nodes at 1."
+    )
+
+
+def _keep_csv_history(logger: CSVLogger, step: int) -> None:
+    """Lightning's CSV writer deletes an existing metrics.csv; a resumed run keeps the rows logged up to
+    its checkpoint's step (later ones are logged again) and appends to them."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), [r for r in reader if int(r.get("step") or 0) <= step]
+    writer = logger.experiment  # created now: it removes the file
+    with path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = header
+
+
+def _repeated_key(node: yaml.Node) -> yaml.Node | None:
+    """The first key given twice in one mapping of a composed YAML tree (PyYAML keeps the last one silently)."""
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key, _ in node.value:
+            if key.value in seen:
+                return key  # the second one: the line to fix
+            seen.add(key.value)
+        children = [value for _, value in node.value]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    return next((found for child in children if (found := _repeated_key(child)) is not None), None)
+
+
+def check_config_files(args: list[str]) -> None:
+    """Fail clearly on a config file that names a task (or any key) twice, before LightningCLI reads it."""
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for path in paths:
+        if not Path(path).is_file():
+            continue  # LightningCLI reports it
+        try:
+            tree = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)  # nodes only: nothing is constructed
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            sys.exit(f"error: {path}{where}: not valid YAML ({getattr(err, 'problem', None) or err}). Fix the file's syntax "
+                     "(indentation, a missing ':' or closing bracket).")
+        except UnicodeDecodeError:
+            sys.exit(f"error: {path} is not UTF-8 text: a config must be a YAML text file.")
+        repeated = _repeated_key(tree) if tree is not None else None
+        if repeated is not None:
+            sys.exit(f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task names "
+                     "(and every other key) must be unique: rename one of them.")
+
+
+def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
+    """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point.
+    With ``run=False`` there is no subcommand: the classes are only instantiated."""
+    check_config_files(sys.argv[1:] if args is None else args)
+    quiet_third_party()
+    if not wandb_has_credentials():
+        os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
+    return TrunkCLI(
+        TrunkModule,
+        MultiTaskData,
+        trainer_class=TrunkTrainer,
+        save_config_callback=LogConfigCallback,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+        parser_kwargs={
+            "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, classification, "
+                           "NER, translation, ViT), trained alone or jointly.",
+            "epilog": "Also: export  Write a pretrained-trunk directory from a checkpoint: `trunk export CKPT DIR` "
+                      "(`trunk export --help`).",
+        },
+    )
+
+
+# One line each for `trunk --help` (Lightning's defaults are the Trainer methods' docstrings, cut mid-sentence).
+SUBCOMMANDS = {
+    "fit": "Train on every task's data (validating as configured; a test split is evaluated at the end).",
+    "validate": "Evaluate a checkpoint (--ckpt_path) or a fresh model on the validation splits.",
+    "test": "Evaluate a checkpoint (--ckpt_path) on the test splits.",
+    "predict": "Write each predict split's predictions as JSON lines (predictions.output).",
+}
+
+
+def export_main(args: list[str]) -> None:
+    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="trunk export",
+        description="Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a "
+                    "checkpoint written by `trunk fit`: the trunk and every task's head; start a run from it with "
+                    "--model.init_from=DIR.",
+    )
+    parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
+    parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
+    parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
+    parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
+                                                "offline without an API key (`wandb sync` uploads it)")
+    parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
+    options = parser.parse_args(args)
+    try:
+        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
+    if options.wandb_project:
+        import wandb
+
+        if not wandb_has_credentials() or not wandb_reachable():
+            os.environ.setdefault("WANDB_MODE", "offline")
+        name = options.artifact_name or f"trunk-{Path(path).name}"
+        with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
+            log_trunk_artifact(run, path, name, ["latest"])
+        print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """A DDP collective that timed out or lost its peer (gloo and NCCL say so in RuntimeErrors)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or (isinstance(err, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Connection closed by peer", "Timed out", "timed out", "NCCL", "ProcessGroup")))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["export"]:
+        export_main(sys.argv[2:])
+    else:
+        try:
+            run_cli()
+        except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
+            sys.exit("\nInterrupted.")
+        except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
+            unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
+            if os.environ.get("TRUNK_TRACEBACK") or unexpected:
+                raise
+            if is_collective_failure(err):
+                err = (f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): another process "
+                       "stopped responding or died. Its own output says why; a process that is only slow (a long save, a "
+                       "big evaluation) needs a longer --fault_tolerance.ddp_timeout_minutes.")
+            sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
+
+
+if __name__ == "__main__":
+    main()

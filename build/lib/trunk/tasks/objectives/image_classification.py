@@ -1,0 +1,45 @@
+"""Image classification by a ViT: a patch stem on the same ``Backbone`` the text tasks use."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from trunk.models import Trunk
+from trunk.tasks.objectives.classification import Classification
+
+
+class ImageClassification(Classification):
+    """Classify images from the [CLS] vector (or the mean of the patch vectors) of a ViT.
+
+    Images are cut into ``patch_size`` squares, projected, given a [CLS] token and 2-D positions
+    (``trunk.positions``: learned or sinusoidal; see ``models.PatchStem``) and fed to the trunk's
+    ``Backbone``: the image stem of the trunk, beside the text stem when text tasks share the run.
+    Images of another size than ``image_size`` work when divisible by the patch size (positions are
+    interpolated). Metrics and predictions are those of ``SequenceClassification`` (accuracy,
+    macro-F1; label and probabilities per image, with the image's file or index as ``id``), shared through ``Classification``.
+
+    Args:
+        image_size: the side of the (square) training images, in pixels: sizes the position table.
+        patch_size: the side of each patch; must divide the image size.
+        channels: 1 (grey) or 3 (RGB).
+        pooling: ``cls`` or ``mean`` (over all tokens).
+        head_dropout: dropout inside the classification head.
+    """
+
+    kind = "image_classification"
+    stem = "image"
+    input_key = "pixel_values"
+
+    def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Literal["cls", "mean"] = "cls",
+                 head_dropout: float = 0.1) -> None:
+        super().__init__(pooling, head_dropout, image_size=image_size, patch_size=patch_size, channels=channels)
+        self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
+
+    def stem_options(self) -> dict:
+        return {"image_size": self.image_size, "patch_size": self.patch_size, "channels": self.channels}
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = super().samples(trunk, batch)
+        for record, image in zip(records, batch["pixel_values"]):
+            record["wandb_image"] = image  # shown as an image in W&B tables; left out of the JSON lines
+        return records

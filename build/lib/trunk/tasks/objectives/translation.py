@@ -1,0 +1,133 @@
+"""Sequence-to-sequence translation: the trunk encodes the source, a decoder with cross-attention writes the target."""
+
+from __future__ import annotations
+
+import re
+
+from dataclasses import asdict, replace
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import SacreBLEUScore
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
+from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search, init_weights
+from trunk.tasks.objectives.base import Objective
+
+# The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK].
+GENERATION_IDS = SpecialIds(bos=SPECIAL_IDS[CLS], eos=SPECIAL_IDS[SEP], pad=SPECIAL_IDS[PAD],
+                            banned=tuple(SPECIAL_IDS[t] for t in (PAD, CLS, MASK)))
+
+
+class Translation(Objective):
+    """Encoder-decoder translation with teacher forcing, label smoothing and BLEU; data from ``TranslationData``.
+
+    The trunk (optionally pretrained, ``init_from``) is the encoder. The decoder has the trunk's
+    architecture (``decoder_layers`` deep) with causal self-attention, cross-attention on the
+    encoder output and an output projection tied to its token embeddings; with a joint vocabulary
+    and ``share_embeddings`` those are the trunk's text embeddings too (one matrix, three uses).
+
+    Metrics: next-token accuracy under teacher forcing (``acc``), and on validation and test
+    sacreBLEU (``bleu``: 13a tokenization, cased, 0-100) of generated, detokenized text against
+    the references; the primary is BLEU / 100. Validation generates greedily by default
+    (``val_beam_size``), test and predict with ``generation``. Prediction writes ``{source, translation}``.
+
+    Args:
+        decoder_layers: decoder depth; unset: the trunk's ``n_layers``.
+        share_embeddings: one embedding matrix for source, target and output (joint vocabulary only).
+        label_smoothing: the target distribution's mass spread over the vocabulary.
+        generation: beam size, length penalty and length limits for test and predict.
+        val_beam_size: beam size when generating for validation BLEU (1: greedy, the quickest).
+    """
+
+    kind = "translation"
+    primary = "bleu_fraction"
+
+    def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
+                 generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1) -> None:
+        generation = GenerationConfig(**generation) if isinstance(generation, dict) else generation
+        super().__init__(decoder_layers=decoder_layers, share_embeddings=share_embeddings, label_smoothing=label_smoothing,
+                         generation=asdict(generation), val_beam_size=val_beam_size)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
+        self.decoder_layers, self.share_embeddings, self.label_smoothing = decoder_layers, share_embeddings, label_smoothing
+        self.generation, self.val_beam_size = generation, val_beam_size
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: dict) -> None:
+        self.target_vocab_size = info.get("target_vocab_size") or cfg.vocab_size
+        if self.share_embeddings and self.target_vocab_size != cfg.vocab_size:
+            raise ValueError(f"Task '{self.name}': share_embeddings needs one vocabulary for both sides, but the source has "
+                             f"{cfg.vocab_size} tokens and the target {self.target_vocab_size}. Set joint_vocabulary=true in "
+                             "the task's data, or share_embeddings=false.")
+        self.decoder = Decoder(replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers))
+        init_weights(self.decoder, cfg.init_std)
+        if self.share_embeddings:
+            self.decoder.stem.token = trunk.stems["text"].token
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        metrics = {"acc": MulticlassAccuracy(self.target_vocab_size, average="micro", ignore_index=IGNORE_INDEX)}
+        if stage != "train":
+            metrics["bleu"] = SacreBLEUScore(tokenize="13a")
+        return metrics
+
+    def compute_metrics(self, stage: str) -> dict[str, torch.Tensor]:
+        values = super().compute_metrics(stage)
+        if "bleu" in values:
+            values["bleu_fraction"] = values["bleu"]  # in [0, 1], for the run's score
+            values["bleu"] = 100 * values["bleu"]  # sacreBLEU's 0-100 scale
+        return values
+
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """Teacher forcing: (B, S) sources and (B, U) shifted targets -> (B, U, target vocab) logits."""
+        memory = self.encode(trunk, batch)
+        return self.decoder(batch["decoder_input_ids"], memory, batch["attention_mask"].bool())
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        labels = batch["labels"]
+        scored = labels != IGNORE_INDEX  # the real target positions: the decoder and its output layer skip the padding
+        hidden = self.decoder.hidden(batch["decoder_input_ids"], self.encode(trunk, batch), batch["attention_mask"].bool(),
+                                     target_mask=scored)
+        logits, labels = self.decoder.logits(hidden[scored]).float(), labels[scored]  # (N, V), (N,)
+        metrics = self.metrics(stage)
+        metrics["acc"].update(logits.argmax(-1), labels)
+        if "bleu" in metrics:
+            beam_size = self.val_beam_size if stage == "val" else self.generation.beam_size
+            metrics["bleu"].update(self.translate(trunk, batch, beam_size), [[reference] for reference in batch["target"]])
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+
+    @torch.no_grad()
+    def generate(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor, beam_size: int | None = None,
+                 use_cache: bool = True) -> torch.Tensor:
+        """Target token ids (B, L), ending with [SEP] (unless cut by the length limit), padded after it."""
+        beam_size = beam_size or self.generation.beam_size
+        memory, memory_mask = trunk(input_ids, attention_mask), attention_mask.bool()
+        steps = self.generation.steps(int(attention_mask.sum(1).max()))
+        if beam_size == 1:
+            return greedy_search(self.decoder, memory, memory_mask, GENERATION_IDS, steps, use_cache)
+        return beam_search(self.decoder, memory, memory_mask, GENERATION_IDS, steps, beam_size, self.generation.length_penalty, use_cache)
+
+    def translate(self, trunk: Trunk, batch: dict, beam_size: int | None = None) -> list[str]:
+        """Detokenized translations (decoded with the task's target tokenizer)."""
+        if self.codec is None:
+            raise RuntimeError(f"Task '{self.name}' has no tokenizer to decode with: the model was built without a codec.")
+        tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"], beam_size).tolist()
+        cut = [row[: row.index(GENERATION_IDS.eos)] if GENERATION_IDS.eos in row else row for row in tokens]
+        return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """Source, reference, hypothesis (greedy or ``val_beam_size``) and the sentence's sacreBLEU: add-one
+        smoothed, up to the n-gram order the hypothesis has (else a sentence of 3 tokens always scores 0)."""
+        from torchmetrics.functional.text import sacre_bleu_score
+
+        def sentence_bleu(hypothesis: str, reference: str) -> float:
+            order = max(1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis))))  # n-grams the sentence has (sacreBLEU's "effective order")
+            return round(100 * float(sacre_bleu_score([hypothesis], [[reference]], n_gram=order, smooth=True)), 2)
+
+        hypotheses = self.translate(trunk, batch, self.val_beam_size)
+        return [{"source": source, "reference": reference, "hypothesis": hypothesis, "bleu": sentence_bleu(hypothesis, reference)}
+                for source, reference, hypothesis in zip(batch["source"], batch["target"], hypotheses)]
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        translations = self.translate(trunk, batch)
+        return [{"source": source, "translation": translation} for source, translation in zip(batch["source"], translations)]

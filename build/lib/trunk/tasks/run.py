@@ -1,0 +1,207 @@
+"""Where a run's facts are decided, once, for every entry point.
+
+``trunk fit`` from scratch, ``model.init_from``, ``--ckpt_path`` with every subcommand and
+``trunk.tasks.load`` all go through ``resolve``:
+
+1. read the source once: a checkpoint to continue or evaluate (``ckpt_path``), or a trunk directory or
+   checkpoint to start from (``init_from``); nothing from scratch;
+2. the codec (the run's tokenizers): the source's, else the data's own (loaded or trained), handed
+   to the data with ``MultiTaskData.connect`` (litgpt's ``DataModule.connect``);
+3. labels reconciled by *name*: a checkpoint being continued or evaluated keeps its trained order (the
+   data encodes ids in it); a new run from ``init_from`` keeps the data's order and reorders the
+   stored heads' rows (``Objective.load_head``); another label set is an error naming both, or with
+   ``reinit_mismatched_heads`` a fresh classifier;
+4. one length rule (``fit_lengths``);
+5. ``TrunkModule`` built (it reads no file), then the ``init_from`` weights loaded. With ``ckpt_path``
+   Lightning restores the weights from the contents read in 1 (``AtomicCheckpointIO`` is handed them).
+
+What it decided is said in one short block at the start of the run (``Resolved.report``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
+from trunk.core.codec import Codec
+from trunk.models import TrunkConfig
+from trunk.tasks.artifacts import resolve_init_from
+from trunk.tasks.finetuning import FinetuneConfig
+from trunk.tasks.module import TrunkModule, as_objective
+from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, pretrained_trunk_config, trunk_config
+
+# How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
+# checkpoint (else a beam size could never change).
+INFERENCE_OPTIONS = ("generation", "val_beam_size", "decoding")
+
+
+class RunSourceError(ValueError):
+    """The checkpoint or trunk directory a run starts from cannot be used (the CLI prints it without a traceback)."""
+
+
+@dataclass
+class Resolved:
+    """A run ready to hand to the Trainer: the model, the checkpoint read for it (Lightning restores from
+    these contents instead of reading the file again) and what was decided, in words."""
+
+    model: TrunkModule
+    checkpoint: dict | None = None
+    checkpoint_path: Path | None = None
+    report: list[str] = field(default_factory=list)
+    tokenizer_source: str | None = None  # the directory or checkpoint the tokenizer came from, if any
+
+    def say(self) -> None:
+        if self.report:
+            rank_zero_info("Run:\n" + "\n".join(f"  {line}" for line in self.report))
+
+
+def read_run_checkpoint(path: str | Path) -> dict:
+    """A checkpoint of ``trunk fit`` for ``--ckpt_path`` or ``trunk.tasks.load``, read once and verified."""
+    path = Path(path)
+    if not path.is_file() and not is_sharded_checkpoint(path):
+        what = "is a directory but not a sharded checkpoint (no meta.pt)" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"--ckpt_path '{path}' {what}. Pass the path of a .ckpt written by `trunk fit`.")
+    ckpt = load_checkpoint(path)
+    if "trunk_meta" not in ckpt or "state_dict" not in ckpt:
+        raise ValueError(f"'{path}' was not written by a Trunk run of this version (it has no trunk_meta): "
+                         "an older checkpoint, or not Trunk's.")
+    return ckpt
+
+
+def stored_options(ckpt: dict) -> dict:
+    """The model options a checkpoint was trained with, as ``TrunkModule`` takes them (older checkpoints
+    also stored ``init_from``: where their weights came from, not needed to rebuild them)."""
+    names = inspect.signature(TrunkModule.__init__).parameters
+    return {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k in names and k not in ("task_info", "codec")}
+
+
+def check_checkpoint_tasks(ckpt: dict, objectives: dict, path: str | Path) -> None:
+    """The checkpoint must have been trained for these tasks (names and kinds)."""
+    stored = {task: head["kind"] for task, head in ckpt["trunk_meta"]["heads"].items()}
+    configured = {task: objective.kind for task, objective in objectives.items()}
+    if stored != configured:
+        raise RunSourceError(f"--ckpt_path '{path}' was trained for the tasks {stored}, but this config has {configured}. Pass "
+                         "the config the checkpoint was trained with; or, to start a new run from its weights (heads carry "
+                         f"over by task name and kind), use --model.init_from={path} instead of --ckpt_path.")
+
+
+def checkpoint_options(ckpt: dict, configured: dict) -> dict:
+    """The options to rebuild a checkpoint's model: its own, with the configured inference options."""
+    options = stored_options(ckpt)
+    tasks = {}
+    for name, spec in options["tasks"].items():
+        own = configured.get("tasks", {}).get(name)
+        init_args = dict(spec.get("init_args") or {})
+        if own is not None:
+            init_args.update({k: v for k, v in as_objective(own).config.items() if k in INFERENCE_OPTIONS})
+        tasks[name] = {**spec, "init_args": init_args}
+    return {**options, "tasks": tasks}
+
+
+def fit_lengths(data, max_len: int, fixed_by: str | None) -> list[str]:
+    """The one length rule: no task reads or writes more tokens than the trunk's position table holds.
+    Trained weights fix the table (``fixed_by`` names them): longer lengths are lowered to it, and the
+    report says so. A run that chooses the table itself (from scratch) is told to raise it or lower the
+    length instead."""
+    notes = []
+    for name, member in data.tasks.items():
+        for key in ("max_length", "target_max_length"):
+            value = getattr(member, key, None)
+            if not value or value <= max_len:
+                continue
+            if fixed_by is None:
+                raise ValueError(f"data.tasks.{name}.{key}={value} is longer than the trunk's max_len={max_len}: lower "
+                                 f"data.tasks.{name}.{key}, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed).")
+            setattr(member, key, max_len)
+            notes.append(f"data.tasks.{name}.{key} {value} -> {max_len}: the position table of {fixed_by} holds {max_len}")
+    return notes
+
+
+def lowercases(tokenizer) -> bool:
+    """Whether a tokenizer lowercases its input (a step of its normalizer)."""
+    return '"Lowercase"' in json.dumps(json.loads(tokenizer.to_str()).get("normalizer"))
+
+
+def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
+            reinit_mismatched_heads: bool = False, checkpoint: dict | None = None) -> Resolved:
+    """Decide a run's facts once and build its model (see the module's docstring).
+
+    ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
+    ``data``: the run's ``MultiTaskData``; ``init_from``: a path, or a trunk already read; ``checkpoint``:
+    ``ckpt_path``'s contents when already read."""
+    report: list[str] = []
+    if ckpt_path is not None:
+        if checkpoint is None:
+            try:
+                checkpoint = read_run_checkpoint(ckpt_path)
+            except FileNotFoundError as err:
+                raise RunSourceError(str(err)) from None
+            except ValueError as err:
+                raise RunSourceError(f"--ckpt_path: {err}") from None
+        ckpt = checkpoint
+        if options.get("tasks"):  # trunk.tasks.load names none: it takes the checkpoint's
+            check_checkpoint_tasks(ckpt, {name: as_objective(o) for name, o in options["tasks"].items()}, ckpt_path)
+        options = checkpoint_options(ckpt, options)
+        codec = Codec.from_state(ckpt.get("codec", {}))
+        data.connect(codec)
+        for name, head in ckpt["trunk_meta"]["heads"].items():
+            if head.get("label_names") is not None:
+                note = data.tasks[name].use_labels_of(head["label_names"], f"--ckpt_path '{ckpt_path}'")
+                report += [note] if note else []
+        trunk = trunk_config(options["trunk"])
+        report += fit_lengths(data, trunk.max_len, f"'{ckpt_path}'")
+        model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=codec)
+        report.insert(0, f"weights, tokenizer and labels from --ckpt_path '{ckpt_path}' (step {ckpt.get('global_step', 0)})")
+        return Resolved(model, ckpt, Path(ckpt_path), report, str(ckpt_path))
+
+    if init_from is not None:
+        try:
+            pretrained = init_from if isinstance(init_from, PretrainedTrunk) else load_pretrained(resolve_init_from(init_from))
+        except (FileNotFoundError, ValueError) as err:
+            raise RunSourceError(f"model.init_from: {err}") from None
+        source = pretrained.path
+        report.append(f"weights from model.init_from '{source}'")
+        if "text" in pretrained.stems:
+            if data.tokenizer_path is not None and Path(data.tokenizer_path).resolve() not in (source.resolve(), (source / "tokenizer.json").resolve()):
+                raise RunSourceError(f"data.tokenizer='{data.tokenizer_path}' but model.init_from='{init_from}' brings its own tokenizer, "
+                                 "which the pretrained weights need. Remove data.tokenizer.")
+            tokenizer = pretrained.codec.tokenizer
+            report.append(f"tokenizer from '{source}' ({tokenizer.get_vocab_size()} tokens, "
+                          f"{'lowercasing' if lowercases(tokenizer) else 'keeping case'})")
+            data.connect(Codec(tokenizer, dict(pretrained.codec.targets)))  # a stored head's target vocabulary with it
+            targets = {name: member.own_target_tokenizer() for name, member in data.text_tasks.items()}  # else the data's own
+            if data.lowercase != lowercases(tokenizer) and not any(targets.values()):  # it would train no tokenizer here
+                report.append(f"data.lowercase={data.lowercase} is not used: the tokenizer brings its own normalisation")
+                data.lowercase = lowercases(tokenizer)
+            data.connect(Codec(tokenizer, {name: t for name, t in targets.items() if t is not None}))
+        else:
+            data.connect(data.build_codec())
+        report += fit_lengths(data, pretrained.config.max_len, f"'{source}'")
+        vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
+        trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
+        model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=data.codec)
+        source_tokenizer = str(source) if "text" in pretrained.stems else None
+        return Resolved(model, report=report + model.load_pretrained(pretrained, reinit_mismatched_heads), tokenizer_source=source_tokenizer)
+
+    codec = data.build_codec()
+    data.connect(codec)
+    report.append("weights: fresh (from scratch)")
+    if codec.tokenizer is not None:
+        origin = f"data.tokenizer '{data.tokenizer_path}'" if data.tokenizer_path else "trained on the training text (cached)"
+        report.append(f"tokenizer: {origin}, {codec.tokenizer.get_vocab_size()} tokens")
+    trunk = options.get("trunk") or TrunkConfig()
+    trunk = trunk_config(dataclasses.asdict(trunk) if isinstance(trunk, TrunkConfig) else dict(trunk))
+    if codec.tokenizer is not None:
+        trunk = dataclasses.replace(trunk, vocab_size=codec.tokenizer.get_vocab_size())
+    report += fit_lengths(data, trunk.max_len, None)
+    layer_decay = (options.get("finetune") or FinetuneConfig())
+    layer_decay = layer_decay["layer_decay"] if isinstance(layer_decay, dict) else layer_decay.layer_decay
+    if layer_decay < 1.0:
+        rank_zero_warn(f"finetune.layer_decay={layer_decay} without model.init_from: the randomly initialised lower layers "
+                       "learn more slowly than the top. Set layer_decay to 1.0 when training from scratch.")
+    return Resolved(TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=codec), report=report)

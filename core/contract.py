@@ -1,0 +1,35 @@
+"""The run contract: what the model must know of each task's data, decided once per run by
+``trunk.tasks.run.resolve`` and saved with the model (a checkpoint's ``hyper_parameters.task_info``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task's facts, as the data reports them (``TaskData.info``) after any reconciliation with a trained model.
+
+    kinds: the objective kinds the data can feed (None: not checked); stem: the trunk stem its inputs take;
+    label_names: the labels in the order of the ids batches carry; max_length / target_max_length: the
+    longest inputs / translation targets; target_vocab_size: a translation task's own target vocabulary."""
+
+    kinds: tuple[str, ...] | None = None
+    stem: str = "text"
+    label_names: tuple[str, ...] | None = None
+    max_length: int | None = None
+    target_max_length: int | None = None
+    target_vocab_size: int | None = None
+
+    @classmethod
+    def of(cls, value: TaskSpec | dict | None) -> TaskSpec:
+        """A spec from itself or its stored dict form (fields a later version added are ignored)."""
+        if isinstance(value, TaskSpec):
+            return value
+        known = {f.name for f in fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in (value or {}).items() if k in known}
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        """Plain values (lists, not tuples), as checkpoints store them."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

@@ -1,0 +1,43 @@
+"""Callbacks, one per file. ``run_callbacks`` lists the ones every run of the ``trunk`` command gets (unless
+the config gives its own of the same kind, or switches the feature off); ``TrunkModule.configure_callbacks``
+adds the model's own (gradual unfreezing, the trunk export of pretraining); ``FaultTolerance`` and
+``PredictionWriter`` are options of the command (``fault_tolerance.*``, ``predictions.*``)."""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+from trunk.tasks.callbacks.config import LogConfigCallback
+from trunk.tasks.callbacks.export import ExportTrunk
+from trunk.tasks.callbacks.norms import Norms
+from trunk.tasks.callbacks.predictions import PredictionWriter
+from trunk.tasks.callbacks.progress import Throttle, ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
+from trunk.tasks.callbacks.samples import PredictionSamples
+from trunk.tasks.callbacks.summary import TrunkModelSummary
+from trunk.tasks.callbacks.throughput import Throughput
+
+
+def run_callbacks(trainer_options: dict, given: list) -> list:
+    """The callbacks a run gets beside the ``given`` ones (the config's): a model summary and a progress
+    bar where those are on; with a logger, learning rates per optimizer group, throughput and validation
+    prediction samples. A kind the config already has is not added twice."""
+    def missing(kind: type) -> bool:
+        return not any(isinstance(c, kind) for c in given)
+
+    added = []
+    if trainer_options.get("enable_model_summary", True) is not False and missing(ModelSummary):
+        added.append(TrunkModelSummary())
+    if trainer_options.get("enable_progress_bar", True) is not False and missing(ProgressBar):
+        added.append(TrunkProgressBar() if _RICH_AVAILABLE else TrunkTQDMProgressBar())
+    if trainer_options.get("logger") is not False and trainer_options.get("logger") != []:
+        if missing(LearningRateMonitor):
+            added.append(LearningRateMonitor(logging_interval="step"))  # per optimizer group, by name
+        if missing(Throughput):
+            added.append(Throughput())
+        if missing(PredictionSamples):
+            added.append(PredictionSamples())
+    return added
+
+
+__all__ = ["ExportTrunk", "LogConfigCallback", "Norms", "PredictionSamples", "PredictionWriter", "Throttle", "ThrottledBar",
+           "Throughput", "TrunkModelSummary", "TrunkProgressBar", "TrunkTQDMProgressBar", "run_callbacks"]

@@ -1,0 +1,61 @@
+"""The pretrained-trunk directory written at the end of pretraining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.loggers import WandbLogger
+from trunk.tasks.artifacts import log_trunk_artifact
+from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
+
+
+class ExportTrunk(Callback):
+    """At the end of ``fit``, write the pretrained-trunk directory that later runs take as ``model.init_from``.
+
+    The weights come from the best checkpoint when a ``ModelCheckpoint`` monitors a metric, else
+    from the final model. An existing trunk directory at the path is replaced; anything else there
+    stops the run before training.
+
+    Args:
+        dirpath: where to write; unset: ``<trainer.default_root_dir>/trunk``.
+        heads: also store every task's head (by task name, with its label names).
+        artifact_name: with a ``WandbLogger``, the directory is also logged as a version of this W&B
+            artifact (type ``trunk``; aliases ``latest``, and ``best`` when it holds the best checkpoint);
+            default ``trunk-<name of trainer.default_root_dir>``.
+    """
+
+    def __init__(self, dirpath: str | None = None, heads: bool = True, artifact_name: str | None = None) -> None:
+        self.dirpath = dirpath
+        self.heads = heads
+        self.artifact_name = artifact_name
+
+    def path(self, trainer: L.Trainer) -> Path:
+        return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:  # fail before training, not after it, when the output path is taken
+            check_writable(self.path(trainer), overwrite=True)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        checkpoint = trainer.checkpoint_callback
+        best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
+        state = None if best else pl_module.full_state_dict()  # every process: gathers the shards under FSDP2
+        if trainer.is_global_zero:
+            if best:
+                path = export_checkpoint(best, self.path(trainer), self.heads, overwrite=True)
+            else:
+                pretrained = pl_module.export(state)
+                data = trainer.datamodule
+                if data is not None:
+                    attach_data(pretrained, data.hparams.get("data_tasks") or {}, data.state_dict())
+                if not self.heads:
+                    pretrained.heads = {}
+                path = save_pretrained(self.path(trainer), pretrained, overwrite=True)
+            rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
+                           f"start a run from it with --model.init_from={path}")
+            for logger in (lg for lg in trainer.loggers if isinstance(lg, WandbLogger)):
+                name = self.artifact_name or f"trunk-{Path(trainer.default_root_dir).name}"
+                log_trunk_artifact(logger.experiment, path, name, ["latest", "best"] if best else ["latest"])
+        trainer.strategy.barrier()

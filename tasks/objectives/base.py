@@ -1,0 +1,163 @@
+"""What a task kind is to the model: an ``Objective`` holds its head, its loss, its metrics and its
+predictions. Plain PyTorch: no Lightning, no datamodule. Whatever it needs from the data (label
+names, the tokenizer it decodes with) it is given in ``build``.
+
+``TrunkModule`` (``tasks/module.py``) owns the trunk and one objective per named task, and calls
+``loss`` / ``predict`` with the trunk and a batch of that task.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torchmetrics import Metric
+from trunk.core.codec import Codec
+from trunk.core.contract import TaskSpec
+from trunk.models import Trunk, TrunkConfig
+
+STAGES = ("train", "val", "test")
+
+
+class Objective(nn.Module):
+    """Base of every task kind.
+
+    Subclasses set ``kind`` (matched against what the task's data feeds), ``stem`` (the trunk stem
+    their inputs take), ``primary`` (the metric that stands for the task in the run's ``score``),
+    and implement ``build_head``, ``make_metrics``, ``loss`` and ``predict``. Their constructor
+    arguments are plain values, passed on to ``super().__init__(**config)`` so a checkpoint can
+    rebuild them.
+    """
+
+    kind: ClassVar[str] = ""
+    stem: ClassVar[str] = "text"
+    input_key: ClassVar[str] = "input_ids"
+    primary: ClassVar[str] = "acc"  # in [0, 1], higher is better
+    label_keys: ClassVar[tuple[str, ...]] = ()  # state entries with one row per label (reordered / reset on reuse)
+    exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
+
+    def __init__(self, **config) -> None:
+        super().__init__()
+        self.config = config
+        self.name = ""
+        self.label_names: list[str] | None = None
+        self.codec: Codec | None = None
+
+    def spec(self) -> dict:
+        """The class path and constructor arguments that rebuild this objective (plain values)."""
+        import trunk.tasks
+
+        name = type(self).__qualname__  # Trunk's own by their public name, which outlives any file layout
+        module = "trunk.tasks" if getattr(trunk.tasks, name, None) is type(self) else type(self).__module__
+        return {"class_path": f"{module}.{name}", "init_args": dict(self.config)}
+
+    def stem_options(self) -> dict:
+        """Options of the stem this objective's inputs go through (image size, patches ...)."""
+        return {}
+
+    # -- building ------------------------------------------------------------------------------------
+    def build(self, name: str, trunk: Trunk, info: TaskSpec) -> None:
+        """Create the head for the task ``name`` on ``trunk``; ``info`` is what the data says of the task."""
+        self.name = name
+        self.label_names = list(info.label_names) if info.label_names is not None else None
+        self.build_head(trunk.cfg, trunk, info)
+        for stage in STAGES:  # one independent set per stage, so epochs of train / val never mix
+            setattr(self, f"{stage}_metrics", nn.ModuleDict(self.make_metrics(stage)))
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        raise NotImplementedError
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        raise NotImplementedError
+
+    def metrics(self, stage: str) -> nn.ModuleDict:
+        return getattr(self, f"{stage}_metrics")
+
+    def connect(self, codec: Codec | None) -> None:
+        self.codec = codec
+
+    # -- running ---------------------------------------------------------------------------------------
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        """The loss of one batch; updates ``self.metrics(stage)``."""
+        raise NotImplementedError
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """One JSON-ready record per example."""
+        raise NotImplementedError
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        """One record per example of a labelled batch: the input, the gold answer and the prediction, for the
+        prediction tables of validation (``PredictionSamples``). Values are strings and numbers (and a
+        ``wandb_image`` tensor for images). None: the task has no such table (pretraining)."""
+        return []
+
+    def encode(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """The trunk's output for this task's inputs: (B, T, C)."""
+        return trunk(batch[self.input_key], batch.get("attention_mask"), stem=self.stem)
+
+    def compute_metrics(self, stage: str) -> dict[str, torch.Tensor]:
+        """The epoch's metrics of ``stage`` (synced across processes), then reset; {} when none was updated."""
+        values: dict[str, torch.Tensor] = {}
+        for name, metric in self.metrics(stage).items():
+            if not metric.update_called:
+                continue
+            value = metric.compute()
+            values.update({k: v for k, v in value.items()} if isinstance(value, dict) else {name: value})
+            metric.reset()
+        return {k: v for k, v in values.items() if v.ndim == 0}  # scalars; a confusion matrix is read by confusion()
+
+    def confusion(self, stage: str) -> torch.Tensor | None:
+        """The epoch's (gold, predicted) count matrix so far, synced across processes (every process must
+        call this); None for tasks without one."""
+        metric = self.metrics(stage)["confusion"] if "confusion" in self.metrics(stage) else None
+        return metric.compute() if metric is not None and metric.update_called else None
+
+    # -- heads that carry over ------------------------------------------------------------------------
+    def head_state(self) -> dict[str, torch.Tensor]:
+        """What a trunk directory stores of this task (metrics hold no persistent state)."""
+        return {k: v for k, v in self.state_dict().items() if not is_metric_state(k)}
+
+    def head_meta(self) -> dict:
+        return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec()}
+
+    def load_head(self, state: dict[str, torch.Tensor], label_names: list[str] | None, reinit_mismatched: bool,
+                  source: str) -> str | None:
+        """Load a stored head. Per-label rows follow the labels by *name* (any order); a different
+        label set keeps this head's fresh classifier rows with ``reinit_mismatched``, else fails.
+        Returns how the labels were matched, when not one to one."""
+        state = dict(state)
+        how = None
+        if self.label_keys and label_names is not None and self.label_names is not None and label_names != self.label_names:
+            if sorted(label_names) == sorted(self.label_names):
+                order = torch.tensor([label_names.index(name) for name in self.label_names])
+                state.update({k: state[k][order] for k in self.label_keys if k in state})
+                how = f"label rows reordered by name to {self.label_names}"
+            elif reinit_mismatched:
+                own = self.head_state()
+                state.update({k: own[k] for k in self.label_keys})
+                how = f"a fresh classifier: trained on {label_names}, now {self.label_names}"
+            else:
+                raise ValueError(
+                    f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this run's data "
+                    f"has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of the head and start "
+                    "its classifier afresh, or give the task another name to start a new head."
+                )
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not is_metric_state(k)]
+        if missing or unexpected:
+            raise ValueError(f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}). Were they trained with other head options?")
+        return how
+
+
+def is_metric_state(key: str) -> bool:
+    return key.startswith(tuple(f"{stage}_metrics." for stage in STAGES))
+
+
+def batch_size(batch: dict) -> int:
+    """The number of examples in a batch (for averaging logged values)."""
+    for key in ("labels", "input_ids", "pixel_values"):
+        if key in batch:
+            return len(batch[key])
+    raise KeyError(f"Cannot tell the batch size of a batch with keys {sorted(batch)}.")

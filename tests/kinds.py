@@ -1,0 +1,64 @@
+"""The registry of task kinds the tests run: each kind's objective, its data class and small generated data
+for it (from conftest's fixtures). A new task kind registers here once; tests/test_matrix.py runs every
+kind through every path, and tests/test_cli.py points every recipe's tasks at these data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Kind:
+    objective: str  # class path
+    data: str  # class path
+    splits: tuple[str, ...]  # what the data options give: train, validation, test, predict
+    labels: tuple[str, ...] | None = None  # the label names the data should yield, in order
+    inputs: tuple = ()  # raw inputs for trunk.tasks.load(...).predict; none: the kind is not predicted from raw inputs
+    objective_args: tuple[str, ...] = ()
+    extra: tuple[str, ...] = field(default=())
+    recipe_resets: tuple[str, ...] = ()  # a recipe's own options these data do not fit (columns, label names)
+
+    def data_args(self, files: dict) -> list[str]:
+        """``--data.*`` options (single-task layout, see conftest.single_task) pointing at small generated data."""
+        source = DATA_FILES[self.data.rsplit(".", 1)[1]]
+        if source is None:  # built in
+            return [*self.extra, *(f"--data.{split}={split}" for split in self.splits)]
+        return [*self.extra, *(f"--data.{split}={files[source][split if split != 'predict' else 'test']}" for split in self.splits)]
+
+
+def recipe_task_args(name: str, data_class: str, files: dict) -> tuple[list[str], list[str] | None]:
+    """Options pointing one task of a recipe at small generated data, and the labels it should yield."""
+    from conftest import single_task
+
+    kind = next(k for k in KINDS.values() if k.data.rsplit(".", 1)[1] == data_class.rsplit(".", 1)[1])
+    dataset = ["--data.dataset=null"] if DATA_FILES[kind.data.rsplit(".", 1)[1]] is not None else []
+    return single_task([*dataset, *kind.recipe_resets, *kind.data_args(files)], name), list(kind.labels) if kind.labels else None
+
+
+DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", "TokenClassificationData": "ner",
+              "TranslationData": "reversal", "ImageClassificationData": None}
+
+KINDS = {
+    "sequence_classification": Kind(
+        "trunk.tasks.SequenceClassification", "trunk.datamodules.TextClassificationData", ("train", "validation", "test", "predict"),
+        labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
+        recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null")),
+    "token_classification": Kind(
+        "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
+        labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
+        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris .")),
+    "masked_lm": Kind(
+        "trunk.tasks.MaskedLanguageModeling", "trunk.datamodules.CorpusData", ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
+        recipe_resets=("--data.validation=null",)),
+    "replaced_token_detection": Kind(
+        "trunk.tasks.ReplacedTokenDetection", "trunk.datamodules.CorpusData", ("train",),
+        extra=("--data.text_column=text", "--data.val_fraction=0.1"), recipe_resets=("--data.validation=null",)),
+    "translation": Kind(
+        "trunk.tasks.Translation", "trunk.datamodules.TranslationData", ("train", "validation", "test", "predict"),
+        inputs=("cat dog egg", "bird hat"), objective_args=("--model.generation.beam_size=1",),
+        extra=("--data.source_lang=src", "--data.target_lang=tgt")),
+    "image_classification": Kind(
+        "trunk.tasks.ImageClassification", "trunk.datamodules.ImageClassificationData", ("train", "validation", "test"),
+        labels=("cross", "diagonal", "horizontal", "square", "vertical"), objective_args=("--model.image_size=16",),
+        extra=("--data.dataset=trunk:shapes",)),
+}

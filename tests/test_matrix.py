@@ -1,0 +1,68 @@
+"""Every task kind (tests/kinds.py) through every path: fit -> validate -> test -> predict with --ckpt_path ->
+checkpoint round trip (trunk.tasks.load) -> export -> load of the directory -> a new run from it
+(model.init_from), with a label-order case on every reuse path of a labelled kind."""
+
+import json
+
+import pytest
+import torch
+from conftest import single_task
+from kinds import KINDS
+from trunk.tasks import load
+from trunk.tasks.cli import export_main, run_cli
+
+TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
+         "--model.trunk.max_len=128", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0"]
+
+
+def kind_args(kind, files, root) -> list[str]:
+    task = single_task([f"--model={kind.objective}", *kind.objective_args, f"--data={kind.data}", *kind.data_args(files),
+                        "--data.batch_size=16"], "t")
+    return [*task, *TRUNK, "--data.tokenizer_vocab_size=300", "--trainer.accelerator=cpu", "--trainer.devices=1",
+            "--trainer.max_steps=6", "--trainer.max_epochs=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_every_task_kind_on_every_path(name, sentiment_files, ner_files, reversal_files, tmp_path):
+    kind = KINDS[name]
+    files = {"sentiment": sentiment_files, "ner": ner_files, "reversal": reversal_files}
+    args = kind_args(kind, files, tmp_path / "run")
+    fit = run_cli(["fit", *args])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    labels = list(kind.labels) if kind.labels else None
+    assert fit.model.objectives["t"].label_names == labels
+
+    metrics = run_cli(["validate", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
+    assert "val/t/loss" in metrics and torch.isfinite(metrics["val/t/loss"])
+    if "test" in kind.splits:
+        tested = run_cli(["test", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
+        assert "test/score" in tested
+    if labels:  # the labels named in another order: the same answers (trunk.tasks.run matches them by name)
+        swapped = f"--data.tasks.t.label_names={json.dumps(labels[::-1])}"
+        again = run_cli(["validate", *args, f"--ckpt_path={ckpt}", swapped]).trainer.callback_metrics
+        assert again["val/t/loss"].item() == pytest.approx(metrics["val/t/loss"].item(), rel=1e-5)
+
+    export_main([ckpt, str(tmp_path / "exported")])
+    if kind.inputs:
+        out = tmp_path / "predictions.jsonl"
+        run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
+        assert out.read_text().strip()
+        from_checkpoint, from_directory = load(ckpt), load(tmp_path / "exported")
+        records = from_checkpoint.predict(list(kind.inputs))
+        assert len(records) == len(kind.inputs) and records == from_directory.predict(list(kind.inputs))
+
+    # a new run from the exported directory: the trunk and the head carry over
+    reuse = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--trainer.default_root_dir={tmp_path / 'reuse'}"], run=False)
+    trained = fit.model.state_dict()
+    for key, value in reuse.model.state_dict().items():
+        if key.startswith(("trunk.", "objectives.t.")) and "_metrics." not in key:
+            assert torch.equal(value, trained[key]), key
+    if labels:  # the same labels in another order: the classifier's rows follow the names
+        flipped = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--data.tasks.t.label_names={json.dumps(labels[::-1])}",
+                           f"--trainer.default_root_dir={tmp_path / 'flipped'}"], run=False)
+        assert flipped.model.objectives["t"].label_names == labels[::-1]
+        rows = [f"objectives.t.{key}" for key in type(flipped.model.objectives["t"]).label_keys]
+        assert rows
+        for key in rows:
+            assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
