@@ -1,2 +1,0 @@
-"""The ground floor every other package builds on, importing none of them (torch, tokenizers and
-safetensors only): the codec and its special ids, checkpoint reading, atomic writes and entity-tag schemes."""
