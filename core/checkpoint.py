@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-
 DIGEST_KEY = "trunk_digest"
 
 

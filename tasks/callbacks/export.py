@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
 from trunk.tasks.artifacts import log_trunk_artifact
 from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
 

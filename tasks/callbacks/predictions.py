@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 from trunk.core.atomic import temporary_path

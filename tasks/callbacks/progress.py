@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
 from trunk.tasks.objectives.base import batch_size
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+
 import torch
 from lightning.pytorch.callbacks import Callback
 
