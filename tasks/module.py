@@ -22,7 +22,7 @@ from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
-from trunk.tasks.objectives.base import Objective, batch_size, is_metric_state
+from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.optim import OptimConfig, WarmupDecayLR
 from trunk.tasks.pretrained import (
     ARCHITECTURE_FIELDS,
@@ -201,27 +201,6 @@ class TrunkModule(L.LightningModule):
         if fresh:
             notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
         return notes
-
-    def export(self, state: dict[str, torch.Tensor] | None = None) -> PretrainedTrunk:
-        """This model as a pretrained-trunk directory's contents (trunk, every head, tokenizers).
-        ``state``: the model's whole state dict, when FSDP2 shards the weights (``full_state_dict``)."""
-        state = self.state_dict() if state is None else state
-
-        def part(prefix: str) -> dict[str, torch.Tensor]:
-            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and not is_metric_state(k[len(prefix):])}
-
-        heads = {name: {"meta": o.head_meta(), "state": part(f"objectives.{name}.")} for name, o in self.objectives.items()}
-        stems = self._stems(dict(self.objectives))
-        return PretrainedTrunk(Path("."), self.trunk_config, stems, part("trunk."), heads, self.codec or Codec())
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The state dict with whole tensors, also when FSDP2 shards them: then a collective, to call on
-        every process (the first one gets the tensors)."""
-        if not getattr(self, "_sharded", False):
-            return self.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(self, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     # -- checkpoints: plain values only, so every checkpoint loads with weights_only=True --------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -9,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from trunk.tasks.artifacts import log_trunk_artifact
-from trunk.tasks.pretrained import attach_data, check_writable, export_checkpoint, save_pretrained
+from trunk.tasks.pretrained import check_writable, export_checkpoint
 
 
 class ExportTrunk(Callback):
@@ -42,18 +43,15 @@ class ExportTrunk(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
-        state = None if best else pl_module.full_state_dict()  # every process: gathers the shards under FSDP2
+        # Without a best checkpoint, the final model goes through a checkpoint too (written by every process:
+        # a collective under FSDP2), so the directory gets the data settings the checkpoint holds: one export path.
+        final = self.path(trainer).parent / f".{self.path(trainer).name}.final.ckpt"
+        if not best:
+            trainer.save_checkpoint(final)
         if trainer.is_global_zero:
-            if best:
-                path = export_checkpoint(best, self.path(trainer), self.heads, overwrite=True)
-            else:
-                pretrained = pl_module.export(state)
-                data = trainer.datamodule
-                if data is not None:
-                    attach_data(pretrained, data.hparams.get("data_tasks") or {}, data.state_dict())
-                if not self.heads:
-                    pretrained.heads = {}
-                path = save_pretrained(self.path(trainer), pretrained, overwrite=True)
+            path = export_checkpoint(best or final, self.path(trainer), self.heads, overwrite=True)
+            if not best:
+                shutil.rmtree(final) if final.is_dir() else final.unlink()
             rank_zero_info(f"Exported the pretrained trunk{' (from ' + best + ')' if best else ''} to {path}; "
                            f"start a run from it with --model.init_from={path}")
             for logger in (lg for lg in trainer.loggers if isinstance(lg, WandbLogger)):
