@@ -94,6 +94,7 @@ class TrunkCLI(LightningCLI):
         options = dict(self._get(self.config_init, "model"))
         init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
         ckpt_path = config.get("ckpt_path")
+        ckpt_path = None if ckpt_path in ("best", "last") else ckpt_path  # Lightning's names for the run's own checkpoints
         try:
             self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
                                reinit_mismatched_heads=reinit)

@@ -194,8 +194,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
     if codec.tokenizer is not None:
         origin = f"data.tokenizer '{data.tokenizer_path}'" if data.tokenizer_path else "trained on the training text (cached)"
         report.append(f"tokenizer: {origin}, {codec.tokenizer.get_vocab_size()} tokens")
-    trunk = options.get("trunk") or TrunkConfig()
-    trunk = trunk_config(dataclasses.asdict(trunk) if isinstance(trunk, TrunkConfig) else dict(trunk))
+    trunk = trunk_config(options.get("trunk") or TrunkConfig())
     if codec.tokenizer is not None:
         trunk = dataclasses.replace(trunk, vocab_size=codec.tokenizer.get_vocab_size())
     report += fit_lengths(data, trunk.max_len, None)
