@@ -12,7 +12,8 @@ from trunk.models.stems import (
     sinusoidal_positions,
     sinusoidal_positions_2d,
 )
-from trunk.models.trunk import Attention, Backbone, Block, Dropout, FeedForward, Trunk, TrunkConfig, Unpadded, dropout, init_weights
+from trunk.models.kernels import Dropout, Unpadded, dropout
+from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
     "Attention",

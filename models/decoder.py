@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trunk.models.stems import TokenStem
-from trunk.models.trunk import Attention, Block, TrunkConfig, Unpadded, run_block
+from trunk.models.kernels import Unpadded
+from trunk.models.trunk import Attention, Block, TrunkConfig, run_block
 
 
 class KVCache:

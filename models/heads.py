@@ -6,7 +6,8 @@ from typing import Literal
 
 import torch
 from torch import nn
-from trunk.models.trunk import ACTIVATIONS, Dropout
+from trunk.models.kernels import Dropout
+from trunk.models.trunk import ACTIVATIONS
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:

@@ -7,7 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from trunk.models.trunk import Backbone, Dropout, Trunk, TrunkConfig, init_weights
+from trunk.models.kernels import Dropout
+from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
 
 
 def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:
@@ -37,6 +38,10 @@ class TokenStem(nn.Module):
         # "rope": no absolute positions here; attention rotates queries and keys (models/trunk.py)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
+
+    def no_weight_decay(self) -> set[str]:
+        """Position tables are offsets the model reads, not features to shrink (timm's convention)."""
+        return {"position.weight"} if hasattr(self, "position") else set()
 
     def forward(self, input_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """input_ids: (B, T) -> (B, T, C). ``offset``: the position of the first token (incremental decoding)."""
@@ -90,6 +95,9 @@ class PatchStem(nn.Module):
             self.register_buffer("position_table", sinusoidal_positions_2d(self.grid, self.grid, cfg.d_model)[None], persistent=False)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"cls", "position"} if hasattr(self, "position") else {"cls"}
 
     def positions(self, rows: int, cols: int) -> torch.Tensor | None:
         """The (1, rows * cols, d_model) position table for a grid of patches; None for rope."""

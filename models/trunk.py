@@ -3,7 +3,8 @@
 Read top to bottom: ``TrunkConfig`` -> ``Attention`` -> ``FeedForward`` -> ``Block`` -> ``Backbone``.
 A *stem* (see ``stems.py``) turns raw inputs into vectors, the ``Backbone`` mixes them, and a *head*
 (see ``heads.py``) turns them into task outputs. ``Trunk`` is stem + backbone: the part that is
-pretrained once and shared by every task.
+pretrained once and shared by every task. The kernels the blocks run on (a faster CPU dropout, the
+real-token layout of padded batches) are in ``kernels.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trunk.core.checkpoint import load_checkpoint
+from trunk.models.kernels import Dropout, Unpadded, dropout
 
 
 @dataclass
@@ -70,61 +72,6 @@ class TrunkConfig:
 
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
-
-
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout``, about twice as fast on CPU (benchmarks/throughput.py).
-
-    On CPU, torch draws one 32-bit random number per element for dropout's Bernoulli mask, and the
-    draw costs far more than the multiply: dropout took about a third of a training step. Here one
-    32-bit draw serves two elements (two 15-bit halves), and the mask is made already scaled, so the
-    forward and the backward are one multiply each. The keep probability is 1 - round(32768 p) / 32768,
-    within 2e-5 of 1 - p. The saved mask has x's dtype (F.dropout keeps a bool one). On other
-    devices, where dropout is a fused kernel, this is ``F.dropout``.
-    """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
-        return F.dropout(x, p, training)
-    n = x.numel()
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF  # uniform in [0, 32768)
-    keep_scaled = torch.where(bits >= round(p * 32768), 1.0 / (1.0 - p), 0.0).to(x.dtype)
-    return x * keep_scaled.view(x.shape)
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` on the fast ``dropout`` above."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
-
-
-class Unpadded:
-    """Where the real tokens of a padded (B, T) batch are, so the blocks compute on real tokens only.
-
-    Fine-tuning batches are padded to their longest row; at SST-2's lengths most positions are
-    padding. The backbone gathers the N real tokens into (N, C) once; every linear layer, norm and
-    dropout then runs on N rows, and attention alone scatters queries, keys and values back into
-    the padded (B, T) layout for its masked product (``pad``) and gathers its output (``unpad``).
-    """
-
-    def __init__(self, key_padding_mask: torch.Tensor) -> None:
-        self.batch, self.length = key_padding_mask.shape
-        self.index = key_padding_mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of the real tokens
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> (N, C)."""
-        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
-
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C) -> (B, T, C), zeros at the padding."""
-        out = x.new_zeros(self.batch * self.length, x.shape[-1]).index_copy(0, self.index, x)
-        return out.view(self.batch, self.length, -1)
-
-    @staticmethod
-    def pays(key_padding_mask: torch.Tensor | None) -> bool:
-        """Worth it from a tenth of padding up: below that, the gathers cost more than they save."""
-        return key_padding_mask is not None and key_padding_mask.numel() > 0 and bool(key_padding_mask.float().mean() < 0.9)
 
 
 def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
@@ -319,6 +266,18 @@ class Trunk(nn.Module):
         """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C)."""
         key_padding_mask = None if attention_mask is None else attention_mask.bool()
         return self.backbone(self.stems[stem](inputs), key_padding_mask)
+
+    def depth_groups(self) -> list[list[nn.Module]]:
+        """The trunk bottom-up, for freezing and layer-wise learning rates: [stems], [block 0], ...,
+        [block L-1], [final norm]."""
+        return [list(self.stems.values()), *([block] for block in self.backbone.blocks), [self.backbone.final_norm]]
+
+    def flops_per_token(self, length: int, train: bool = True) -> float:
+        """FLOPs per token at sequence ``length``: 2 per multiply-add of the blocks' matmuls and attention's
+        two products; x3 when training (forward and backward). Stems and heads are not counted."""
+        c = self.cfg
+        forward = 2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * length * c.d_model
+        return 3 * forward if train else forward
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -23,7 +23,8 @@ from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
-from trunk.tasks.optim import OptimConfig, WarmupDecayLR
+from trunk.tasks.optim import OptimConfig, build_optimizer, decay_groups, no_decay_ids
+from trunk.tasks.sharding import shard
 from trunk.tasks.pretrained import (
     ARCHITECTURE_FIELDS,
     TEXT_STEM_FIELDS,
@@ -252,12 +253,6 @@ class TrunkModule(L.LightningModule):
         mask = batch["attention_mask"]
         return mask.shape[0], mask.sum(), mask.shape[1]
 
-    def training_flops_per_token(self, length: int) -> float:
-        """The trunk's training FLOPs per token at sequence ``length``: 2 per multiply-add of its matmuls and
-        attention's two products, x3 for forward and backward. Heads and decoders are not counted."""
-        c = self.trunk_config
-        return 3 * (2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * length * c.d_model)
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self._trained_tasks.add(batch["task"])
         loss = self(batch, "train")
@@ -330,39 +325,19 @@ class TrunkModule(L.LightningModule):
                 raise ValueError(f"{type(callback).__name__} monitors {monitor!r}: metrics are named <stage>/<task>/<metric> "
                                  f"(e.g. val/{next(iter(self.objectives))}/acc) or val/score (the mean of every task's primary metric).")
 
-    # -- sharding ----------------------------------------------------------------------------------------
     def configure_model(self) -> None:
-        """Under Lightning's ``ModelParallelStrategy``: FSDP2. Each block (trunk and translation decoders)
-        is one ``fully_shard`` unit, then the root takes the rest (stems, heads, norms; tied weights stay
-        one parameter). Parameters, gradients and AdamW state are split across the processes; a block's
-        weights are gathered just for its forward and backward. Under bf16-mixed the gathers move bf16
-        (``MixedPrecisionPolicy``) and gradients are reduced in fp32."""
+        """Under Lightning's ``ModelParallelStrategy``: FSDP2 (``tasks/sharding.py``); a no-op otherwise."""
         mesh = getattr(self, "_device_mesh", None)
-        if mesh is None or getattr(self, "_sharded", False):
-            return  # not under ModelParallelStrategy, or already sharded (configure_model runs once per fit/test)
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
-            raise ValueError(
-                f"Trunk shards its model over data-parallel processes only (FSDP2), but the strategy gives "
-                f"{mesh['tensor_parallel'].size()} processes to tensor parallelism. Set the strategy's data_parallel_size to the "
-                "number of processes and tensor_parallel_size=1, as configs/trainer/fsdp2_cpu.yaml does."
-            )
-        data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
-        precision = str(getattr(self.trainer, "precision", "")) if self._trainer is not None else ""
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16-mixed"
-                  else MixedPrecisionPolicy())
-        for block in [m for m in self.modules() if isinstance(m, Block)]:
-            fully_shard(block, mesh=data_parallel, mp_policy=policy)
-        fully_shard(self, mesh=data_parallel, mp_policy=policy)
-        self._sharded = True
+        if mesh is not None and not getattr(self, "_sharded", False):  # configure_model runs once per fit/test
+            precision = str(getattr(self.trainer, "precision", "")) if self._trainer is not None else ""
+            shard(self, mesh, bf16=precision == "bf16-mixed")
+            self._sharded = True
 
     # -- depths: freezing and layer-wise learning rates ------------------------------------------------
     def depth_groups(self) -> list[list[nn.Module]]:
         """The model bottom-up: [stems], [block 0], ..., [block L-1], [final norm, every task's head]."""
-        backbone = self.trunk.backbone
-        return [list(self.trunk.stems.values()), *([block] for block in backbone.blocks),
-                [backbone.final_norm, *self.objectives.values()]]
+        *below, top = self.trunk.depth_groups()
+        return [*below, [*top, *self.objectives.values()]]
 
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
@@ -407,20 +382,15 @@ class TrunkModule(L.LightningModule):
 
     # -- optimisation --------------------------------------------------------------------------------
     def make_param_groups(self, modules: list[nn.Module], depth: int, exclude: set[int] | None = None) -> list[dict]:
-        """Optimizer groups for the trainable parameters of ``modules`` at ``depth``: matrices decay,
-        biases and norms do not (nanoGPT/BERT); frozen parameters get no optimizer state."""
+        """Optimizer groups for the trainable parameters of ``modules`` at ``depth`` (``decay_groups``: vectors,
+        position tables and [CLS] do not decay); frozen parameters get no optimizer state."""
         exclude = set() if exclude is None else exclude
         held = self._held_ids()
         params = [p for m in modules for p in m.parameters() if self.trains(p, held) and id(p) not in exclude]
         params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
         exclude.update(id(p) for p in params)
         lr = self.optim_config.lr * self.finetune.layer_decay ** (len(self.depth_groups()) - 1 - depth)
-        groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim_config.weight_decay, "lr": lr,
-             "name": f"depth{depth}"},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr, "name": f"depth{depth}_no_decay"},
-        ]
-        return [g for g in groups if g["params"]]
+        return decay_groups(params, no_decay_ids(self), self.optim_config.weight_decay, lr, f"depth{depth}")
 
     def param_groups(self) -> list[dict]:
         seen: set[int] = set()
@@ -431,12 +401,7 @@ class TrunkModule(L.LightningModule):
         return self.lr_schedulers().factor(self.trainer.global_step)
 
     def configure_optimizers(self):
-        cfg = self.optim_config
-        groups = self.param_groups()
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None)
-        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        scheduler = WarmupDecayLR(optimizer, total_steps, cfg)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return build_optimizer(self.param_groups(), self.optim_config, max(1, int(self.trainer.estimated_stepping_batches)))
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         held = self._held_ids()
@@ -447,10 +412,3 @@ class TrunkModule(L.LightningModule):
     def tasks(self) -> list[str]:
         return list(self.objectives)
 
-
-def fused_adamw_fits(groups: list[dict]) -> bool:
-    """Whether torch's fused AdamW (one kernel over every parameter: 4 ms a step instead of 12 ms for the
-    default foreach on 5M parameters, 2 CPU cores) takes these parameters: plain floating-point tensors
-    on CPU or CUDA, not sharded ones (DTensor, which has ``placements``)."""
-    params = [p for g in groups for p in g["params"]]
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and not hasattr(p, "placements") for p in params)

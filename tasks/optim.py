@@ -1,4 +1,4 @@
-"""Optimisation: AdamW settings and the warmup + decay learning-rate schedule (per step)."""
+"""Optimisation: AdamW settings, which parameters decay, and the warmup + decay learning-rate schedule (per step)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 
 @dataclass
@@ -64,3 +65,34 @@ class WarmupDecayLR(torch.optim.lr_scheduler.LRScheduler):
         # Plain values only (checkpoints load with weights_only=True), and no total_steps: a resumed run
         # re-plans the schedule for its own length, so extending max_steps keeps the lr above zero.
         return {k: v for k, v in super().state_dict().items() if k not in ("cfg", "total_steps")}
+
+
+def no_decay_ids(model: nn.Module) -> set[int]:
+    """The parameters weight decay leaves alone: vectors (biases, norm scales; nanoGPT / BERT) and what a
+    module names in its ``no_weight_decay()`` (timm's convention: position tables, [CLS])."""
+    ids = {id(p) for p in model.parameters() if p.ndim < 2}
+    for module in model.modules():
+        if hasattr(module, "no_weight_decay"):
+            ids |= {id(module.get_parameter(name)) for name in module.no_weight_decay()}
+    return ids
+
+
+def decay_groups(params: list[nn.Parameter], no_decay: set[int], weight_decay: float, lr: float, name: str) -> list[dict]:
+    """AdamW groups for ``params`` at one learning rate: ``name`` decays, ``name``_no_decay does not."""
+    groups = [{"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay, "lr": lr, "name": name},
+              {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0, "lr": lr, "name": f"{name}_no_decay"}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(groups: list[dict], cfg: OptimConfig, total_steps: int) -> dict:
+    """AdamW (fused where it takes the parameters) and its per-step schedule, as ``configure_optimizers`` returns them."""
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": WarmupDecayLR(optimizer, total_steps, cfg), "interval": "step"}}
+
+
+def fused_adamw_fits(groups: list[dict]) -> bool:
+    """Whether torch's fused AdamW (one kernel over every parameter: 4 ms a step instead of 12 ms for the
+    default foreach on 5M parameters, 2 CPU cores) takes these parameters: plain floating-point tensors
+    on CPU or CUDA, not sharded ones (DTensor, which has ``placements``)."""
+    params = [p for g in groups for p in g["params"]]
+    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and not hasattr(p, "placements") for p in params)

@@ -401,7 +401,7 @@ def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms
     assert tokens and len(mfu) == len(tokens) and all(t > 0 for t in tokens)
     model = cli.model
     per_token = [m * 1e12 / t for m, t in zip(mfu, tokens)]
-    assert all(model.training_flops_per_token(1) <= f <= model.training_flops_per_token(64) for f in per_token)
+    assert all(model.trunk.flops_per_token(1) <= f <= model.trunk.flops_per_token(64) for f in per_token)
     for part in ("all", "stems", "block0", "block1", "head_sentiment"):
         assert series(f"norms/{part}/grad") and series(f"norms/{part}/weight"), part
     assert all(a >= b for a, b in zip(series("norms/all/grad"), series("norms/block0/grad")))

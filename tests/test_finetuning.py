@@ -57,7 +57,7 @@ def test_layer_decay_gives_one_learning_rate_per_depth(tiny_cli_args):
     groups = {g["name"]: g["initial_lr"] for g in cli.trainer.optimizers[0].param_groups}
     # 2 blocks: stem = depth 0, blocks = 1 and 2, top (final norm + head) = 3
     assert groups == pytest.approx({
-        "depth0": 0.01 * 0.5**3,  # the stem has only matrices (pre-LN: no embedding norm)
+        "depth0": 0.01 * 0.5**3, "depth0_no_decay": 0.01 * 0.5**3,  # the stem's position table does not decay
         "depth1": 0.01 * 0.5**2, "depth1_no_decay": 0.01 * 0.5**2,
         "depth2": 0.01 * 0.5, "depth2_no_decay": 0.01 * 0.5,
         "depth3": 0.01, "depth3_no_decay": 0.01,

@@ -1,5 +1,7 @@
 """The LightningModule and its objectives: learning on a tiny batch, optimizer groups, the schedule, bad input."""
 
+import dataclasses
+
 import pytest
 import torch
 from trunk.models import TrunkConfig
@@ -16,8 +18,8 @@ from trunk.tasks.optim import lr_lambda
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 
 
-def classifier(labels=("a", "b", "c"), **kwargs) -> TrunkModule:
-    return TrunkModule({"t": SequenceClassification(head_dropout=0.0)}, trunk=TINY, task_info={"t": {"label_names": list(labels)}},
+def classifier(labels=("a", "b", "c"), trunk: TrunkConfig = TINY, **kwargs) -> TrunkModule:
+    return TrunkModule({"t": SequenceClassification(head_dropout=0.0)}, trunk=trunk, task_info={"t": {"label_names": list(labels)}},
                        **kwargs)
 
 
@@ -38,16 +40,34 @@ def test_a_small_batch_overfits_to_near_zero_loss():
     assert (model.objectives["t"](model.trunk, batch).argmax(-1) == batch["labels"]).all()
 
 
-def test_weight_decay_groups_exclude_biases_and_norms():
-    model = classifier(("a", "b"), optimizer=OptimConfig(weight_decay=0.1))
+def decay_split(model: TrunkModule, weight_decay: float) -> tuple[set[str], set[str]]:
+    """The parameter names in decaying and in non-decaying optimizer groups."""
+    names = {id(p): name for name, p in model.named_parameters()}
     groups = model.param_groups()
-    decay = [p for g in groups if g["weight_decay"] == 0.1 for p in g["params"]]
-    no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
-    assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)
-    assert len(decay) + len(no_decay) == len(list(model.parameters()))
+    assert {g["weight_decay"] for g in groups} <= {weight_decay, 0.0}
+    return ({names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]},
+            {names[id(p)] for g in groups if not g["weight_decay"] for p in g["params"]})
+
+
+def test_weight_decay_groups_exclude_biases_norms_and_position_tables():
+    model = classifier(("a", "b"), optimizer=OptimConfig(weight_decay=0.1), trunk=dataclasses.replace(TINY, positions="learned"))
+    params = dict(model.named_parameters())
+    decay, no_decay = decay_split(model, 0.1)
+    assert all(params[n].ndim >= 2 and "position" not in n for n in decay)
+    assert no_decay == {n for n, p in params.items() if p.ndim == 1} | {"trunk.stems.text.position.weight"}
+    assert len(decay) + len(no_decay) == len(params)
+    groups = model.param_groups()
     assert all(g["lr"] == model.optim_config.lr for g in groups)  # no layer decay by default
     model.trunk.stems.requires_grad_(False)  # frozen parameters get no optimizer state
     assert sum(len(g["params"]) for g in model.param_groups()) == len([p for p in model.parameters() if p.requires_grad])
+
+
+def test_vit_position_table_and_cls_do_not_decay():
+    model = TrunkModule({"pictures": ImageClassification(image_size=8, patch_size=4)}, trunk=dataclasses.replace(TINY, positions="learned"),
+                        task_info={"pictures": {"label_names": ["a", "b"]}}, optimizer=OptimConfig(weight_decay=0.1))
+    decay, no_decay = decay_split(model, 0.1)
+    assert {"trunk.stems.image.cls", "trunk.stems.image.position"} <= no_decay
+    assert "trunk.stems.image.proj.weight" in decay
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])

@@ -12,7 +12,7 @@ class Throughput(Callback):
     """Training throughput, logged every ``trainer.log_every_n_steps`` batches under ``perf/``:
     ``samples_per_sec`` and ``tokens_per_sec`` (real tokens the trunk computes on, padding excluded;
     the first process's rate times the number of processes), and ``mfu``, the trunk's training FLOPs
-    (``TrunkModule.training_flops_per_token``; heads and decoders not counted) over the devices' peak:
+    (``Trunk.flops_per_token``; heads and decoders not counted) over the devices' peak:
     ``peak_flops`` per device when given, else Lightning's table of GPU peaks (none for CPUs: no MFU).
     A window holds training batches only (a validation in between starts a new one), data loading
     included. Tokens are summed on the device and read once per window: no sync per step.
@@ -36,7 +36,7 @@ class Throughput(Callback):
             self._start, self._samples, self._tokens, self._flops = time.perf_counter(), 0, 0, 0
         self._samples += samples
         self._tokens = self._tokens + tokens
-        self._flops = self._flops + tokens * pl_module.training_flops_per_token(length)
+        self._flops = self._flops + tokens * pl_module.trunk.flops_per_token(length)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if self._start is None or (batch_idx + 1) % max(trainer.log_every_n_steps, 1):

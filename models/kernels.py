@@ -1,0 +1,63 @@
+"""Kernels the trunk runs on: a faster CPU dropout and the real-token (unpadded) layout of a padded
+batch. They change how the blocks compute, not what: ``trunk.py`` reads without them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout``, about twice as fast on CPU (benchmarks/throughput.py).
+
+    On CPU, torch draws one 32-bit random number per element for dropout's Bernoulli mask, and the
+    draw costs far more than the multiply: dropout took about a third of a training step. Here one
+    32-bit draw serves two elements (two 15-bit halves), and the mask is made already scaled, so the
+    forward and the backward are one multiply each. The keep probability is 1 - round(32768 p) / 32768,
+    within 2e-5 of 1 - p. The saved mask has x's dtype (F.dropout keeps a bool one). On other
+    devices, where dropout is a fused kernel, this is ``F.dropout``.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF  # uniform in [0, 32768)
+    keep_scaled = torch.where(bits >= round(p * 32768), 1.0 / (1.0 - p), 0.0).to(x.dtype)
+    return x * keep_scaled.view(x.shape)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` on the fast ``dropout`` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+class Unpadded:
+    """Where the real tokens of a padded (B, T) batch are, so the blocks compute on real tokens only.
+
+    Fine-tuning batches are padded to their longest row; at SST-2's lengths most positions are
+    padding. The backbone gathers the N real tokens into (N, C) once; every linear layer, norm and
+    dropout then runs on N rows, and attention alone scatters queries, keys and values back into
+    the padded (B, T) layout for its masked product (``pad``) and gathers its output (``unpad``).
+    """
+
+    def __init__(self, key_padding_mask: torch.Tensor) -> None:
+        self.batch, self.length = key_padding_mask.shape
+        self.index = key_padding_mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of the real tokens
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (N, C)."""
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C) -> (B, T, C), zeros at the padding."""
+        out = x.new_zeros(self.batch * self.length, x.shape[-1]).index_copy(0, self.index, x)
+        return out.view(self.batch, self.length, -1)
+
+    @staticmethod
+    def pays(key_padding_mask: torch.Tensor | None) -> bool:
+        """Worth it from a tenth of padding up: below that, the gathers cost more than they save."""
+        return key_padding_mask is not None and key_padding_mask.numel() > 0 and bool(key_padding_mask.float().mean() < 0.9)
