@@ -12,7 +12,9 @@ class TaskSpec:
 
     kinds: the objective kinds the data can feed (None: not checked); stem: the trunk stem its inputs take;
     label_names: the labels in the order of the ids batches carry; max_length / target_max_length: the
-    longest inputs / translation targets; target_vocab_size: a translation task's own target vocabulary."""
+    longest inputs / translation targets; target_vocab_size: a translation task's own target vocabulary;
+    statistics: figures of the training split an objective uses (``label_counts`` for balanced class
+    weights, ``target_mean`` / ``target_std`` for standardised regression targets); None without one."""
 
     kinds: tuple[str, ...] | None = None
     stem: str = "text"
@@ -20,6 +22,7 @@ class TaskSpec:
     max_length: int | None = None
     target_max_length: int | None = None
     target_vocab_size: int | None = None
+    statistics: dict | None = None
 
     @classmethod
     def of(cls, value: TaskSpec | dict | None) -> TaskSpec:

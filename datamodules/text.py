@@ -40,15 +40,15 @@ STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "tes
 
 def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     """Right-pad to the longest sequence: (B, T_max)."""
-    out = torch.full((len(sequences), max(len(s) for s in sequences)), value, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    return out
+    return torch.nn.utils.rnn.pad_sequence([torch.as_tensor(s, dtype=torch.long) for s in sequences], batch_first=True,
+                                           padding_value=value)
 
 
 def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None) -> tuple[list[int], list[int]]:
     """Split ``range(n)`` into (train, validation) indices, ``fraction`` held out at random with a fixed
-    seed; with ``strata`` (one label per row) each label keeps its share in both parts."""
+    seed; with ``strata`` (one label per row) each label keeps its share in both parts. (Not
+    ``Dataset.train_test_split(stratify_by_column=)``: that needs a ClassLabel column, refuses labels seen
+    once, and would hold out other rows than the published results used.)"""
     rng = random.Random(seed)
     groups: dict = {}
     for i in range(n):

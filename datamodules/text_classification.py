@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import datasets
 import torch
 from trunk.datamodules.sources import check_columns, column
@@ -41,7 +43,11 @@ class TextClassificationData(TextDataModule):
         self._configured_label_names = label_names is not None
 
     def info(self) -> dict:
-        return {**super().info(), "label_names": self.label_order}
+        info = {**super().info(), "label_names": self.label_order}
+        if self.has_split("train"):  # for balanced class weights
+            counts = Counter(self.label_ids(self.raw("train"), "train"))
+            info["statistics"] = {"label_counts": [counts[i] for i in range(len(self.label_order))]}
+        return info
 
     def use_labels_of(self, stored: list[str], source: str) -> str | None:
         note = super().use_labels_of(stored, source)

@@ -3,8 +3,8 @@
 A single-task run is the one-entry case. Every batch says which task it belongs to
 (``batch["task"]``); the module runs that task's objective on the shared trunk, weights its loss,
 and logs everything under the task's name: ``<stage>/<task>/<metric>`` (``val/sst2/acc``). At the
-end of each evaluation it also logs ``<stage>/score``, the mean of every task's primary metric
-(all in [0, 1], higher is better), which a checkpoint can monitor.
+end of each evaluation it also logs ``<stage>/score``, the mean of every task's primary metric, each
+negated where lower is better (``Objective.score``), which a checkpoint can monitor (mode max).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import nn
 from trunk.core.codec import Codec
@@ -288,13 +289,16 @@ class TrunkModule(L.LightningModule):
         """Each task's epoch metrics (already synced across processes), and the run's score."""
         primaries = []
         for name, objective in self.objectives.items():
+            if stage == "val" and not self.trainer.sanity_checking:  # an untrained model's two batches prove nothing
+                for warning in objective.epoch_warnings(stage):
+                    rank_zero_warn(warning)
             values = objective.compute_metrics(stage)
             for key, value in values.items():
                 self.log(f"{stage}/{name}/{key}", value, prog_bar=stage != "train" and key == objective.primary)
-            if objective.primary in values:
-                primaries.append(values[objective.primary])
+            if (share := objective.score(values)) is not None:
+                primaries.append(share)
         if primaries and stage != "train":
-            self.log(f"{stage}/score", torch.stack([p.float() for p in primaries]).mean(), prog_bar=len(primaries) > 1)
+            self.log(f"{stage}/score", torch.stack(primaries).mean(), prog_bar=len(primaries) > 1)
 
     def on_train_epoch_end(self) -> None:
         self._log_metrics("train")

@@ -37,9 +37,6 @@ from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, pretrained_
 
 # How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
 # checkpoint (else a beam size could never change).
-INFERENCE_OPTIONS = ("generation", "val_beam_size", "decoding")
-
-
 class RunSourceError(ValueError):
     """The checkpoint or trunk directory a run starts from cannot be used (the CLI prints it without a traceback)."""
 
@@ -98,7 +95,8 @@ def checkpoint_options(ckpt: dict, configured: dict) -> dict:
         own = configured.get("tasks", {}).get(name)
         init_args = dict(spec.get("init_args") or {})
         if own is not None:
-            init_args.update({k: v for k, v in as_objective(own).config.items() if k in INFERENCE_OPTIONS})
+            own = as_objective(own)
+            init_args.update({k: v for k, v in own.config.items() if k in own.inference_options})
         tasks[name] = {**spec, "init_args": init_args}
     return {**options, "tasks": tasks}
 

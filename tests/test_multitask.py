@@ -56,7 +56,7 @@ def joint(sentiment_files, ner_files, tmp_path):
 def test_joint_run_logs_every_task_under_its_name_and_tests_both(joint):
     cli, _ = joint
     metrics = cli.trainer.callback_metrics
-    assert {"test/sentiment/acc", "test/sentiment/f1", "test/ner/f1", "test/ner/acc", "test/score"} <= metrics.keys()
+    assert {"test/sentiment/acc", "test/sentiment/f1_macro", "test/sentiment/mcc", "test/ner/f1", "test/ner/acc", "test/score"} <= metrics.keys()
     assert metrics["test/score"].item() == pytest.approx((metrics["test/sentiment/acc"] + metrics["test/ner/f1"]).item() / 2)
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"train/loss", "train/sentiment/loss_step", "train/ner/loss_step", "val/sentiment/acc", "val/ner/f1", "val/score"} <= set(logged)

@@ -16,6 +16,8 @@ class Throughput(Callback):
     ``peak_flops`` per device when given, else Lightning's table of GPU peaks (none for CPUs: no MFU).
     A window holds training batches only (a validation in between starts a new one), data loading
     included. Tokens are summed on the device and read once per window: no sync per step.
+    (Not Lightning's ``ThroughputMonitor``: it takes one constant ``flops_per_batch``, while a batch's
+    FLOPs here follow its real tokens and length, and it knows no CPU peak.)
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:

@@ -24,16 +24,20 @@ class Objective(nn.Module):
     """Base of every task kind.
 
     Subclasses set ``kind`` (matched against what the task's data feeds), ``stem`` (the trunk stem
-    their inputs take), ``primary`` (the metric that stands for the task in the run's ``score``),
-    and implement ``build_head``, ``make_metrics``, ``loss`` and ``predict``. Their constructor
+    their inputs take), ``primary`` (the metric that stands for the task in the run's ``score``; a
+    class default or an instance's choice) and ``lower_is_better`` (metrics such as errors), and
+    implement ``build_head``, ``make_metrics``, ``loss`` and ``predict``. Their constructor
     arguments are plain values, passed on to ``super().__init__(**config)`` so a checkpoint can
-    rebuild them.
+    rebuild them; ``inference_options`` names those that change predictions but not the trained
+    model (a run evaluating a checkpoint may set them anew).
     """
 
     kind: ClassVar[str] = ""
     stem: ClassVar[str] = "text"
     input_key: ClassVar[str] = "input_ids"
-    primary: ClassVar[str] = "acc"  # in [0, 1], higher is better
+    primary: ClassVar[str] = "acc"
+    lower_is_better: ClassVar[frozenset[str]] = frozenset({"loss"})
+    inference_options: ClassVar[tuple[str, ...]] = ()
     label_keys: ClassVar[tuple[str, ...]] = ()  # state entries with one row per label (reordered / reset on reuse)
     exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
 
@@ -106,6 +110,19 @@ class Objective(nn.Module):
             values.update({k: v for k, v in value.items()} if isinstance(value, dict) else {name: value})
             metric.reset()
         return {k: v for k, v in values.items() if v.ndim == 0}  # scalars; a confusion matrix is read by confusion()
+
+    def epoch_warnings(self, stage: str) -> list[str]:
+        """Problems the epoch's metrics show that a number alone hides (a classifier predicting one class
+        for everything), before ``compute_metrics`` resets them. Every process calls it (metrics sync)."""
+        return []
+
+    def score(self, values: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """This task's share of the run's ``<stage>/score``: its primary metric, negated when lower is better
+        (so the score is always higher-is-better); None when the primary was not computed."""
+        if self.primary not in values:
+            return None
+        value = values[self.primary].float()
+        return -value if self.primary in self.lower_is_better else value
 
     def confusion(self, stage: str) -> torch.Tensor | None:
         """The epoch's (gold, predicted) count matrix so far, synced across processes (every process must

@@ -1,5 +1,6 @@
-"""What sequence and image classification share: one label per input from a pooled trunk vector, accuracy and
-macro-F1, a confusion matrix at validation, label and probabilities per prediction."""
+"""What sequence and image classification share: one label per input from a pooled trunk vector, accuracy,
+macro-F1 and Matthews correlation (and the F1 of a positive class), class weights for imbalanced labels, a
+confusion matrix at validation, label and probabilities per prediction."""
 
 from __future__ import annotations
 
@@ -8,37 +9,87 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+from torchmetrics.classification import (
+    BinaryF1Score,
+    MulticlassAccuracy,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+    MulticlassMatthewsCorrCoef,
+)
 from trunk.core.contract import TaskSpec
 from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objectives.base import Objective
+
+CLASSIFICATION_METRICS = ("acc", "f1_macro", "mcc", "f1_positive")
 
 
 class Classification(Objective):
     """Base of ``SequenceClassification`` and ``ImageClassification``: a head on the pooled trunk output.
 
+    Metrics: ``acc``, ``f1_macro`` (the mean of every class's F1), ``mcc`` (Matthews correlation, in
+    [-1, 1]: 0 for a model that predicts one class for everything), and with ``positive_label``
+    ``f1_positive``, the F1 of that class (paraphrase-style tasks report it).
+
     Args:
         pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
         head_dropout: dropout inside the classification head.
+        primary_metric: the metric that stands for the task in ``val/score`` and on the progress bar.
+        positive_label: the label whose F1 is ``f1_positive``.
+        class_weights: weights of the classes in the loss, for imbalanced labels: ``balanced`` (each class
+            weighted by n_examples / (n_classes x its count) in the training split, as scikit-learn's), or one
+            number per label in ``label_names`` order. None: every example counts the same.
     """
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, **config) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, **config)
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1,
+                 primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
+                 class_weights: Literal["balanced"] | list[float] | None = None, **config) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, primary_metric=primary_metric, positive_label=positive_label,
+                         class_weights=class_weights, **config)
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
-        self.pooling, self.head_dropout = pooling, head_dropout
+        if primary_metric not in CLASSIFICATION_METRICS:
+            raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")
+        if primary_metric == "f1_positive" and positive_label is None:
+            raise ValueError("primary_metric=f1_positive needs positive_label: the label whose F1 it is.")
+        if isinstance(class_weights, str) and class_weights != "balanced":
+            raise ValueError(f"class_weights={class_weights!r}: give 'balanced' or one weight per label.")
+        self.pooling, self.head_dropout, self.primary = pooling, head_dropout, primary_metric
+        self.positive_label, self.class_weights = positive_label, class_weights
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not self.label_names or len(self.label_names) < 2:
             raise ValueError(f"Task '{self.name}': classification needs at least 2 labels, got {self.label_names!r}.")
+        if self.positive_label is not None and self.positive_label not in self.label_names:
+            raise ValueError(f"Task '{self.name}': positive_label={self.positive_label!r} is not one of its labels {self.label_names}.")
         self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)
         init_weights(self.head, cfg.init_std)
+        # Decided by this run's data (not stored: a checkpoint's task_info holds the counts it came from).
+        self.register_buffer("class_weight", self.weights_of(info), persistent=False)
+
+    def weights_of(self, info: TaskSpec) -> torch.Tensor | None:
+        if self.class_weights is None:
+            return None
+        n = len(self.label_names)
+        if self.class_weights == "balanced":
+            counts = (info.statistics or {}).get("label_counts")
+            if counts is None:
+                raise ValueError(f"Task '{self.name}': class_weights=balanced needs the training split's label counts, which "
+                                 "this task's data does not report. Give one weight per label instead.")
+            counts = torch.tensor(counts, dtype=torch.float)
+            return counts.sum() / (n * counts.clamp(min=1))
+        if len(self.class_weights) != n or not all(w >= 0 for w in self.class_weights):
+            raise ValueError(f"Task '{self.name}': class_weights has {len(self.class_weights)} values, but the task has {n} labels "
+                             f"{self.label_names}: give one non-negative weight per label, in that order.")
+        return torch.tensor(self.class_weights, dtype=torch.float)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        metrics = {"acc": MulticlassAccuracy(n, average="micro"), "f1": MulticlassF1Score(n, average="macro")}
+        metrics = {"acc": MulticlassAccuracy(n, average="micro"), "f1_macro": MulticlassF1Score(n, average="macro"),
+                   "mcc": MulticlassMatthewsCorrCoef(n)}
+        if self.positive_label is not None:
+            metrics["f1_positive"] = BinaryF1Score()
         if stage == "val":  # (gold, predicted) counts: written by PredictionSamples, not logged as a scalar
             metrics["confusion"] = MulticlassConfusionMatrix(n)
         return metrics
@@ -50,9 +101,24 @@ class Classification(Objective):
 
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         logits = self(trunk, batch)
-        for metric in self.metrics(stage).values():
-            metric.update(logits.argmax(-1), batch["labels"])
-        return F.cross_entropy(logits.float(), batch["labels"])
+        predicted, labels = logits.argmax(-1), batch["labels"]
+        for name, metric in self.metrics(stage).items():
+            if name == "f1_positive":
+                positive = self.label_names.index(self.positive_label)
+                metric.update((predicted == positive).long(), (labels == positive).long())
+            else:
+                metric.update(predicted, labels)
+        return F.cross_entropy(logits.float(), labels, weight=self.class_weight)
+
+    def epoch_warnings(self, stage: str) -> list[str]:
+        confusion = self.confusion(stage)
+        if confusion is None or confusion.sum() < 2 or (confusion.sum(0) > 0).sum() != 1:
+            return []
+        label = self.label_names[int(confusion.sum(0).argmax())]
+        return [f"Task '{self.name}': the model predicted '{label}' for every one of the {int(confusion.sum())} validation "
+                f"examples, so its accuracy is the share of that label. On imbalanced labels set "
+                f"model.tasks.{self.name}.init_args.class_weights=balanced, and pick checkpoints by a metric such a model "
+                "cannot win (primary_metric: mcc or f1_macro)."]
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         probs = self(trunk, batch).float().softmax(-1)

@@ -16,7 +16,7 @@ class ImageClassification(Classification):
     ``Backbone``: the image stem of the trunk, beside the text stem when text tasks share the run.
     Images of another size than ``image_size`` work when divisible by the patch size (positions are
     interpolated). Metrics and predictions are those of ``SequenceClassification`` (accuracy,
-    macro-F1; label and probabilities per image, with the image's file or index as ``id``), shared through ``Classification``.
+    macro-F1, MCC; label and probabilities per image, with the image's file or index as ``id``), shared through ``Classification``.
 
     Args:
         image_size: the side of the (square) training images, in pixels: sizes the position table.
@@ -24,6 +24,7 @@ class ImageClassification(Classification):
         channels: 1 (grey) or 3 (RGB).
         pooling: ``cls`` or ``mean`` (over all tokens).
         head_dropout: dropout inside the classification head.
+        primary_metric, positive_label, class_weights: see ``Classification``.
     """
 
     kind = "image_classification"
@@ -31,8 +32,10 @@ class ImageClassification(Classification):
     input_key = "pixel_values"
 
     def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Literal["cls", "mean"] = "cls",
-                 head_dropout: float = 0.1) -> None:
-        super().__init__(pooling, head_dropout, image_size=image_size, patch_size=patch_size, channels=channels)
+                 head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
+                 positive_label: str | None = None, class_weights: Literal["balanced"] | list[float] | None = None) -> None:
+        super().__init__(pooling, head_dropout, primary_metric, positive_label, class_weights, image_size=image_size,
+                         patch_size=patch_size, channels=channels)
         self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
 
     def stem_options(self) -> dict:

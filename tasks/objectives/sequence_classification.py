@@ -8,12 +8,16 @@ from trunk.tasks.objectives.classification import Classification
 class SequenceClassification(Classification):
     """Classify a sequence from its [CLS] vector or the mean of its token vectors.
 
-    Metrics: accuracy (``acc``, the task's primary) and macro-F1 (``f1``). Predictions:
+    Metrics: accuracy (``acc``, the primary unless ``primary_metric`` says otherwise), macro-F1 (``f1_macro``),
+    Matthews correlation (``mcc``) and, with ``positive_label``, that label's F1 (``f1_positive``). Predictions:
     ``{text, label, probs}`` per example. Label names come from the task's data.
 
     Args:
         pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
         head_dropout: dropout inside the classification head.
+        primary_metric: the metric that stands for the task in ``val/score``: acc, f1_macro, mcc or f1_positive.
+        positive_label: the label whose F1 is logged as ``f1_positive``.
+        class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for imbalanced labels.
     """
 
     kind = "sequence_classification"

@@ -76,6 +76,7 @@ class TokenClassification(Objective):
 
     kind = "token_classification"
     primary = "f1"
+    inference_options = ("decoding",)
     label_keys = ("head.classifier.weight", "head.classifier.bias")
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained") -> None:

@@ -44,6 +44,7 @@ class Translation(Objective):
 
     kind = "translation"
     primary = "bleu_fraction"
+    inference_options = ("generation", "val_beam_size")
 
     def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
                  generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1) -> None:
