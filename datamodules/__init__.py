@@ -10,8 +10,9 @@ from trunk.datamodules.multitask import MultiTaskData, TaskSampler
 from trunk.datamodules.sources import read_conll
 from trunk.datamodules.text import TaskData, TextDataModule
 from trunk.datamodules.text_classification import TextClassificationData
+from trunk.datamodules.text_regression import TextRegressionData
 from trunk.datamodules.token_classification import TokenClassificationData
 from trunk.datamodules.translation import TranslationData
 
 __all__ = ["CorpusData", "ImageClassificationData", "MultiTaskData", "TaskData", "TaskSampler", "TextClassificationData",
-           "TextDataModule", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]
+           "TextDataModule", "TextRegressionData", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]

@@ -186,6 +186,7 @@ class TaskData:
 
     # -- labels: the names as the config or the data give them, the ids in the order the model uses -----
     _label_names: list[str] | None = None  # set by subclasses with labels: configured, or read from the data
+    label_option: ClassVar[str] = "label_names"  # the option that names them
     _label_order: list[str] | None = None
 
     @property
@@ -205,10 +206,10 @@ class TaskData:
             return None
         if sorted(own) != sorted(stored):
             raise ValueError(f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
-                             f"{self.option('label_names')} is {own}. Leave {self.option('label_names')} unset to use the trained "
+                             f"{self.option(self.label_option)} is {own}. Leave {self.option(self.label_option)} unset to use the trained "
                              "labels, or list the same names (in any order).")
         self._label_order = list(stored)
-        return f"{self.option('label_names')} {own} matched by name to the trained order {list(stored)}"
+        return f"{self.option(self.label_option)} {own} matched by name to the trained order {list(stored)}"
 
     def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
         """Batches of training row indices, from a shuffled ``order`` (subclasses may bucket by length)."""

@@ -6,18 +6,18 @@ from collections import Counter
 
 import datasets
 import torch
-from trunk.datamodules.sources import check_columns, column
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.sources import column
+from trunk.datamodules.text_rows import TextRowsData
 
 
-class TextClassificationData(TextDataModule):
+class TextClassificationData(TextRowsData):
     """Rows with a text column (and optionally a second text column) and a label column.
 
     Labels may be strings or integers. Label names come from the dataset's ``ClassLabel`` feature
     when it has one, else from the sorted distinct labels of the training split; ``label_names``
     fixes them (and their order) explicitly. Integer labels with word ``label_names`` (0/1 with
     negative/positive) are positions in ``label_names``; otherwise labels match names as text.
-    The model learns the names from ``info()``.
+    The model learns the names, and the training split's label counts, from ``info()``.
 
     Args:
         text_column: the column holding the text.
@@ -37,17 +37,24 @@ class TextClassificationData(TextDataModule):
         label_names: list[str] | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(**kwargs)
-        self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
+        super().__init__(text_column, text_pair_column, label_column, **kwargs)
         self._label_names = list(label_names) if label_names is not None else None
         self._configured_label_names = label_names is not None
+        self._label_counts: dict[tuple, list[int]] = {}
 
     def info(self) -> dict:
         info = {**super().info(), "label_names": self.label_order}
         if self.has_split("train"):  # for balanced class weights
-            counts = Counter(self.label_ids(self.raw("train"), "train"))
-            info["statistics"] = {"label_counts": [counts[i] for i in range(len(self.label_order))]}
+            info["statistics"] = {"label_counts": self.label_counts()}
         return info
+
+    def label_counts(self) -> list[int]:
+        """How many training rows carry each label, in ``label_order``."""
+        order = tuple(self.label_order)
+        if order not in self._label_counts:
+            counts = Counter(self.targets(self.raw("train"), "train"))
+            self._label_counts[order] = [counts[i] for i in range(len(order))]
+        return self._label_counts[order]
 
     def use_labels_of(self, stored: list[str], source: str) -> str | None:
         note = super().use_labels_of(stored, source)
@@ -56,12 +63,6 @@ class TextClassificationData(TextDataModule):
 
     def strata(self, rows: datasets.Dataset) -> list:
         return [str(v) for v in rows[self.label_column]]
-
-    def check(self, ds: datasets.Dataset, role: str) -> None:
-        columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
-        if role != "predict":
-            columns["label_column"] = self.label_column
-        check_columns(ds, columns, self.option(role))
 
     @property
     def label_names(self) -> list[str]:
@@ -75,10 +76,7 @@ class TextClassificationData(TextDataModule):
                 self._label_names = sorted({str(v) for v in values}, key=_natural_key)
         return self._label_names
 
-    def tokenizer_columns(self) -> list[str]:
-        return [c for c in (self.text_column, self.text_pair_column) if c is not None]
-
-    def label_ids(self, ds: datasets.Dataset, role: str) -> list[int]:
+    def targets(self, ds: datasets.Dataset, role: str) -> list[int]:
         feature = ds.features[self.label_column]
         values = column(ds, self.label_column)
         if isinstance(feature, datasets.ClassLabel):
@@ -106,27 +104,8 @@ class TextClassificationData(TextDataModule):
             )
         return [index[str(v)] for v in values]
 
-    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
-        texts = column(ds, self.text_column)
-        if any(t is None for t in texts):
-            raise ValueError(f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows.")
-        inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
-        ids = [e.ids for e in self.tokenize(inputs, role)]
-        labels = self.label_ids(ds, role) if role != "predict" else [None] * len(ids)
-        return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
-
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw texts (or (text, pair) tuples)."""
-        inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
-        ids = [e.ids for e in self.tokenize(inputs, "predict")]
-        return self.collate([{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)])
-
-    def collate(self, examples: list[dict]) -> dict:
-        input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
-        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "text": [e["text"] for e in examples]}
-        if examples[0]["label"] is not None:
-            batch["labels"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)
-        return batch
+    def label_tensor(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long)
 
 
 def _check_labels(values: list, where: str, column: str) -> list:

@@ -10,10 +10,11 @@ from trunk.tasks.objectives import (
     Objective,
     ReplacedTokenDetection,
     SequenceClassification,
+    SequenceRegression,
     TokenClassification,
     Translation,
 )
 from trunk.tasks.optim import OptimConfig
 
 __all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "Objective", "OptimConfig", "Predictor",
-           "ReplacedTokenDetection", "SequenceClassification", "TokenClassification", "Translation", "TrunkModule", "load"]
+           "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation", "TrunkModule", "load"]

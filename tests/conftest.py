@@ -137,6 +137,32 @@ def write_conll(path: Path, sentences: list[list[tuple[str, str]]]) -> Path:
     return path
 
 
+SCORED_WORDS = {"superb": 2.0, "great": 1.5, "good": 1.0, "fine": 0.5, "plain": 0.0, "dull": -0.5, "bad": -1.0, "awful": -2.0}
+FILLER_WORDS = ["the", "film", "plot", "was", "and", "acting", "music", "very"]
+
+
+def scored_pair(rng: random.Random) -> dict:
+    """A text pair with two real-valued targets a model can learn exactly: ``score``, a linear function of
+    the one scored word on each side (2.5 + the first's value - half the second's), and ``length``, the
+    number of words in both."""
+    def side() -> tuple[list[str], float]:
+        scored = rng.choice(list(SCORED_WORDS))
+        words = [scored, *rng.sample(FILLER_WORDS, rng.randint(1, 3))]
+        rng.shuffle(words)
+        return words, SCORED_WORDS[scored]
+
+    (first, a), (second, b) = side(), side()
+    return {"text": " ".join(first), "pair": " ".join(second), "score": 2.5 + a - 0.5 * b, "length": len(first) + len(second)}
+
+
+@pytest.fixture
+def scores_files(tmp_path: Path) -> dict[str, Path]:
+    """Small train / validation / test tsv files of text pairs with two real-valued targets (``scored_pair``)."""
+    rng = random.Random(0)
+    sizes = {"train": 400, "validation": 64, "test": 64}
+    return {split: write_rows(tmp_path / f"scores_{split}.tsv", [scored_pair(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
 @pytest.fixture
 def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)

@@ -17,6 +17,7 @@ class Kind:
     objective_args: tuple[str, ...] = ()
     extra: tuple[str, ...] = field(default=())
     recipe_resets: tuple[str, ...] = ()  # a recipe's own options these data do not fit (columns, label names)
+    label_option: str = "label_names"  # the data option that names the labels (in the order the data carries them)
 
     def data_args(self, files: dict) -> list[str]:
         """``--data.*`` options (single-task layout, see conftest.single_task) pointing at small generated data."""
@@ -35,8 +36,9 @@ def recipe_task_args(name: str, data_class: str, files: dict) -> tuple[list[str]
     return single_task([*dataset, *kind.recipe_resets, *kind.data_args(files)], name), list(kind.labels) if kind.labels else None
 
 
+# data class -> the conftest fixture ``<name>_files`` that generates its files (None: built-in data)
 DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", "TokenClassificationData": "ner",
-              "TranslationData": "reversal", "ImageClassificationData": None}
+              "TranslationData": "reversal", "ImageClassificationData": None, "TextRegressionData": "scores"}
 
 KINDS = {
     "sequence_classification": Kind(
@@ -61,4 +63,8 @@ KINDS = {
         "trunk.tasks.ImageClassification", "trunk.datamodules.ImageClassificationData", ("train", "validation", "test"),
         labels=("cross", "diagonal", "horizontal", "square", "vertical"), objective_args=("--model.image_size=16",),
         extra=("--data.dataset=trunk:shapes",)),
+    "sequence_regression": Kind(
+        "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
+        labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
+        extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column"),
 }

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import single_task
-from kinds import KINDS
+from kinds import DATA_FILES, KINDS
 from trunk.tasks import load
 from trunk.tasks.cli import export_main, run_cli
 
@@ -24,9 +24,9 @@ def kind_args(kind, files, root) -> list[str]:
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_every_task_kind_on_every_path(name, sentiment_files, ner_files, reversal_files, tmp_path):
+def test_every_task_kind_on_every_path(name, request, tmp_path):
     kind = KINDS[name]
-    files = {"sentiment": sentiment_files, "ner": ner_files, "reversal": reversal_files}
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args = kind_args(kind, files, tmp_path / "run")
     fit = run_cli(["fit", *args])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
@@ -39,7 +39,7 @@ def test_every_task_kind_on_every_path(name, sentiment_files, ner_files, reversa
         tested = run_cli(["test", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
         assert "test/score" in tested
     if labels:  # the labels named in another order: the same answers (trunk.tasks.run matches them by name)
-        swapped = f"--data.tasks.t.label_names={json.dumps(labels[::-1])}"
+        swapped = f"--data.tasks.t.{kind.label_option}={json.dumps(labels[::-1])}"
         again = run_cli(["validate", *args, f"--ckpt_path={ckpt}", swapped]).trainer.callback_metrics
         assert again["val/t/loss"].item() == pytest.approx(metrics["val/t/loss"].item(), rel=1e-5)
 
@@ -59,7 +59,7 @@ def test_every_task_kind_on_every_path(name, sentiment_files, ner_files, reversa
         if key.startswith(("trunk.", "objectives.t.")) and "_metrics." not in key:
             assert torch.equal(value, trained[key]), key
     if labels:  # the same labels in another order: the classifier's rows follow the names
-        flipped = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--data.tasks.t.label_names={json.dumps(labels[::-1])}",
+        flipped = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--data.tasks.t.{kind.label_option}={json.dumps(labels[::-1])}",
                            f"--trainer.default_root_dir={tmp_path / 'flipped'}"], run=False)
         assert flipped.model.objectives["t"].label_names == labels[::-1]
         rows = [f"objectives.t.{key}" for key in type(flipped.model.objectives["t"]).label_keys]

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from trunk.models import TrunkConfig
-from trunk.tasks import SequenceClassification, TrunkModule
+from trunk.tasks import SequenceClassification, SequenceRegression, TrunkModule, load
 from trunk.tasks.cli import run_cli
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
@@ -114,3 +114,106 @@ def test_a_model_predicting_one_class_for_everything_is_reported(tiny_cli_args):
         cli.model.objectives["sentiment"].head.classifier.bias.copy_(torch.tensor([50.0, 0.0]))
     with pytest.warns(UserWarning, match="predicted 'negative' for every one of the 64 validation examples"):
         cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+
+
+# -- regression ------------------------------------------------------------------------------------------
+def pearson(x: list[float], y: list[float]) -> float:
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
+
+
+def ranks(x: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank (as scipy.stats.rankdata)."""
+    order = sorted(range(len(x)), key=x.__getitem__)
+    out = [0.0] * len(x)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in order[i : j + 1]:
+            out[k] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def regressor(targets=("score",), statistics=None, **options) -> TrunkModule:
+    info = {"label_names": list(targets), "statistics": statistics}
+    return TrunkModule({"r": SequenceRegression(head_dropout=0.0, **options)}, trunk=TINY, task_info={"r": info})
+
+
+def test_regression_metrics_match_their_definitions_on_the_data_scale():
+    torch.manual_seed(0)
+    model = regressor(("a", "b"), {"target_mean": [3.0, -1.0], "target_std": [2.0, 0.5]}).eval()
+    objective = model.objectives["r"]
+    g = torch.Generator().manual_seed(1)
+    gold, predicted = [], []
+    with torch.no_grad():
+        for _ in range(3):
+            batch = {"task": "r", "input_ids": torch.randint(5, 60, (20, 8), generator=g), "attention_mask": torch.ones(20, 8, dtype=torch.long),
+                     "labels": torch.randn(20, 2, generator=g) * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0])}
+            objective.loss(model.trunk, batch, "val")
+            gold += batch["labels"].tolist()
+            predicted += objective.scores(model.trunk, batch).tolist()
+    values = objective.compute_metrics("val")
+    for k, name in enumerate("ab"):
+        x, y = [p[k] for p in predicted], [t[k] for t in gold]
+        assert values[f"pearson_{name}"].item() == pytest.approx(pearson(x, y), abs=1e-4)
+        assert values[f"spearman_{name}"].item() == pytest.approx(pearson(ranks(x), ranks(y)), abs=1e-4)
+        assert values[f"mse_{name}"].item() == pytest.approx(sum((a - b) ** 2 for a, b in zip(x, y)) / len(x), rel=1e-4)
+        assert values[f"mae_{name}"].item() == pytest.approx(sum(abs(a - b) for a, b in zip(x, y)) / len(x), rel=1e-4)
+    assert values["pearson"].item() == pytest.approx((values["pearson_a"] + values["pearson_b"]).item() / 2)
+    # predictions are on the data's scale: the head's standardised output times the std, plus the mean
+    raw = objective(model.trunk, batch).float()
+    assert torch.allclose(objective.scores(model.trunk, batch), raw * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0]))
+
+
+def test_regression_loss_is_on_standardised_targets_and_errors_count_negated_in_the_score():
+    model = regressor(statistics={"target_mean": [10.0], "target_std": [4.0]}, loss="huber", huber_delta=0.5, primary_metric="mae")
+    objective = model.objectives["r"]
+    batch = random_batches(1)[0]
+    batch = {**batch, "task": "r", "labels": torch.rand(len(batch["labels"]), 1) * 20}
+    expected = F.huber_loss(objective(model.trunk, batch).float(), (batch["labels"] - 10.0) / 4.0, delta=0.5)
+    assert objective.loss(model.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
+    assert objective.score({"mae": torch.tensor(0.3), "pearson": torch.tensor(0.9)}).item() == pytest.approx(-0.3)
+    with pytest.raises(ValueError, match="choose one of"):
+        SequenceRegression(primary_metric="r2")
+
+
+def regression_args(files, root, *extra) -> list[str]:
+    from conftest import single_task
+
+    return single_task([
+        "--model=trunk.tasks.SequenceRegression", "--model.head_dropout=0.0",
+        "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=128",
+        "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0", "--model.optimizer.lr=1e-3",
+        "--data=trunk.datamodules.TextRegressionData", "--data.text_pair_column=pair", "--data.label_column=score",
+        *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")), f"--data.predict={files['test']}",
+        "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64", "--trainer.accelerator=cpu", "--trainer.devices=1",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], "sim")
+
+
+def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_path):
+    fit = run_cli(["fit", *regression_args(scores_files, tmp_path / "run", "--trainer.max_epochs=12")])
+    best = fit.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *regression_args(scores_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
+    assert tested["test/sim/pearson"] > 0.9 and tested["test/sim/spearman"] > 0.85
+    assert tested["test/score"].item() == pytest.approx(tested["test/sim/pearson"].item())
+    statistics = fit.model.hparams.task_info["sim"]["statistics"]
+    assert statistics["target_mean"][0] == pytest.approx(sum(float(r.split("\t")[2]) for r in scores_files["train"].read_text().splitlines()[1:]) / 400)
+    records = load(best).predict([("superb film", "dull plot"), ("awful film", "superb music")])
+    assert set(records[0]) == {"text", "score"} and records[0]["score"] > records[1]["score"] + 2  # 4.75 against -0.5
+
+
+@pytest.mark.parametrize("cell, message", [("abc", "has score='abc', which is not a finite number"),
+                                           ("n/a", "has no value in score"), ("inf", "has score=inf, which is not a finite number")])
+def test_non_numeric_regression_targets_name_the_file_row_and_value(scores_files, tmp_path, cell, message):
+    lines = scores_files["train"].read_text().splitlines()
+    cells = lines[5].split("\t")
+    cells[2] = cell
+    lines[5] = "\t".join(cells)
+    scores_files["train"].write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"data.tasks.sim.train: row 5 of '.*scores_train.tsv' .*{message}"):
+        run_cli(regression_args(scores_files, tmp_path / "run"), run=False)

@@ -4,13 +4,15 @@ predictions. A new kind is a file here, a line in ``OBJECTIVES`` and one in the 
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.image_classification import ImageClassification
 from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
+from trunk.tasks.objectives.regression import SequenceRegression
 from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
 from trunk.tasks.objectives.sequence_classification import SequenceClassification
 from trunk.tasks.objectives.token_classification import EntityF1, TokenClassification
 from trunk.tasks.objectives.translation import Translation
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.kind: cls for cls in (
-    SequenceClassification, TokenClassification, MaskedLanguageModeling, ReplacedTokenDetection, Translation, ImageClassification)}
+    SequenceClassification, TokenClassification, MaskedLanguageModeling, ReplacedTokenDetection, Translation, ImageClassification,
+    SequenceRegression)}
 
 __all__ = ["OBJECTIVES", "EntityF1", "ImageClassification", "MaskedLanguageModeling", "Objective", "ReplacedTokenDetection",
-           "SequenceClassification", "TokenClassification", "Translation"]
+           "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation"]

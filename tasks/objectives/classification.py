@@ -17,13 +17,13 @@ from torchmetrics.classification import (
     MulticlassMatthewsCorrCoef,
 )
 from trunk.core.contract import TaskSpec
-from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objectives.base import Objective
+from trunk.models import Trunk, TrunkConfig
+from trunk.tasks.objectives.pooled import PooledObjective
 
 CLASSIFICATION_METRICS = ("acc", "f1_macro", "mcc", "f1_positive")
 
 
-class Classification(Objective):
+class Classification(PooledObjective):
     """Base of ``SequenceClassification`` and ``ImageClassification``: a head on the pooled trunk output.
 
     Metrics: ``acc``, ``f1_macro`` (the mean of every class's F1), ``mcc`` (Matthews correlation, in
@@ -40,22 +40,18 @@ class Classification(Objective):
             number per label in ``label_names`` order. None: every example counts the same.
     """
 
-    label_keys = ("head.classifier.weight", "head.classifier.bias")
-
     def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1,
                  primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
                  class_weights: Literal["balanced"] | list[float] | None = None, **config) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, primary_metric=primary_metric, positive_label=positive_label,
+        super().__init__(pooling, head_dropout, primary_metric=primary_metric, positive_label=positive_label,
                          class_weights=class_weights, **config)
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
         if primary_metric not in CLASSIFICATION_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")
         if primary_metric == "f1_positive" and positive_label is None:
             raise ValueError("primary_metric=f1_positive needs positive_label: the label whose F1 it is.")
         if isinstance(class_weights, str) and class_weights != "balanced":
             raise ValueError(f"class_weights={class_weights!r}: give 'balanced' or one weight per label.")
-        self.pooling, self.head_dropout, self.primary = pooling, head_dropout, primary_metric
+        self.primary = primary_metric
         self.positive_label, self.class_weights = positive_label, class_weights
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
@@ -63,8 +59,7 @@ class Classification(Objective):
             raise ValueError(f"Task '{self.name}': classification needs at least 2 labels, got {self.label_names!r}.")
         if self.positive_label is not None and self.positive_label not in self.label_names:
             raise ValueError(f"Task '{self.name}': positive_label={self.positive_label!r} is not one of its labels {self.label_names}.")
-        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)
-        init_weights(self.head, cfg.init_std)
+        super().build_head(cfg, trunk, info)
         # Decided by this run's data (not stored: a checkpoint's task_info holds the counts it came from).
         self.register_buffer("class_weight", self.weights_of(info), persistent=False)
 
@@ -94,11 +89,6 @@ class Classification(Objective):
             metrics["confusion"] = MulticlassConfusionMatrix(n)
         return metrics
 
-    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
-        """(B, num_labels) logits."""
-        mask = batch.get("attention_mask")
-        return self.head(self.encode(trunk, batch), mask)
-
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         logits = self(trunk, batch)
         predicted, labels = logits.argmax(-1), batch["labels"]
@@ -125,11 +115,7 @@ class Classification(Objective):
         records = []
         for i, row in enumerate(probs.tolist()):
             best = max(range(len(row)), key=row.__getitem__)
-            record = {"label": self.label_names[best], "probs": dict(zip(self.label_names, row))}
-            for key in ("text", "id"):  # what the example was: its text, or its image's file / index
-                if key in batch:
-                    record = {key: batch[key][i], **record}
-            records.append(record)
+            records.append(self.record(batch, i, label=self.label_names[best], probs=dict(zip(self.label_names, row))))
         return records
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:

@@ -1,0 +1,68 @@
+"""Rows of one text (or a text pair) and a target: what classification, regression and multi-label data share."""
+
+from __future__ import annotations
+
+import datasets
+import torch
+from trunk.datamodules.sources import check_columns, column
+from trunk.datamodules.text import TextDataModule, pad
+
+
+class TextRowsData(TextDataModule):
+    """Rows with a text column, optionally a second text column, and a target column (not needed to predict).
+
+    Subclasses turn a split's target cells into per-example values (``targets``) and a batch's values into
+    the ``labels`` tensor (``label_tensor``).
+
+    Args:
+        text_column: the column holding the text.
+        text_pair_column: a second text column for sentence-pair tasks (encoded as [CLS] a [SEP] b [SEP]).
+        label_column: the column holding the target (not needed in the predict split).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, val_fraction, max_length, batch size, ...).
+    """
+
+    def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
+
+    def target_columns(self) -> dict[str, str]:
+        """Option name -> column, for the column check."""
+        return {"label_column": self.label_column}
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
+        if role != "predict":
+            columns.update(self.target_columns())
+        check_columns(ds, columns, self.option(role))
+
+    def tokenizer_columns(self) -> list[str]:
+        return [c for c in (self.text_column, self.text_pair_column) if c is not None]
+
+    def targets(self, ds: datasets.Dataset, role: str) -> list:
+        """One plain value per row: the target as batches carry it."""
+        raise NotImplementedError
+
+    def label_tensor(self, values: list) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
+        texts = column(ds, self.text_column)
+        if any(t is None for t in texts):
+            raise ValueError(f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows.")
+        inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
+        ids = [e.ids for e in self.tokenize(inputs, role)]
+        labels = self.targets(ds, role) if role != "predict" else [None] * len(ids)
+        return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw texts (or (text, pair) tuples)."""
+        inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
+        ids = [e.ids for e in self.tokenize(inputs, "predict")]
+        return self.collate([{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)])
+
+    def collate(self, examples: list[dict]) -> dict:
+        input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
+        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "text": [e["text"] for e in examples]}
+        if examples[0]["label"] is not None:
+            batch["labels"] = self.label_tensor([e["label"] for e in examples])
+        return batch

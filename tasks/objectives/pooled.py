@@ -1,0 +1,42 @@
+"""What every one-answer-per-input kind shares: a head on one pooled trunk vector (classification,
+multi-label classification, regression)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from trunk.core.contract import TaskSpec
+from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.tasks.objectives.base import Objective
+
+
+class PooledObjective(Objective):
+    """A BERT-style head (pooler + linear layer) on the [CLS] vector or the mean of the token vectors,
+    with one output per label (``label_names``: classes, or the names of regression targets).
+
+    Args:
+        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        head_dropout: dropout inside the head.
+    """
+
+    label_keys = ("head.classifier.weight", "head.classifier.bias")
+
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, **config) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, **config)
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        self.pooling, self.head_dropout = pooling, head_dropout
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)
+        init_weights(self.head, cfg.init_std)
+
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, len(label_names)) outputs."""
+        return self.head(self.encode(trunk, batch), batch.get("attention_mask"))
+
+    @staticmethod
+    def record(batch: dict, i: int, **answer) -> dict:
+        """A prediction record: what example ``i`` was (its text, or its image's file / index), then the answer."""
+        return {**{key: batch[key][i] for key in ("text", "id") if key in batch}, **answer}

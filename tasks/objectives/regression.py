@@ -1,0 +1,119 @@
+"""Sequence regression: one or several real-valued targets per text (or text pair), from a pooled trunk vector."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, PearsonCorrCoef, SpearmanCorrCoef
+from trunk.core.contract import TaskSpec
+from trunk.models import Trunk, TrunkConfig
+from trunk.tasks.objectives.pooled import PooledObjective
+
+REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae")
+
+
+class SequenceRegression(PooledObjective):
+    """Predict real values (similarity scores, ratings) from the [CLS] vector or the mean of the token vectors.
+
+    The head learns standardised targets (each minus the training split's mean, over its standard
+    deviation; both stored with the model), so a target on a 0-5 or a 0-100 scale trains alike; predictions
+    are mapped back to the data's scale. Metrics, on that scale: ``pearson``, ``spearman``, ``mse``, ``mae``
+    (with several targets: their mean, and ``<metric>_<target>`` each). Predictions: ``{text, score}``
+    (several targets: ``{text, scores: {target: value}}``).
+
+    Args:
+        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        head_dropout: dropout inside the head.
+        loss: ``mse``, or ``huber`` (less pulled by outlying targets).
+        huber_delta: where the Huber loss turns from squared to linear, in standard deviations of the target.
+        standardize: learn standardised targets (see above); false: the raw values.
+        primary_metric: the metric that stands for the task in ``val/score`` (``mse`` and ``mae`` count negated:
+            lower is better).
+    """
+
+    kind = "sequence_regression"
+    lower_is_better = frozenset({"loss", "mse", "mae"})
+    label_keys = (*PooledObjective.label_keys, "target_mean", "target_std")
+
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
+                 huber_delta: float = 1.0, standardize: bool = True,
+                 primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson") -> None:
+        super().__init__(pooling, head_dropout, loss=loss, huber_delta=huber_delta, standardize=standardize, primary_metric=primary_metric)
+        if loss not in ("mse", "huber"):
+            raise ValueError(f"loss must be 'mse' or 'huber', got {loss!r}.")
+        if not huber_delta > 0:
+            raise ValueError(f"huber_delta must be > 0, got {huber_delta}.")
+        if primary_metric not in REGRESSION_METRICS:
+            raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(REGRESSION_METRICS)}.")
+        self.loss_kind, self.huber_delta, self.standardize, self.primary = loss, huber_delta, standardize, primary_metric
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        if not self.label_names:
+            raise ValueError(f"Task '{self.name}': regression needs the names of its targets (the data's label columns).")
+        super().build_head(cfg, trunk, info)
+        n = len(self.label_names)
+        statistics = info.statistics or {}
+        mean = statistics.get("target_mean") if self.standardize else None
+        std = statistics.get("target_std") if self.standardize else None
+        # Stored with the model: a checkpoint maps its outputs back with the figures it was trained with.
+        self.register_buffer("target_mean", torch.tensor(mean if mean is not None else [0.0] * n, dtype=torch.float))
+        self.register_buffer("target_std", torch.tensor(std if std is not None else [1.0] * n, dtype=torch.float).clamp(min=1e-6))
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        n = len(self.label_names)
+        with warnings.catch_warnings():  # "SpearmanCorrcoef will save all targets and predictions": evaluation sets are small
+            warnings.simplefilter("ignore")
+            spearman = SpearmanCorrCoef(num_outputs=n)
+        return {"pearson": PearsonCorrCoef(num_outputs=n), "spearman": spearman, "mse": MeanSquaredError(num_outputs=n),
+                "mae": MeanAbsoluteError(num_outputs=n)}
+
+    def scores(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, n_targets) predictions on the data's scale."""
+        return self(trunk, batch).float() * self.target_std + self.target_mean
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        outputs, targets = self(trunk, batch).float(), batch["labels"].float()
+        predicted = outputs.detach() * self.target_std + self.target_mean
+        if targets.shape[-1] == 1:  # torchmetrics takes one target as (B,)
+            predicted, targets_seen = predicted.squeeze(-1), targets.squeeze(-1)
+        else:
+            targets_seen = targets
+        for metric in self.metrics(stage).values():
+            metric.update(predicted, targets_seen)
+        standardized = (targets - self.target_mean) / self.target_std
+        if self.loss_kind == "huber":
+            return F.huber_loss(outputs, standardized, delta=self.huber_delta)
+        return F.mse_loss(outputs, standardized)
+
+    def compute_metrics(self, stage: str) -> dict[str, torch.Tensor]:
+        """Scalars: each metric's mean over the targets, and per target ``<metric>_<target>`` when there are several."""
+        values: dict[str, torch.Tensor] = {}
+        for name, metric in self.metrics(stage).items():
+            if not metric.update_called:
+                continue
+            value = metric.compute().reshape(-1)
+            metric.reset()
+            values[name] = value.mean()
+            if len(value) > 1:
+                values.update({f"{name}_{target}": v for target, v in zip(self.label_names, value)})
+        return values
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = []
+        for i, row in enumerate(self.scores(trunk, batch).tolist()):
+            answer = {"score": row[0]} if len(row) == 1 else {"scores": dict(zip(self.label_names, row))}
+            records.append(self.record(batch, i, **answer))
+        return records
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        predicted, gold = self.scores(trunk, batch).tolist(), batch["labels"].float().tolist()
+        return [self.record(batch, i, gold=_plain(g), predicted=_plain([round(v, 4) for v in p]))
+                for i, (g, p) in enumerate(zip(gold, predicted))]
+
+
+def _plain(values: list[float]) -> float | list[float]:
+    return values[0] if len(values) == 1 else values
