@@ -128,6 +128,8 @@ class CorpusData(TextDataModule):
         super().__init__(train=train, validation=validation, max_length=max_length, val_fraction=val_fraction, **kwargs)
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0 (blocks), got {shuffle_buffer}.")
+        if streaming and self.select:
+            raise ValueError("select is not applied to streamed text: give files that hold one split each, or streaming: false.")
         if documents not in ("line", "blank_line"):
             raise ValueError(f"documents must be 'line' or 'blank_line', got {documents!r}.")
         if max_length < 8:

@@ -93,6 +93,21 @@ def column(ds: datasets.Dataset, name: str) -> list:
     return ds[name][:]
 
 
+def select_rows(ds: datasets.Dataset, where: dict, option: str, source: str) -> datasets.Dataset:
+    """The rows whose ``column`` holds the value (or one of the values) ``where`` gives, compared as text."""
+    for name, wanted in where.items():
+        if name not in ds.column_names:
+            raise ValueError(f"{option}: '{source}' has no column '{name}'; its columns are {ds.column_names}.")
+        values = {str(v) for v in (wanted if isinstance(wanted, list) else [wanted])}
+        cells = [str(c) for c in column(ds, name)]
+        keep = [i for i, cell in enumerate(cells) if cell in values]
+        if not keep:
+            raise ValueError(f"{option}: no row of '{source}' has {name} in {sorted(values)}; the column holds "
+                             f"{sorted(set(cells))[:10]}.")
+        ds = ds.select(keep)
+    return ds
+
+
 def source_key(dataset: str | None, spec: str) -> list | str:
     """What a split's rows come from, for cache keys: a local file by path, size and modification
     time, a local dataset directory by those of every file in it (an edited file changes the key),

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 from trunk.datamodules.encoded import encoded_split
-from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, source_key
+from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, select_rows, source_key
 from trunk.core.codec import PAD, fingerprint
 
 ROLES = ("train", "validation", "test", "predict")
@@ -129,6 +129,8 @@ class TaskData:
         dataset_config: the hub dataset's configuration (``sst2`` for ``glue``).
         train, validation, test, predict: split names when ``dataset`` is set (``train[:10%]``
             works), else file paths. Unset splits are skipped.
+        select: per split, the rows to keep by column value, for files that hold several splits (SICK's
+            ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
             with a fixed seed; classification keeps each label's share).
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
@@ -146,6 +148,7 @@ class TaskData:
         validation: str | None = None,
         test: str | None = None,
         predict: str | None = None,
+        select: dict[str, dict[str, str | int | list]] | None = None,
         val_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
@@ -157,6 +160,10 @@ class TaskData:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.dataset, self.dataset_config = dataset, dataset_config
         self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
+        unknown = sorted(set(select or {}) - set(self.split_specs))
+        if unknown:
+            raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
+        self.select = dict(select or {})
         self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
@@ -318,19 +325,24 @@ class TextDataModule(TaskData):
         """The rows of one split, loaded once and checked for emptiness."""
         if role not in self._raw:
             if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
-                rows = self.load(self.spec("train"), self.option("train"))
-                if len(rows) == 0:
-                    raise empty_split_error(self.option("train"), self.spec("train"))
+                rows = self.read("train")
                 self.check(rows, "train")
                 train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows))
                 self._raw["train"], self._raw["validation"] = rows.select(train), rows.select(validation)
             else:
-                ds = self.load(self.spec(role), self.option(role))
-                if len(ds) == 0:
-                    raise empty_split_error(self.option(role), str(self.spec(role)))
+                ds = self.read(role)
                 self.check(ds, role)
                 self._raw[role] = ds
         return self._raw[role]
+
+    def read(self, role: str) -> datasets.Dataset:
+        """One split's rows as configured: loaded, narrowed by ``select``, and not empty."""
+        ds = self.load(self.spec(role), self.option(role))
+        if role in self.select:
+            ds = select_rows(ds, self.select[role], self.option(f"select.{role}"), str(self.spec(role)))
+        if len(ds) == 0:
+            raise empty_split_error(self.option(role), str(self.spec(role)))
+        return ds
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
@@ -359,7 +371,7 @@ class TextDataModule(TaskData):
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
-        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"]]
+        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train")]
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")

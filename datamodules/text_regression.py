@@ -83,7 +83,8 @@ class TextRegressionData(TextRowsData):
 
     def source_name(self, role: str) -> str:
         spec = self.spec(role)
-        return f"'{spec}'" if self.dataset is None else f"split '{spec}' of '{self.dataset}'"
+        source = f"'{spec}'" if self.dataset is None else f"split '{spec}' of '{self.dataset}'"
+        return f"the rows of {source} that {self.option('select.' + role)} keeps" if role in self.select else source
 
     def label_tensor(self, values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float)

@@ -11,6 +11,7 @@ import torch
 from conftest import write_rows
 from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassificationData, TokenClassificationData
 from trunk.datamodules.builtin import sentiment_example
+from trunk.datamodules.sources import column
 from trunk.datamodules.text import hold_out, length_buckets
 from trunk.core.codec import CLS, PAD, SEP, load_tokenizer
 from trunk.datamodules.tokenizer import train_wordpiece
@@ -374,3 +375,17 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
 
 def test_corpus_data_feeds_pretraining_objectives_only():
     assert CorpusData.kinds == ("masked_lm", "replaced_token_detection")
+
+
+def test_select_keeps_the_rows_of_one_split_from_a_file_that_holds_several(tmp_path):
+    rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "set": ["TRAIN", "TRIAL", "TEST"][i % 3]} for i in range(30)]
+    path = write_rows(tmp_path / "all.tsv", rows)
+    member = TextClassificationData(train=str(path), validation=str(path), select={"train": {"set": "TRAIN"}, "validation": {"set": ["TRIAL"]}})
+    assert column(member.raw("train"), "text") == [r["text"] for r in rows if r["set"] == "TRAIN"]
+    assert len(member.raw("validation")) == 10
+    with pytest.raises(ValueError, match=r"select.train: no row of '.*all.tsv' has set in \['DEV'\]; the column holds \['TEST', 'TRAIN', 'TRIAL'\]"):
+        TextClassificationData(train=str(path), select={"train": {"set": "DEV"}}).raw("train")
+    with pytest.raises(ValueError, match=r"has no column 'split'; its columns are \['text', 'label', 'set'\]"):
+        TextClassificationData(train=str(path), select={"train": {"split": "TRAIN"}}).raw("train")
+    with pytest.raises(ValueError, match=r"select names the splits \['dev'\]"):
+        TextClassificationData(train=str(path), select={"dev": {"set": "TRIAL"}})
