@@ -7,6 +7,7 @@ from trunk.tasks.objectives import (
     EntityF1,
     ImageClassification,
     MaskedLanguageModeling,
+    MultiLabelClassification,
     Objective,
     ReplacedTokenDetection,
     SequenceClassification,
@@ -16,5 +17,5 @@ from trunk.tasks.objectives import (
 )
 from trunk.tasks.optim import OptimConfig
 
-__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "Objective", "OptimConfig", "Predictor",
+__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "Objective", "OptimConfig", "Predictor",
            "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation", "TrunkModule", "load"]

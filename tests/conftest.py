@@ -163,6 +163,26 @@ def scores_files(tmp_path: Path) -> dict[str, Path]:
     return {split: write_rows(tmp_path / f"scores_{split}.tsv", [scored_pair(rng) for _ in range(n)]) for split, n in sizes.items()}
 
 
+TOPIC_WORDS = {"animal": ["dog", "cat", "horse", "owl"], "food": ["bread", "apple", "soup", "cheese"],
+               "sport": ["tennis", "football", "golf", "rowing"], "weather": ["rain", "snow", "wind", "sunshine"]}
+
+
+def tagged_text(rng: random.Random) -> dict:
+    """A text about 0-3 topics (a word of each among fillers) and its topics, comma-separated (the label set)."""
+    topics = sorted(rng.sample(list(TOPIC_WORDS), rng.choice([0, 1, 1, 2, 2, 3])))
+    words = [rng.choice(TOPIC_WORDS[t]) for t in topics] + rng.sample(FILLER_WORDS, rng.randint(1, 4))
+    rng.shuffle(words)
+    return {"text": " ".join(words), "labels": ",".join(topics)}
+
+
+@pytest.fixture
+def topics_files(tmp_path: Path) -> dict[str, Path]:
+    """Small train / validation / test csv files of texts with a set of topics each (``tagged_text``)."""
+    rng = random.Random(0)
+    sizes = {"train": 400, "validation": 64, "test": 64}
+    return {split: write_rows(tmp_path / f"topics_{split}.csv", [tagged_text(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
 @pytest.fixture
 def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)

@@ -38,7 +38,8 @@ def recipe_task_args(name: str, data_class: str, files: dict) -> tuple[list[str]
 
 # data class -> the conftest fixture ``<name>_files`` that generates its files (None: built-in data)
 DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", "TokenClassificationData": "ner",
-              "TranslationData": "reversal", "ImageClassificationData": None, "TextRegressionData": "scores"}
+              "TranslationData": "reversal", "ImageClassificationData": None, "TextRegressionData": "scores",
+              "MultiLabelTextData": "topics"}
 
 KINDS = {
     "sequence_classification": Kind(
@@ -67,4 +68,7 @@ KINDS = {
         "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
         labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
         extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column"),
+    "multi_label_classification": Kind(
+        "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
+        labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good")),
 }

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from trunk.models import TrunkConfig
-from trunk.tasks import SequenceClassification, SequenceRegression, TrunkModule, load
+from trunk.datamodules import MultiLabelTextData
+from trunk.tasks import MultiLabelClassification, SequenceClassification, SequenceRegression, TrunkModule, load
 from trunk.tasks.cli import run_cli
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
@@ -217,3 +218,67 @@ def test_non_numeric_regression_targets_name_the_file_row_and_value(scores_files
     scores_files["train"].write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=rf"data.tasks.sim.train: row 5 of '.*scores_train.tsv' .*{message}"):
         run_cli(regression_args(scores_files, tmp_path / "run"), run=False)
+
+
+# -- multi-label classification ------------------------------------------------------------------------
+def test_multi_label_metrics_match_their_definitions_at_the_threshold():
+    torch.manual_seed(0)
+    model = TrunkModule({"m": MultiLabelClassification(head_dropout=0.0, threshold=0.5)}, trunk=TINY,
+                        task_info={"m": {"label_names": ["w", "x", "y", "z"]}}).eval()
+    objective = model.objectives["m"]
+    with torch.no_grad():
+        objective.head.classifier.bias.copy_(torch.tensor([0.3, -0.2, 0.0, 0.1]))  # a mix of yes and no at random
+    g = torch.Generator().manual_seed(2)
+    gold, predicted = [], []
+    with torch.no_grad():
+        for _ in range(3):
+            batch = {"task": "m", "input_ids": torch.randint(5, 60, (20, 8), generator=g), "attention_mask": torch.ones(20, 8, dtype=torch.long),
+                     "labels": (torch.rand(20, 4, generator=g) < 0.4).float()}
+            objective.loss(model.trunk, batch, "val")
+            gold += batch["labels"].long().tolist()
+            predicted += (objective(model.trunk, batch).sigmoid() >= 0.5).long().tolist()
+    values = objective.compute_metrics("val")
+    flat_gold, flat_predicted = [v for row in gold for v in row], [v for row in predicted for v in row]
+    assert 0 < sum(flat_predicted) < len(flat_predicted)
+    assert values["f1_micro"].item() == pytest.approx(f1(flat_gold, flat_predicted, 1), abs=1e-6)
+    per_label = [f1([r[k] for r in gold], [r[k] for r in predicted], 1) for k in range(4)]
+    assert values["f1_macro"].item() == pytest.approx(sum(per_label) / 4, abs=1e-6)
+    assert values["exact_match"].item() == pytest.approx(sum(g == p for g, p in zip(gold, predicted)) / len(gold))
+
+
+def multi_label_args(files, root, *extra) -> list[str]:
+    from conftest import single_task
+
+    return single_task([
+        "--model=trunk.tasks.MultiLabelClassification", "--model.head_dropout=0.0",
+        "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=128",
+        "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0", "--model.optimizer.lr=1e-3",
+        "--data=trunk.datamodules.MultiLabelTextData",
+        *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")), f"--data.predict={files['test']}",
+        "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64", "--trainer.accelerator=cpu",
+        "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], "topics")
+
+
+def test_multi_label_learns_sets_of_topics_through_the_cli(topics_files, tmp_path):
+    fit = run_cli(["fit", *multi_label_args(topics_files, tmp_path / "run", "--trainer.max_epochs=10")])
+    best = fit.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *multi_label_args(topics_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
+    assert tested["test/topics/f1_micro"] > 0.9 and tested["test/topics/exact_match"] > 0.7
+    [record] = load(best).predict(["owl snow"])
+    assert {"animal", "weather"} <= set(record["labels"]) and "sport" not in record["labels"]
+    assert all(p >= 0.5 for p in record["labels"].values()) and list(record["labels"].values()) == sorted(record["labels"].values(), reverse=True)
+    assert set(record["probs"]) == {"animal", "food", "sport", "weather"}
+
+
+def test_multi_label_ids_stand_for_configured_names_and_unknown_labels_are_named(tmp_path):
+    from conftest import write_rows
+
+    rows = [{"text": "a b", "labels": "0,2"}, {"text": "c", "labels": ""}, {"text": "d", "labels": "1"}]
+    member = MultiLabelTextData(train=str(write_rows(tmp_path / "ids.csv", rows)), label_names=["anger", "joy", "fear"])
+    assert member.label_sets(member.raw("train"), "train") == [["anger", "fear"], [], ["joy"]]
+    assert member.targets(member.raw("train"), "train") == [[1, 0, 1], [0, 0, 0], [0, 1, 0]]
+    rows[2]["labels"] = "joy,envy"
+    named = MultiLabelTextData(train=str(write_rows(tmp_path / "names.csv", rows)), label_names=["anger", "joy", "fear"])
+    with pytest.raises(ValueError, match=r"row 3 has the labels \['envy'\], which are not among the label names"):
+        named.raw("train")

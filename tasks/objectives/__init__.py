@@ -4,6 +4,7 @@ predictions. A new kind is a file here, a line in ``OBJECTIVES`` and one in the 
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.image_classification import ImageClassification
 from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
+from trunk.tasks.objectives.multi_label import MultiLabelClassification
 from trunk.tasks.objectives.regression import SequenceRegression
 from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
 from trunk.tasks.objectives.sequence_classification import SequenceClassification
@@ -12,7 +13,7 @@ from trunk.tasks.objectives.translation import Translation
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.kind: cls for cls in (
     SequenceClassification, TokenClassification, MaskedLanguageModeling, ReplacedTokenDetection, Translation, ImageClassification,
-    SequenceRegression)}
+    SequenceRegression, MultiLabelClassification)}
 
-__all__ = ["OBJECTIVES", "EntityF1", "ImageClassification", "MaskedLanguageModeling", "Objective", "ReplacedTokenDetection",
+__all__ = ["OBJECTIVES", "EntityF1", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "Objective", "ReplacedTokenDetection",
            "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation"]

@@ -1,0 +1,76 @@
+"""Multi-label classification: any number of labels per text (or text pair), each a yes/no from a pooled trunk vector."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+from torchmetrics.classification import MultilabelExactMatch, MultilabelF1Score
+from trunk.core.contract import TaskSpec
+from trunk.models import Trunk, TrunkConfig
+from trunk.tasks.objectives.pooled import PooledObjective
+
+MULTI_LABEL_METRICS = ("f1_micro", "f1_macro", "exact_match")
+
+
+class MultiLabelClassification(PooledObjective):
+    """One sigmoid per label on the [CLS] vector or the mean of the token vectors (binary cross-entropy):
+    a text may carry none, one or several labels (emotions, topics, tags).
+
+    Metrics at ``threshold``: ``f1_micro`` (over every (example, label) decision; the primary by default),
+    ``f1_macro`` (the mean of the labels' F1) and ``exact_match`` (the share of examples whose label set is
+    exactly right). Predictions: ``{text, labels: {label: probability} for those at or above the threshold,
+    probs: every label's}``.
+
+    Args:
+        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        head_dropout: dropout inside the head.
+        threshold: a label is predicted when its probability is at least this.
+        primary_metric: the metric that stands for the task in ``val/score``.
+    """
+
+    kind = "multi_label_classification"
+    inference_options = ("threshold",)
+
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
+                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro") -> None:
+        super().__init__(pooling, head_dropout, threshold=threshold, primary_metric=primary_metric)
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}.")
+        if primary_metric not in MULTI_LABEL_METRICS:
+            raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(MULTI_LABEL_METRICS)}.")
+        self.threshold, self.primary = threshold, primary_metric
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        if not self.label_names:
+            raise ValueError(f"Task '{self.name}': multi-label classification needs its label names.")
+        super().build_head(cfg, trunk, info)
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        n, t = len(self.label_names), self.threshold
+        return {"f1_micro": MultilabelF1Score(n, threshold=t, average="micro"), "f1_macro": MultilabelF1Score(n, threshold=t, average="macro"),
+                "exact_match": MultilabelExactMatch(n, threshold=t)}
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        logits, labels = self(trunk, batch).float(), batch["labels"]
+        probs, gold = logits.detach().sigmoid(), labels.long()
+        for metric in self.metrics(stage).values():
+            metric.update(probs, gold)
+        return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = []
+        for i, row in enumerate(self(trunk, batch).float().sigmoid().tolist()):
+            chosen = sorted(((p, name) for name, p in zip(self.label_names, row) if p >= self.threshold), reverse=True)
+            records.append(self.record(batch, i, labels={name: p for p, name in chosen}, probs=dict(zip(self.label_names, row))))
+        return records
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = []
+        for record, gold in zip(self.predict(trunk, batch), batch["labels"].tolist()):
+            records.append({**{k: v for k, v in record.items() if k in ("text", "id")},
+                            "gold": ", ".join(name for name, g in zip(self.label_names, gold) if g),
+                            "predicted": ", ".join(record["labels"])})
+        return records
