@@ -161,7 +161,7 @@ class CorpusData(TextDataModule):
         path = Path(source).expanduser()
         if self.dataset is not None or file_format(path) in FILE_FORMATS:  # rows with a text column
             if not lazy:
-                ds = load_split(self.dataset, self.dataset_config, source, role)
+                ds = load_split(self.dataset, self.dataset_config, source, role, self.column_names)
                 check_columns(ds, {"text_column": self.text_column}, role)
                 yield from (t.strip() for t in column(ds, self.text_column) if t and t.strip())
                 return

@@ -22,16 +22,21 @@ FILE_FORMATS = {
 BUILTIN_PREFIX = "trunk:"
 
 
-def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str) -> datasets.Dataset:
+def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str,
+               column_names: list[str] | None = None) -> datasets.Dataset:
     """Load one split.
 
     ``dataset`` None: ``split`` is a local file path. ``dataset`` ``trunk:<name>``: a built-in dataset
     (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
     dataset directory) and ``split`` a split name such as ``train`` or ``validation[:50%]``.
-    ``role`` names the option for error messages (e.g. ``data.train``).
+    ``role`` names the option for error messages (e.g. ``data.train``). ``column_names``: the columns of
+    local csv / tsv files that have no header row (their first row is then data).
     """
     if dataset is None:
-        return _load_file(split, role)
+        return _load_file(split, role, column_names)
+    if column_names is not None:
+        raise ValueError(f"{role}: column_names names the columns of local csv / tsv files without a header; hub and "
+                         "built-in datasets name their own.")
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
     try:
@@ -131,7 +136,7 @@ def file_format(path: str | Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
-def _load_file(path_str: str, role: str) -> datasets.Dataset:
+def _load_file(path_str: str, role: str, column_names: list[str] | None = None) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
@@ -142,6 +147,11 @@ def _load_file(path_str: str, role: str) -> datasets.Dataset:
     if suffix not in FILE_FORMATS:
         raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
     builder, options = FILE_FORMATS[suffix]
+    if column_names is not None:
+        if builder != "csv":
+            raise ValueError(f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, "
+                             "which names its own columns. Remove column_names.")
+        options = {**options, "column_names": list(column_names)}  # pandas' names: the first row is data
     if builder != "parquet":
         check_text_file(path, role, suffix[1:])
     try:
@@ -177,10 +187,21 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
     prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
+            if _looks_like_data(ds.column_names):
+                raise ValueError(
+                    f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, looks "
+                    f"like data rather than a header: if the file has no header row, name its columns with "
+                    f"{prefix}.column_names (e.g. {['text', 'label', 'id'][:len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), "
+                    f"and set {prefix}.{option} to one of those names.")
             raise ValueError(
                 f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
                 f"set {prefix}.{option} to one of them."
             )
+
+
+def _looks_like_data(names: list[str]) -> bool:
+    """Whether a file's "header" is more likely a data row: a number, or a sentence, among the names."""
+    return any(str(n).strip().lstrip("-").replace(".", "", 1).isdigit() or len(str(n).split()) > 3 for n in names)
 
 
 def read_text(path: str | Path, role: str) -> str:

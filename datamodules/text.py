@@ -129,6 +129,8 @@ class TaskData:
         dataset_config: the hub dataset's configuration (``sst2`` for ``glue``).
         train, validation, test, predict: split names when ``dataset`` is set (``train[:10%]``
             works), else file paths. Unset splits are skipped.
+        column_names: the columns of local csv / tsv files that have no header row (GLUE's CoLA, GoEmotions):
+            their first row is then read as data.
         select: per split, the rows to keep by column value, for files that hold several splits (SICK's
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
@@ -149,6 +151,7 @@ class TaskData:
         test: str | None = None,
         predict: str | None = None,
         select: dict[str, dict[str, str | int | list]] | None = None,
+        column_names: list[str] | None = None,
         val_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
@@ -164,6 +167,7 @@ class TaskData:
         if unknown:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
+        self.column_names = list(column_names) if column_names is not None else None
         self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
@@ -346,7 +350,7 @@ class TextDataModule(TaskData):
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
-        return load_split(self.dataset, self.dataset_config, spec, role)
+        return load_split(self.dataset, self.dataset_config, spec, role, self.column_names)
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""

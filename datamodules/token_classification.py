@@ -80,7 +80,7 @@ class TokenClassificationData(TextDataModule):
         is_file = self.dataset is None
         if is_file and file_format(spec) not in ROW_FORMATS:
             return read_conll(spec, self.tag_column, role)
-        ds = load_split(self.dataset, self.dataset_config, spec, role)
+        ds = load_split(self.dataset, self.dataset_config, spec, role, self.column_names)
         has_tags = self.tags_column in ds.column_names
         check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
         tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)

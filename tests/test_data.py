@@ -389,3 +389,16 @@ def test_select_keeps_the_rows_of_one_split_from_a_file_that_holds_several(tmp_p
         TextClassificationData(train=str(path), select={"train": {"split": "TRAIN"}}).raw("train")
     with pytest.raises(ValueError, match=r"select names the splits \['dev'\]"):
         TextClassificationData(train=str(path), select={"dev": {"set": "TRIAL"}})
+
+
+def test_a_file_without_a_header_is_read_by_column_names_and_its_data_row_is_not_taken_for_one(tmp_path):
+    path = tmp_path / "no_header.tsv"
+    path.write_text("a gripping film from start to end\t1\tid1\nthe plot was dull\t0\tid2\nsuperb\t1\tid3\n")
+    with pytest.raises(ValueError, match=r"looks like data rather than a header: if the file has no header row, name its columns "
+                                         r"with data.tasks.task.column_names"):
+        TextClassificationData(train=str(path)).raw("train")
+    member = TextClassificationData(train=str(path), column_names=["sentence", "label", "id"], text_column="sentence")
+    assert column(member.raw("train"), "sentence") == ["a gripping film from start to end", "the plot was dull", "superb"]  # no row lost
+    assert member.label_names == ["0", "1"]
+    with pytest.raises(ValueError, match="column_names is for csv / tsv files without a header"):
+        TextClassificationData(train=str(write_rows(tmp_path / "rows.jsonl", [{"text": "a", "label": 1}])), column_names=["t", "l"]).raw("train")
