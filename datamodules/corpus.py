@@ -159,9 +159,9 @@ class CorpusData(TextDataModule):
     def _source_documents(self, source: str, role: str, lazy: bool) -> Iterator[str]:
         """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always read a line at a time)."""
         path = Path(source).expanduser()
-        if self.dataset is not None or file_format(path) in FILE_FORMATS:  # rows with a text column
+        if self.dataset is not None or self.file_type or file_format(path) in FILE_FORMATS:  # rows with a text column
             if not lazy:
-                ds = load_split(self.dataset, self.dataset_config, source, role, self.column_names)
+                ds = load_split(self.dataset, self.dataset_config, source, role, self.column_names, self.file_type)
                 check_columns(ds, {"text_column": self.text_column}, role)
                 yield from (t.strip() for t in column(ds, self.text_column) if t and t.strip())
                 return

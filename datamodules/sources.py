@@ -23,17 +23,18 @@ BUILTIN_PREFIX = "trunk:"
 
 
 def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str,
-               column_names: list[str] | None = None) -> datasets.Dataset:
+               column_names: list[str] | None = None, file_type: str | None = None) -> datasets.Dataset:
     """Load one split.
 
     ``dataset`` None: ``split`` is a local file path. ``dataset`` ``trunk:<name>``: a built-in dataset
     (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
     dataset directory) and ``split`` a split name such as ``train`` or ``validation[:50%]``.
     ``role`` names the option for error messages (e.g. ``data.train``). ``column_names``: the columns of
-    local csv / tsv files that have no header row (their first row is then data).
+    local csv / tsv files that have no header row (their first row is then data). ``file_type``: how to
+    read local files whose suffix does not say (``tsv`` for SICK.txt); unset: by the suffix.
     """
     if dataset is None:
-        return _load_file(split, role, column_names)
+        return _load_file(split, role, column_names, file_type)
     if column_names is not None:
         raise ValueError(f"{role}: column_names names the columns of local csv / tsv files without a header; hub and "
                          "built-in datasets name their own.")
@@ -136,16 +137,18 @@ def file_format(path: str | Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
-def _load_file(path_str: str, role: str, column_names: list[str] | None = None) -> datasets.Dataset:
+def _load_file(path_str: str, role: str, column_names: list[str] | None = None, file_type: str | None = None) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
             f"{role}: file '{path_str}' {missing(path)}. Give the path to a local "
             f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
         )
-    suffix = file_format(path)
+    suffix = f".{file_type.lstrip('.')}" if file_type else file_format(path)
     if suffix not in FILE_FORMATS:
-        raise ValueError(f"{role}: cannot read '{path}': unknown file type '{suffix}'. Supported: {', '.join(FILE_FORMATS)}.")
+        how = f"file_type={file_type!r}" if file_type else f"unknown file type '{suffix}'"
+        raise ValueError(f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}; for a file whose suffix "
+                         f"does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv).")
     builder, options = FILE_FORMATS[suffix]
     if column_names is not None:
         if builder != "csv":

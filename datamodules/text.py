@@ -131,6 +131,8 @@ class TaskData:
             works), else file paths. Unset splits are skipped.
         column_names: the columns of local csv / tsv files that have no header row (GLUE's CoLA, GoEmotions):
             their first row is then read as data.
+        file_type: how to read local files whose suffix does not say: csv, tsv, json, jsonl or parquet (SICK ships
+            tab-separated rows as SICK.txt); unset: by the suffix.
         select: per split, the rows to keep by column value, for files that hold several splits (SICK's
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
@@ -152,6 +154,7 @@ class TaskData:
         predict: str | None = None,
         select: dict[str, dict[str, str | int | list]] | None = None,
         column_names: list[str] | None = None,
+        file_type: str | None = None,
         val_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
@@ -168,6 +171,7 @@ class TaskData:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
         self.column_names = list(column_names) if column_names is not None else None
+        self.file_type = file_type
         self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
@@ -350,7 +354,7 @@ class TextDataModule(TaskData):
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
-        return load_split(self.dataset, self.dataset_config, spec, role, self.column_names)
+        return load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type)
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""

@@ -78,9 +78,9 @@ class TokenClassificationData(TextDataModule):
     # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
     def load(self, spec: str, role: str) -> datasets.Dataset:
         is_file = self.dataset is None
-        if is_file and file_format(spec) not in ROW_FORMATS:
+        if is_file and (f".{self.file_type}" if self.file_type else file_format(spec)) not in ROW_FORMATS:
             return read_conll(spec, self.tag_column, role)
-        ds = load_split(self.dataset, self.dataset_config, spec, role, self.column_names)
+        ds = load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type)
         has_tags = self.tags_column in ds.column_names
         check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
         tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)

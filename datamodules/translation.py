@@ -86,7 +86,7 @@ class TranslationData(TextDataModule):
                                  f"'{LANG}' where the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz "
                                  f"and train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set dataset.")
             return self._pairs(self._lines(path, role), None, role, path.name)
-        return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role, self.column_names), role)
+        return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type), role)
 
     def _read_parallel_files(self, spec: str, role: str) -> datasets.Dataset:
         paths = {lang: Path(spec.replace(LANG, lang)).expanduser() for lang in (self.source_lang, self.target_lang)}

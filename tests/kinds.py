@@ -67,8 +67,10 @@ KINDS = {
     "sequence_regression": Kind(
         "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
         labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
-        extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column"),
+        extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column",
+        recipe_resets=("--data.text_column=text", "--data.select=null", "--data.file_type=null")),
     "multi_label_classification": Kind(
         "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
-        labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good")),
+        labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good"),
+        recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null")),
 }

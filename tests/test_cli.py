@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, single_task
-from kinds import recipe_task_args
+from kinds import DATA_FILES, recipe_task_args
 from trunk.tasks import TrunkModule
 from trunk.tasks.cli import run_cli
 
@@ -139,10 +139,10 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_config_instantiates(config, sentiment_files, ner_files, reversal_files, tiny_trunk_dir, tmp_path):
+def test_every_recipe_config_instantiates(config, request, tiny_trunk_dir, tmp_path):
     """Each recipe builds its model, data and trainer (every task's data pointed at small generated files)."""
     recipe = yaml.safe_load(config.read_text())
-    files = {"sentiment": sentiment_files, "ner": ner_files, "reversal": reversal_files}
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args, expected = [], {}
     for name, spec in recipe["data"]["tasks"].items():
         task_args, expected[name] = recipe_task_args(name, spec["class_path"], files)
