@@ -182,18 +182,22 @@ def test_regression_loss_is_on_standardised_targets_and_errors_count_negated_in_
         SequenceRegression(primary_metric="r2")
 
 
-def regression_args(files, root, *extra) -> list[str]:
+def tiny_run_args(files, root, task: str, *options) -> list[str]:
+    """A small fast run of one task (its ``options``: model and data) on generated ``files``."""
     from conftest import single_task
 
     return single_task([
-        "--model=trunk.tasks.SequenceRegression", "--model.head_dropout=0.0",
-        "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=128",
-        "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0", "--model.optimizer.lr=1e-3",
-        "--data=trunk.datamodules.TextRegressionData", "--data.text_pair_column=pair", "--data.label_column=score",
-        *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")), f"--data.predict={files['test']}",
-        "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64", "--trainer.accelerator=cpu", "--trainer.devices=1",
-        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], "sim")
+        *options, "--model.head_dropout=0.0", "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
+        "--model.trunk.d_ff=128", "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0",
+        "--model.optimizer.lr=1e-3", *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")),
+        f"--data.predict={files['test']}", "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64",
+        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"], task)
+
+
+def regression_args(files, root, *extra) -> list[str]:
+    return tiny_run_args(files, root, "sim", "--model=trunk.tasks.SequenceRegression", "--data=trunk.datamodules.TextRegressionData",
+                         "--data.text_pair_column=pair", "--data.label_column=score", *extra)
 
 
 def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_path):
@@ -247,17 +251,8 @@ def test_multi_label_metrics_match_their_definitions_at_the_threshold():
 
 
 def multi_label_args(files, root, *extra) -> list[str]:
-    from conftest import single_task
-
-    return single_task([
-        "--model=trunk.tasks.MultiLabelClassification", "--model.head_dropout=0.0",
-        "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=128",
-        "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0", "--model.optimizer.lr=1e-3",
-        "--data=trunk.datamodules.MultiLabelTextData",
-        *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")), f"--data.predict={files['test']}",
-        "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64", "--trainer.accelerator=cpu",
-        "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], "topics")
+    return tiny_run_args(files, root, "topics", "--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData",
+                         *extra)
 
 
 def test_multi_label_learns_sets_of_topics_through_the_cli(topics_files, tmp_path):
