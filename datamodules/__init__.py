@@ -7,6 +7,7 @@ contract shared by every objective is documented in ``datamodules/text.py`` and 
 from trunk.datamodules.corpus import CorpusData, TokenMasker
 from trunk.datamodules.images import ImageClassificationData
 from trunk.datamodules.multi_label import MultiLabelTextData
+from trunk.datamodules.multiple_choice import MultipleChoiceData
 from trunk.datamodules.multitask import MultiTaskData, TaskSampler
 from trunk.datamodules.sources import read_conll
 from trunk.datamodules.text import TaskData, TextDataModule
@@ -15,5 +16,5 @@ from trunk.datamodules.text_regression import TextRegressionData
 from trunk.datamodules.token_classification import TokenClassificationData
 from trunk.datamodules.translation import TranslationData
 
-__all__ = ["CorpusData", "ImageClassificationData", "MultiLabelTextData", "MultiTaskData", "TaskData", "TaskSampler", "TextClassificationData",
+__all__ = ["CorpusData", "ImageClassificationData", "MultiLabelTextData", "MultipleChoiceData", "MultiTaskData", "TaskData", "TaskSampler", "TextClassificationData",
            "TextDataModule", "TextRegressionData", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]

@@ -8,6 +8,7 @@ from trunk.tasks.objectives import (
     ImageClassification,
     MaskedLanguageModeling,
     MultiLabelClassification,
+    MultipleChoice,
     Objective,
     ReplacedTokenDetection,
     SequenceClassification,
@@ -17,5 +18,5 @@ from trunk.tasks.objectives import (
 )
 from trunk.tasks.optim import OptimConfig
 
-__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "Objective", "OptimConfig", "Predictor",
+__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "OptimConfig", "Predictor",
            "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation", "TrunkModule", "load"]

@@ -183,6 +183,24 @@ def topics_files(tmp_path: Path) -> dict[str, Path]:
     return {split: write_rows(tmp_path / f"topics_{split}.csv", [tagged_text(rng) for _ in range(n)]) for split, n in sizes.items()}
 
 
+def quiz_question(rng: random.Random) -> dict:
+    """"Which of these is a kind of <topic>?" with 3 or 4 candidates, one of that topic; the answer as a letter."""
+    topic = rng.choice(list(TOPIC_WORDS))
+    others = [rng.choice(TOPIC_WORDS[t]) for t in rng.sample([t for t in TOPIC_WORDS if t != topic], rng.choice([2, 3]))]
+    choices = [rng.choice(TOPIC_WORDS[topic]), *others]
+    rng.shuffle(choices)
+    answer = next(i for i, c in enumerate(choices) if c in TOPIC_WORDS[topic])
+    return {"question": f"which of these is about {topic} ?", "choices": choices, "answer": "ABCD"[answer]}
+
+
+@pytest.fixture
+def quiz_files(tmp_path: Path) -> dict[str, Path]:
+    """Small train / validation / test jsonl files of multiple-choice questions (``quiz_question``)."""
+    rng = random.Random(0)
+    sizes = {"train": 300, "validation": 48, "test": 48}
+    return {split: write_rows(tmp_path / f"quiz_{split}.jsonl", [quiz_question(rng) for _ in range(n)]) for split, n in sizes.items()}
+
+
 @pytest.fixture
 def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)

@@ -39,7 +39,7 @@ def recipe_task_args(name: str, data_class: str, files: dict) -> tuple[list[str]
 # data class -> the conftest fixture ``<name>_files`` that generates its files (None: built-in data)
 DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", "TokenClassificationData": "ner",
               "TranslationData": "reversal", "ImageClassificationData": None, "TextRegressionData": "scores",
-              "MultiLabelTextData": "topics"}
+              "MultiLabelTextData": "topics", "MultipleChoiceData": "quiz"}
 
 KINDS = {
     "sequence_classification": Kind(
@@ -73,4 +73,7 @@ KINDS = {
         "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
         labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good"),
         recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null")),
+    "multiple_choice": Kind(
+        "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
+        inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"]))),
 }

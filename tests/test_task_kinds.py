@@ -1,5 +1,7 @@
-"""Each kind's metrics against formulas written out here (scikit-learn's definitions), the run's score
-direction, and the classification options for imbalanced labels."""
+"""The kinds people bring beyond the first five (regression, multi-label, multiple choice) and the
+classification options: each kind's metrics against formulas written out here (scikit-learn's and the
+reference scripts' definitions), learning through the CLI on generated data, bad input, and the run's
+score direction."""
 
 import math
 
@@ -8,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from trunk.models import TrunkConfig
 from trunk.datamodules import MultiLabelTextData
-from trunk.tasks import MultiLabelClassification, SequenceClassification, SequenceRegression, TrunkModule, load
+from trunk.tasks import MultiLabelClassification, MultipleChoice, SequenceClassification, SequenceRegression, TrunkModule, load
 from trunk.tasks.cli import run_cli
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
@@ -182,22 +184,23 @@ def test_regression_loss_is_on_standardised_targets_and_errors_count_negated_in_
         SequenceRegression(primary_metric="r2")
 
 
-def tiny_run_args(files, root, task: str, *options) -> list[str]:
-    """A small fast run of one task (its ``options``: model and data) on generated ``files``."""
+def tiny_run_args(files, root, task: str, kind: list[str], *extra) -> list[str]:
+    """A small fast run of one task on generated ``files``: ``kind``, its model and data options; ``extra``, options
+    that override the defaults here."""
     from conftest import single_task
 
     return single_task([
-        *options, "--model.head_dropout=0.0", "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
+        *kind, "--model.head_dropout=0.0", "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
         "--model.trunk.d_ff=128", "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0",
         "--model.optimizer.lr=1e-3", *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")),
         f"--data.predict={files['test']}", "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64",
         "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"], task)
+        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], task)
 
 
 def regression_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "sim", "--model=trunk.tasks.SequenceRegression", "--data=trunk.datamodules.TextRegressionData",
-                         "--data.text_pair_column=pair", "--data.label_column=score", *extra)
+    return tiny_run_args(files, root, "sim", ["--model=trunk.tasks.SequenceRegression", "--data=trunk.datamodules.TextRegressionData",
+                                              "--data.text_pair_column=pair", "--data.label_column=score"], *extra)
 
 
 def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_path):
@@ -251,7 +254,7 @@ def test_multi_label_metrics_match_their_definitions_at_the_threshold():
 
 
 def multi_label_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "topics", "--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData",
+    return tiny_run_args(files, root, "topics", ["--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData"],
                          *extra)
 
 
@@ -277,3 +280,52 @@ def test_multi_label_ids_stand_for_configured_names_and_unknown_labels_are_named
     named = MultiLabelTextData(train=str(write_rows(tmp_path / "names.csv", rows)), label_names=["anger", "joy", "fear"])
     with pytest.raises(ValueError, match=r"row 3 has the labels \['envy'\], which are not among the label names"):
         named.raw("train")
+
+
+# -- multiple choice -----------------------------------------------------------------------------------
+def test_multiple_choice_learns_to_pick_the_candidate_of_the_asked_topic(quiz_files, tmp_path):
+    args = tiny_run_args(quiz_files, tmp_path / "run", "quiz", ["--model=trunk.tasks.MultipleChoice", "--data=trunk.datamodules.MultipleChoiceData"],
+                         "--trainer.max_epochs=12", "--model.pooling=mean")
+    fit = run_cli(["fit", *args])
+    best = fit.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *args, f"--ckpt_path={best}"]).trainer.callback_metrics
+    assert tested["test/quiz/acc"] > 0.9  # chance is 0.25-0.33
+    [record] = load(best).predict([{"context": "which of these is about weather ?", "choices": ["golf", "snow", "bread"]}])
+    assert record["answer"] == "snow" and record["answer_index"] == 1 and sum(record["probs"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_multiple_choice_scores_only_each_rows_own_candidates():
+    torch.manual_seed(0)
+    model = TrunkModule({"q": MultipleChoice(head_dropout=0.0)}, trunk=TINY, task_info={"q": {}}).eval()
+    g = torch.Generator().manual_seed(0)
+    batch = {"task": "q", "input_ids": torch.randint(5, 60, (7, 6), generator=g), "attention_mask": torch.ones(7, 6, dtype=torch.long),
+             "choice_counts": torch.tensor([4, 3]), "labels": torch.tensor([3, 2])}
+    scores = model.objectives["q"](model.trunk, batch)
+    alone = model.objectives["q"].head(model.trunk(batch["input_ids"], batch["attention_mask"]), batch["attention_mask"]).squeeze(-1)
+    assert scores.shape == (2, 4) and scores[1, 3] == float("-inf")
+    assert torch.allclose(scores[0], alone[:4]) and torch.allclose(scores[1, :3], alone[4:])
+    expected = F.cross_entropy(scores, batch["labels"])
+    assert model.objectives["q"].loss(model.trunk, batch, "val").item() == pytest.approx(expected.item())
+
+
+def test_multiple_choice_reads_packed_choices_letters_and_texts_and_names_bad_rows(tmp_path):
+    from conftest import write_rows
+    from trunk.datamodules.multiple_choice import MultipleChoiceData
+
+    rows = [{"stem": "The sun is", "packed": "(A) cold (B) a star (C) a planet", "key": "B"},
+            {"stem": "Water is", "packed": "(A) wet (B) dry", "key": "wet"},
+            {"stem": "Owls", "packed": "(A) fly (B) swim (C) dig (D) sing", "key": "3"}]
+    member = MultipleChoiceData(train=str(write_rows(tmp_path / "obqa.tsv", rows)), context_column="stem", choices_column="packed",
+                                label_column="key")
+    ds = member.raw("train")
+    candidates = member.candidates(ds, "train")
+    assert candidates[0] == (["cold", "a star", "a planet"], ["A", "B", "C"])
+    assert member.answers(ds, "train", candidates) == [1, 0, 3]  # a label, a text, a position
+    rows[1]["key"] = "E"
+    bad = MultipleChoiceData(train=str(write_rows(tmp_path / "bad.tsv", rows)), context_column="stem", choices_column="packed", label_column="key")
+    with pytest.raises(ValueError, match=r"row 2 has the answer 'E', which is none of its candidates' labels \['A', 'B'\]"):
+        bad.answers(bad.raw("train"), "train", bad.candidates(bad.raw("train"), "train"))
+    rows[1]["packed"] = "wet"
+    one = MultipleChoiceData(train=str(write_rows(tmp_path / "one.tsv", rows)), context_column="stem", choices_column="packed", label_column="key")
+    with pytest.raises(ValueError, match="row 2 has 0 candidate answer"):
+        one.candidates(one.raw("train"), "train")

@@ -1,0 +1,67 @@
+"""Multiple choice: one score per (context, candidate) pair from a pooled trunk vector, softmax over a row's candidates."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric, Metric
+from trunk.core.contract import TaskSpec
+from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.tasks.objectives.base import Objective
+
+
+class MultipleChoice(Objective):
+    """Pick the right candidate answer (SWAG, ARC, OpenBookQA): each candidate is encoded with the context,
+    a head on its pooled vector gives one score, and cross-entropy runs over the row's candidates (rows may
+    have different numbers of them). Metric: ``acc``. Predictions: ``{text, choices, answer, answer_index,
+    probs}``.
+
+    Args:
+        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        head_dropout: dropout inside the head.
+    """
+
+    kind = "multiple_choice"
+
+    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout)
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        self.pooling, self.head_dropout = pooling, head_dropout
+
+    def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout)
+        init_weights(self.head, cfg.init_std)
+
+    def make_metrics(self, stage: str) -> dict[str, Metric]:
+        return {"acc": MeanMetric()}
+
+    def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, most candidates) scores; a row's missing candidates score -inf."""
+        scores = self.head(self.encode(trunk, batch), batch.get("attention_mask")).squeeze(-1).float()  # (M,)
+        counts = batch["choice_counts"].to(scores.device)
+        width = int(counts.max())
+        slots = torch.arange(width, device=scores.device)
+        present = slots[None, :] < counts[:, None]  # (B, width)
+        out = torch.full(present.shape, float("-inf"), device=scores.device)
+        return out.masked_scatter(present, scores)  # row-major: each row's candidates in order
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+        scores, labels = self(trunk, batch), batch["labels"]
+        self.metrics(stage)["acc"].update((scores.argmax(-1) == labels).float())
+        return F.cross_entropy(scores, labels)
+
+    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+        records = []
+        for i, (row, choices) in enumerate(zip(self(trunk, batch).softmax(-1).tolist(), batch["choices"])):
+            probs = row[: len(choices)]
+            best = max(range(len(probs)), key=probs.__getitem__)
+            records.append({"text": batch["text"][i], "choices": list(choices), "answer": choices[best], "answer_index": best,
+                            "probs": probs})
+        return records
+
+    def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
+        return [{"text": r["text"], "gold": r["choices"][gold], "predicted": r["answer"], "probability": round(r["probs"][r["answer_index"]], 4)}
+                for r, gold in zip(self.predict(trunk, batch), batch["labels"].tolist())]
