@@ -75,5 +75,6 @@ KINDS = {
         recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null")),
     "multiple_choice": Kind(
         "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
-        inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"]))),
+        inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),
+        recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer")),
 }
