@@ -82,3 +82,23 @@ def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
     assert out.stat().st_size < 200_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = subprocess.run([*run, "val/other/f1"], capture_output=True, text=True)
     assert missing.returncode != 0 and "no run logged 'val/other/f1'" in missing.stderr
+
+
+def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment_files, scores_files, topics_files, quiz_files, tmp_path):
+    import yaml
+
+    def task(data_class: str, files: dict, **options) -> dict:
+        return {"class_path": f"trunk.datamodules.{data_class}", "init_args": {"train": str(files["train"]), "test": str(files["test"]), **options}}
+
+    recipe = {"model": {"tasks": {"topics": {"class_path": "trunk.tasks.MultiLabelClassification", "init_args": {"threshold": 0.4}}}},
+              "data": {"tasks": {"sentiment": task("TextClassificationData", sentiment_files),
+                                 "sim": task("TextRegressionData", scores_files, text_pair_column="pair", label_column="score"),
+                                 "topics": task("MultiLabelTextData", topics_files), "quiz": task("MultipleChoiceData", quiz_files)}}}
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--config", str(config)], capture_output=True, text=True, check=True).stdout
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    accuracy = {name: float(rows[name].split(" | ")[1]) for name in ("TF-IDF + logistic regression", "majority class")}
+    assert accuracy["TF-IDF + logistic regression"] > accuracy["majority class"] + 0.05
+    assert "TF-IDF + logistic regression per label (threshold 0.4)" in rows and "TF-IDF cosine of the two texts" in rows
+    assert any(name.startswith("most common answer position") for name in rows)

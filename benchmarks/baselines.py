@@ -1,0 +1,157 @@
+"""Cheap classic baselines for a recipe's tasks, on the same splits Trunk reads: prints a table.
+
+    python benchmarks/baselines.py --config configs/sick.yaml [--config more.yaml] [--split test]
+
+Each task's data is built from the config exactly as `trunk fit` builds it (files, columns, select,
+label names), then scored with scikit-learn (`pip install trunk[bench]`):
+  * classification: the majority class; TF-IDF (word 1-2 grams) + logistic regression.
+  * regression (pairs): the TF-IDF cosine of the two texts, fitted to the scores by a linear map
+    (Pearson is blind to it); TF-IDF features of both sides (product and difference) + ridge regression.
+  * multi-label: every training label above the threshold's share predicted for every row (the label
+    prior); TF-IDF + one logistic regression per label, at the recipe's threshold.
+  * multiple choice: the most common answer position; the candidate with the highest TF-IDF cosine to
+    the context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+
+import numpy as np
+import yaml
+from trunk.datamodules.sources import column
+
+
+def task_data(configs: list[str]) -> tuple[dict, dict]:
+    """Each task's data object and objective options, from the recipe(s) (later files override earlier ones)."""
+    data, model = {}, {}
+    for path in configs:
+        recipe = yaml.safe_load(open(path))
+        for name, spec in recipe.get("data", {}).get("tasks", {}).items():
+            data[name] = spec
+        for name, spec in recipe.get("model", {}).get("tasks", {}).items():
+            model[name] = spec.get("init_args") or {}
+    members = {}
+    for name, spec in data.items():
+        module, _, cls = spec["class_path"].rpartition(".")
+        member = getattr(importlib.import_module(module), cls)(**(spec.get("init_args") or {}))
+        member.name = name
+        members[name] = member
+    return members, model
+
+
+def tfidf():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(ngram_range=(1, 2), min_df=1, sublinear_tf=True)
+
+
+def classification(member, split: str, options: dict) -> dict:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    train, test = member.raw("train"), member.raw(split)
+    texts = lambda ds: [" ".join(map(str, row)) for row in zip(*(column(ds, c) for c in member.tokenizer_columns()))]  # noqa: E731
+    y_train, y_test = member.targets(train, "train"), member.targets(test, split)
+    majority = np.full(len(y_test), np.bincount(y_train).argmax())
+    vectorizer = tfidf()
+    model = LogisticRegression(max_iter=2000, C=10.0).fit(vectorizer.fit_transform(texts(train)), y_train)
+    predicted = model.predict(vectorizer.transform(texts(test)))
+    row = lambda p: {"acc": float(np.mean(p == np.array(y_test))), "f1_macro": f1_score(y_test, p, average="macro"),  # noqa: E731
+                     "mcc": matthews_corrcoef(y_test, p)}
+    return {"majority class": row(majority), "TF-IDF + logistic regression": row(predicted)}
+
+
+def regression(member, split: str, options: dict) -> dict:
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.linear_model import Ridge
+
+    if member.text_pair_column is None:
+        raise SystemExit("The regression baselines compare the two texts of a pair; this task has one text.")
+    train, test = member.raw("train"), member.raw(split)
+    y_train, y_test = (np.array(member.targets(ds, role))[:, 0] for ds, role in ((train, "train"), (test, split)))
+    vectorizer = tfidf().fit(column(train, member.text_column) + column(train, member.text_pair_column))
+
+    def sides(ds):
+        return vectorizer.transform(column(ds, member.text_column)), vectorizer.transform(column(ds, member.text_pair_column))
+
+    def cosine(ds):
+        a, b = sides(ds)
+        return np.asarray(a.multiply(b).sum(1)).ravel()  # rows are L2-normalised
+
+    def features(ds):
+        from scipy.sparse import hstack
+
+        a, b = sides(ds)
+        return hstack([a.multiply(b), abs(a - b)]).tocsr()
+
+    linear = np.polyfit(cosine(train), y_train, 1)
+    by_cosine = np.polyval(linear, cosine(test))
+    ridge = Ridge(alpha=1.0).fit(features(train), y_train).predict(features(test))
+    row = lambda p: {"pearson": pearsonr(p, y_test)[0], "spearman": spearmanr(p, y_test)[0],  # noqa: E731
+                     "mse": float(np.mean((p - y_test) ** 2))}
+    return {"TF-IDF cosine of the two texts": row(by_cosine), "TF-IDF product and difference + ridge": row(ridge)}
+
+
+def multi_label(member, split: str, options: dict) -> dict:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score
+    from sklearn.multiclass import OneVsRestClassifier
+
+    threshold = options.get("threshold", 0.5)
+    train, test = member.raw("train"), member.raw(split)
+    y_train, y_test = np.array(member.targets(train, "train")), np.array(member.targets(test, split))
+    prior = np.tile(y_train.mean(0) >= threshold, (len(y_test), 1)).astype(int)
+    if not prior.any():  # no label is that common: the most common one for every row
+        prior[:, y_train.sum(0).argmax()] = 1
+    vectorizer = tfidf()
+    model = OneVsRestClassifier(LogisticRegression(max_iter=2000, C=10.0)).fit(vectorizer.fit_transform(column(train, member.text_column)), y_train)
+    predicted = (model.predict_proba(vectorizer.transform(column(test, member.text_column))) >= threshold).astype(int)
+    row = lambda p: {"f1_micro": f1_score(y_test, p, average="micro", zero_division=0),  # noqa: E731
+                     "f1_macro": f1_score(y_test, p, average="macro", zero_division=0),
+                     "exact_match": float(np.mean((p == y_test).all(1)))}
+    return {"label prior (the most common labels for every row)": row(prior), f"TF-IDF + logistic regression per label (threshold {threshold})": row(predicted)}
+
+
+def multiple_choice(member, split: str, options: dict) -> dict:
+    train, test = member.raw("train"), member.raw(split)
+    train_rows, test_rows = member.candidates(train, "train"), member.candidates(test, split)
+    y_train, y_test = np.array(member.answers(train, "train", train_rows)), np.array(member.answers(test, split, test_rows))
+    position = np.bincount(y_train).argmax()
+    contexts = column(test, member.context_column)
+    vectorizer = tfidf().fit(column(train, member.context_column) + [c for texts, _ in train_rows for c in texts])
+    picked = []
+    for context, (texts, _) in zip(contexts, test_rows):
+        vectors = vectorizer.transform([context, *texts])
+        picked.append(int(np.argmax((vectors[1:] @ vectors[0].T).toarray().ravel())))
+    return {f"most common answer position ({'ABCDEFGH'[position]})": {"acc": float(np.mean(y_test == position))},
+            "the candidate closest to the context (TF-IDF cosine)": {"acc": float(np.mean(np.array(picked) == y_test))}}
+
+
+BASELINES = {"sequence_classification": classification, "sequence_regression": regression,
+             "multi_label_classification": multi_label, "multiple_choice": multiple_choice}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", action="append", required=True, help="a recipe (repeat to merge several)")
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    args = parser.parse_args()
+    members, options = task_data(args.config)
+    for name, member in members.items():
+        kind = member.kinds[0]
+        if kind not in BASELINES:
+            print(f"{name}: no baseline for {kind}")
+            continue
+        results = BASELINES[kind](member, args.split, options.get(name, {}))
+        metrics = list(next(iter(results.values())))
+        print(f"\n{name} ({kind}), {args.split} split, {len(member.raw(args.split))} rows\n")
+        print("| baseline | " + " | ".join(metrics) + " |\n|---|" + "---|" * len(metrics))
+        for baseline, values in results.items():
+            print(f"| {baseline} | " + " | ".join("-" if math.isnan(values[m]) else f"{values[m]:.4f}" for m in metrics) + " |")
+
+
+if __name__ == "__main__":
+    main()
