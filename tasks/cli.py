@@ -83,6 +83,15 @@ class TrunkCLI(LightningCLI):
         parser.add_argument("--model.reinit_mismatched_heads", type=bool, default=False,
                             help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
                                  "fresh classifier (else: an error naming both label sets).")
+        parser.add_argument("--model.heads_from", type=Optional[dict[str, str]], default=None,
+                            help="With init_from, start tasks from stored heads of other names: {new_task: stored_task} (e.g. a "
+                                 "new review task from the sst2 head).")
+        parser.add_argument("--model.label_map", type=Optional[dict[str, dict[str, str]]], default=None,
+                            help="With init_from, pair a task's label names with a stored head's that differ: {task: {its label: "
+                                 "stored label}}; tags map by type ({wnut: {person: PER}} gives B-person the row of B-PER).")
+        parser.add_argument("--model.keep_shared_labels", type=bool, default=False,
+                            help="With init_from, a stored head whose labels differ keeps the rows of the labels in both; new "
+                                 "labels start fresh and labels only in the stored head are dropped (else: an error).")
         parser.add_lightning_class_args(self._datamodule_class, "data")
 
     def instantiate_classes(self) -> None:
@@ -93,11 +102,12 @@ class TrunkCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         options = dict(self._get(self.config_init, "model"))
         init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
+        reuse = {key: options.pop(key) for key in ("heads_from", "label_map", "keep_shared_labels")}
         ckpt_path = config.get("ckpt_path")
         ckpt_path = None if ckpt_path in ("best", "last") else ckpt_path  # Lightning's names for the run's own checkpoints
         try:
             self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
-                               reinit_mismatched_heads=reinit)
+                               reinit_mismatched_heads=reinit, **reuse)
         except RunSourceError as err:
             sys.exit(f"error: {err}")
         self.run.say()

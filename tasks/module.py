@@ -119,17 +119,19 @@ class TrunkModule(L.LightningModule):
 
     @classmethod
     def from_pretrained(cls, source: str | Path | PretrainedTrunk, tasks: dict[str, Objective], *,
-                        reinit_mismatched_heads: bool = False, trunk: TrunkConfig | dict | None = None, **options) -> "TrunkModule":
+                        reinit_mismatched_heads: bool = False, heads_from: dict[str, str] | None = None,
+                        label_map: dict[str, dict[str, str]] | None = None, keep_shared_labels: bool = False,
+                        trunk: TrunkConfig | dict | None = None, **options) -> "TrunkModule":
         """A model whose trunk, and each task's head where ``source`` stores one of the same name and kind (labels
         matched by name), start from a trunk directory or a checkpoint: what ``model.init_from`` does in a run.
         Fields of ``trunk`` left at their defaults take the pretrained values. ``reinit_mismatched_heads``: a
         stored head whose labels differ from the data's keeps its body and gets a fresh classifier (else: an
-        error naming both label sets)."""
+        error naming both label sets). ``heads_from``, ``label_map``, ``keep_shared_labels``: see ``load_pretrained``."""
         pretrained = source if isinstance(source, PretrainedTrunk) else load_pretrained(resolve_init_from(source))
         codec = options.pop("codec", None) or pretrained.codec
         vocab_size = codec.tokenizer.get_vocab_size() if codec.tokenizer is not None else pretrained.config.vocab_size
         model = cls(tasks, trunk=pretrained_trunk_config(trunk, pretrained.config, vocab_size), codec=codec, **options)
-        model.load_pretrained(pretrained, reinit_mismatched_heads)
+        model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
         return model
 
     # -- building ----------------------------------------------------------------------------------
@@ -177,10 +179,25 @@ class TrunkModule(L.LightningModule):
         for objective in self.objectives.values():
             objective.connect(codec)
 
-    def load_pretrained(self, pretrained: PretrainedTrunk, reinit_mismatched_heads: bool = False) -> list[str]:
+    def load_pretrained(self, pretrained: PretrainedTrunk, reinit_mismatched_heads: bool = False, heads_from: dict[str, str] | None = None,
+                        label_map: dict[str, dict[str, str]] | None = None, keep_shared_labels: bool = False) -> list[str]:
         """Start from a pretrained trunk (and its heads), after checking that the architectures match.
-        Stems the directory lacks stay fresh (a ViT from a text trunk gets a new patch stem). Returns what
-        was carried over, in words."""
+        Stems the directory lacks stay fresh (a ViT from a text trunk gets a new patch stem). Each task takes
+        the stored head of its own name, or of the name ``heads_from`` gives it ({new_task: stored_task});
+        ``label_map`` (task -> {its label: the stored one}) and ``keep_shared_labels``: see ``Objective.load_head``.
+        Returns what was carried over, in words."""
+        heads_from, label_map = heads_from or {}, label_map or {}
+        for option, names in (("heads_from", heads_from), ("label_map", label_map)):
+            unknown = sorted(set(names) - set(self.objectives))
+            if unknown:
+                raise ValueError(f"model.{option} names the tasks {unknown}, but this run's tasks are {sorted(self.objectives)}.")
+        for task, stored in heads_from.items():
+            if stored not in pretrained.heads:
+                raise ValueError(f"model.heads_from: task '{task}' should start from the head '{stored}', but '{pretrained.path}' "
+                                 f"stores the heads {sorted(pretrained.heads)}.")
+            if pretrained.heads[stored]["meta"]["kind"] != self.objectives[task].kind:
+                raise ValueError(f"model.heads_from: the head '{stored}' in '{pretrained.path}' is a "
+                                 f"{pretrained.heads[stored]['meta']['kind']} head; task '{task}' is {self.objectives[task].kind}.")
         shared = [kind for kind in self.trunk.stems if kind in pretrained.stems]
         names = [n for n in ARCHITECTURE_FIELDS if "text" in shared or n not in TEXT_STEM_FIELDS]
         check_architecture(self.trunk_config, pretrained.config, pretrained.path, names)
@@ -194,12 +211,15 @@ class TrunkModule(L.LightningModule):
         fresh = sorted(set(self.trunk.stems) - set(shared))
         notes = []
         for name, objective in self.objectives.items():
-            head = pretrained.heads.get(name)
+            stored = heads_from.get(name, name)
+            head = pretrained.heads.get(stored)
             if head is None or head["meta"]["kind"] != objective.kind:
                 notes.append(f"task '{name}': a fresh head")
                 continue
-            how = objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path))
-            notes.append(f"task '{name}': its head from {pretrained.path}{f' ({how})' if how else ''}")
+            how = objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path),
+                                      label_map.get(name), keep_shared_labels)
+            origin = f"the head '{stored}' from {pretrained.path}" if stored != name else f"its head from {pretrained.path}"
+            notes.append(f"task '{name}': {origin}{f' ({how})' if how else ''}")
         if fresh:
             notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
         return notes

@@ -126,12 +126,15 @@ def lowercases(tokenizer) -> bool:
 
 
 def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
-            reinit_mismatched_heads: bool = False, checkpoint: dict | None = None) -> Resolved:
+            reinit_mismatched_heads: bool = False, heads_from: dict[str, str] | None = None,
+            label_map: dict[str, dict[str, str]] | None = None, keep_shared_labels: bool = False,
+            checkpoint: dict | None = None) -> Resolved:
     """Decide a run's facts once and build its model (see the module's docstring).
 
     ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
     ``data``: the run's ``MultiTaskData``; ``init_from``: a path, or a trunk already read; ``checkpoint``:
-    ``ckpt_path``'s contents when already read."""
+    ``ckpt_path``'s contents when already read; ``heads_from``, ``label_map``, ``keep_shared_labels``: how
+    ``init_from``'s heads start tasks of other names or labels (``TrunkModule.load_pretrained``)."""
     report: list[str] = []
     if ckpt_path is not None:
         if checkpoint is None:
@@ -184,7 +187,11 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
         model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
-        return Resolved(model, report=report + model.load_pretrained(pretrained, reinit_mismatched_heads), tokenizer_source=source_tokenizer)
+        try:
+            carried = model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
+        except ValueError as err:
+            raise RunSourceError(str(err)) from None
+        return Resolved(model, report=report + carried, tokenizer_source=source_tokenizer)
 
     codec = data.build_codec()
     data.connect(codec)

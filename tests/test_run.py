@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import single_task
-from trunk.tasks import load
+from trunk.tasks import SequenceClassification, load
 from trunk.tasks.cli import run_cli
 
 SWAPPED = "--data.tasks.sentiment.label_names=[positive, negative]"
@@ -121,3 +121,65 @@ def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
     objective = as_objective({"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}})
     assert type(objective).__name__ == "SequenceClassification" and objective.pooling == "mean"
     assert objective.spec()["class_path"] == "trunk.tasks.SequenceClassification"
+
+
+def test_a_stored_head_starts_a_task_of_another_name_with_its_labels_renamed(trained, tmp_path):
+    """model.heads_from: a new review task from the 'sentiment' head; model.label_map pairs its names (bad / good) with the
+    stored ones (negative / positive)."""
+    import csv
+
+    from conftest import write_rows
+    from trunk.tasks.cli import export_main
+
+    ckpt, args, tmp = trained
+    export_main([ckpt, str(tmp_path / "trunk")])
+    with (tmp / "train.csv").open() as f:
+        rows = [{"review": r["text"], "verdict": {"negative": "bad", "positive": "good"}[r["label"]]} for r in csv.DictReader(f)]
+    reviews = write_rows(tmp_path / "reviews.csv", rows[:200])
+    base = [a for a in args if a.startswith("--trainer.") and "default_root_dir" not in a]
+    new_task = ["--model.tasks.reviews=trunk.tasks.SequenceClassification", "--data.tasks.reviews=trunk.datamodules.TextClassificationData",
+                f"--data.tasks.reviews.train={reviews}", "--data.tasks.reviews.text_column=review", "--data.tasks.reviews.label_column=verdict",
+                "--data.tasks.reviews.max_length=64", *base, f"--model.init_from={tmp_path / 'trunk'}", f"--trainer.default_root_dir={tmp_path / 'r'}"]
+    cli = run_cli([*new_task, "--model.heads_from={reviews: sentiment}", "--model.label_map={reviews: {bad: negative, good: positive}}"],
+                  run=False)
+    stored = torch.load(ckpt, weights_only=False)["state_dict"]
+    for key, value in cli.model.objectives["reviews"].head_state().items():
+        assert torch.equal(value, stored[f"objectives.sentiment.{key}"]), key
+    assert any("the head 'sentiment'" in note for note in cli.run.report)
+    with pytest.raises(SystemExit, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"):
+        run_cli([*new_task, "--model.heads_from={reviews: sentiment}"], run=False)  # other names, and no map: never silent
+    with pytest.raises(SystemExit, match=r"should start from the head 'sst2', but .* stores the heads \['sentiment'\]"):
+        run_cli([*new_task, "--model.heads_from={reviews: sst2}"], run=False)
+
+
+def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones_are_dropped():
+    """CoNLL-style types (PER/LOC/ORG/MISC) starting a WNUT-style task (person/location/corporation): tags map by type."""
+    from trunk.core.codec import Codec
+    from trunk.models import TrunkConfig
+    from trunk.tasks import TokenClassification, TrunkModule
+    from trunk.tasks.pretrained import PretrainedTrunk
+
+    tiny = TrunkConfig(vocab_size=60, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=16)
+    conll = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
+    source = TrunkModule({"ner": TokenClassification()}, trunk=tiny, task_info={"ner": {"label_names": conll}})
+    head = source.objectives["ner"]
+    pretrained = PretrainedTrunk(Path("in-memory"), tiny, {"text": {}}, source.trunk.state_dict(),
+                                 {"ner": {"meta": head.head_meta(), "state": head.head_state()}}, Codec())
+    wnut = ["O", "B-corporation", "I-corporation", "B-location", "I-location", "B-person", "I-person"]
+    with pytest.raises(ValueError, match="Set model.keep_shared_labels=true"):
+        TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"},
+                                    label_map={"wnut": {"person": "PER", "location": "LOC"}}, task_info={"wnut": {"label_names": wnut}})
+    model = TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"}, keep_shared_labels=True,
+                                        label_map={"wnut": {"person": "PER", "location": "LOC"}}, task_info={"wnut": {"label_names": wnut}})
+    fresh = TrunkModule({"wnut": TokenClassification()}, trunk=tiny, task_info={"wnut": {"label_names": wnut}})
+    weight, stored = model.objectives["wnut"].head.classifier.weight, head.head.classifier.weight
+    for name, row in zip(wnut, weight):
+        origin = {"person": "PER", "location": "LOC"}.get(name.partition("-")[2])
+        if name == "O" or origin:
+            assert torch.equal(row, stored[conll.index(name if name == "O" else f"{name[0]}-{origin}")]), name
+        else:  # a type the stored head never had: a fresh row, as a new head would have
+            assert not any(torch.equal(row, s) for s in stored), name
+    assert weight.shape == fresh.objectives["wnut"].head.classifier.weight.shape
+    with pytest.raises(ValueError, match="is a token_classification head; task 'wnut' is sequence_classification"):
+        TrunkModule.from_pretrained(pretrained, {"wnut": SequenceClassification()}, heads_from={"wnut": "ner"},
+                                    task_info={"wnut": {"label_names": ["a", "b"]}})

@@ -263,6 +263,9 @@ def test_multi_label_learns_sets_of_topics_through_the_cli(topics_files, tmp_pat
     best = fit.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *multi_label_args(topics_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
     assert tested["test/topics/f1_micro"] > 0.9 and tested["test/topics/exact_match"] > 0.7
+    strict = run_cli(["test", *multi_label_args(topics_files, tmp_path / "run", "--model.threshold=0.999"),
+                      f"--ckpt_path={best}"]).trainer.callback_metrics  # an inference option: the same weights, another threshold
+    assert strict["test/topics/f1_micro"] < tested["test/topics/f1_micro"]
     [record] = load(best).predict(["owl snow"])
     assert {"animal", "weather"} <= set(record["labels"]) and "sport" not in record["labels"]
     assert all(p >= 0.5 for p in record["labels"].values()) and list(record["labels"].values()) == sorted(record["labels"].values(), reverse=True)

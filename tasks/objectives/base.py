@@ -139,17 +139,32 @@ class Objective(nn.Module):
         return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec()}
 
     def load_head(self, state: dict[str, torch.Tensor], label_names: list[str] | None, reinit_mismatched: bool,
-                  source: str) -> str | None:
-        """Load a stored head. Per-label rows follow the labels by *name* (any order); a different
-        label set keeps this head's fresh classifier rows with ``reinit_mismatched``, else fails.
-        Returns how the labels were matched, when not one to one."""
+                  source: str, label_map: dict[str, str] | None = None, keep_shared_labels: bool = False) -> str | None:
+        """Load a stored head. Per-label rows follow the labels by *name* (any order); ``label_map`` pairs this
+        task's names with stored ones that differ ({person: PER}; for tags, by type: B-person takes B-PER's row).
+        Another label set: with ``keep_shared_labels`` the rows of labels in both are kept, new labels start
+        fresh and stored-only ones are dropped; with ``reinit_mismatched`` the whole classifier starts fresh;
+        else an error. Returns how the labels were matched, when not one to one."""
         state = dict(state)
         how = None
-        if self.label_keys and label_names is not None and self.label_names is not None and label_names != self.label_names:
-            if sorted(label_names) == sorted(self.label_names):
-                order = torch.tensor([label_names.index(name) for name in self.label_names])
+        stored = [_stored_name(name, label_map or {}) for name in self.label_names or []]  # this task's labels as stored
+        if self.label_keys and label_names is not None and self.label_names is not None and label_names != stored:
+            shared = [i for i, name in enumerate(stored) if name in label_names]
+            if sorted(label_names) == sorted(stored):
+                order = torch.tensor([label_names.index(name) for name in stored])
                 state.update({k: state[k][order] for k in self.label_keys if k in state})
-                how = f"label rows reordered by name to {self.label_names}"
+                how = f"label rows matched by name to {self.label_names}"
+            elif keep_shared_labels and shared:
+                own = self.head_state()
+                for k in self.label_keys:
+                    if k in state:
+                        rows = own[k].clone()
+                        rows[shared] = state[k][[label_names.index(stored[i]) for i in shared]].to(rows.dtype)
+                        state[k] = rows
+                kept = [self.label_names[i] for i in shared]
+                fresh = [name for i, name in enumerate(self.label_names) if i not in shared]
+                dropped = [name for name in label_names if name not in stored]
+                how = f"label rows kept for {kept}, fresh for {fresh}, dropped for {dropped}"
             elif reinit_mismatched:
                 own = self.head_state()
                 state.update({k: own[k] for k in self.label_keys})
@@ -157,8 +172,9 @@ class Objective(nn.Module):
             else:
                 raise ValueError(
                     f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this run's data "
-                    f"has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of the head and start "
-                    "its classifier afresh, or give the task another name to start a new head."
+                    f"has {self.label_names}. Set model.keep_shared_labels=true to keep the rows of labels in both (pair names "
+                    "that differ with model.label_map), model.reinit_mismatched_heads=true to start the classifier afresh, or "
+                    "give the task another name to start a new head."
                 )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not is_metric_state(k)]
@@ -178,3 +194,11 @@ def batch_size(batch: dict) -> int:
         if key in batch:
             return len(batch[key])
     raise KeyError(f"Cannot tell the batch size of a batch with keys {sorted(batch)}.")
+
+
+def _stored_name(name: str, label_map: dict[str, str]) -> str:
+    """A label's name in a stored head, by ``label_map`` ({new: stored}); a tag maps by its type (B-person -> B-PER)."""
+    if name in label_map:
+        return label_map[name]
+    prefix, _, kind = name.partition("-")
+    return f"{prefix}-{label_map[kind]}" if kind and kind in label_map else name
