@@ -9,6 +9,7 @@ from trunk.datamodules.images import ImageClassificationData
 from trunk.datamodules.multi_label import MultiLabelTextData
 from trunk.datamodules.multiple_choice import MultipleChoiceData
 from trunk.datamodules.multitask import MultiTaskData, TaskSampler
+from trunk.datamodules.question_answering import QuestionAnsweringData
 from trunk.datamodules.sources import read_conll
 from trunk.datamodules.text import TaskData, TextDataModule
 from trunk.datamodules.text_classification import TextClassificationData
@@ -16,5 +17,5 @@ from trunk.datamodules.text_regression import TextRegressionData
 from trunk.datamodules.token_classification import TokenClassificationData
 from trunk.datamodules.translation import TranslationData
 
-__all__ = ["CorpusData", "ImageClassificationData", "MultiLabelTextData", "MultipleChoiceData", "MultiTaskData", "TaskData", "TaskSampler", "TextClassificationData",
+__all__ = ["CorpusData", "ImageClassificationData", "MultiLabelTextData", "MultipleChoiceData", "MultiTaskData", "QuestionAnsweringData", "TaskData", "TaskSampler", "TextClassificationData",
            "TextDataModule", "TextRegressionData", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]

@@ -5,6 +5,7 @@ from trunk.tasks.finetuning import FinetuneConfig
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.objectives import (
     EntityF1,
+    ExtractiveQuestionAnswering,
     ImageClassification,
     MaskedLanguageModeling,
     MultiLabelClassification,
@@ -18,5 +19,5 @@ from trunk.tasks.objectives import (
 )
 from trunk.tasks.optim import OptimConfig
 
-__all__ = ["EntityF1", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "OptimConfig", "Predictor",
+__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "OptimConfig", "Predictor",
            "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation", "TrunkModule", "load"]

@@ -201,6 +201,43 @@ def quiz_files(tmp_path: Path) -> dict[str, Path]:
     return {split: write_rows(tmp_path / f"quiz_{split}.jsonl", [quiz_question(rng) for _ in range(n)]) for split, n in sizes.items()}
 
 
+QA_FACTS = {  # relation -> (the fact's words, the question's words, the answers it draws from)
+    "lives": ("lives in", "where does {} live ?", [" ".join(c) for c in CITIES]),
+    "works": ("works at", "where does {} work ?", [" ".join(c) for c in COMPANIES]),
+    "left": ("left on", "when did {} leave ?", ["Monday", "Tuesday", "Friday", "Sunday"]),
+    "bought": ("bought a", "what did {} buy ?", ["red car", "small boat", "new phone", "blue kite"]),
+}
+
+
+def squad_article(rng: random.Random, n_paragraphs: int = 4) -> dict:
+    """A SQuAD-format article: paragraphs of four facts about people among filler words ("Anna lives in Oslo .
+    Boris left on Friday . ..."), one question per fact whose answer is a span, with its character offset."""
+    paragraphs = []
+    for _ in range(n_paragraphs):
+        context, qas = "", []
+        for person, (words, question, answers) in zip(rng.sample(FIRST_NAMES, 4), rng.sample(list(QA_FACTS.values()), 4)):
+            answer = rng.choice(answers)
+            context += " ".join(rng.sample(FILLERS, 3)) + f" . {person} {words} "
+            qas.append({"id": f"q{rng.getrandbits(40)}", "question": question.format(person),
+                        "answers": [{"text": answer, "answer_start": len(context)}]})
+            context += f"{answer} . "
+        paragraphs.append({"context": context.strip(), "qas": qas})
+    return {"title": f"article {rng.getrandbits(20)}", "paragraphs": paragraphs}
+
+
+@pytest.fixture
+def squad_files(tmp_path: Path) -> dict[str, Path]:
+    """Small train / validation / test files in SQuAD's JSON format (``squad_article``)."""
+    import json
+
+    rng = random.Random(0)
+    files = {}
+    for split, n in {"train": 40, "validation": 6, "test": 6}.items():
+        files[split] = tmp_path / f"squad_{split}.json"
+        files[split].write_text(json.dumps({"version": "1.1", "data": [squad_article(rng) for _ in range(n)]}))
+    return files
+
+
 @pytest.fixture
 def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)

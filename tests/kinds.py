@@ -39,7 +39,8 @@ def recipe_task_args(name: str, data_class: str, files: dict) -> tuple[list[str]
 # data class -> the conftest fixture ``<name>_files`` that generates its files (None: built-in data)
 DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", "TokenClassificationData": "ner",
               "TranslationData": "reversal", "ImageClassificationData": None, "TextRegressionData": "scores",
-              "MultiLabelTextData": "topics", "MultipleChoiceData": "quiz"}
+              "MultiLabelTextData": "topics", "MultipleChoiceData": "quiz",
+              "QuestionAnsweringData": "squad"}
 
 KINDS = {
     "sequence_classification": Kind(
@@ -77,4 +78,9 @@ KINDS = {
         "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
         inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),
         recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer")),
+    "extractive_qa": Kind(
+        "trunk.tasks.ExtractiveQuestionAnswering", "trunk.datamodules.QuestionAnsweringData", ("train", "validation", "test", "predict"),
+        inputs=({"question": "where does Anna live ?", "context": "the deal was good . Anna lives in New York . Boris works at Hooli ."},
+                ("where does Boris work ?", "Boris works at Globex .")),
+        extra=("--data.max_length=48", "--data.doc_stride=8")),
 }

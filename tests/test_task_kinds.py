@@ -190,7 +190,7 @@ def tiny_run_args(files, root, task: str, kind: list[str], *extra) -> list[str]:
     from conftest import single_task
 
     return single_task([
-        *kind, "--model.head_dropout=0.0", "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
+        *kind, "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
         "--model.trunk.d_ff=128", "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0",
         "--model.optimizer.lr=1e-3", *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")),
         f"--data.predict={files['test']}", "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64",
@@ -200,7 +200,7 @@ def tiny_run_args(files, root, task: str, kind: list[str], *extra) -> list[str]:
 
 def regression_args(files, root, *extra) -> list[str]:
     return tiny_run_args(files, root, "sim", ["--model=trunk.tasks.SequenceRegression", "--data=trunk.datamodules.TextRegressionData",
-                                              "--data.text_pair_column=pair", "--data.label_column=score"], *extra)
+                                              "--data.text_pair_column=pair", "--data.label_column=score", "--model.head_dropout=0.0"], *extra)
 
 
 def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_path):
@@ -254,7 +254,8 @@ def test_multi_label_metrics_match_their_definitions_at_the_threshold():
 
 
 def multi_label_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "topics", ["--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData"],
+    return tiny_run_args(files, root, "topics", ["--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData",
+                                                 "--model.head_dropout=0.0"],
                          *extra)
 
 
@@ -287,8 +288,8 @@ def test_multi_label_ids_stand_for_configured_names_and_unknown_labels_are_named
 
 # -- multiple choice -----------------------------------------------------------------------------------
 def test_multiple_choice_learns_to_pick_the_candidate_of_the_asked_topic(quiz_files, tmp_path):
-    args = tiny_run_args(quiz_files, tmp_path / "run", "quiz", ["--model=trunk.tasks.MultipleChoice", "--data=trunk.datamodules.MultipleChoiceData"],
-                         "--trainer.max_epochs=12", "--model.pooling=mean")
+    args = tiny_run_args(quiz_files, tmp_path / "run", "quiz", ["--model=trunk.tasks.MultipleChoice", "--data=trunk.datamodules.MultipleChoiceData",
+                                                                  "--model.head_dropout=0.0"], "--trainer.max_epochs=12", "--model.pooling=mean")
     fit = run_cli(["fit", *args])
     best = fit.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *args, f"--ckpt_path={best}"]).trainer.callback_metrics
@@ -367,3 +368,69 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
         assert float(line.replace("│", " ").split()[-1]) == pytest.approx(one[name].item(), abs=1e-5), name
     shares = [one["val/sentiment/acc"], one["val/ner/f1"], one["val/sim/pearson"], one["val/topics/f1_micro"], one["val/quiz/acc"]]
     assert one["val/score"].item() == pytest.approx(torch.stack(shares).mean().item(), abs=1e-6)
+
+
+# -- extractive question answering -----------------------------------------------------------------------
+@pytest.mark.parametrize("prediction, golds, em, f1_", [
+    ("the Eiffel Tower", ["Eiffel tower"], 1.0, 1.0),  # articles, case
+    ("Eiffel Tower!", ["the Eiffel Tower."], 1.0, 1.0),  # punctuation
+    ("in Paris France", ["Paris"], 0.0, 0.5),  # precision 1/3, recall 1: F1 = 2 * (1/3) / (4/3)
+    ("London", ["Paris", "London"], 1.0, 1.0),  # the best over the gold answers
+    ("", [], 1.0, 1.0),  # SQuAD 2.0: no answer against no answer
+    ("Paris", [], 0.0, 0.0),
+    ("a an the", ["the"], 1.0, 1.0),  # both normalise to nothing
+])
+def test_squad_exact_match_and_f1_follow_the_official_evaluation_script(prediction, golds, em, f1_):
+    from trunk.tasks.objectives.question_answering import best_scores
+
+    assert best_scores(prediction, golds) == (pytest.approx(em), pytest.approx(f1_))
+
+
+def qa_args(files, root, *extra) -> list[str]:
+    return tiny_run_args(files, root, "qa", ["--model=trunk.tasks.ExtractiveQuestionAnswering", "--data=trunk.datamodules.QuestionAnsweringData",
+                                             "--data.doc_stride=8"], "--data.max_length=40", *extra)
+
+
+def test_question_answering_learns_templated_questions_across_windows(squad_files, tmp_path):
+    fit = run_cli(["fit", *qa_args(squad_files, tmp_path / "run", "--trainer.max_epochs=12", "--model.optimizer.lr=2e-3")])
+    data = fit.datamodule.tasks["qa"]
+    data.prepare("test")
+    assert max(len(w) for w in data._encoded["test"]["input_ids"]) > 1  # long contexts: several windows per question
+    best = fit.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *qa_args(squad_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
+    assert tested["test/qa/exact_match"] > 0.9 and tested["test/qa/f1"] >= tested["test/qa/exact_match"]
+    context = "left deal good . Greta works at Initech . on then the . Jonas lives in Buenos Aires . then Monday . Anna works at Hooli ."
+    [record] = load(best).predict([{"question": "where does Jonas live ?", "context": context}])
+    assert record["answer"] == "Buenos Aires"
+
+
+def test_question_answering_data_windows_misaligned_answers_and_no_room(tmp_path):
+    import json
+
+    from trunk.datamodules import QuestionAnsweringData
+
+    rows = [{"id": "a", "question": "where does Anna live ?", "context": "the deal was good . " * 6 + "Anna lives in Oslo .",
+             "answers": {"text": ["Oslo"], "answer_start": [134]}},
+            {"id": "b", "question": "where ?", "context": "Boris works at Hooli .", "answers": {"text": ["Hooli"], "answer_start": [3]}}]
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": r["context"], "qas": [
+        {"id": r["id"], "question": r["question"], "answers": [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])]}]}
+        for r in rows]}]}))
+    member = standalone_qa(QuestionAnsweringData(train=str(path), max_length=24, doc_stride=4))
+    with pytest.warns(UserWarning, match=r"1 answer\(s\) are not at their answer_start in the context \(e.g. \['b'\]\)"):
+        examples = member.encode(member.raw("train"), "train")
+    first, second = examples
+    assert len(first["input_ids"]) > 1 and second["start"] == [-100]  # the misaligned answer is not trained on
+    window = next(w for w, s in enumerate(first["start"]) if s > 0)  # the one window that holds "Oslo" whole
+    span = (first["span_starts"][window][first["start"][window]], first["span_ends"][window][first["end"][window]])
+    assert rows[0]["context"][span[0] : span[1]] == "Oslo"
+    long_question = QuestionAnsweringData(train=str(path), max_length=12, doc_stride=2)
+    standalone_qa(long_question)
+    with pytest.raises(ValueError, match=r"row 1's question takes .* tokens, leaving .* for the context at max_length=12"):
+        long_question.encode_row("where does the person named in the text live these days ?", "x", None, "train", 0)
+
+
+def standalone_qa(member):
+    from conftest import standalone
+
+    return standalone(member, "qa", tokenizer_vocab_size=200)

@@ -6,6 +6,7 @@ from trunk.tasks.objectives.image_classification import ImageClassification
 from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
 from trunk.tasks.objectives.multi_label import MultiLabelClassification
 from trunk.tasks.objectives.multiple_choice import MultipleChoice
+from trunk.tasks.objectives.question_answering import ExtractiveQuestionAnswering
 from trunk.tasks.objectives.regression import SequenceRegression
 from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
 from trunk.tasks.objectives.sequence_classification import SequenceClassification
@@ -14,7 +15,7 @@ from trunk.tasks.objectives.translation import Translation
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.kind: cls for cls in (
     SequenceClassification, TokenClassification, MaskedLanguageModeling, ReplacedTokenDetection, Translation, ImageClassification,
-    SequenceRegression, MultiLabelClassification, MultipleChoice)}
+    SequenceRegression, MultiLabelClassification, MultipleChoice, ExtractiveQuestionAnswering)}
 
-__all__ = ["OBJECTIVES", "EntityF1", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "ReplacedTokenDetection",
+__all__ = ["OBJECTIVES", "EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "ReplacedTokenDetection",
            "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation"]
