@@ -83,8 +83,8 @@ class ImageClassificationData(TaskData):
         **kwargs,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        if self.select or self.column_names or self.file_type:
-            raise ValueError("select, column_names and file_type are for tabular rows; image data reads folders, IDX files or hub splits "
+        if self.select or self.column_names or self.file_type or self.hold_out_by:
+            raise ValueError("select, column_names, file_type and hold_out_by are for tabular rows; image data reads folders, IDX files or hub splits "
                              "whole. Give one split per folder or file, or a hub split name.")
         if channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")

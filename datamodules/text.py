@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 from trunk.datamodules.encoded import encoded_split
-from trunk.datamodules.sources import BUILTIN_PREFIX, column, empty_split_error, load_split, select_rows, source_key
+from trunk.datamodules.sources import BUILTIN_PREFIX, check_columns, column, empty_split_error, load_split, select_rows, source_key
 from trunk.core.codec import PAD, fingerprint
 
 ROLES = ("train", "validation", "test", "predict")
@@ -44,12 +44,23 @@ def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
                                            padding_value=value)
 
 
-def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None) -> tuple[list[int], list[int]]:
+def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None,
+             units: Sequence | None = None) -> tuple[list[int], list[int]]:
     """Split ``range(n)`` into (train, validation) indices, ``fraction`` held out at random with a fixed
     seed; with ``strata`` (one label per row) each label keeps its share in both parts. (Not
     ``Dataset.train_test_split(stratify_by_column=)``: that needs a ClassLabel column, refuses labels seen
-    once, and would hold out other rows than the published results used.)"""
+    once, and would hold out other rows than the published results used.) With ``units`` (one value per row:
+    an article, a document, a speaker) whole units are held out, about ``fraction`` of them, so no unit has
+    rows on both sides."""
     rng = random.Random(seed)
+    if units is not None:
+        names = sorted(set(units), key=str)
+        rng.shuffle(names)
+        held_units = set(names[: max(1, round(len(names) * fraction))])
+        if len(held_units) >= len(names):
+            raise ValueError(f"Only {len(names)} distinct values to hold out by: too few for a validation share of {fraction}.")
+        validation = [i for i in range(n) if units[i] in held_units]
+        return [i for i in range(n) if units[i] not in held_units], validation
     groups: dict = {}
     for i in range(n):
         groups.setdefault(strata[i] if strata is not None else None, []).append(i)
@@ -137,6 +148,8 @@ class TaskData:
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
             with a fixed seed; classification keeps each label's share).
+        hold_out_by: with ``val_fraction``, hold out whole groups of rows by this column (articles for QA,
+            documents, speakers), so the validation rows share no group with the training rows.
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
         num_workers: dataloader worker processes for evaluation and prediction.
     """
@@ -153,6 +166,7 @@ class TaskData:
         test: str | None = None,
         predict: str | None = None,
         select: dict[str, dict[str, str | int | list]] | None = None,
+        hold_out_by: str | None = None,
         column_names: list[str] | None = None,
         file_type: str | None = None,
         val_fraction: float = 0.0,
@@ -170,6 +184,7 @@ class TaskData:
         if unknown:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
+        self.hold_out_by = hold_out_by
         self.column_names = list(column_names) if column_names is not None else None
         self.file_type = file_type
         self.val_fraction = val_fraction
@@ -335,7 +350,11 @@ class TextDataModule(TaskData):
             if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
                 rows = self.read("train")
                 self.check(rows, "train")
-                train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows))
+                units = None
+                if self.hold_out_by is not None:
+                    check_columns(rows, {"hold_out_by": self.hold_out_by}, self.option("train"))
+                    units = column(rows, self.hold_out_by)
+                train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows), units=units)
                 self._raw["train"], self._raw["validation"] = rows.select(train), rows.select(validation)
             else:
                 ds = self.read(role)
@@ -379,7 +398,7 @@ class TextDataModule(TaskData):
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
-        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train")]
+        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train"), self.hold_out_by]
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")

@@ -82,5 +82,5 @@ KINDS = {
         "trunk.tasks.ExtractiveQuestionAnswering", "trunk.datamodules.QuestionAnsweringData", ("train", "validation", "test", "predict"),
         inputs=({"question": "where does Anna live ?", "context": "the deal was good . Anna lives in New York . Boris works at Hooli ."},
                 ("where does Boris work ?", "Boris works at Globex .")),
-        extra=("--data.max_length=48", "--data.doc_stride=8")),
+        extra=("--data.max_length=48", "--data.doc_stride=8"), recipe_resets=("--data.val_fraction=0.0", "--data.hold_out_by=null")),
 }

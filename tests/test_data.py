@@ -402,3 +402,14 @@ def test_a_file_without_a_header_is_read_by_column_names_and_its_data_row_is_not
     assert member.label_names == ["0", "1"]
     with pytest.raises(ValueError, match="column_names is for csv / tsv files without a header"):
         TextClassificationData(train=str(write_rows(tmp_path / "rows.jsonl", [{"text": "a", "label": 1}])), column_names=["t", "l"]).raw("train")
+
+
+def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):
+    rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "article": f"article {i // 5}"} for i in range(50)]
+    member = TextClassificationData(train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="article")
+    train, validation = (set(column(member.raw(role), "article")) for role in ("train", "validation"))
+    assert len(validation) == 2 and not train & validation and len(train | validation) == 10
+    assert len(member.raw("validation")) == 10
+    missing = TextClassificationData(train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="title")
+    with pytest.raises(ValueError, match=r"has no column 'title' \(set by data.tasks.task.hold_out_by\)"):
+        missing.raw("train")
