@@ -166,7 +166,7 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
     pretrained = PretrainedTrunk(Path("in-memory"), tiny, {"text": {}}, source.trunk.state_dict(),
                                  {"ner": {"meta": head.head_meta(), "state": head.head_state()}}, Codec())
     wnut = ["O", "B-corporation", "I-corporation", "B-location", "I-location", "B-person", "I-person"]
-    with pytest.raises(ValueError, match="Set model.keep_shared_labels=true"):
+    with pytest.raises(ValueError, match="model.keep_shared_labels=true to keep the rows of the labels in both"):
         TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"},
                                     label_map={"wnut": {"person": "PER", "location": "LOC"}}, task_info={"wnut": {"label_names": wnut}})
     model = TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"}, keep_shared_labels=True,

@@ -172,9 +172,9 @@ class Objective(nn.Module):
             else:
                 raise ValueError(
                     f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this run's data "
-                    f"has {self.label_names}. Set model.keep_shared_labels=true to keep the rows of labels in both (pair names "
-                    "that differ with model.label_map), model.reinit_mismatched_heads=true to start the classifier afresh, or "
-                    "give the task another name to start a new head."
+                    f"has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of the head and start "
+                    "its classifier afresh, model.keep_shared_labels=true to keep the rows of the labels in both (pair names that "
+                    "differ with model.label_map), or give the task another name to start a new head."
                 )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not is_metric_state(k)]
