@@ -187,10 +187,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
         model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
-        try:
-            carried = model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
-        except ValueError as err:
-            raise RunSourceError(str(err)) from None
+        carried = model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
         return Resolved(model, report=report + carried, tokenizer_source=source_tokenizer)
 
     codec = data.build_codec()

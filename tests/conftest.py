@@ -197,7 +197,7 @@ def quiz_question(rng: random.Random) -> dict:
 def quiz_files(tmp_path: Path) -> dict[str, Path]:
     """Small train / validation / test jsonl files of multiple-choice questions (``quiz_question``)."""
     rng = random.Random(0)
-    sizes = {"train": 300, "validation": 48, "test": 48}
+    sizes = {"train": 600, "validation": 48, "test": 48}
     return {split: write_rows(tmp_path / f"quiz_{split}.jsonl", [quiz_question(rng) for _ in range(n)]) for split, n in sizes.items()}
 
 

@@ -146,9 +146,9 @@ def test_a_stored_head_starts_a_task_of_another_name_with_its_labels_renamed(tra
     for key, value in cli.model.objectives["reviews"].head_state().items():
         assert torch.equal(value, stored[f"objectives.sentiment.{key}"]), key
     assert any("the head 'sentiment'" in note for note in cli.run.report)
-    with pytest.raises(SystemExit, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"):
+    with pytest.raises(ValueError, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"):
         run_cli([*new_task, "--model.heads_from={reviews: sentiment}"], run=False)  # other names, and no map: never silent
-    with pytest.raises(SystemExit, match=r"should start from the head 'sst2', but .* stores the heads \['sentiment'\]"):
+    with pytest.raises(ValueError, match=r"should start from the head 'sst2', but .* stores the heads \['sentiment'\]"):
         run_cli([*new_task, "--model.heads_from={reviews: sst2}"], run=False)
 
 
