@@ -79,6 +79,7 @@ class QuestionAnsweringData(TextDataModule):
     def encode_row(self, question: str, context: str, answer: dict | None, role: str, row: int) -> dict:
         """One question's windows: token ids, each token's span in the context (-1 outside it), the answer's tokens."""
         tokenizer = self.tokenizer
+        tokenizer.no_truncation()  # measure the whole question (the shared tokenizer may hold another task's truncation)
         room = self.max_length - len(tokenizer.encode(question, add_special_tokens=False).ids) - 3
         if room < 8:
             raise ValueError(f"{self.option(role)}: row {row + 1}'s question takes {self.max_length - room - 3} tokens, leaving {max(room, 0)} "
