@@ -35,7 +35,6 @@ class MultiLabelTextData(TextRowsData):
             raise ValueError("label_delimiter must be a non-empty string (the separator of labels in one cell).")
         self.label_delimiter = label_delimiter
         self._label_names = list(label_names) if label_names is not None else None
-        self._label_counts: dict[tuple, list[int]] = {}
 
     @property
     def label_names(self) -> list[str]:
@@ -46,15 +45,9 @@ class MultiLabelTextData(TextRowsData):
             self._label_names = sorted(names)
         return self._label_names
 
-    def info(self) -> dict:
-        info = {**super().info(), "label_names": self.label_order}
-        if self.has_split("train"):
-            order = tuple(self.label_order)
-            if order not in self._label_counts:
-                counts = Counter(name for labels in self.label_sets(self.raw("train"), "train") for name in labels)
-                self._label_counts[order] = [counts[name] for name in order]
-            info["statistics"] = {"label_counts": self._label_counts[order]}
-        return info
+    def training_statistics(self) -> dict:
+        counts = Counter(name for labels in self.label_sets(self.raw("train"), "train") for name in labels)
+        return {"label_counts": [counts[name] for name in self.label_order]}
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         super().check(ds, role)

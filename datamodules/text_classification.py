@@ -40,21 +40,11 @@ class TextClassificationData(TextRowsData):
         super().__init__(text_column, text_pair_column, label_column, **kwargs)
         self._label_names = list(label_names) if label_names is not None else None
         self._configured_label_names = label_names is not None
-        self._label_counts: dict[tuple, list[int]] = {}
 
-    def info(self) -> dict:
-        info = {**super().info(), "label_names": self.label_order}
-        if self.has_split("train"):  # for balanced class weights
-            info["statistics"] = {"label_counts": self.label_counts()}
-        return info
-
-    def label_counts(self) -> list[int]:
-        """How many training rows carry each label, in ``label_order``."""
-        order = tuple(self.label_order)
-        if order not in self._label_counts:
-            counts = Counter(self.targets(self.raw("train"), "train"))
-            self._label_counts[order] = [counts[i] for i in range(len(order))]
-        return self._label_counts[order]
+    def training_statistics(self) -> dict:
+        """How many training rows carry each label (for balanced class weights)."""
+        counts = Counter(self.targets(self.raw("train"), "train"))
+        return {"label_counts": [counts[i] for i in range(len(self.label_order))]}
 
     def use_labels_of(self, stored: list[str], source: str) -> str | None:
         note = super().use_labels_of(stored, source)

@@ -31,7 +31,6 @@ class TextRegressionData(TextRowsData):
         self._label_names = [label_column] if isinstance(label_column, str) else list(label_column)  # the targets' names
         if not self._label_names:
             raise ValueError("label_column: give the column of the target (or a list of columns).")
-        self._statistics: dict[tuple, dict] = {}
 
     @property
     def label_names(self) -> list[str]:
@@ -41,20 +40,11 @@ class TextRegressionData(TextRowsData):
         several = len(self.label_names) > 1
         return {f"label_column[{i}]" if several else "label_column": name for i, name in enumerate(self.label_names)}
 
-    def info(self) -> dict:
-        info = {**super().info(), "label_names": self.label_order}
-        if self.has_split("train"):  # for standardised targets
-            info["statistics"] = self.target_statistics()
-        return info
-
-    def target_statistics(self) -> dict:
-        """The training split's mean and standard deviation of each target (in ``label_order``)."""
-        order = tuple(self.label_order)
-        if order not in self._statistics:
-            values = torch.tensor(self.targets(self.raw("train"), "train"), dtype=torch.float64)
-            std = values.std(0, unbiased=False) if len(values) > 1 else torch.ones(values.shape[1], dtype=torch.float64)
-            self._statistics[order] = {"target_mean": values.mean(0).tolist(), "target_std": std.tolist()}
-        return self._statistics[order]
+    def training_statistics(self) -> dict:
+        """The training split's mean and standard deviation of each target (for standardised targets)."""
+        values = torch.tensor(self.targets(self.raw("train"), "train"), dtype=torch.float64)
+        std = values.std(0, unbiased=False) if len(values) > 1 else torch.ones(values.shape[1], dtype=torch.float64)
+        return {"target_mean": values.mean(0).tolist(), "target_std": std.tolist()}
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         super().check(ds, role)

@@ -11,8 +11,9 @@ from trunk.datamodules.text import TextDataModule, pad
 class TextRowsData(TextDataModule):
     """Rows with a text column, optionally a second text column, and a target column (not needed to predict).
 
-    Subclasses turn a split's target cells into per-example values (``targets``) and a batch's values into
-    the ``labels`` tensor (``label_tensor``).
+    Subclasses turn a split's target cells into per-example values (``targets``), a batch's values into
+    the ``labels`` tensor (``label_tensor``), and may report figures of the training split the objective
+    uses (``training_statistics``: label counts, target mean / std), worked out once per label order.
 
     Args:
         text_column: the column holding the text.
@@ -24,6 +25,20 @@ class TextRowsData(TextDataModule):
     def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs) -> None:
         super().__init__(**kwargs)
         self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
+        self._statistics: dict[tuple, dict] = {}  # label order -> training_statistics()
+
+    def info(self) -> dict:
+        info = {**super().info(), "label_names": self.label_order}
+        if self.has_split("train"):
+            order = tuple(self.label_order)
+            if order not in self._statistics:
+                self._statistics[order] = self.training_statistics()
+            info["statistics"] = self._statistics[order]
+        return info
+
+    def training_statistics(self) -> dict:
+        """Figures of the training split (in ``label_order``) that the objective uses."""
+        return {}
 
     def target_columns(self) -> dict[str, str]:
         """Option name -> column, for the column check."""
