@@ -340,9 +340,9 @@ def test_multiple_choice_reads_packed_choices_letters_and_texts_and_names_bad_ro
 
 # -- every kind in one run -------------------------------------------------------------------------------
 def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(sentiment_files, ner_files, scores_files, topics_files,
-                                                                          quiz_files, tmp_path):
-    """Regression, multi-label and multiple choice beside classification and NER on one trunk, on 2 gloo processes;
-    then the checkpoint validated on 2 processes equals 1 process, task by task."""
+                                                                          quiz_files, squad_files, tmp_path):
+    """Regression, multi-label, multiple choice and extractive QA beside classification and NER on one trunk, on 2 gloo
+    processes; then the checkpoint validated on 2 processes equals 1 process, task by task."""
     import os
     import subprocess
     import sys
@@ -353,7 +353,9 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
     args = [*TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files),
             *task("sim", "SequenceRegression", "TextRegressionData", scores_files, 16), "--data.tasks.sim.text_pair_column=pair",
             "--data.tasks.sim.label_column=score", *task("topics", "MultiLabelClassification", "MultiLabelTextData", topics_files, 16),
-            *task("quiz", "MultipleChoice", "MultipleChoiceData", quiz_files, 8), "--data.tokenizer_vocab_size=300",
+            *task("quiz", "MultipleChoice", "MultipleChoiceData", quiz_files, 8),
+            *task("qa", "ExtractiveQuestionAnswering", "QuestionAnsweringData", squad_files, 8), "--data.tasks.qa.max_length=40",
+            "--data.tasks.qa.doc_stride=8", "--data.tokenizer_vocab_size=300",
             "--trainer.accelerator=cpu", "--trainer.max_steps=20", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0"]
     ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]
@@ -365,11 +367,16 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
     two = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert two.returncode == 0, two.stderr[-3000:]
-    names = ["val/sentiment/acc", "val/ner/f1", "val/sim/pearson", "val/sim/mse", "val/topics/f1_micro", "val/quiz/acc", "val/score"]
-    for name in names:  # 64, 40, 64, 64 and 48 rows: no padding duplicates on 2 ranks
+    names = ["val/sentiment/acc", "val/ner/f1", "val/sim/pearson", "val/sim/mse", "val/topics/f1_micro", "val/quiz/acc", "val/qa/f1",
+             "val/qa/exact_match", "val/score"]
+    for name in names:  # 64, 40, 64, 64, 48 rows and 96 questions (each with all its windows): no padding duplicates on 2 ranks
         line = next(line for line in two.stdout.splitlines() if f" {name} " in f" {line.replace('│', ' ')} ")
-        assert float(line.replace("│", " ").split()[-1]) == pytest.approx(one[name].item(), abs=1e-5), name
-    shares = [one["val/sentiment/acc"], one["val/ner/f1"], one["val/sim/pearson"], one["val/topics/f1_micro"], one["val/quiz/acc"]]
+        # 20 steps leave the regressor's outputs nearly constant: their Pearson is a ratio of tiny moments, which rounding in
+        # differently padded batches moves in the fourth digit
+        tolerance = {"rel": 1e-2} if name == "val/sim/pearson" else {"abs": 1e-5}
+        assert float(line.replace("│", " ").split()[-1]) == pytest.approx(one[name].item(), **tolerance), name
+    shares = [one["val/sentiment/acc"], one["val/ner/f1"], one["val/sim/pearson"], one["val/topics/f1_micro"], one["val/quiz/acc"],
+              one["val/qa/f1"]]
     assert one["val/score"].item() == pytest.approx(torch.stack(shares).mean().item(), abs=1e-6)
 
 
