@@ -24,6 +24,14 @@ def temporary_path(path: Path) -> Path:
     return path.parent / f".{path.name}{TMP_MARK}{os.getpid()}"
 
 
+def usual_mode(path: Path) -> None:
+    """Give a written file the mode of any file the user creates (0666 less the umask): some writers (safetensors)
+    create theirs owner-only, and a trunk directory shared with others would then be unreadable to them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def fsync_directory(directory: Path) -> None:
     """Make a rename inside ``directory`` durable (a no-op where directories cannot be opened)."""
     with contextlib.suppress(OSError):
@@ -37,6 +45,7 @@ def fsync_directory(directory: Path) -> None:
 def fsync_tree(directory: Path) -> None:
     for path in directory.rglob("*"):
         if path.is_file():
+            usual_mode(path)
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
     fsync_directory(directory)
@@ -50,6 +59,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = temporary_path(path)
     try:
         yield tmp
+        usual_mode(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

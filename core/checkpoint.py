@@ -5,7 +5,9 @@ gathered without running code either. ``AtomicCheckpointIO`` writes what this re
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+import stat
 from pathlib import Path
 
 import torch
@@ -42,6 +44,15 @@ def verify_digest(ckpt: dict, path: Path) -> None:
                          "or an incomplete copy). Use another checkpoint, e.g. an earlier one or best-*.ckpt.")
 
 
+def check_readable(*paths: Path) -> None:
+    """A file that is there but closed to this user is a permission problem, not a damaged file: say which, and the fix."""
+    for path in paths:
+        if path.is_file() and not os.access(path, os.R_OK):
+            mode = stat.filemode(path.stat().st_mode)
+            raise PermissionError(f"'{path}' is there but this user cannot read it (its mode is {mode}): ask its owner to make it "
+                                  f"readable (chmod a+r '{path}'), or copy it somewhere you can read.")
+
+
 def load_checkpoint(ckpt_path: str | Path) -> dict:
     """A Lightning checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain values
     only, so a crafted file cannot run code."""
@@ -53,6 +64,7 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
                          "directory of a sharded checkpoint, which holds meta.pt).")
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
+    check_readable(ckpt_path)
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

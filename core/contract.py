@@ -3,7 +3,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
+
+TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def check_task_names(names) -> None:
+    """A task's name is a key of the config, of metric names (``val/<task>/acc``) and of file names in the run's folder:
+    an identifier (letters, digits, ``_`` and ``-``; not a path, which would write outside the run)."""
+    bad = [name for name in names if not (isinstance(name, str) and TASK_NAME.fullmatch(name))]
+    if bad:
+        raise ValueError(f"Task names {bad} are not identifiers: a task name is letters, digits, '_' and '-', starting with a "
+                         "letter or '_' (e.g. sst2, conll_ner). Rename the task in model.tasks and data.tasks.")
 
 
 @dataclass(frozen=True)

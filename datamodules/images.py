@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from trunk.datamodules.text import TaskData, hold_out
+from trunk.datamodules.text import TaskData, checked_label_names, hold_out
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -89,7 +89,7 @@ class ImageClassificationData(TaskData):
         if channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
         self.image_column, self.label_column = image_column, label_column
-        self._label_names = list(label_names) if label_names is not None else None
+        self._label_names = checked_label_names(label_names)
         self.channels, self.image_size = channels, image_size
         self.mean, self.std = mean, std
         self.random_translate, self.horizontal_flip = random_translate, horizontal_flip

@@ -7,6 +7,7 @@ from collections import Counter
 import datasets
 import torch
 from trunk.datamodules.sources import column
+from trunk.datamodules.text import checked_label_names
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -34,7 +35,7 @@ class MultiLabelTextData(TextRowsData):
         if not label_delimiter:
             raise ValueError("label_delimiter must be a non-empty string (the separator of labels in one cell).")
         self.label_delimiter = label_delimiter
-        self._label_names = list(label_names) if label_names is not None else None
+        self._label_names = checked_label_names(label_names)
 
     @property
     def label_names(self) -> list[str]:

@@ -91,6 +91,20 @@ def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rn
     return batches
 
 
+def checked_label_names(names: Sequence | None, option: str = "label_names") -> list[str] | None:
+    """Configured class names as the model will know them: surrounding spaces dropped (as from the data's labels); an
+    empty or repeated name is refused, since two ids of one name would split a class, or merge two, silently."""
+    if names is None:
+        return None
+    stripped = [str(name).strip() for name in names]
+    if "" in stripped:
+        raise ValueError(f"{option} has an empty name (position {stripped.index('') + 1}): name every class.")
+    repeated = sorted({name for name in stripped if stripped.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{option} lists {repeated} more than once ({stripped}): each class needs one name of its own.")
+    return stripped
+
+
 CHUNK = 1000  # rows per datasets.map batch
 NOTES = "__trunk_notes__"  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
 RAW = "__raw__"  # prefix of the raw columns while they are encoded

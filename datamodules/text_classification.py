@@ -7,6 +7,7 @@ from collections import Counter
 import datasets
 import torch
 from trunk.datamodules.sources import column
+from trunk.datamodules.text import checked_label_names
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -38,7 +39,7 @@ class TextClassificationData(TextRowsData):
         **kwargs,
     ) -> None:
         super().__init__(text_column, text_pair_column, label_column, **kwargs)
-        self._label_names = list(label_names) if label_names is not None else None
+        self._label_names = checked_label_names(label_names)
         self._configured_label_names = label_names is not None
 
     def training_statistics(self) -> dict:
@@ -111,6 +112,7 @@ def _check_labels(values: list, where: str, column: str) -> list:
                          "Classification needs whole-number or named classes: bin the values into classes, or point "
                          f"label_column at the column that holds the classes.")
     values = [int(v) if isinstance(v, float) else v for v in values]  # 1.0 (a csv column with gaps) is class 1
+    values = [v.strip() if isinstance(v, str) else v for v in values]  # "pos " is "pos": a stray space makes no class
     as_text = {str(v) for v in values}
     numbers = sorted(t for t in as_text if t.lstrip("-").isdigit())
     names = sorted(as_text - set(numbers))

@@ -49,6 +49,12 @@ class TrunkConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("dropout", "attn_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"TrunkConfig.{name} must be a probability in [0, 1), got {getattr(self, name)}.")
+        for name in ("layer_norm_eps", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrunkConfig.{name} must be > 0, got {getattr(self, name)}.")
 
     def to_dict(self) -> dict:
         return asdict(self)

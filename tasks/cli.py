@@ -97,7 +97,8 @@ class TrunkCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Parse -> resolve -> Trainer: the data and the objectives from the config, then the run's facts and its
         model from ``resolve`` (reading any checkpoint or trunk directory once), then the Trainer."""
-        self.config_init = self.parser.instantiate_classes(self.config)
+        instantiate = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes  # renamed in jsonargparse 4.49
+        self.config_init = instantiate(self.config)
         self.datamodule = self._get(self.config_init, "data")
         config = self.config[self.subcommand] if self.subcommand else self.config
         options = dict(self._get(self.config_init, "model"))

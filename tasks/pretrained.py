@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from trunk.core.atomic import replace_directory, temporary_path
-from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
+from trunk.core.checkpoint import check_readable, is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.models import TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import is_metric_state
@@ -156,6 +156,7 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
             f"Trunk directory '{path}' is missing {missing}; a complete one holds {CONFIG_FILE}, "
             f"{WEIGHTS_FILE} and (with a text stem) {TOKENIZER_FILE}. Re-export it with `trunk export CKPT {path}`."
         )
+    check_readable(*(path / name for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)))
     try:
         meta = json.loads((path / CONFIG_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -29,6 +29,7 @@ from pathlib import Path
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
+from trunk.core.contract import check_task_names
 from trunk.models import TrunkConfig
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig
@@ -136,6 +137,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
     ``ckpt_path``'s contents when already read; ``heads_from``, ``label_map``, ``keep_shared_labels``: how
     ``init_from``'s heads start tasks of other names or labels (``TrunkModule.load_pretrained``)."""
     report: list[str] = []
+    check_task_names(data.tasks)
     if ckpt_path is not None:
         if checkpoint is None:
             try:

@@ -43,6 +43,9 @@ class Objective(nn.Module):
 
     def __init__(self, **config) -> None:
         super().__init__()
+        for key, value in config.items():  # every objective's dropouts, checked where they are declared, by their name
+            if key.endswith("dropout") and not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"{type(self).__name__}: {key}={value!r} must be a probability in [0, 1).")
         self.config = config
         self.name = ""
         self.label_names: list[str] | None = None

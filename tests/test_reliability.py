@@ -1,0 +1,116 @@
+"""Bad input and files as they ship, caused for real: each gives the right result or one `error:` line that names what
+is wrong and the fix, and nothing the user wrote is lost."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_rows
+from trunk.tasks.cli import run_cli
+
+
+def trunk(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The `trunk` command as a user runs it (its own process: exit status and stderr as the shell sees them)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    return line
+
+
+# -- labels -------------------------------------------------------------------------------------------------------------
+def test_labels_that_differ_only_by_surrounding_spaces_are_one_class(tmp_path):
+    from trunk.datamodules import MultiLabelTextData, TextClassificationData
+
+    rows = [{"text": f"text {i}", "label": label, "tags": tags} for i, (label, tags) in
+            enumerate([("pos", "a, b"), ("pos ", " a"), (" neg", "b "), ("neg", "a,b")] * 4)]
+    train = str(write_rows(tmp_path / "train.csv", rows))
+    data = TextClassificationData(train=train)
+    assert data.label_names == ["neg", "pos"]
+    assert data.targets(data.raw("train"), "train")[:4] == [1, 1, 0, 0]
+    assert TextClassificationData(train=train, label_names=[" pos", "neg "]).label_names == ["pos", "neg"]
+    assert MultiLabelTextData(train=train, label_column="tags").label_names == ["a", "b"]
+
+
+@pytest.mark.parametrize("names, message", [
+    (["negative", "negative"], r"label_names lists \['negative'\] more than once"),
+    (["negative", "negative "], r"label_names lists \['negative'\] more than once"),  # one name once spaces are dropped
+    (["negative", ""], r"label_names has an empty name \(position 2\)"),
+])
+def test_repeated_or_empty_label_names_are_refused(names, message):
+    from trunk.datamodules import ImageClassificationData, MultiLabelTextData, TextClassificationData
+
+    for data in (TextClassificationData, MultiLabelTextData, ImageClassificationData):
+        with pytest.raises(ValueError, match=message):
+            data(label_names=names)
+
+
+def test_repeated_label_names_are_one_line_from_the_command(tiny_cli_args, tmp_path):
+    result = trunk("fit", *tiny_cli_args, "--data.tasks.sentiment.label_names=[negative,negative]", cwd=tmp_path)
+    assert "label_names lists ['negative'] more than once" in one_line_error(result)
+
+
+# -- task names and options -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["/tmp/elsewhere", "../up", "a/b", "two words", "1st", "a.b"])
+def test_a_task_name_that_is_not_an_identifier_is_refused_before_anything_is_written(name, sentiment_files, tmp_path):
+    import yaml
+
+    config = {"model": {"tasks": {name: {"class_path": "trunk.tasks.SequenceClassification"}}, "trunk": {"d_model": 32, "n_layers": 1,
+                                                                                                         "n_heads": 2, "d_ff": 64}},
+              "data": {"tasks": {name: {"class_path": "trunk.datamodules.TextClassificationData",
+                                        "init_args": {"train": str(sentiment_files["train"]), "val_fraction": 0.2}}},
+                       "tokenizer_vocab_size": 300},
+              "trainer": {"max_steps": 1, "default_root_dir": str(tmp_path / "run"), "accelerator": "cpu"}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match=rf"Task names \[{name!r}\] are not identifiers"):
+        run_cli(["fit", "--config", str(tmp_path / "run.yaml")])
+    assert not (tmp_path / "run").exists() and not Path("/tmp/elsewhere").exists()
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--model.trunk.dropout=1.5", r"TrunkConfig.dropout must be a probability in \[0, 1\), got 1.5"),
+    ("--model.trunk.attn_dropout=-0.1", r"TrunkConfig.attn_dropout must be a probability in \[0, 1\), got -0.1"),
+    ("--model.trunk.layer_norm_eps=0", r"TrunkConfig.layer_norm_eps must be > 0"),
+    ("--model.tasks.sentiment.init_args.head_dropout=2", r"SequenceClassification: head_dropout=2.0 must be a probability in \[0, 1\)"),
+])
+def test_options_out_of_range_are_named_where_they_are_declared(option, message, tiny_cli_args):
+    with pytest.raises(ValueError, match=message):
+        run_cli([*tiny_cli_args, option], run=False)
+
+
+# -- files a run writes and reads --------------------------------------------------------------------------------------
+def test_exported_files_get_the_users_umask_and_an_unreadable_one_is_named(tiny_cli_args, tmp_path):
+    from trunk.tasks.cli import export_main
+
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
+    ckpt = fit.trainer.checkpoint_callback.best_model_path or fit.trainer.checkpoint_callback.last_model_path
+    export_main([ckpt, str(tmp_path / "trunk")])
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (tmp_path / "trunk").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path.name
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its mode")
+def test_a_file_this_user_cannot_read_is_named_with_the_fix(tiny_cli_args, tmp_path):
+    from trunk.tasks.cli import export_main
+    from trunk.tasks.pretrained import load_pretrained
+
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
+    export_main([fit.trainer.checkpoint_callback.last_model_path, str(tmp_path / "trunk")])
+    weights = tmp_path / "trunk" / "model.safetensors"
+    weights.chmod(0)
+    with pytest.raises(PermissionError, match=r"is there but this user cannot read it \(its mode is ----------\).*chmod a\+r"):
+        load_pretrained(tmp_path / "trunk")
+
+
+def test_the_run_prints_no_deprecation_notice_of_the_libraries_it_uses(tiny_cli_args, tmp_path):
+    result = trunk("fit", *tiny_cli_args, "--trainer.max_steps=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Deprecat" not in result.stderr, result.stderr
