@@ -20,9 +20,16 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import ClusterEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.plugins.environments import (
+    ClusterEnvironment,
+    LSFEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
@@ -104,8 +111,7 @@ class TrunkCLI(LightningCLI):
         options = dict(self._get(self.config_init, "model"))
         init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
         reuse = {key: options.pop(key) for key in ("heads_from", "label_map", "keep_shared_labels")}
-        ckpt_path = config.get("ckpt_path")
-        ckpt_path = None if ckpt_path in ("best", "last") else ckpt_path  # Lightning's names for the run's own checkpoints
+        ckpt_path = config.get("ckpt_path")  # "last" / "best" are paths by now (before_instantiate_classes)
         try:
             self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
                                reinit_mismatched_heads=reinit, **reuse)
@@ -162,18 +168,29 @@ class TrunkCLI(LightningCLI):
         strategy = config.trainer.get("strategy")
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
-        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
-            config.ckpt_path = str(self._last_checkpoint(config))
+        if config.get("ckpt_path") in ("last", "best"):
+            config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
 
-    @staticmethod
-    def _last_checkpoint(config) -> Path:
-        """``--ckpt_path last``: the newest last.ckpt under the run's root directory."""
+    def _run_checkpoint(self, config, which: str) -> Path:
+        """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best
+        checkpoint it recorded. Lightning resolves these names only inside a fitting Trainer; any other
+        subcommand would evaluate untrained weights, so they are resolved here for every subcommand."""
         root = Path(config.trainer.get("default_root_dir") or ".")
         found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
-            sys.exit(f"error: --ckpt_path last: no last.ckpt under '{root}' (trainer.default_root_dir): nothing to resume. "
-                     "Start the run without --ckpt_path, or pass the checkpoint's path.")
-        print(f"Resuming from {found[-1]}", file=sys.stderr)
+            sys.exit(f"error: --ckpt_path {which}: no last.ckpt under '{root}' (trainer.default_root_dir), so no run to take it "
+                     "from. Pass the checkpoint's path, or set trainer.default_root_dir to the training run's.")
+        if which == "best":
+            if self.subcommand == "fit":
+                sys.exit("error: --ckpt_path best: a run resumes from its last checkpoint (--ckpt_path last) or from a path.")
+            newest = max(found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)  # holds the newest ModelCheckpoint state
+            states = (load_checkpoint(newest).get("callbacks") or {}).values()
+            best = next((s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None)
+            if best is None or not Path(best).is_file():
+                sys.exit(f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint that still exists "
+                         f"({best or 'none'}); pass a checkpoint's path, or --ckpt_path last.")
+            found.append(Path(best))
+        print(f"{'Resuming from' if self.subcommand == 'fit' else 'Checkpoint:'} {found[-1]}", file=sys.stderr)
         return found[-1]
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
@@ -242,7 +259,13 @@ class TrunkCLI(LightningCLI):
         """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
         if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
+        if self.trainer.global_step == 0:  # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
+            rank_zero_warn("No training step was taken, so the test splits are not evaluated (they would score untrained "
+                           "weights). Evaluate a trained checkpoint with `trunk test --ckpt_path ...`.")
+            return
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
+        if not best:
+            rank_zero_warn(f"No checkpoint was saved, so the test splits score the final weights (step {self.trainer.global_step}).")
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 

@@ -114,3 +114,28 @@ def test_the_run_prints_no_deprecation_notice_of_the_libraries_it_uses(tiny_cli_
     result = trunk("fit", *tiny_cli_args, "--trainer.max_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Deprecat" not in result.stderr, result.stderr
+
+
+# -- which weights a command evaluates ----------------------------------------------------------------------------------
+def test_last_and_best_name_the_runs_own_checkpoints_for_every_subcommand(tiny_cli_args, tmp_path):
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2"])
+    [last] = (tmp_path / "run").rglob("last.ckpt")
+    best = fit.trainer.checkpoint_callback.best_model_path
+    assert best and Path(best) != last
+    for which, path in (("last", str(last)), ("best", best)):
+        named = run_cli(["validate", *tiny_cli_args, f"--ckpt_path={which}"])
+        assert named.config.validate.ckpt_path == path
+        explicit = run_cli(["validate", *tiny_cli_args, f"--ckpt_path={path}"]).trainer.callback_metrics
+        assert named.trainer.callback_metrics["val/sentiment/acc"] == explicit["val/sentiment/acc"]
+    predicted = run_cli(["predict", *tiny_cli_args, "--ckpt_path=best", f"--predictions.output={tmp_path / 'out'}"])
+    assert predicted.config.predict.ckpt_path == best
+    elsewhere = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={tmp_path / 'none'}"]
+    for subcommand in ("test", "predict"):
+        with pytest.raises(SystemExit, match=r"--ckpt_path last: no last.ckpt under .*none'"):
+            run_cli([subcommand, *elsewhere, "--ckpt_path=last"])
+
+
+def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
+    with pytest.warns(UserWarning, match="No training step was taken, so the test splits are not evaluated"):
+        fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=0"])
+    assert not any(key.startswith("test/") for key in fit.trainer.callback_metrics)
