@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 
+from datasets.utils import are_progress_bars_disabled
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from trunk.core.atomic import atomic_write
@@ -22,6 +23,12 @@ def _add_bert_template(tokenizer: Tokenizer) -> None:
     )
 
 
+def show_progress() -> bool:
+    """Tokenizer training shows a bar when ``datasets`` shows its bars: one switch for every bar a run draws
+    (the CLI sets it from trainer.enable_progress_bar)."""
+    return not are_progress_bars_disabled()
+
+
 def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
     """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``."""
     tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
@@ -31,7 +38,8 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: boo
     tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS)
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                                        show_progress=show_progress())
     tokenizer.train_from_iterator(texts, trainer=trainer)
     _add_bert_template(tokenizer)
     return tokenizer
@@ -44,7 +52,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = Fa
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                                  show_progress=show_progress())
     tokenizer.train_from_iterator(texts, trainer=trainer)
     _add_bert_template(tokenizer)
     return tokenizer

@@ -16,6 +16,7 @@ from typing import Literal, Optional, Union
 
 import torch
 import yaml
+from datasets.utils import disable_progress_bars, enable_progress_bars
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
@@ -164,6 +165,9 @@ class TrunkCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._check_task_names(config)
+        # one switch for every bar a run draws: Lightning's, and datasets' ("Generating", "Tokenizing") and the tokenizer
+        # trainer's, which follow datasets' (unless HF_DATASETS_DISABLE_PROGRESS_BARS says otherwise)
+        (enable_progress_bars if config.trainer.get("enable_progress_bar") is not False else disable_progress_bars)()
         self._check_wandb(config)
         strategy = config.trainer.get("strategy")
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:

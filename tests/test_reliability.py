@@ -139,3 +139,16 @@ def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
     with pytest.warns(UserWarning, match="No training step was taken, so the test splits are not evaluated"):
         fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=0"])
     assert not any(key.startswith("test/") for key in fit.trainer.callback_metrics)
+
+
+# -- what a run prints ------------------------------------------------------------------------------------------------------
+def test_one_switch_turns_off_every_progress_bar(tiny_cli_args, tmp_path):
+    """trainer.enable_progress_bar=false silences datasets' bars (reading, tokenizing) and the tokenizer trainer's too."""
+    bars = ("examples/s]", "it/s]", "━")
+    quiet = trunk("fit", *tiny_cli_args, "--trainer.max_steps=2", cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert not [bar for bar in bars if bar in quiet.stderr + quiet.stdout], quiet.stderr[-3000:]
+    shown = [a for a in tiny_cli_args if "enable_progress_bar" not in a and "default_root_dir" not in a]
+    loud = trunk("fit", *shown, "--trainer.max_steps=2", "--data.tokenizer_vocab_size=310", f"--trainer.default_root_dir={tmp_path / 'b'}",
+                 cwd=tmp_path)
+    assert loud.returncode == 0 and "examples/s]" in loud.stderr, loud.stderr[-2000:]
