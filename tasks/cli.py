@@ -19,6 +19,7 @@ import yaml
 from datasets.utils import disable_progress_bars, enable_progress_bars
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import (
@@ -207,6 +208,8 @@ class TrunkCLI(LightningCLI):
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         check_multi_node_launch(config.get("num_nodes") or 1, plugins)
         check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
+        if self.subcommand in ("validate", "test", "predict"):
+            self._evaluation_only(config)
         configured = config.get("callbacks") or []
         given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
         callbacks = [*callbacks, *run_callbacks(config, given)]
@@ -218,6 +221,27 @@ class TrunkCLI(LightningCLI):
         if run is not None:
             run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
         return trainer
+
+    def _evaluation_only(self, config: dict) -> None:
+        """An evaluation with a training config leaves the training run's folders alone: no checkpoint callback
+        (it saves nothing outside fit, and restoring its state from another folder only warns), and the metrics
+        of validate / test in a folder of their own (``<save_dir>/test/version_N``) rather than a new training
+        version; predict, which logs nothing, opens no log folder at all."""
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        config["callbacks"] = [c for c in configured if not isinstance(c, ModelCheckpoint)]
+        config["enable_checkpointing"] = False
+        if self.subcommand == "predict":
+            config["logger"] = False
+            return
+        loggers = config.get("logger")
+        if loggers is None or loggers is True:
+            loggers = [CSVLogger(config.get("default_root_dir") or ".", name="lightning_logs")]
+        elif loggers is not False:
+            loggers = loggers if isinstance(loggers, list) else [loggers]
+        if loggers:
+            config["logger"] = [CSVLogger(logger.save_dir, name=self.subcommand) if isinstance(logger, CSVLogger) else logger
+                                for logger in loggers]
 
     def _ddp_with_timeout(self, strategy):
         """``ddp*`` strategies named by string get the process-group timeout of fault_tolerance.ddp_timeout_minutes:

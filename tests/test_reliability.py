@@ -152,3 +152,22 @@ def test_one_switch_turns_off_every_progress_bar(tiny_cli_args, tmp_path):
     loud = trunk("fit", *shown, "--trainer.max_steps=2", "--data.tokenizer_vocab_size=310", f"--trainer.default_root_dir={tmp_path / 'b'}",
                  cwd=tmp_path)
     assert loud.returncode == 0 and "examples/s]" in loud.stderr, loud.stderr[-2000:]
+
+
+def test_evaluating_with_the_training_config_leaves_the_training_run_alone(tiny_cli_args, tmp_path):
+    """test / validate / predict with the training config: no new training version, no checkpoint warnings; test and
+    validate metrics in folders of their own, predict in none."""
+    args = [*tiny_cli_args, "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
+            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true"]
+    assert trunk("fit", *args, cwd=tmp_path).returncode == 0
+    run = tmp_path / "run"
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for subcommand in ("test", "validate", "predict"):
+        result = trunk(subcommand, *args, "--ckpt_path=best", f"--predictions.output={tmp_path / 'out'}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "dirpath has changed" not in result.stderr and "won't be reloaded" not in result.stderr, result.stderr
+    after = sorted(p.relative_to(run) for p in run.rglob("*") if p.relative_to(run).parts[0] not in ("test", "validate"))
+    assert after == before  # the training run's folder as it was
+    assert "test/sentiment/acc" in (run / "test" / "version_0" / "metrics.csv").read_text()
+    assert "val/sentiment/acc" in (run / "validate" / "version_0" / "metrics.csv").read_text()
+    assert not (run / "predict").exists()

@@ -15,3 +15,8 @@ class LogConfigCallback(SaveConfigCallback):
         config.pop("config", None)  # the paths of the YAML files themselves
         for logger in trainer.loggers:
             logger.log_hyperparams({"config": config})
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "predict":  # predict logs nothing and opens no log folder: no config.yaml in the training run's
+            return
+        super().setup(trainer, pl_module, stage)
