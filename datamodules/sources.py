@@ -190,7 +190,7 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
     prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
-            if _looks_like_data(ds.column_names):
+            if looks_like_data(ds.column_names):
                 raise ValueError(
                     f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, looks "
                     f"like data rather than a header: if the file has no header row, name its columns with "
@@ -202,7 +202,7 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
             )
 
 
-def _looks_like_data(names: list[str]) -> bool:
+def looks_like_data(names: list[str]) -> bool:
     """Whether a file's "header" is more likely a data row: a number, or a sentence, among the names."""
     return any(str(n).strip().lstrip("-").replace(".", "", 1).isdigit() or len(str(n).split()) > 3 for n in names)
 

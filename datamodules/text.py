@@ -211,6 +211,13 @@ class TaskData:
         """How a user spells one of this task's options: ``data.tasks.<name>.<key>``."""
         return f"data.tasks.{self.name}.{key}"
 
+    def unlabelled(self, role: str, why: str) -> ValueError:
+        """The one error for a split that carries no labels (a test split as GLUE ships it), from a file or the hub."""
+        predict = self.split_specs[role] if self.dataset is None else role
+        return ValueError(f"{self.option(role)} {why}. If it is unlabelled (a test split whose labels are hidden), it cannot be "
+                          f"evaluated: evaluate on a labelled split, and predict this one with `trunk predict --ckpt_path CKPT "
+                          f"--{self.option('predict')}={predict}`, which takes it as it is.")
+
     # -- for subclasses ------------------------------------------------------------------------------
     def prepare(self, role: str) -> None:
         """Read (and encode) one split, once."""

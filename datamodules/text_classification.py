@@ -70,12 +70,11 @@ class TextClassificationData(TextRowsData):
     def targets(self, ds: datasets.Dataset, role: str) -> list[int]:
         feature = ds.features[self.label_column]
         values = column(ds, self.label_column)
+        if values and all(v in (-1, "-1", None, "") for v in values):
+            raise self.unlabelled(role, f"has no labels: every row's '{self.label_column}' is -1 or empty")
         if isinstance(feature, datasets.ClassLabel):
             if -1 in values:
-                raise ValueError(
-                    f"{self.option(role)} has unlabelled rows (label -1, as in hub test splits whose labels are hidden). "
-                    "Evaluate on a labelled split, or use `trunk predict` for unlabelled data."
-                )
+                raise ValueError(f"{self.option(role)} has unlabelled rows (label -1) among labelled ones; remove them.")
             values = [feature.names[v] for v in values]
         index = {name: i for i, name in enumerate(self.label_order)}
         if not isinstance(feature, datasets.ClassLabel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 import torch
-from trunk.datamodules.sources import check_columns, column
+from trunk.datamodules.sources import check_columns, column, looks_like_data
 from trunk.datamodules.text import TextDataModule, pad
 
 
@@ -45,10 +45,15 @@ class TextRowsData(TextDataModule):
         return {"label_column": self.label_column}
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
-        if role != "predict":
-            columns.update(self.target_columns())
-        check_columns(ds, columns, self.option(role))
+        check_columns(ds, {"text_column": self.text_column, "text_pair_column": self.text_pair_column}, self.option(role))
+        if role == "predict":
+            return
+        missing = {option: c for option, c in self.target_columns().items() if c is not None and c not in ds.column_names}
+        if missing and role != "train" and not looks_like_data(ds.column_names):
+            option, name = next(iter(missing.items()))
+            raise self.unlabelled(role, f"has no column '{name}' (set by {self.option(option)}; its columns are {ds.column_names}): "
+                                        f"if the labels are in another column, set {self.option(option)} to it")
+        check_columns(ds, self.target_columns(), self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
         return [c for c in (self.text_column, self.text_pair_column) if c is not None]

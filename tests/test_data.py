@@ -369,7 +369,7 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
     assert member.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
     data.setup("fit")
     assert member._encoded["train"]["label"][:2] == [0, 1]
-    with pytest.raises(ValueError, match="unlabelled rows .* use `trunk predict`"):
+    with pytest.raises(ValueError, match=r"test has no labels: every row's 'label' is -1 .* `trunk predict .*--data.tasks.sst.predict=test`"):
         data.setup("test")
 
 

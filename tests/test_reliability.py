@@ -171,3 +171,26 @@ def test_evaluating_with_the_training_config_leaves_the_training_run_alone(tiny_
     assert "test/sentiment/acc" in (run / "test" / "version_0" / "metrics.csv").read_text()
     assert "val/sentiment/acc" in (run / "validate" / "version_0" / "metrics.csv").read_text()
     assert not (run / "predict").exists()
+
+
+# -- files as they ship -----------------------------------------------------------------------------------------------------
+def test_an_unlabelled_test_file_gets_one_message_and_predicts_as_it_is(tiny_cli_args, sentiment_files, tmp_path):
+    """GLUE-style test files: labels -1, or no label column at all (with an index column). Evaluating them is one
+    message, the same for files and the hub; `trunk predict` takes them unchanged."""
+    import csv
+
+    with sentiment_files["test"].open() as f:
+        texts = [row["text"] for row in csv.DictReader(f)]
+    minus_one = write_rows(tmp_path / "minus_one.tsv", [{"text": t, "label": -1} for t in texts])
+    no_column = write_rows(tmp_path / "no_column.tsv", [{"index": i, "text": t} for i, t in enumerate(texts)])
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
+    ckpt = fit.trainer.checkpoint_callback.best_model_path
+    for hidden, why in ((minus_one, "has no labels: every row's 'label' is -1 or empty"), (no_column, "has no column 'label'")):
+        result = trunk("test", *tiny_cli_args, f"--data.tasks.sentiment.test={hidden}", f"--ckpt_path={ckpt}", cwd=tmp_path)
+        line = one_line_error(result)
+        assert why in line and f"predict this one with `trunk predict --ckpt_path CKPT --data.tasks.sentiment.predict={hidden}`" in line
+        out = tmp_path / f"{hidden.stem}.jsonl"
+        predicted = trunk("predict", *tiny_cli_args, f"--data.tasks.sentiment.predict={hidden}", f"--ckpt_path={ckpt}",
+                          f"--predictions.output={out}", cwd=tmp_path)
+        assert predicted.returncode == 0, predicted.stderr[-2000:]
+        assert len(out.read_text().splitlines()) == len(texts)
