@@ -22,7 +22,7 @@ import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import datasets
 import pyarrow.compute as pc
@@ -105,6 +105,8 @@ def checked_label_names(names: Sequence | None, option: str = "label_names") -> 
     return stripped
 
 
+PAIR_CUTS = {"longest_first": "pairs lose tokens from the longer text first", "only_first": "pairs lose tokens from the first text only",
+             "only_second": "pairs lose tokens from the second text only"}
 CHUNK = 1000  # rows per datasets.map batch
 NOTES = "__trunk_notes__"  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
 RAW = "__raw__"  # prefix of the raw columns while they are encoded
@@ -324,6 +326,9 @@ class TextDataModule(TaskData):
 
     Args:
         max_length: longer inputs are truncated (with one warning per split).
+        truncation: which side of a text pair is cut to fit ``max_length``: ``longest_first`` (a token from the
+            longer text at a time, the tokenizers' default), ``only_first`` or ``only_second`` (keep the other whole;
+            an error if that alone is too long). Single texts are cut at the end; QA windows its context instead.
         bucket_by_length: batch training examples of similar length together.
         num_proc: processes that encode a split (``datasets.map``'s ``num_proc``); unset: one, whose
             tokenizer already runs on every core.
@@ -334,11 +339,15 @@ class TextDataModule(TaskData):
     # Options that change how batches are drawn, not what a split encodes to: not part of the cache key.
     not_encoding: ClassVar[frozenset[str]] = frozenset({"batch_size", "eval_batch_size", "num_workers", "num_proc", "bucket_by_length", "name"})
 
-    def __init__(self, max_length: int = 128, bucket_by_length: bool = False, num_proc: int | None = None, **kwargs) -> None:
+    def __init__(self, max_length: int = 128, truncation: Literal["longest_first", "only_first", "only_second"] = "longest_first",
+                 bucket_by_length: bool = False, num_proc: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         if num_proc is not None and num_proc < 1:
             raise ValueError(f"num_proc must be >= 1 (processes that encode a split), got {num_proc}.")
+        if truncation not in PAIR_CUTS:
+            raise ValueError(f"truncation={truncation!r}: choose one of {list(PAIR_CUTS)}.")
         self.max_length = max_length
+        self.truncation = truncation
         self.bucket_by_length = bucket_by_length
         self.num_proc = num_proc
         self._raw: dict[str, datasets.Dataset] = {}
@@ -438,18 +447,30 @@ class TextDataModule(TaskData):
         """Encode texts (str, (str, str) pairs, or word lists with ``is_pretokenized``), truncating
         to max_length with one warning per split."""
         tokenizer = self.tokenizer
-        tokenizer.enable_truncation(self.max_length)
-        encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
-        self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role)
+        pairs = bool(texts) and isinstance(texts[0], tuple)
+        tokenizer.enable_truncation(self.max_length, strategy=self.truncation if pairs else "longest_first")
+        try:
+            encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
+        except Exception as err:  # tokenizers: "Truncation error: Second sequence not long enough to be truncated"
+            if "Truncation error" not in str(err):
+                raise
+            raise ValueError(f"{self.option(role)}: with {self.option('truncation')}={self.truncation}, a pair's other text alone is "
+                             f"longer than {self.option('max_length')}={self.max_length} ({err}). Use truncation: longest_first, or a "
+                             "larger max_length.") from None
+        self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role, pairs=pairs)
         return encodings
 
-    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", words_lost: int | None = None) -> None:
+    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", words_lost: int | None = None,
+                       pairs: bool = False) -> None:
         """One warning for the examples of a split cut to ``option`` tokens (``words_lost``: NER words left without
-        sub-tokens). While a split is encoded in chunks, the counts are collected and summed (``report_truncation``)."""
+        sub-tokens; ``pairs``: text pairs, cut as ``truncation`` says). While a split is encoded in chunks, the counts
+        are collected and summed (``report_truncation``)."""
         if self._notes is not None:
-            self._notes.append([truncated, total, role, option, words_lost])
+            self._notes.append([truncated, total, role, option, words_lost, pairs])
         elif truncated:
             consequence = "" if words_lost is None else f" ({words_lost} words lost their sub-tokens: they are predicted O, and scored so)"
+            if pairs:
+                consequence += f" ({PAIR_CUTS[self.truncation]}: {self.option('truncation')}={self.truncation})"
             rank_zero_warn(
                 f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
                 f"tokens and were truncated{consequence}. Raise {self.option(option)} to keep them whole; it may not exceed "
@@ -460,13 +481,13 @@ class TextDataModule(TaskData):
     def report_truncation(self, notes: list) -> None:
         """Warn once per (split, option) for the truncation counts collected over a split's chunks."""
         totals: dict = {}
-        for truncated, total, role, option, words_lost in notes:
-            entry = totals.setdefault((role, option), [0, 0, None])
+        for truncated, total, role, option, words_lost, *pairs in notes:
+            entry = totals.setdefault((role, option, bool(pairs and pairs[0])), [0, 0, None])
             entry[0], entry[1] = entry[0] + truncated, entry[1] + total
             if words_lost is not None:
                 entry[2] = (entry[2] or 0) + words_lost
-        for (role, option), (truncated, total, words_lost) in totals.items():
-            self.warn_truncated(truncated, total, role, option, words_lost)
+        for (role, option, pairs), (truncated, total, words_lost) in totals.items():
+            self.warn_truncated(truncated, total, role, option, words_lost, pairs)
 
     # -- TaskData --------------------------------------------------------------------------------
     def info(self) -> dict:

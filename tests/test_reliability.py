@@ -194,3 +194,28 @@ def test_an_unlabelled_test_file_gets_one_message_and_predicts_as_it_is(tiny_cli
                           f"--predictions.output={out}", cwd=tmp_path)
         assert predicted.returncode == 0, predicted.stderr[-2000:]
         assert len(out.read_text().splitlines()) == len(texts)
+
+
+@pytest.mark.parametrize("truncation, first, second", [("longest_first", 10, 11), ("only_first", 1, 20), ("only_second", 20, 1)])
+def test_the_side_of_a_pair_that_is_cut_is_chosen_and_reported(truncation, first, second, tmp_path):
+    from trunk.datamodules import MultiTaskData, TextClassificationData
+
+    rows = [{"premise": "a " * 20, "hypothesis": "b " * 20, "label": i % 2} for i in range(8)]
+    member = TextClassificationData(train=str(write_rows(tmp_path / "pairs.csv", rows)), text_column="premise",
+                                    text_pair_column="hypothesis", max_length=24, truncation=truncation)
+    data = MultiTaskData({"nli": member}, tokenizer_vocab_size=300)
+    with pytest.warns(UserWarning, match=rf"8 of 8 examples .* truncated \(pairs lose tokens from .*data.tasks.nli.truncation={truncation}\)"):
+        data.setup("fit")
+    ids = member._encoded["train"]["input_ids"][0]
+    a, b = member.tokenizer.token_to_id("a"), member.tokenizer.token_to_id("b")
+    assert (ids.count(a), ids.count(b)) == (first, second)  # 24 = [CLS] + a's + [SEP] + b's + [SEP]
+
+
+def test_a_pair_whose_kept_side_alone_is_too_long_is_named(tmp_path):
+    from trunk.datamodules import MultiTaskData, TextClassificationData
+
+    rows = [{"premise": "a " * 30, "hypothesis": "b", "label": i % 2} for i in range(8)]
+    member = TextClassificationData(train=str(write_rows(tmp_path / "pairs.csv", rows)), text_column="premise",
+                                    text_pair_column="hypothesis", max_length=24, truncation="only_second")
+    with pytest.raises(ValueError, match=r"data.tasks.nli.train: with data.tasks.nli.truncation=only_second, a pair's other text alone"):
+        MultiTaskData({"nli": member}, tokenizer_vocab_size=300).setup("fit")
