@@ -173,8 +173,29 @@ class TrunkCLI(LightningCLI):
         strategy = config.trainer.get("strategy")
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
+        self._defaults_from_the_config(config)
         if config.get("ckpt_path") in ("last", "best"):
             config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
+
+    @staticmethod
+    def _defaults_from_the_config(config) -> None:
+        """Values a recipe need not repeat, so renaming a task or copying a recipe is one edit: the run's folder is
+        runs/<config file name> (trainer.default_root_dir; the default logger writes under it), and a
+        ModelCheckpoint with no monitor keeps the best val/score (the mean of the tasks' primary metrics, higher is
+        better) when the run validates and it saves at validation (not every N steps, between validations)."""
+        files = [Path(str(path)) for path in config.get("config") or []]
+        if config.trainer.get("default_root_dir") is None and files:
+            config.trainer.default_root_dir = str(Path("runs") / files[-1].stem)
+        validates = any((task.get("init_args") or {}).get("validation") or (task.get("init_args") or {}).get("val_fraction")
+                        for task in (config.data.get("tasks") or {}).values() if hasattr(task, "get"))
+        callbacks = config.trainer.get("callbacks") or []
+        for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+            if not (validates and str(callback.get("class_path", "")).endswith(".ModelCheckpoint")):
+                continue
+            options = callback.get("init_args") or {}
+            by_steps = options.get("every_n_train_steps") or options.get("train_time_interval")  # saves between validations
+            if options.get("monitor") is None and not by_steps:
+                callback.init_args.monitor, callback.init_args.mode = "val/score", "max"
 
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best
