@@ -39,7 +39,7 @@ from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, Trai
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import export_checkpoint
-from trunk.tasks.run import RunSourceError, resolve
+from trunk.tasks.run import RunSourceError, resolve, resume_changes
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -119,6 +119,8 @@ class TrunkCLI(LightningCLI):
                                reinit_mismatched_heads=reinit, **reuse)
         except RunSourceError as err:
             sys.exit(f"error: {err}")
+        if self.subcommand == "fit" and self.run.checkpoint is not None:
+            self._check_resume(options, ckpt_path)
         self.run.say()
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
@@ -243,6 +245,21 @@ class TrunkCLI(LightningCLI):
             run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
         return trainer
 
+    def _check_resume(self, model_options: dict, ckpt_path: str) -> None:
+        """A resume continues the saved run: its model, optimizer and schedule as saved, its batches in their order.
+        Changed options that would misalign the batches are refused; changed model options, which the saved ones
+        override, are named in a warning. Trainer options (max_epochs / max_steps to train longer, devices,
+        precision, logging) and evaluation-only data options are honoured."""
+        model, data = resume_changes(self.run.checkpoint, model_options, dict(self.datamodule.hparams))
+        fresh = f"or start a new run from its weights with --model.init_from={ckpt_path} (a fresh optimizer and schedule) instead of --ckpt_path"
+        if data:
+            sys.exit(f"error: --ckpt_path resumes the saved run mid-stream, but these options would give it other batches than it "
+                     f"was trained on (the resumed epoch would skip or repeat batches and miss validations): {'; '.join(data)}. "
+                     f"Resume with the saved values, {fresh}.")
+        if model:
+            rank_zero_warn(f"Resuming from {ckpt_path} continues the saved run's model, optimizer and schedule; this config's "
+                           f"changes to them are not used: {'; '.join(model)}. Resume with the saved values, {fresh}.")
+
     def _evaluation_only(self, config: dict) -> None:
         """An evaluation with a training config leaves the training run's folders alone: no checkpoint callback
         (it saves nothing outside fit, and restoring its state from another folder only warns), and the metrics
@@ -283,6 +300,9 @@ class TrunkCLI(LightningCLI):
         version_dir = ckpt_path.resolve().parent.parent
         if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
             return  # a checkpoint kept elsewhere: the loggers pick their directories as for a new run
+        # Lightning's notes that the folders "exist and are not empty" are the point of a resume here (the CSV history
+        # is kept: _keep_csv_history), not a problem
+        warnings.filterwarnings("ignore", message=r"(Experiment logs|Checkpoint) directory .* exists and is not empty")
         for logger in trainer.loggers:
             if hasattr(logger, "_version") and Path(logger.root_dir).resolve() == version_dir.parent:
                 logger._version = int(version_dir.name.removeprefix("version_"))

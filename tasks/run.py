@@ -102,6 +102,42 @@ def checkpoint_options(ckpt: dict, configured: dict) -> dict:
     return {**options, "tasks": tasks}
 
 
+# Data options that decide which batches a run trains on, in which order: a resumed run replays the saved run's stream
+# and skips the batches already trained on, so with other values it would skip or repeat batches and miss validations.
+STREAM_OPTIONS = ("train", "batch_size", "max_length", "val_fraction", "hold_out_by", "select", "dataset", "dataset_config",
+                  "column_names", "file_type", "documents", "text_column", "text_pair_column", "label_column", "bucket_by_length",
+                  "sampling", "temperature", "weights", "anneal_to", "steps_per_epoch", "seed", "tokenizer", "tokenizer_vocab_size")
+
+
+def _leaves(value, prefix: str = "") -> dict:
+    """Nested plain options as ``{"optimizer.lr": 0.001, ...}``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if hasattr(value, "spec") and callable(value.spec):  # an objective
+        value = value.spec()
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _leaves(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): list(value) if isinstance(value, tuple) else value}
+
+
+def resume_changes(ckpt: dict, model_options: dict, data_options: dict) -> tuple[list[str], list[str]]:
+    """What a resumed run's config changes against the checkpoint it resumes: (model options, which the saved run's
+    values override, and stream options, which would misalign the resumed epoch), each as ``name: saved -> configured``."""
+    def differ(saved: dict, configured: dict, keep) -> list[str]:
+        return [f"{key}: {saved[key]!r} -> {configured[key]!r}" for key in sorted(set(saved) & set(configured))
+                if keep(key) and saved[key] != configured[key]]
+
+    saved = _leaves({k: v for k, v in stored_options(ckpt).items()})
+    configured = _leaves({k: v for k, v in model_options.items() if k in stored_options(ckpt)})
+    inference = {f"tasks.{name}.init_args.{option}" for name, o in (model_options.get("tasks") or {}).items()
+                 for option in as_objective(o).inference_options}
+    model = differ(saved, configured, lambda key: key not in inference and key != "trunk.vocab_size")
+    stored_data = ckpt.get("datamodule_hyper_parameters") or {}
+    data = differ(_leaves(stored_data, "data."), _leaves(data_options, "data."),
+                  lambda key: key.split(".")[-1] in STREAM_OPTIONS and not key.startswith("data._"))
+    return [f"model.{line}" for line in model], data
+
+
 def fit_lengths(data, max_len: int, fixed_by: str | None) -> list[str]:
     """The one length rule: no task reads or writes more tokens than the trunk's position table holds.
     Trained weights fix the table (``fixed_by`` names them): longer lengths are lowered to it, and the

@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,21 @@ def test_a_recipe_names_its_task_once_and_the_run_folder_and_monitor_follow(sent
     assert (callback.monitor, callback.mode) == ("val/score", "max")
     assert Path(callback.best_model_path).resolve().is_relative_to((tmp_path / "runs" / "movie_reviews").resolve())
     assert (tmp_path / "runs" / "movie_reviews" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+# -- resuming --------------------------------------------------------------------------------------------------------------
+def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the_first_config(tiny_cli_args, tmp_path):
+    run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=3"])
+    with pytest.raises(SystemExit, match=r"other batches .*data.data_tasks.sentiment.init_args.batch_size: 32 -> 16.* --model.init_from="):
+        run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=6", "--data.tasks.sentiment.batch_size=16", "--ckpt_path=last"])
+    with pytest.warns(UserWarning, match=r"changes to them are not used: model.optimizer.lr: 0.0005 -> 0.01"):
+        run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=5", "--model.optimizer.lr=0.01", "--ckpt_path=last"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*changes to them are not used.*")
+        resumed = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=7", "--ckpt_path=last"])  # the same config: no note
+    assert resumed.trainer.global_step == 7
+    version = tmp_path / "run" / "lightning_logs" / "version_0"
+    assert sorted(p.name for p in version.glob("config*.yaml")) == ["config.resume1.yaml", "config.resume2.yaml", "config.yaml"]
+    assert "max_steps: 3" in (version / "config.yaml").read_text()  # the first run's, as written
+    lines = (version / "metrics.csv").read_text().splitlines()
+    assert len(lines) > 2 and lines[0].startswith(("epoch", "lr-", "perf", "step", "train", "val"))  # the history, kept
