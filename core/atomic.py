@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -51,9 +52,22 @@ def fsync_tree(directory: Path) -> None:
     fsync_directory(directory)
 
 
+class DiskFull(OSError):
+    """A write that ran out of space: what was not written, and what was kept."""
+
+
+def _out_of_space(err: BaseException, directory: Path) -> bool:
+    # torch.save reports a full disk as a RuntimeError of its zip writer ("file write failed", "unexpected pos ..."):
+    # taken as one when the partial file has left the disk (nearly) without room
+    if isinstance(err, OSError):
+        return err.errno == errno.ENOSPC
+    return isinstance(err, RuntimeError) and shutil.disk_usage(directory).free < 2**20
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """``with atomic_path(p) as tmp: write(tmp)``: the content appears at ``p`` whole, or not at all."""
+    """``with atomic_path(p) as tmp: write(tmp)``: the content appears at ``p`` whole, or not at all. A full disk
+    is a ``DiskFull`` error that says where, and that the previous file (if any) is kept."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
@@ -64,6 +78,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_directory(path.parent)
+    except (OSError, RuntimeError) as err:
+        if not _out_of_space(err, path.parent):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        free = shutil.disk_usage(path.parent).free
+        kept = f"the previous '{path.name}' there is kept as it was" if path.exists() else "nothing was there before"
+        full = DiskFull(f"The disk holding '{path.parent}' is full ({free / 2**20:.1f} MiB free): '{path.name}' was not "
+                                     f"written, and {kept}. Free some space or write elsewhere (trainer.default_root_dir), "
+                        "then resume with --ckpt_path last.")
+        full.errno = errno.ENOSPC
+        raise full from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

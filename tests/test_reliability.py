@@ -2,6 +2,7 @@
 is wrong and the fix, and nothing the user wrote is lost."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -259,3 +260,32 @@ def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the
     assert "max_steps: 3" in (version / "config.yaml").read_text()  # the first run's, as written
     lines = (version / "metrics.csv").read_text().splitlines()
     assert len(lines) > 2 and lines[0].startswith(("epoch", "lr-", "perf", "step", "train", "val"))  # the history, kept
+
+
+# -- faults -------------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs: a real disk that fills up (needs the right to mount, as root in a container)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tiny_cli_args, small_disk, tmp_path):
+    from trunk.core.checkpoint import load_checkpoint
+
+    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={small_disk / 'run'}",
+                                                                       "--fault_tolerance.save_every_steps=2"]
+    assert trunk("fit", *args, "--trainer.max_steps=2", cwd=tmp_path).returncode == 0
+    [last] = (small_disk / "run").rglob("last.ckpt")
+    before = last.read_bytes()
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 64 * 1024))  # the disk as good as full
+    result = trunk("fit", *args, "--trainer.max_steps=6", "--ckpt_path=last", cwd=tmp_path)
+    line = one_line_error(result)
+    assert f"The disk holding '{last.parent}' is full" in line and "the previous 'last.ckpt' there is kept as it was" in line, line
+    assert last.read_bytes() == before and load_checkpoint(last)["global_step"] == 2
+    assert not [p for p in last.parent.iterdir() if ".tmp" in p.name]  # no partial file left taking the space
