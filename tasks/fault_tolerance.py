@@ -6,7 +6,9 @@
   - a checkpoint (``last.ckpt``) at least every ``save_every_minutes`` of training, every
     ``save_every_steps`` steps if set, and at the last step;
   - SIGTERM (a scheduler's preemption) and SIGINT (Ctrl+C) finish the current step, save, print the
-    command that resumes, and exit with 128 + the signal number (143, 130); a second Ctrl+C stops at once;
+    command that resumes, and exit with 128 + the signal number (143, 130); a second Ctrl+C stops at once.
+    During a validation they stop after the current batch and save the step before it; during the
+    sanity check, validate, test or predict they stop after the current batch (nothing to save);
   - a non-finite loss or gradient is never applied: the run stops with an error naming the step and
     the task (or skips up to ``skip_bad_batches`` such steps), so no checkpoint ever holds NaN weights;
   - the random state (dropout) is saved and restored, so a resumed run continues exactly as the
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import shlex
@@ -86,6 +89,8 @@ class FaultTolerance(Callback):
         self._last_save = (time.monotonic(), -1)  # (when, global step)
         self._loss: torch.Tensor | None = None
         self._task: str | None = None
+        self._before_validation: tuple[dict, dict] | None = None  # (loops, random state) at the start of fit's validation
+        self._saving_mid_validation = False
 
     # -- where ---------------------------------------------------------------------------------------
     @staticmethod
@@ -111,9 +116,19 @@ class FaultTolerance(Callback):
             callback.last_model_path = str(path)  # the same file: it replaces it, rather than writing last-v1.ckpt
 
     # -- signals ---------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # From the start of every stage (the sanity check, validate, test, predict): Lightning's own SIGTERM
+        # handler, registered after this, calls this one too
+        self._signal = None
+        self._install_handlers()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._signal, self._last_save = None, (time.monotonic(), trainer.global_step)
-        if threading.current_thread() is threading.main_thread():  # replaces Lightning's SIGTERM handler
+        self._restore_handlers()
+        self._install_handlers()  # alone while training: Lightning's would stop the step loop on its own terms
+
+    def _install_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread() and not self._previous_handlers:
             self._previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in EXIT_CODES}
 
     def _on_signal(self, signum: int, frame) -> None:
@@ -133,8 +148,52 @@ class FaultTolerance(Callback):
         if self._last_save[1] != trainer.global_step:
             self.save(trainer)  # the final steps are never lost
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
+
+    # -- a signal while evaluating: stop within a batch, not after the whole pass -------------------------
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Before a validation inside fit: the loops' and the random state as a checkpoint of the step just trained
+        holds them, for a save that a signal may ask for halfway through this validation."""
+        self._before_validation = None
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._before_validation = (copy.deepcopy(trainer.fit_loop.state_dict()), self._random_state())
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._stop_if_signalled(trainer, pl_module)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._stop_if_signalled(trainer, pl_module)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._stop_if_signalled(trainer, pl_module)
+
+    def _stop_if_signalled(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        flag = torch.tensor([float(self._signal or 0)], device=pl_module.device)
+        if trainer.world_size > 1:
+            flag = trainer.strategy.reduce(flag, reduce_op="max")  # every process stops at the same batch
+        signum = int(flag[0])
+        if not signum:
+            return
+        if self._before_validation is None:  # the sanity check, validate, test, predict: nothing to save
+            if trainer.is_global_zero:
+                print(f"Stopped during {trainer.state.stage}; nothing to save.", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_CODES.get(signum, 128 + signum))
+        self._saving_mid_validation = True  # the checkpoint of the step before this validation (on_save_checkpoint)
+        try:
+            self.save(trainer)
+        finally:
+            self._saving_mid_validation = False
+        self._stop(trainer, signum)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._saving_mid_validation and self._before_validation is not None:
+            # as if saved at the end of the step: a resume trains on from there (the interrupted validation is not
+            # counted half-done, which would resume it with metrics over its second half only)
+            checkpoint["loops"]["fit_loop"] = self._before_validation[0]
 
     # -- every step ----------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -212,7 +271,12 @@ class FaultTolerance(Callback):
 
     # -- random state: a resumed run draws the same dropout masks as the uninterrupted one ---------------
     def state_dict(self) -> dict:
-        state = {"torch": torch.get_rng_state(), "python": random.getstate(), "skipped": self.skipped}
+        random_state = self._before_validation[1] if self._saving_mid_validation and self._before_validation else self._random_state()
+        return {**random_state, "skipped": self.skipped}
+
+    @staticmethod
+    def _random_state() -> dict:
+        state = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state

@@ -39,3 +39,29 @@ class StallAt(Callback):
             import time
 
             time.sleep(self.seconds)
+
+
+class SignalDuringValidation(Callback):
+    """A validation that takes ``seconds`` per batch (a long one, for real), and a signal to this process at its
+    ``batch``-th batch; the time of the signal goes to ``stamp`` (a file), for the test to measure the stop."""
+
+    def __init__(self, stamp: str, batch: int = 2, seconds: float = 1.0, signum: int = int(signal.SIGTERM),
+                 stage: str = "validate") -> None:
+        self.stamp, self.batch, self.seconds, self.signum, self.stage = stamp, batch, seconds, signum, stage
+
+    def _maybe(self, trainer, batch_idx: int) -> None:
+        import time
+
+        time.sleep(self.seconds)
+        if batch_idx == self.batch and not os.path.exists(self.stamp):
+            with open(self.stamp, "w") as f:
+                f.write(f"{time.time()} {trainer.global_step}")
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.stage == ("sanity" if trainer.sanity_checking else "validate"):
+            self._maybe(trainer, batch_idx)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.stage == "test":
+            self._maybe(trainer, batch_idx)

@@ -188,3 +188,39 @@ def test_a_stalled_process_under_ddp_is_an_error_on_every_process_not_a_hang(sen
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: a collective between the processes")]
     assert len(errors) == 2, result.stderr[-3000:]  # each process says it, neither hangs
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("stage", ["validate", "sanity", "test"])
+def test_sigterm_during_a_long_evaluation_stops_within_a_batch(stage, sentiment_files, ner_files, tmp_path):
+    """SIGTERM halfway through a validation of 1 s a batch (inside fit, in the sanity check, or in `trunk test`): the
+    process exits 143 after the current batch, not after the pass. Inside fit it saves the step before the
+    validation, and the resumed run ends bit-identical to an uninterrupted one."""
+    import time
+
+    stamp = tmp_path / "signalled"
+    slow = ["--trainer.callbacks+=faults.SignalDuringValidation", f"--trainer.callbacks.stamp={stamp}",
+            f"--trainer.callbacks.stage={stage}", "--trainer.callbacks.seconds=1.0", "--trainer.callbacks.batch=1"]
+    root = tmp_path / "run"
+    args = fit_args(root, sentiment_files, ner_files, epochs=1)
+    # 16 + 10 batches of 1 s; a validation after step 10, with 31 steps to train after it
+    evaluation = ["--data.tasks.sentiment.eval_batch_size=4", "--data.tasks.ner.eval_batch_size=4", "--trainer.val_check_interval=10",
+                  "--trainer.num_sanity_val_steps=2"]
+    if stage == "test":
+        assert trunk([*args, "--trainer.max_steps=3"], tmp_path).returncode == 0
+        args = ["test", *args[1:], f"--ckpt_path={last(root)}"]
+    result = trunk([*args, *evaluation, *slow], tmp_path)
+    ended = time.time()
+    assert result.returncode == 143, result.stderr[-3000:]
+    signalled, step = stamp.read_text().split()
+    assert ended - float(signalled) < 10, f"stopped {ended - float(signalled):.1f} s after the signal"
+    if stage != "validate":
+        assert "nothing to save" in result.stderr
+        return
+    saved = torch.load(last(root), weights_only=True)
+    assert saved["global_step"] == int(step)
+    resumed = trunk([*fit_args(root, sentiment_files, ner_files, epochs=1), *evaluation, "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight = trunk([*fit_args(tmp_path / "straight", sentiment_files, ner_files, epochs=1), *evaluation], tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    a, b = weights(last(root)), weights(last(tmp_path / "straight"))
+    assert all(torch.equal(a[k], b[k]) for k in b)
