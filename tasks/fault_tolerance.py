@@ -271,7 +271,13 @@ class FaultTolerance(Callback):
 
     # -- random state: a resumed run draws the same dropout masks as the uninterrupted one ---------------
     def state_dict(self) -> dict:
+        """Every process's random state (each draws its own dropout masks): gathered to the first, which writes
+        the checkpoint; each process restores its own."""
         random_state = self._before_validation[1] if self._saving_mid_validation and self._before_validation else self._random_state()
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, random_state)  # every process saves (dump_checkpoint runs on each)
+            return {**random_state, "ranks": ranks, "skipped": self.skipped}
         return {**random_state, "skipped": self.skipped}
 
     @staticmethod
@@ -283,6 +289,14 @@ class FaultTolerance(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.skipped = state.get("skipped", 0)
+        ranks = state.get("ranks")
+        if ranks:
+            rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+            if len(ranks) != (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1):
+                rank_zero_warn(f"The checkpoint holds the random state of {len(ranks)} processes, and this run has another number: "
+                               "it resumes from the same weights and data position, but draws other dropout masks than the "
+                               "uninterrupted run would have.")
+            state = {**state, **ranks[rank % len(ranks)]}
         if "torch" in state:
             torch.set_rng_state(state["torch"])
         if "python" in state:

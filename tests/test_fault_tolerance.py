@@ -224,3 +224,25 @@ def test_sigterm_during_a_long_evaluation_stops_within_a_batch(stage, sentiment_
     assert straight.returncode == 0, straight.stderr[-3000:]
     a, b = weights(last(root)), weights(last(tmp_path / "straight"))
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_preempted_ddp_run_resumes_bit_identical_with_every_processs_random_state(sentiment_files, ner_files, tmp_path):
+    """Two gloo processes with dropout: SIGTERM to the first at step 7 (both save and stop), resume with --ckpt_path last.
+    Each process restores its own random state, so the dropout masks and the final weights equal the uninterrupted run's."""
+    def ddp_args(root: Path) -> list[str]:
+        args = [a for a in fit_args(root, sentiment_files, ner_files, epochs=1) if not a.startswith("--trainer.devices")]
+        return [*args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--model.trunk.dropout=0.2"]
+
+    straight = trunk(ddp_args(tmp_path / "straight"), tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    root = tmp_path / "run"
+    stopped = trunk([*ddp_args(root), *signal_at(7, signal.SIGTERM)], tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    saved = torch.load(last(root), weights_only=False)
+    assert saved["global_step"] == 7
+    states = saved["callbacks"]["FaultTolerance"]["ranks"]
+    assert len(states) == 2 and not torch.equal(states[0]["torch"], states[1]["torch"])  # the processes' own states
+    resumed = trunk([*ddp_args(root), "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = weights(last(root)), weights(last(tmp_path / "straight"))
+    assert all(torch.equal(a[k], b[k]) for k in b)
