@@ -35,7 +35,7 @@ from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
-from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged
+from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged, slurm_job_id
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import export_checkpoint
@@ -176,6 +176,10 @@ class TrunkCLI(LightningCLI):
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
         self._defaults_from_the_config(config)
+        if self.subcommand == "fit" and config.get("ckpt_path") is None and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 \
+                and any(Path(config.trainer.get("default_root_dir") or ".").rglob("last.ckpt")):
+            print(f"SLURM job {slurm_job_id()} restarted (requeued {os.environ['SLURM_RESTART_COUNT']} times): resuming.", file=sys.stderr)
+            config.ckpt_path = "last"  # a requeued job runs its command again: it continues where it was stopped
         if config.get("ckpt_path") in ("last", "best"):
             config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
 

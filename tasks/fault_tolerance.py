@@ -8,7 +8,9 @@
   - SIGTERM (a scheduler's preemption) and SIGINT (Ctrl+C) finish the current step, save, print the
     command that resumes, and exit with 128 + the signal number (143, 130); a second Ctrl+C stops at once.
     During a validation they stop after the current batch and save the step before it; during the
-    sanity check, validate, test or predict they stop after the current batch (nothing to save);
+    sanity check, validate, test or predict they stop after the current batch (nothing to save).
+    SIGUSR1 (SLURM's notice of preemption) does the same, then requeues the job (``scontrol requeue``);
+    the requeued job's `trunk fit` resumes from ``last.ckpt`` by itself (exit 138);
   - a non-finite loss or gradient is never applied: the run stops with an error naming the step and
     the task (or skips up to ``skip_bad_batches`` such steps), so no checkpoint ever holds NaN weights;
   - the random state (dropout) is saved and restored, so a resumed run continues exactly as the
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -36,7 +40,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 from trunk.core.atomic import atomic_write
 from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, tensor_digest
 
-EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+# SIGUSR1: SLURM's advance notice of preemption (#SBATCH --signal=USR1@90): save, requeue the job, stop
+EXIT_CODES = {sig: 128 + sig for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None}
+
+
+def slurm_job_id() -> str | None:
+    """The SLURM job this process runs in (an array task as <array job>_<task>), or None."""
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -267,7 +279,23 @@ class FaultTolerance(Callback):
         elif trainer.is_global_zero:
             print(f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk fit {shlex.join(args)} --ckpt_path={last}",
                   file=sys.stderr, flush=True)
+            if signum == getattr(signal, "SIGUSR1", None) and slurm_job_id():
+                self._requeue(slurm_job_id())
         raise SystemExit(EXIT_CODES.get(signum, 128 + signum))
+
+    @staticmethod
+    def _requeue(job: str) -> None:
+        """Put the SLURM job back in the queue; when it starts again, `trunk fit` resumes from last.ckpt by itself."""
+        try:
+            done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            print(f"Could not requeue SLURM job {job} ({err}): resubmit it with --ckpt_path last.", file=sys.stderr, flush=True)
+            return
+        if done.returncode == 0:
+            print(f"Requeued SLURM job {job}: it resumes from the checkpoint when it starts again.", file=sys.stderr, flush=True)
+        else:
+            print(f"`scontrol requeue {job}` failed ({done.stderr.strip()[:200]}): resubmit the job with --ckpt_path last.",
+                  file=sys.stderr, flush=True)
 
     # -- random state: a resumed run draws the same dropout masks as the uninterrupted one ---------------
     def state_dict(self) -> dict:

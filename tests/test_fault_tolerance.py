@@ -31,8 +31,8 @@ def fit_args(root: Path, sentiment_files, ner_files, epochs: int = 2) -> list[st
             "--fault_tolerance.save_every_steps=5", "--data.sampling=temperature"]
 
 
-def trunk(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+def trunk(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]), **(env or {})}
     return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=env)
 
@@ -246,3 +246,26 @@ def test_a_preempted_ddp_run_resumes_bit_identical_with_every_processs_random_st
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = weights(last(root)), weights(last(tmp_path / "straight"))
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_slurm_preemption_notice_saves_requeues_and_the_requeued_job_resumes_by_itself(sentiment_files, ner_files, tmp_path):
+    """SIGUSR1 (SLURM's notice, `#SBATCH --signal=USR1@90`) at step 7: the step is saved, `scontrol requeue <job>` is
+    called (a fake scontrol on PATH records it), the exit status is 138. The same command in the requeued job
+    (SLURM_RESTART_COUNT=1) resumes from last.ckpt by itself and ends with the uninterrupted run's weights."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.log"
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    slurm = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    root = tmp_path / "run"
+    args = fit_args(root, sentiment_files, ner_files, epochs=1)
+    noticed = trunk([*args, *signal_at(7, signal.SIGUSR1)], tmp_path, env=slurm)
+    assert noticed.returncode == 128 + signal.SIGUSR1, noticed.stderr[-3000:]
+    assert calls.read_text().split() == ["requeue", "4242"] and "Requeued SLURM job 4242" in noticed.stderr
+    assert torch.load(last(root), weights_only=True)["global_step"] == 7
+    requeued = trunk(args, tmp_path, env={**slurm, "SLURM_RESTART_COUNT": "1"})  # the job's command, unchanged
+    assert requeued.returncode == 0 and "resuming" in requeued.stderr, requeued.stderr[-3000:]
+    straight = trunk(fit_args(tmp_path / "straight", sentiment_files, ner_files, epochs=1), tmp_path)
+    a, b = weights(last(root)), weights(last(tmp_path / "straight"))
+    assert straight.returncode == 0 and all(torch.equal(a[k], b[k]) for k in b)
