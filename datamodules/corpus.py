@@ -15,19 +15,20 @@ import torch
 from datasets.arrow_writer import ArrowWriter
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 from trunk.datamodules.sources import (
+    FILE_FORMATS,
     check_columns,
     column,
     empty_split_error,
+    expand_sources,
     file_format,
-    FILE_FORMATS,
     load_split,
     read_conll,
     stream_rows,
     text_lines,
 )
 from trunk.datamodules.text import CHUNK, TextDataModule, pad
-from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 
 
 class TokenMasker:
@@ -142,7 +143,7 @@ class CorpusData(TextDataModule):
 
     # -- documents -------------------------------------------------------------------------------
     def load(self, spec: str | list[str], role: str) -> datasets.Dataset:
-        texts = [text for source in ([spec] if isinstance(spec, str) else spec) for text in self._source_documents(source, role, lazy=False)]
+        texts = [text for source in expand_sources(self.dataset, spec, role) for text in self._source_documents(source, role, lazy=False)]
         if not texts:
             raise empty_split_error(role, str(spec))
         return datasets.Dataset.from_dict({"text": texts})
@@ -150,7 +151,7 @@ class CorpusData(TextDataModule):
     def iter_documents(self, role: str, rank: int = 0, world: int = 1) -> Iterator[str]:
         """A split's documents read one at a time; with ``world`` > 1, every world-th from ``rank``."""
         spec, index = self.spec(role), 0
-        for source in [spec] if isinstance(spec, str) else spec:
+        for source in expand_sources(self.dataset, spec, self.option(role)):
             for document in self._source_documents(source, self.option(role), lazy=self.streaming):
                 if index % world == rank:
                     yield document

@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 from trunk.core.atomic import atomic_write
-from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
 from trunk.core.codec import Codec, load_tokenizer
+from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
 from trunk.datamodules.tokenizer import cached_tokenizer
 
 # The training stream builds batches in the main process (never in workers), so its length is exact.

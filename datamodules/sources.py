@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import gzip
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -112,6 +113,23 @@ def select_rows(ds: datasets.Dataset, where: dict, option: str, source: str) -> 
                              f"{sorted(set(cells))[:10]}.")
         ds = ds.select(keep)
     return ds
+
+
+def expand_sources(dataset: str | None, spec: str | list[str], role: str) -> list[str]:
+    """A split's sources: one path or split name, a list of them (a dev set shipped as in-domain + out-of-domain files),
+    or, for local files, glob patterns (``data/dev_*.tsv``), each matched in sorted order."""
+    sources = []
+    for one in [spec] if isinstance(spec, str) else list(spec):
+        if dataset is None and glob.has_magic(str(one)):
+            matches = sorted(glob.glob(str(Path(one).expanduser())))
+            if not matches:
+                raise FileNotFoundError(f"{role}: no file matches the pattern '{one}'.")
+            sources += matches
+        else:
+            sources.append(str(one))
+    if not sources:
+        raise ValueError(f"{role} is an empty list: give a path (or a list of paths) for this split, or leave it unset.")
+    return sources
 
 
 def source_key(dataset: str | None, spec: str) -> list | str:

@@ -30,9 +30,18 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
-from trunk.datamodules.encoded import encoded_split
-from trunk.datamodules.sources import BUILTIN_PREFIX, check_columns, column, empty_split_error, load_split, select_rows, source_key
 from trunk.core.codec import PAD, fingerprint
+from trunk.datamodules.encoded import encoded_split
+from trunk.datamodules.sources import (
+    BUILTIN_PREFIX,
+    check_columns,
+    column,
+    empty_split_error,
+    expand_sources,
+    load_split,
+    select_rows,
+    source_key,
+)
 
 ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
@@ -177,10 +186,10 @@ class TaskData:
         self,
         dataset: str | None = None,
         dataset_config: str | None = None,
-        train: str | None = None,
-        validation: str | None = None,
-        test: str | None = None,
-        predict: str | None = None,
+        train: str | list[str] | None = None,
+        validation: str | list[str] | None = None,
+        test: str | list[str] | None = None,
+        predict: str | list[str] | None = None,
         select: dict[str, dict[str, str | int | list]] | None = None,
         hold_out_by: str | None = None,
         column_names: list[str] | None = None,
@@ -393,8 +402,15 @@ class TextDataModule(TaskData):
         return self._raw[role]
 
     def read(self, role: str) -> datasets.Dataset:
-        """One split's rows as configured: loaded, narrowed by ``select``, and not empty."""
-        ds = self.load(self.spec(role), self.option(role))
+        """One split's rows as configured: loaded (every file of a list or pattern, in order, as one split), narrowed by
+        ``select``, and not empty."""
+        sources = expand_sources(self.dataset, self.spec(role), self.option(role))
+        parts = [self.load(source, self.option(role)) for source in sources]
+        for source, part in zip(sources[1:], parts[1:]):
+            if part.column_names != parts[0].column_names:
+                raise ValueError(f"{self.option(role)}: '{source}' has the columns {part.column_names}, but '{sources[0]}' has "
+                                 f"{parts[0].column_names}: the files of one split must have the same columns.")
+        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets([p.cast(parts[0].features) for p in parts])
         if role in self.select:
             ds = select_rows(ds, self.select[role], self.option(f"select.{role}"), str(self.spec(role)))
         if len(ds) == 0:
@@ -423,8 +439,7 @@ class TextDataModule(TaskData):
         return [type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options()]
 
     def _train_specs(self) -> list[str]:
-        spec = self.spec("train")
-        return [spec] if isinstance(spec, str) else list(spec)
+        return expand_sources(self.dataset, self.spec("train"), self.option("train"))
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
@@ -524,8 +539,8 @@ class TextDataModule(TaskData):
                 except (TypeError, ValueError):
                     pass  # not a plain option
         roles = [role] + (["train"] if role == "validation" and self.split_specs["validation"] is None else [])
-        sources = [[source_key(self.dataset, spec) for spec in ([s] if isinstance(s, str) else s)]
-                   for s in (self.split_specs[r] for r in roles) if s is not None]
+        sources = [[source_key(self.dataset, spec) for spec in expand_sources(self.dataset, s, self.option(r))]
+                   for r, s in ((r, self.split_specs[r]) for r in roles) if s is not None]
         hub = self.dataset is not None and not self.dataset.startswith(BUILTIN_PREFIX) and not Path(self.dataset).expanduser().is_dir()
         if hub:  # a hub dataset's rows can change under the same name: key by its fingerprint too
             sources.append(self.raw(role)._fingerprint)

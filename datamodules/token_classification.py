@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 import torch
-from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
+from trunk.core.codec import CLS, IGNORE_INDEX, SEP
 from trunk.core.tagging import (
     Scheme,
     Span,
@@ -14,8 +14,8 @@ from trunk.core.tagging import (
     split_tag,
     tags_from_spans,
 )
+from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
 from trunk.datamodules.text import TextDataModule, pad
-from trunk.core.codec import CLS, IGNORE_INDEX, SEP
 
 
 class TokenClassificationData(TextDataModule):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer
+from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
 from trunk.datamodules.sources import FILE_FORMATS, check_columns, column, file_format, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
-from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
 from trunk.datamodules.tokenizer import cached_tokenizer
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz

@@ -289,3 +289,30 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert f"The disk holding '{last.parent}' is full" in line and "the previous 'last.ckpt' there is kept as it was" in line, line
     assert last.read_bytes() == before and load_checkpoint(last)["global_step"] == 2
     assert not [p for p in last.parent.iterdir() if ".tmp" in p.name]  # no partial file left taking the space
+
+
+def test_a_split_shipped_as_several_files_is_read_as_one_from_a_list_or_a_pattern(tmp_path):
+    """A dev set shipped as in-domain + out-of-domain files: a list of paths or a glob, the same for every kind of
+    text data; files with other columns are named."""
+    import random
+
+    from conftest import ner_sentence, write_conll
+    from trunk.datamodules import MultiTaskData, TextClassificationData, TokenClassificationData
+
+    rows = [{"text": f"text {i}", "label": ["a", "b"][i % 2]} for i in range(30)]
+    files = [write_rows(tmp_path / f"dev_{part}.csv", rows[i::3]) for i, part in enumerate(("in", "out", "more"))]
+    listed = TextClassificationData(train=[str(f) for f in files])
+    pattern = TextClassificationData(train=str(tmp_path / "dev_*.csv"))
+    assert len(listed.raw("train")) == len(pattern.raw("train")) == 30
+    assert listed.raw("train")["text"][:10] == [r["text"] for r in rows[0::3]]  # the list's order
+    assert pattern.raw("train")["text"][10:20] == [r["text"] for r in rows[2::3]]  # the pattern's matches sorted: in, more, out
+    rng = random.Random(0)
+    conll = [str(write_conll(tmp_path / f"ner_{i}.txt", [ner_sentence(rng) for _ in range(5)])) for i in range(2)]
+    tagged = TokenClassificationData(train=conll, validation=str(tmp_path / "ner_*.txt"))
+    MultiTaskData({"ner": tagged}, tokenizer_vocab_size=200).setup("fit")
+    assert tagged.size("train") == tagged.size("validation") == 10
+    write_rows(tmp_path / "dev_odd.csv", [{"sentence": "x", "label": "a"}])
+    with pytest.raises(ValueError, match=r"'.*dev_odd.csv' has the columns \['sentence', 'label'\], but .* the files of one split"):
+        TextClassificationData(train=str(tmp_path / "dev_*.csv")).raw("train")
+    with pytest.raises(FileNotFoundError, match=r"no file matches the pattern '.*nothing_\*.csv'"):
+        TextClassificationData(train=str(tmp_path / "nothing_*.csv")).raw("train")
