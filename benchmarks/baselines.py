@@ -11,6 +11,8 @@ label names), then scored with scikit-learn (`pip install trunk[bench]`):
     prior); TF-IDF + one logistic regression per label, at the recipe's threshold.
   * multiple choice: the most common answer position; the candidate with the highest TF-IDF cosine to
     the context.
+  * extractive QA: the context sentence with the highest TF-IDF cosine to the question, whole or without the
+    question's words (SQuAD's exact match and F1).
 """
 
 from __future__ import annotations
@@ -130,8 +132,34 @@ def multiple_choice(member, split: str, options: dict) -> dict:
             "the candidate closest to the context (TF-IDF cosine)": {"acc": float(np.mean(np.array(picked) == y_test))}}
 
 
+def question_answering(member, split: str, options: dict) -> dict:
+    """The context sentence closest to the question (TF-IDF cosine), whole or without the question's words (answers
+    rarely repeat them): a sentence-retrieval baseline in the spirit of SQuAD's sliding window."""
+    import re
+
+    from trunk.tasks.objectives.question_answering import best_scores, normalize_answer
+
+    train, test = member.raw("train"), member.raw(split)
+    vectorizer = tfidf().fit(column(train, member.context_column) + column(train, member.question_column))
+    scores = {"sentence": [], "sentence, less the question's words,": []}
+    for question, context, answers in zip(column(test, member.question_column), column(test, member.context_column),
+                                          column(test, member.answers_column)):
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", context) if s.strip()] or [context]
+        vectors = vectorizer.transform([question, *sentences])
+        sentence = sentences[int(np.argmax((vectors[1:] @ vectors[0].T).toarray().ravel()))]
+        asked = set(normalize_answer(question).split())
+        rest = " ".join(w for w in sentence.split() if normalize_answer(w) not in asked)
+        golds = list(answers["text"]) if isinstance(answers, dict) else [a["text"] for a in answers]
+        scores["sentence"].append(best_scores(sentence, golds))
+        scores["sentence, less the question's words,"].append(best_scores(rest, golds))
+    return {f"the {name} closest to the question (TF-IDF cosine)": {"exact_match": float(np.mean([em for em, _ in rows])),
+                                                                   "f1": float(np.mean([f1 for _, f1 in rows]))}
+            for name, rows in scores.items()}
+
+
 BASELINES = {"sequence_classification": classification, "sequence_regression": regression,
-             "multi_label_classification": multi_label, "multiple_choice": multiple_choice}
+             "multi_label_classification": multi_label, "multiple_choice": multiple_choice,
+             "extractive_qa": question_answering}
 
 
 def main() -> None:

@@ -84,7 +84,8 @@ def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
     assert missing.returncode != 0 and "no run logged 'val/other/f1'" in missing.stderr
 
 
-def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment_files, scores_files, topics_files, quiz_files, tmp_path):
+def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment_files, scores_files, topics_files, quiz_files,
+                                                                      squad_files, tmp_path):
     import yaml
 
     def task(data_class: str, files: dict, **options) -> dict:
@@ -93,7 +94,8 @@ def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment
     recipe = {"model": {"tasks": {"topics": {"class_path": "trunk.tasks.MultiLabelClassification", "init_args": {"threshold": 0.4}}}},
               "data": {"tasks": {"sentiment": task("TextClassificationData", sentiment_files),
                                  "sim": task("TextRegressionData", scores_files, text_pair_column="pair", label_column="score"),
-                                 "topics": task("MultiLabelTextData", topics_files), "quiz": task("MultipleChoiceData", quiz_files)}}}
+                                 "topics": task("MultiLabelTextData", topics_files), "quiz": task("MultipleChoiceData", quiz_files),
+                                 "qa": task("QuestionAnsweringData", squad_files)}}}
     config = tmp_path / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe))
     out = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--config", str(config)], capture_output=True, text=True, check=True).stdout
@@ -102,3 +104,7 @@ def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment
     assert accuracy["TF-IDF + logistic regression"] > accuracy["majority class"] + 0.05
     assert "TF-IDF + logistic regression per label (threshold 0.4)" in rows and "TF-IDF cosine of the two texts" in rows
     assert any(name.startswith("most common answer position") for name in rows)
+    # templated contexts: each fact is its own sentence, so the closest sentence less the question's words is often the answer
+    qa = {name: float(rows[name].split(" | ")[2].rstrip(" |")) for name in rows if "closest to the question" in name}
+    assert qa["the sentence, less the question's words, closest to the question (TF-IDF cosine)"] > qa[
+        "the sentence closest to the question (TF-IDF cosine)"] > 0
