@@ -129,6 +129,8 @@ class CorpusData(TextDataModule):
         super().__init__(train=train, validation=validation, max_length=max_length, val_fraction=val_fraction, **kwargs)
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0 (blocks), got {shuffle_buffer}.")
+        if self.metrics_per_file:  # documents become blocks across file boundaries: no block belongs to one file
+            raise ValueError("metrics_per_file is not available for corpus text: evaluate each file as its own task instead.")
         if streaming and self.select:
             raise ValueError("select is not applied to streamed text: give files that hold one split each, or streaming: false.")
         if documents not in ("line", "blank_line"):

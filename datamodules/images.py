@@ -86,8 +86,8 @@ class ImageClassificationData(TaskData):
         if self.select or self.column_names or self.file_type or self.hold_out_by:
             raise ValueError("select, column_names, file_type and hold_out_by are for tabular rows; image data reads folders, IDX files or hub splits "
                              "whole. Give one split per folder or file, or a hub split name.")
-        if any(isinstance(spec, (list, tuple)) for spec in self.split_specs.values()):
-            raise ValueError("Image data takes one folder, IDX file or hub split per split, not a list.")
+        if any(isinstance(spec, (list, tuple)) for spec in self.split_specs.values()) or self.metrics_per_file:
+            raise ValueError("Image data takes one folder, IDX file or hub split per split, not a list (nor metrics_per_file).")
         if channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
         self.image_column, self.label_column = image_column, label_column

@@ -296,7 +296,8 @@ class MultiTaskData(L.LightningDataModule):
         return DataLoader(MultiTaskStream(self), batch_size=None, generator=torch.Generator())
 
     def _loaders(self, role: str) -> list[DataLoader]:
-        return [m.loader(role) for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)]
+        return [loader for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)
+                for loader in m.loaders(role)]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._loaders("validation")

@@ -145,11 +145,12 @@ def rows(ds: datasets.Dataset, indices: list[int]) -> list[dict]:
 class TaggedCollate:
     """Builds a batch of one split from a list of row indices and marks it with its task (picklable, for workers)."""
 
-    def __init__(self, data: "TaskData", role: str, task: str) -> None:
-        self.data, self.role, self.task = data, role, task
+    def __init__(self, data: "TaskData", role: str, task: str, file: str | None = None) -> None:
+        self.data, self.role, self.task, self.file = data, role, task, file
 
     def __call__(self, indices: list[int]) -> dict:
-        return {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+        batch = {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+        return {**batch, "file": self.file} if self.file is not None else batch
 
 
 class TaskData:
@@ -175,6 +176,8 @@ class TaskData:
             with a fixed seed; classification keeps each label's share).
         hold_out_by: with ``val_fraction``, hold out whole groups of rows by this column (articles for QA,
             documents, speakers), so the validation rows share no group with the training rows.
+        metrics_per_file: a validation or test split read from several files (different domains) also reports
+            each file's metrics, as ``val/<task>/<file>/<metric>`` (the file's name without its suffix).
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
         num_workers: dataloader worker processes for evaluation and prediction.
     """
@@ -194,6 +197,7 @@ class TaskData:
         hold_out_by: str | None = None,
         column_names: list[str] | None = None,
         file_type: str | None = None,
+        metrics_per_file: bool = False,
         val_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
@@ -212,6 +216,8 @@ class TaskData:
         self.hold_out_by = hold_out_by
         self.column_names = list(column_names) if column_names is not None else None
         self.file_type = file_type
+        self.metrics_per_file = metrics_per_file
+        self._file_rows: dict[str, list[tuple[str, int]]] = {}  # split -> (file, rows) in order, when read from several
         self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
@@ -314,11 +320,21 @@ class TaskData:
                              "(a file path, or a split name with dataset).")
         return spec
 
-    def loader(self, role: str) -> DataLoader:
-        """An evaluation / prediction loader over one split, in order; batches carry the task's name."""
+    def loaders(self, role: str) -> list[DataLoader]:
+        """The evaluation / prediction loaders of one split, in order; batches carry the task's name. One loader,
+        or with ``metrics_per_file`` one per file of a split read from several, its batches marked with the file."""
         self.prepare(role)
-        return DataLoader(range(self.size(role)), batch_size=self.eval_batch_size, shuffle=False,
-                          collate_fn=TaggedCollate(self, role, self.name), num_workers=self.num_workers,
+        if self.metrics_per_file and role in ("validation", "test"):
+            self.raw(role)  # which rows come from which file (an encoded split read from the cache does not say)
+        files = self._file_rows.get(role, []) if self.metrics_per_file and role in ("validation", "test") else []
+        if len(files) < 2:
+            return [self._loader(range(self.size(role)), TaggedCollate(self, role, self.name))]
+        starts = itertools.accumulate([0] + [rows for _, rows in files])
+        return [self._loader(range(start, start + rows), TaggedCollate(self, role, self.name, file))
+                for (file, rows), start in zip(files, starts)]
+
+    def _loader(self, rows: range, collate: TaggedCollate) -> DataLoader:
+        return DataLoader(rows, batch_size=self.eval_batch_size, shuffle=False, collate_fn=collate, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator())  # not the global RNG (see train_dataloader)
 
 
@@ -410,9 +426,13 @@ class TextDataModule(TaskData):
             if part.column_names != parts[0].column_names:
                 raise ValueError(f"{self.option(role)}: '{source}' has the columns {part.column_names}, but '{sources[0]}' has "
                                  f"{parts[0].column_names}: the files of one split must have the same columns.")
-        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets([p.cast(parts[0].features) for p in parts])
         if role in self.select:
-            ds = select_rows(ds, self.select[role], self.option(f"select.{role}"), str(self.spec(role)))
+            parts = [select_rows(part, self.select[role], self.option(f"select.{role}"), source) for part, source in zip(parts, sources)]
+        if len(parts) > 1:
+            names = [Path(source).name.split(".")[0] for source in sources]  # dev_in.tsv.gz -> dev_in
+            names = [name if names.count(name) == 1 else f"{name}_{i + 1}" for i, name in enumerate(names)]
+            self._file_rows[role] = [(name, len(part)) for name, part in zip(names, parts)]
+        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets([p.cast(parts[0].features) for p in parts])
         if len(ds) == 0:
             raise empty_split_error(self.option(role), str(self.spec(role)))
         return ds

@@ -258,8 +258,10 @@ class TrunkModule(L.LightningModule):
             return self.objective(task).predict(self.trunk, batch)
         if stage == "samples":  # validation's prediction tables (PredictionSamples)
             return self.objective(task).samples(self.trunk, batch)
-        loss = self.objective(task).loss(self.trunk, batch, stage)
-        self.log(f"{stage}/{task}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
+        with self.objective(task).in_file(batch.get("file")):  # a split read as several files, each with its own metrics
+            loss = self.objective(task).loss(self.trunk, batch, stage)
+        where = f"{task}/{batch['file']}" if batch.get("file") else task  # a file's loader logs its own loss (one key per loader)
+        self.log(f"{stage}/{where}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
                  sync_dist=stage != "train", add_dataloader_idx=False)
         return self.task_weights[task] * loss
 
@@ -315,6 +317,9 @@ class TrunkModule(L.LightningModule):
             values = objective.compute_metrics(stage)
             for key, value in values.items():
                 self.log(f"{stage}/{name}/{key}", value, prog_bar=stage != "train" and key == objective.primary)
+            for file in objective.files(stage):  # data.tasks.<name>.metrics_per_file
+                for key, value in objective.file_metrics(stage, file).items():
+                    self.log(f"{stage}/{name}/{file}/{key}", value)
             if (share := objective.score(values)) is not None:
                 primaries.append(share)
         if primaries and stage != "train":

@@ -316,3 +316,32 @@ def test_a_split_shipped_as_several_files_is_read_as_one_from_a_list_or_a_patter
         TextClassificationData(train=str(tmp_path / "dev_*.csv")).raw("train")
     with pytest.raises(FileNotFoundError, match=r"no file matches the pattern '.*nothing_\*.csv'"):
         TextClassificationData(train=str(tmp_path / "nothing_*.csv")).raw("train")
+
+
+def test_a_split_of_several_domains_reports_each_files_metrics_and_the_whole(tiny_cli_args, tmp_path):
+    """metrics_per_file: validation read from an in-domain and an out-of-domain file logs val/<task>/<file>/<metric>
+    for each, computed in the same pass; the task's own metric is over both files together."""
+    import random
+
+    rng = random.Random(0)
+    words = {"positive": ["good", "great", "fine", "lovely"], "negative": ["bad", "awful", "poor", "dull"]}
+
+    def rows(n: int, flip: bool = False) -> list[dict]:
+        out = []
+        for _ in range(n):
+            label = rng.choice(["positive", "negative"])
+            said = {"positive": "negative", "negative": "positive"}[label] if flip else label
+            out.append({"text": f"the film was {rng.choice(words[said])}", "label": label})
+        return out
+
+    train, dev_in, dev_out = (write_rows(tmp_path / f"{name}.csv", r) for name, r in
+                              (("train", rows(256)), ("dev_in", rows(40)), ("dev_out", rows(24, flip=True))))
+    args = [*tiny_cli_args, f"--data.tasks.sentiment.train={train}", f"--data.tasks.sentiment.test={dev_in}",
+            f"--data.tasks.sentiment.validation=[{dev_in},{dev_out}]", "--data.tasks.sentiment.metrics_per_file=true",
+            "--trainer.max_epochs=6", "--model.optimizer.lr=3e-3"]
+    run_cli(["fit", *args])
+    metrics = run_cli(["validate", *args, "--ckpt_path=last"]).trainer.callback_metrics
+    whole, inside, outside = (metrics[f"val/sentiment/{key}acc"].item() for key in ("", "dev_in/", "dev_out/"))
+    assert inside > 0.9 and outside < 0.1  # the out-of-domain file says the opposite of what it means
+    assert whole == pytest.approx((40 * inside + 24 * outside) / 64, abs=1e-6)
+    assert "val/sentiment/dev_out/f1_macro" in metrics and "val/sentiment/dev_in/loss" in metrics

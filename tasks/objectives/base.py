@@ -8,6 +8,7 @@ names, the tokenizer it decodes with) it is given in ``build``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 import torch
@@ -50,6 +51,8 @@ class Objective(nn.Module):
         self.name = ""
         self.label_names: list[str] | None = None
         self.codec: Codec | None = None
+        self._file: tuple[str, str] | None = None  # ("update" | "read", file) while one file's metrics are in play
+        self._file_metrics: dict[tuple[str, str], dict[str, Metric]] = {}  # (stage, file) -> that file's metrics
 
     def spec(self) -> dict:
         """The class path and constructor arguments that rebuild this objective (plain values)."""
@@ -78,8 +81,42 @@ class Objective(nn.Module):
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         raise NotImplementedError
 
-    def metrics(self, stage: str) -> nn.ModuleDict:
-        return getattr(self, f"{stage}_metrics")
+    def metrics(self, stage: str) -> nn.ModuleDict | dict:
+        """The metrics ``loss`` updates and ``compute_metrics`` reads. While a batch of one file of a split read as
+        several (``metrics_per_file``) is scored (``in_file``), updates go to the split's metrics and that file's;
+        while a file's are computed (``of_file``), they are the ones read."""
+        overall = getattr(self, f"{stage}_metrics")
+        if self._file is None:
+            return overall
+        mode, file = self._file
+        key = (stage, file)
+        if key not in self._file_metrics:  # made on first use, on the device of the split's
+            self._file_metrics[key] = {name: metric.clone() for name, metric in overall.items()}
+            for metric in self._file_metrics[key].values():
+                metric.reset()
+        own = self._file_metrics[key]
+        return own if mode == "read" else {name: _Both(overall[name], own[name]) for name in overall}
+
+    @contextlib.contextmanager
+    def in_file(self, file: str | None):
+        """Score batches of ``file`` (None: the split is one file) into that file's metrics too."""
+        self._file = ("update", file) if file is not None else None
+        try:
+            yield
+        finally:
+            self._file = None
+
+    def files(self, stage: str) -> list[str]:
+        """The files of ``stage`` whose metrics were kept apart, in the order first seen."""
+        return [file for (kept, file) in self._file_metrics if kept == stage]
+
+    def file_metrics(self, stage: str, file: str) -> dict[str, torch.Tensor]:
+        """``compute_metrics`` of one file's batches (synced, then reset)."""
+        self._file = ("read", file)
+        try:
+            return self.compute_metrics(stage)
+        finally:
+            self._file = None
 
     def connect(self, codec: Codec | None) -> None:
         self.codec = codec
@@ -205,3 +242,17 @@ def _stored_name(name: str, label_map: dict[str, str]) -> str:
         return label_map[name]
     prefix, _, kind = name.partition("-")
     return f"{prefix}-{label_map[kind]}" if kind and kind in label_map else name
+
+
+class _Both:
+    """A metric update that goes to two metrics: the split's and one file's (the inputs are computed once)."""
+
+    def __init__(self, split: Metric, file: Metric) -> None:
+        self.split, self.file = split, file
+
+    def update(self, *args, **kwargs) -> None:
+        self.split.update(*args, **kwargs)
+        self.file.update(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.split, name)
