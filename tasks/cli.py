@@ -185,23 +185,12 @@ class TrunkCLI(LightningCLI):
 
     @staticmethod
     def _defaults_from_the_config(config) -> None:
-        """Values a recipe need not repeat, so renaming a task or copying a recipe is one edit: the run's folder is
-        runs/<config file name> (trainer.default_root_dir; the default logger writes under it), and a
-        ModelCheckpoint with no monitor keeps the best val/score (the mean of the tasks' primary metrics, higher is
-        better) when the run validates and it saves at validation (not every N steps, between validations)."""
+        """A recipe need not name its run folder: trainer.default_root_dir defaults to runs/<config file name> (the
+        default logger writes under it). With ``monitor: val/score`` (the mean of the tasks' primary metrics) in its
+        checkpoint callback, renaming or copying a recipe's task is the one edit of its key."""
         files = [Path(str(path)) for path in config.get("config") or []]
         if config.trainer.get("default_root_dir") is None and files:
             config.trainer.default_root_dir = str(Path("runs") / files[-1].stem)
-        validates = any((task.get("init_args") or {}).get("validation") or (task.get("init_args") or {}).get("val_fraction")
-                        for task in (config.data.get("tasks") or {}).values() if hasattr(task, "get"))
-        callbacks = config.trainer.get("callbacks") or []
-        for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
-            if not (validates and str(callback.get("class_path", "")).endswith(".ModelCheckpoint")):
-                continue
-            options = callback.get("init_args") or {}
-            by_steps = options.get("every_n_train_steps") or options.get("train_time_interval")  # saves between validations
-            if options.get("monitor") is None and not by_steps:
-                callback.init_args.monitor, callback.init_args.mode = "val/score", "max"
 
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best
