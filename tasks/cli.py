@@ -189,8 +189,8 @@ class TrunkCLI(LightningCLI):
         default logger writes under it). With ``monitor: val/score`` (the mean of the tasks' primary metrics) in its
         checkpoint callback, renaming or copying a recipe's task is the one edit of its key."""
         files = [Path(str(path)) for path in config.get("config") or []]
-        if config.trainer.get("default_root_dir") is None and files:
-            config.trainer.default_root_dir = str(Path("runs") / files[-1].stem)
+        if config.trainer.get("default_root_dir") is None and files:  # the recipe: the first file (presets come after it)
+            config.trainer.default_root_dir = str(Path("runs") / files[0].stem)
 
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best

@@ -235,8 +235,9 @@ def test_a_recipe_names_its_task_once_and_its_run_folder_follows_the_file_name(s
                           "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max",
                                                                                                      "save_last": True}}]}}
     (tmp_path / "movie_reviews.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))  # a preset after the recipe
     monkeypatch.chdir(tmp_path)
-    fit = run_cli(["fit", "--config", "movie_reviews.yaml"])
+    fit = run_cli(["fit", "--config", "movie_reviews.yaml", "--config", "short.yaml"])
     callback = fit.trainer.checkpoint_callback
     assert Path(callback.best_model_path).resolve().is_relative_to((tmp_path / "runs" / "movie_reviews").resolve())
     assert (tmp_path / "runs" / "movie_reviews" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
