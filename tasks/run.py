@@ -127,8 +127,8 @@ def resume_changes(ckpt: dict, model_options: dict, data_options: dict) -> tuple
         return [f"{key}: {saved[key]!r} -> {configured[key]!r}" for key in sorted(set(saved) & set(configured))
                 if keep(key) and saved[key] != configured[key]]
 
-    saved = _leaves({k: v for k, v in stored_options(ckpt).items()})
-    configured = _leaves({k: v for k, v in model_options.items() if k in stored_options(ckpt)})
+    stored = stored_options(ckpt)
+    saved, configured = _leaves(stored), _leaves({k: v for k, v in model_options.items() if k in stored})
     inference = {f"tasks.{name}.init_args.{option}" for name, o in (model_options.get("tasks") or {}).items()
                  for option in as_objective(o).inference_options}
     model = differ(saved, configured, lambda key: key not in inference and key != "trunk.vocab_size")
