@@ -324,9 +324,10 @@ class TaskData:
         """The evaluation / prediction loaders of one split, in order; batches carry the task's name. One loader,
         or with ``metrics_per_file`` one per file of a split read from several, its batches marked with the file."""
         self.prepare(role)
+        files = []
         if self.metrics_per_file and role in ("validation", "test"):
             self.raw(role)  # which rows come from which file (an encoded split read from the cache does not say)
-        files = self._file_rows.get(role, []) if self.metrics_per_file and role in ("validation", "test") else []
+            files = self._file_rows.get(role, [])
         if len(files) < 2:
             return [self._loader(range(self.size(role)), TaggedCollate(self, role, self.name))]
         starts = itertools.accumulate([0] + [rows for _, rows in files])

@@ -84,7 +84,7 @@ class Objective(nn.Module):
     def metrics(self, stage: str) -> nn.ModuleDict | dict:
         """The metrics ``loss`` updates and ``compute_metrics`` reads. While a batch of one file of a split read as
         several (``metrics_per_file``) is scored (``in_file``), updates go to the split's metrics and that file's;
-        while a file's are computed (``of_file``), they are the ones read."""
+        while a file's are computed (``file_metrics``), they are the ones read."""
         overall = getattr(self, f"{stage}_metrics")
         if self._file is None:
             return overall
