@@ -9,8 +9,8 @@ Face model (HF time / Trunk time), with 1.0 (as fast) marked.
 ``curves``: learning curves from the ``metrics.csv`` of one or several runs (CSVLogger, which every
 run writes), one panel per metric, one line per run:
 
-    python benchmarks/plot.py curves runs.png --run scratch=runs/sst2/csv/version_0/metrics.csv \
-        --run pretrained=runs/sst2_finetune/csv/version_0/metrics.csv --metric val/sst2/acc train/loss --x epoch
+    python benchmarks/plot.py curves runs.png --run scratch=runs/sst2/lightning_logs/version_0/metrics.csv \
+        --run pretrained=runs/sst2_finetune/lightning_logs/version_0/metrics.csv --metric val/sst2/acc train/loss --x epoch
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Inference in plain Python, without the CLI:
 
     from trunk.tasks import load
-    model = load("runs/sst2/csv/version_0/checkpoints/best.ckpt")     # or a trunk directory with heads
+    model = load("runs/sst2/lightning_logs/version_0/checkpoints/last.ckpt")     # or a trunk directory with heads
     model.predict(["a gripping film", "a dull plot"], task="sst2")
     # [{"text": "a gripping film", "label": "positive", "probs": {...}}, ...]  (the records of `trunk predict`)
 """

@@ -191,6 +191,12 @@ class TrunkCLI(LightningCLI):
         files = [Path(str(path)) for path in config.get("config") or []]
         if config.trainer.get("default_root_dir") is None and files:  # the recipe: the first file (presets come after it)
             config.trainer.default_root_dir = str(Path("runs") / files[0].stem)
+        # a logger with an empty save_dir (the W&B preset's) writes into the run folder too
+        loggers = config.trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            options = getattr(logger, "init_args", None)
+            if options is not None and "save_dir" in options and options.save_dir in (None, ""):
+                options.save_dir = config.trainer.get("default_root_dir") or "."
 
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best
@@ -224,6 +230,10 @@ class TrunkCLI(LightningCLI):
         config["strategy"] = self._ddp_with_timeout(config.get("strategy"))
         check_multi_node_launch(config.get("num_nodes") or 1, plugins)
         check_strategy_fits_accelerator(config.get("strategy"), config.get("accelerator"))
+        if config.get("logger") is None or config.get("logger") is True:
+            # Lightning's default is TensorBoard where it is installed; Trunk's is always metrics.csv, the file its
+            # docs, benchmarks/plot.py and the resume of a run's history read
+            config["logger"] = [CSVLogger(config.get("default_root_dir") or ".", name="lightning_logs")]
         if self.subcommand in ("validate", "test", "predict"):
             self._evaluation_only(config)
         configured = config.get("callbacks") or []
@@ -265,12 +275,9 @@ class TrunkCLI(LightningCLI):
         if self.subcommand == "predict":
             config["logger"] = False
             return
-        loggers = config.get("logger")
-        if loggers is None or loggers is True:
-            loggers = [CSVLogger(config.get("default_root_dir") or ".", name="lightning_logs")]
-        elif loggers is not False:
-            loggers = loggers if isinstance(loggers, list) else [loggers]
+        loggers = config.get("logger") or []  # the default CSV logger is in place by now
         if loggers:
+            loggers = loggers if isinstance(loggers, list) else [loggers]
             config["logger"] = [CSVLogger(logger.save_dir, name=self.subcommand) if isinstance(logger, CSVLogger) else logger
                                 for logger in loggers]
 

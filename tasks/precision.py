@@ -59,21 +59,25 @@ def cpu_info() -> CpuInfo:
 
 
 @functools.cache
-def bf16_slowdown(size: int = 128, repeats: int = 3) -> float:
-    """How many times longer a bf16 matmul takes than an fp32 one on this CPU (a few milliseconds, once per
-    process): above 1, bf16 is emulated. Each dtype is warmed up, then takes its fastest of ``repeats``."""
+def bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
+    """How many times longer a bf16 matmul takes than an fp32 one on this CPU (about a tenth of a second, once per
+    process): above 1, bf16 is emulated. One thread, the two dtypes alternating after a warm-up, each its fastest
+    time: a busy machine (another process on a core, which stalls a multi-threaded matmul) does not decide it."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-
-    def fastest(x: torch.Tensor, y: torch.Tensor) -> float:
-        torch.mm(x, y)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(x, y)
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return fastest(a.bfloat16(), b.bfloat16()) / fastest(a, b)
+    pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+    times = {dtype: [] for dtype in pairs}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(3 + repeats):  # the first three warm up: they pick kernels and fill caches
+            for dtype, (x, y) in pairs.items():
+                start = time.perf_counter()
+                torch.mm(x, y)
+                if i >= 3:
+                    times[dtype].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return min(times[torch.bfloat16]) / min(times[torch.float32])
 
 
 def cpu_bf16_is_native() -> tuple[bool, str]:
@@ -122,5 +126,5 @@ def _warn_emulated_bf16(precision: str) -> None:
     if cpu_bf16_is_native()[0]:
         return
     rank_zero_warn(f"precision={precision}, but this CPU, {cpu_info()}, has no bf16 matrix units: torch emulates bf16, and a "
-                   f"bf16 matmul took {bf16_slowdown():.0f}x the time of an fp32 one here, so training runs several times "
+                   f"bf16 matmul took {bf16_slowdown():.2g}x the time of an fp32 one here, so training runs several times "
                    "slower. Use --trainer.precision=auto (Trunk's default: 32-true on this CPU) or 32-true.")

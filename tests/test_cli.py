@@ -92,8 +92,10 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml"), "--trainer.max_epochs=2",
                    "--trainer.log_every_n_steps=2"])
     assert os.environ["WANDB_MODE"] == "offline"
-    runs = list((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))  # the preset logs into the run folder
     assert runs, "no offline W&B run directory was written"
+    version = tmp_path / "run" / "lightning_logs" / "version_0"  # metrics.csv and checkpoints where they are without W&B
+    assert (version / "metrics.csv").is_file() and list((version / "checkpoints").glob("*.ckpt"))
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
     # What `wandb sync` would upload: learning rates, throughput, and a prediction table per validation.
     import wandb
@@ -238,7 +240,7 @@ def test_an_unreachable_wandb_server_means_offline_logging_at_once(tiny_cli_args
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml")])
-    assert os.environ["WANDB_MODE"] == "offline" and cli.trainer.loggers[0].experiment.settings.mode == "offline"
+    assert os.environ["WANDB_MODE"] == "offline" and cli.trainer.loggers[1].experiment.settings.mode == "offline"
     assert "W&B server unreachable: logging offline" in capsys.readouterr().err
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
     assert time.monotonic() - start < 90  # no minutes of retries

@@ -505,7 +505,7 @@ def test_pretraining_logs_its_trunk_directory_as_a_wandb_artifact_and_export_can
     corpus.write_text("\n".join(sentences(300)) + "\n")
     cli = run_cli([*pretrain_args(corpus, tmp_path / "pretrain"), "--config", str(REPO / "configs/trainer/wandb.yaml")])
     wandb.finish()
-    run_dir = next((tmp_path / "runs/wandb/wandb").glob("offline-run-*"))
+    run_dir = next((tmp_path / "pretrain" / "wandb").glob("offline-run-*"))
     (artifact,) = trunk_artifacts(run_dir)
     assert artifact.name == "trunk-pretrain" and list(artifact.aliases) == ["latest"]
     assert {c.path for c in artifact.manifest.contents} == {"config.json", "model.safetensors", "tokenizer.json"}
