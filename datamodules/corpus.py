@@ -162,13 +162,13 @@ class CorpusData(TextDataModule):
     def _source_documents(self, source: str, role: str, lazy: bool) -> Iterator[str]:
         """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always read a line at a time)."""
         path = Path(source).expanduser()
-        if self.dataset is not None or self.file_type or file_format(path) in FILE_FORMATS:  # rows with a text column
+        if self.dataset is not None or self.reading.file_type or self.reading.line_pattern or file_format(path) in FILE_FORMATS:  # rows
             if not lazy:
-                ds = load_split(self.dataset, self.dataset_config, source, role, self.column_names, self.file_type)
+                ds = load_split(self.dataset, self.dataset_config, source, role, self.reading)
                 check_columns(ds, {"text_column": self.text_column}, role)
                 yield from (t.strip() for t in column(ds, self.text_column) if t and t.strip())
                 return
-            for row in stream_rows(self.dataset, self.dataset_config, source, role):
+            for row in stream_rows(self.dataset, self.dataset_config, source, role, self.reading):
                 if self.text_column not in row:
                     raise ValueError(f"{role} has no column '{self.text_column}' (set by {role.rsplit('.', 1)[0]}.text_column). "
                                      f"Its columns are {list(row)}: set text_column to one of them.")
@@ -176,12 +176,12 @@ class CorpusData(TextDataModule):
                 if text and text.strip():
                     yield text.strip()
             return
-        lines = text_lines(path, role)
+        lines = text_lines(path, role, encoding=self.reading.encoding)
         first = next((line for line in lines if line.strip()), None)
         if first is None:
             return
         if first.lstrip().startswith("-DOCSTART-"):  # a CoNLL column file: its sentences, words re-joined
-            yield from (" ".join(words) for words in read_conll(path, role=role)["tokens"])
+            yield from (" ".join(words) for words in read_conll(path, role=role, encoding=self.reading.encoding)["tokens"])
             return
         lines = itertools.chain([first], lines)
         if self.documents == "line":

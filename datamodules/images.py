@@ -83,9 +83,9 @@ class ImageClassificationData(TaskData):
         **kwargs,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        if self.select or self.column_names or self.file_type or self.hold_out_by:
-            raise ValueError("select, column_names, file_type and hold_out_by are for tabular rows; image data reads folders, IDX files or hub splits "
-                             "whole. Give one split per folder or file, or a hub split name.")
+        if self.select or not self.reading.is_default or self.hold_out_by:
+            raise ValueError("select, column_names, file_type, line_pattern, encoding and hold_out_by are for rows of text; image data reads "
+                             "folders, IDX files or hub splits whole. Give one split per folder or file, or a hub split name.")
         if any(isinstance(spec, (list, tuple)) for spec in self.split_specs.values()) or self.metrics_per_file:
             raise ValueError("Image data takes one folder, IDX file or hub split per split, not a list (nor metrics_per_file).")
         if channels not in (None, 1, 3):

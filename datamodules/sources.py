@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
+import dataclasses
 import glob
 import gzip
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,25 +23,70 @@ FILE_FORMATS = {
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
 }
+LINES = ".lines"  # a text file of one row per line, split into columns by a regular expression (FileReading.line_pattern)
 BUILTIN_PREFIX = "trunk:"
 
 
+@dataclasses.dataclass(frozen=True)
+class FileReading:
+    """How local files are read (hub and built-in datasets describe themselves).
+
+    column_names: the columns of csv / tsv files that have no header row (their first row is then data).
+    file_type: csv, tsv, json, jsonl, parquet or lines, for files whose suffix does not say; unset: by the suffix.
+    line_pattern: a regular expression with named groups that splits each non-blank line into those columns
+        (TREC's ``DESC:manner How did ...``: ``(?P<label>[A-Z]+):\\S+ (?P<text>.+)``); it implies file_type lines.
+        Lines files without a pattern have one column, ``text``.
+    encoding: of every text file read (utf-8; latin-1 for older corpora).
+    """
+
+    column_names: tuple[str, ...] | None = None
+    file_type: str | None = None
+    line_pattern: str | None = None
+    encoding: str = "utf-8"
+
+    def check(self, option: str) -> None:
+        """Refuse settings that cannot work, before anything is read (``option``: the options' prefix)."""
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"{option}.encoding={self.encoding!r} is not an encoding Python knows (utf-8, latin-1, cp1252, ...).") from None
+        if self.line_pattern is not None:
+            if self.file_type not in (None, LINES[1:]):
+                raise ValueError(f"{option}.line_pattern splits lines files; it cannot read file_type={self.file_type!r}. "
+                                 "Remove one of them.")
+            try:
+                groups = re.compile(self.line_pattern).groupindex
+            except re.error as err:
+                raise ValueError(f"{option}.line_pattern={self.line_pattern!r} is not a regular expression: {err}.") from None
+            if not groups:
+                raise ValueError(f"{option}.line_pattern={self.line_pattern!r} has no named groups: name each column as "
+                                 "(?P<name>...), e.g. (?P<label>[A-Z]+):\\S+ (?P<text>.+).")
+
+    def suffix(self, path: str | Path) -> str:
+        """The format a local file is read in: the configured one, else its suffix's."""
+        if self.line_pattern is not None:
+            return LINES
+        return f".{self.file_type.lstrip('.')}" if self.file_type else file_format(path)
+
+    @property
+    def is_default(self) -> bool:
+        return self == FileReading()
+
+
 def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str,
-               column_names: list[str] | None = None, file_type: str | None = None) -> datasets.Dataset:
+               reading: FileReading = FileReading()) -> datasets.Dataset:
     """Load one split.
 
-    ``dataset`` None: ``split`` is a local file path. ``dataset`` ``trunk:<name>``: a built-in dataset
-    (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
+    ``dataset`` None: ``split`` is a local file path, read as ``reading`` says. ``dataset`` ``trunk:<name>``: a
+    built-in dataset (``split`` is train / validation / test). Otherwise ``dataset`` is a hub name (or a local
     dataset directory) and ``split`` a split name such as ``train`` or ``validation[:50%]``.
-    ``role`` names the option for error messages (e.g. ``data.train``). ``column_names``: the columns of
-    local csv / tsv files that have no header row (their first row is then data). ``file_type``: how to
-    read local files whose suffix does not say (``tsv`` for SICK.txt); unset: by the suffix.
+    ``role`` names the option for error messages (e.g. ``data.train``).
     """
     if dataset is None:
-        return _load_file(split, role, column_names, file_type)
-    if column_names is not None:
-        raise ValueError(f"{role}: column_names names the columns of local csv / tsv files without a header; hub and "
-                         "built-in datasets name their own.")
+        return _load_file(split, role, reading)
+    if not reading.is_default:
+        raise ValueError(f"{role}: column_names, file_type, line_pattern and encoding say how to read local files; hub and "
+                         "built-in datasets describe their own columns. Remove them, or leave data.dataset unset for files.")
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
     try:
@@ -52,14 +100,20 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         ) from err
 
 
-def stream_rows(dataset: str | None, dataset_config: str | None, split: str, role: str) -> Iterable[dict]:
+def stream_rows(dataset: str | None, dataset_config: str | None, split: str, role: str,
+                reading: FileReading = FileReading()) -> Iterable[dict]:
     """The rows of one split, read as they are used (``datasets`` streaming): a hub split, or a local
-    csv / json / parquet file. Nothing is read up front."""
+    csv / json / parquet file. Nothing is read up front (lines files, small by nature, are read whole)."""
     if dataset is None:
         path = Path(split).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"{role}: file '{split}' {missing(path)}.")
-        builder, options = FILE_FORMATS[file_format(path)]
+        suffix = reading.suffix(path)
+        if not path.is_file() or suffix not in FILE_FORMATS:
+            return load_split(None, None, split, role, reading)  # its errors, or a lines file
+        builder, options = FILE_FORMATS[suffix]
+        if reading.column_names is not None and builder == "csv":
+            options = {**options, "column_names": list(reading.column_names)}
+        if builder != "parquet":
+            options = {**options, "encoding": reading.encoding}
         return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", streaming=True, **options)
     if dataset.startswith(BUILTIN_PREFIX):
         return load_split(dataset, dataset_config, split, role)  # small, generated: no need to stream
@@ -70,9 +124,10 @@ def stream_rows(dataset: str | None, dataset_config: str | None, split: str, rol
                          "data.dataset_config and the split name; hub datasets need network access.") from err
 
 
-def text_lines(path: str | Path, role: str, kind: str = "text") -> Iterator[str]:
-    """The lines of a UTF-8 text file (plain or gzip), read one at a time, failing clearly on a binary
-    or non-UTF-8 file with the file and the line named (before a parser reports it as something else)."""
+def text_lines(path: str | Path, role: str, kind: str = "text", encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a text file (plain or gzip) in ``encoding``, read one at a time, failing clearly on a binary
+    file or a byte the encoding does not have, with the file and the line named (before a parser reports it as
+    something else)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
@@ -85,11 +140,11 @@ def text_lines(path: str | Path, role: str, kind: str = "text") -> Iterator[str]
                     raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
                                      f"Point {role} at a {kind} file.")
                 try:
-                    yield line.decode("utf-8")
+                    yield line.decode(encoding)
                 except UnicodeDecodeError as err:
                     raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
-                                     f"not UTF-8. Save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 {path.name} "
-                                     f"> fixed{''.join(path.suffixes)}).") from None
+                                     f"not {encoding}. Set the file's encoding ({role.rsplit('.', 1)[0]}.encoding: latin-1, cp1252, "
+                                     "...) or save it as UTF-8.") from None
     except (OSError, EOFError) as err:  # a truncated or fake .gz
         raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
 
@@ -155,26 +210,30 @@ def file_format(path: str | Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
-def _load_file(path_str: str, role: str, column_names: list[str] | None = None, file_type: str | None = None) -> datasets.Dataset:
+def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
             f"{role}: file '{path_str}' {missing(path)}. Give the path to a local "
             f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
         )
-    suffix = f".{file_type.lstrip('.')}" if file_type else file_format(path)
+    suffix = reading.suffix(path)
+    if suffix == LINES:
+        return read_lines(path, role, reading)
     if suffix not in FILE_FORMATS:
-        how = f"file_type={file_type!r}" if file_type else f"unknown file type '{suffix}'"
-        raise ValueError(f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}; for a file whose suffix "
-                         f"does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv).")
+        how = f"file_type={reading.file_type!r}" if reading.file_type else f"unknown file type '{suffix}'"
+        raise ValueError(f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}, lines; for a file whose "
+                         f"suffix does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv), or line_pattern "
+                         "for one row per line in another shape.")
     builder, options = FILE_FORMATS[suffix]
-    if column_names is not None:
+    if reading.column_names is not None:
         if builder != "csv":
             raise ValueError(f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, "
                              "which names its own columns. Remove column_names.")
-        options = {**options, "column_names": list(column_names)}  # pandas' names: the first row is data
+        options = {**options, "column_names": list(reading.column_names)}  # pandas' names: the first row is data
     if builder != "parquet":
-        check_text_file(path, role, suffix[1:])
+        check_text_file(path, role, suffix[1:], reading.encoding)
+        options = {**options, "encoding": reading.encoding}
     try:
         return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
     except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
@@ -185,10 +244,30 @@ def _load_file(path_str: str, role: str, column_names: list[str] | None = None, 
                          f"file is {suffix[1:]} (its suffix decides how it is read).") from None
 
 
-def check_text_file(path: Path, role: str, kind: str = "text") -> None:
-    """Fail clearly on an empty, binary or non-UTF-8 file (plain or .gz), naming the file and the line."""
+def read_lines(path: Path, role: str, reading: FileReading) -> datasets.Dataset:
+    """One row per non-blank line, its columns the named groups of ``reading.line_pattern`` (or one column,
+    ``text``). A line the pattern does not match is an error naming it: a silently skipped line is a lost example."""
+    pattern = re.compile(reading.line_pattern or r"(?P<text>.*)")
+    rows: dict[str, list[str]] = {name: [] for name in pattern.groupindex}
+    for number, line in enumerate(text_lines(path, role, "text", reading.encoding), start=1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        match = pattern.fullmatch(line)
+        if match is None:
+            raise ValueError(f"{role}: {path}, line {number} does not match {role.rsplit('.', 1)[0]}.line_pattern "
+                             f"{reading.line_pattern!r} (which must match whole lines): {line[:100]!r}.")
+        for name, value in match.groupdict().items():
+            rows[name].append(value)
+    if not next(iter(rows.values())):
+        raise empty_split_error(role, str(path))
+    return datasets.Dataset.from_dict(rows)
+
+
+def check_text_file(path: Path, role: str, kind: str = "text", encoding: str = "utf-8") -> None:
+    """Fail clearly on an empty, binary or wrongly decoded file (plain or .gz), naming the file and the line."""
     has_text = False
-    for line in text_lines(path, role, kind):  # every line: a bad byte may come after the first text
+    for line in text_lines(path, role, kind, encoding):  # every line: a bad byte may come after the first text
         has_text = has_text or bool(line.strip())
     if not has_text:
         raise empty_split_error(role, str(path))
@@ -225,22 +304,22 @@ def looks_like_data(names: list[str]) -> bool:
     return any(str(n).strip().lstrip("-").replace(".", "", 1).isdigit() or len(str(n).split()) > 3 for n in names)
 
 
-def read_text(path: str | Path, role: str) -> str:
-    """The whole of a UTF-8 text file, plain or gzip, with errors that name the option."""
+def read_text(path: str | Path, role: str, encoding: str = "utf-8") -> str:
+    """The whole of a text file, plain or gzip, with errors that name the option."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
                                 f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
-    check_text_file(path, role)
+    check_text_file(path, role, encoding=encoding)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="") as f:
+    with opener(path, "rt", encoding=encoding, newline="") as f:
         return f.read()
 
 
 ROW_FORMATS = (".json", ".jsonl", ".parquet")  # files of rows with token/tag list columns; others are column files
 
 
-def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> datasets.Dataset:
+def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encoding: str = "utf-8") -> datasets.Dataset:
     """Read a CoNLL-style column file (plain or .gz) into rows of ``tokens``, ``tags`` and ``document``.
 
     One word per line with whitespace-separated columns: the word first, the tag in ``tag_column``.
@@ -253,14 +332,14 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data") -> da
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, "
                                 f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
-    check_text_file(path, role, "CoNLL")
+    check_text_file(path, role, "CoNLL", encoding)
     opener = gzip.open if path.suffix == ".gz" else open
     sentences: list[list[list[str]]] = []
     documents: list[int] = []  # each sentence's document
     current: list[list[str]] = []
     n_columns = first_line = None
     document, document_has_sentences = 0, False
-    with opener(path, "rt", encoding="utf-8") as f:
+    with opener(path, "rt", encoding=encoding) as f:
         for line_number, line in enumerate(f, start=1):
             columns = line.split()
             if not columns or columns[0] == "-DOCSTART-":

@@ -14,6 +14,7 @@ Batch contract (every objective reads these keys; see docs/configuration.md, "Ba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -38,6 +39,7 @@ from trunk.datamodules.sources import (
     column,
     empty_split_error,
     expand_sources,
+    FileReading,
     load_split,
     select_rows,
     source_key,
@@ -168,8 +170,11 @@ class TaskData:
             works), else file paths. Unset splits are skipped.
         column_names: the columns of local csv / tsv files that have no header row (GLUE's CoLA, GoEmotions):
             their first row is then read as data.
-        file_type: how to read local files whose suffix does not say: csv, tsv, json, jsonl or parquet (SICK ships
-            tab-separated rows as SICK.txt); unset: by the suffix.
+        file_type: how to read local files whose suffix does not say: csv, tsv, json, jsonl, parquet or lines (SICK
+            ships tab-separated rows as SICK.txt); unset: by the suffix.
+        line_pattern: for files of one example per line in a shape of their own, a regular expression whose named
+            groups are the columns (TREC's ``DESC:manner How did ...``: ``(?P<label>[A-Z]+):\\S+ (?P<text>.+)``).
+        encoding: of the local text files (utf-8; latin-1 for older corpora such as TREC).
         select: per split, the rows to keep by column value, for files that hold several splits (SICK's
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
@@ -197,6 +202,8 @@ class TaskData:
         hold_out_by: str | None = None,
         column_names: list[str] | None = None,
         file_type: str | None = None,
+        line_pattern: str | None = None,
+        encoding: str = "utf-8",
         metrics_per_file: bool = False,
         val_fraction: float = 0.0,
         batch_size: int = 32,
@@ -214,8 +221,7 @@ class TaskData:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
         self.hold_out_by = hold_out_by
-        self.column_names = list(column_names) if column_names is not None else None
-        self.file_type = file_type
+        self.reading = FileReading(tuple(column_names) if column_names is not None else None, file_type, line_pattern, encoding)
         self.metrics_per_file = metrics_per_file
         self._file_rows: dict[str, list[tuple[str, int]]] = {}  # split -> (file, rows) in order, when read from several
         self.val_fraction = val_fraction
@@ -421,6 +427,7 @@ class TextDataModule(TaskData):
     def read(self, role: str) -> datasets.Dataset:
         """One split's rows as configured: loaded (every file of a list or pattern, in order, as one split), narrowed by
         ``select``, and not empty."""
+        self.reading.check(self.option("")[:-1])
         sources = expand_sources(self.dataset, self.spec(role), self.option(role))
         parts = [self.load(source, self.option(role)) for source in sources]
         for source, part in zip(sources[1:], parts[1:]):
@@ -440,7 +447,7 @@ class TextDataModule(TaskData):
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
-        return load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type)
+        return load_split(self.dataset, self.dataset_config, spec, role, self.reading)
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
@@ -464,7 +471,8 @@ class TextDataModule(TaskData):
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
-        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train"), self.hold_out_by]
+        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train"), self.hold_out_by,
+                dataclasses.asdict(self.reading)]
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
@@ -555,6 +563,7 @@ class TextDataModule(TaskData):
         options = {}
         for name, value in sorted(vars(self).items()):
             if not name.startswith("_") and name not in self.not_encoding:
+                value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # how files are read
                 try:
                     options[name] = json.loads(json.dumps(value))
                 except (TypeError, ValueError):

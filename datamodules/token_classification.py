@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import datasets
 import torch
 from trunk.core.codec import CLS, IGNORE_INDEX, SEP
@@ -14,7 +16,7 @@ from trunk.core.tagging import (
     split_tag,
     tags_from_spans,
 )
-from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, file_format, load_split, read_conll
+from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, load_split, read_conll
 from trunk.datamodules.text import TextDataModule, pad
 
 
@@ -64,6 +66,9 @@ class TokenClassificationData(TextDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        if self.reading.line_pattern is not None:
+            raise ValueError("line_pattern splits one example per line into columns; token classification reads CoNLL column files "
+                             "(one word per line) or rows with token and tag lists. Remove line_pattern.")
         if context_length < 0:
             raise ValueError(f"context_length must be >= 0 (sub-tokens of context), got {context_length}.")
         self.context_length = context_length
@@ -78,9 +83,9 @@ class TokenClassificationData(TextDataModule):
     # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
     def load(self, spec: str, role: str) -> datasets.Dataset:
         is_file = self.dataset is None
-        if is_file and (f".{self.file_type}" if self.file_type else file_format(spec)) not in ROW_FORMATS:
-            return read_conll(spec, self.tag_column, role)
-        ds = load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type)
+        if is_file and self.reading.suffix(spec) not in ROW_FORMATS:
+            return read_conll(spec, self.tag_column, role, self.reading.encoding)
+        ds = load_split(self.dataset, self.dataset_config, spec, role, self.reading)
         has_tags = self.tags_column in ds.column_names
         check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
         tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)
@@ -118,7 +123,7 @@ class TokenClassificationData(TextDataModule):
         return ["tokens"]
 
     def tokenizer_text_options(self) -> list:
-        return ["tokens", self.tag_column, self.tokens_column]
+        return ["tokens", self.tag_column, self.tokens_column, dataclasses.asdict(self.reading)]
 
     def info(self) -> dict:
         return {**super().info(), "label_names": self.label_order}

@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 from tokenizers import Tokenizer
 from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
-from trunk.datamodules.sources import FILE_FORMATS, check_columns, column, file_format, load_split, read_text
+from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
 from trunk.datamodules.tokenizer import cached_tokenizer
 
@@ -79,13 +79,13 @@ class TranslationData(TextDataModule):
         if self.dataset is None and LANG in spec:
             return self._read_parallel_files(spec, role)
         path = Path(spec).expanduser()
-        if self.dataset is None and file_format(path) not in FILE_FORMATS:
+        if self.dataset is None and self.reading.suffix(path) not in (*FILE_FORMATS, LINES):
             if not role.endswith(".predict"):
                 raise ValueError(f"{role}='{spec}' names neither parallel files nor a row file. Write the path with "
                                  f"'{LANG}' where the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz "
                                  f"and train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set dataset.")
             return self._pairs(self._lines(path, role), None, role, path.name)
-        return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role, self.column_names, self.file_type), role)
+        return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role, self.reading), role)
 
     def _read_parallel_files(self, spec: str, role: str) -> datasets.Dataset:
         paths = {lang: Path(spec.replace(LANG, lang)).expanduser() for lang in (self.source_lang, self.target_lang)}
@@ -122,9 +122,8 @@ class TranslationData(TextDataModule):
         targets = column(ds, self.target_lang) if self.target_lang in ds.column_names else None
         return self._pairs(column(ds, self.source_lang), targets, role, "row")
 
-    @staticmethod
-    def _lines(path: Path, role: str) -> list[str]:
-        text = read_text(path, role)
+    def _lines(self, path: Path, role: str) -> list[str]:
+        text = read_text(path, role, self.reading.encoding)
         lines = text.split("\n")  # only newlines end lines: other Unicode breaks may sit inside a sentence
         if lines and lines[-1] == "":
             lines.pop()

@@ -289,7 +289,7 @@ def test_empty_split(tmp_path, sentiment_files):
     (b"\n  \n", r"is empty: it has no rows"),
     (bytes(range(256)) * 8, r"is a binary file \(NUL bytes at line 1\), not csv text"),
     ("text,label\ngood film,positive\ncaf\u00e9 cr\u00e8me,negative\n".encode("latin-1"),
-     r"bad.csv, line 3: byte 0xe9 at column 4 is not UTF-8. Save the file as UTF-8"),
+     r"bad.csv, line 3: byte 0xe9 at column 4 is not utf-8. Set the file.s encoding \(data.tasks.sst.encoding: latin-1, cp1252, ...\) or save it as UTF-8"),
 ])
 def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment_files, content, problem):
     bad = tmp_path / "bad.csv"
@@ -301,7 +301,7 @@ def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment
 def test_a_non_utf8_conll_file_names_its_line(tmp_path):
     bad = tmp_path / "train.txt"
     bad.write_bytes("Paris NN O B-LOC\n\nM\u00fcnchen NN O B-LOC\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"train.txt, line 3: byte 0xfc at column 2 is not UTF-8"):
+    with pytest.raises(ValueError, match=r"train.txt, line 3: byte 0xfc at column 2 is not utf-8. Set the file.s encoding"):
         run_data(TokenClassificationData(train=str(bad)), name="ner").setup("fit")
 
 
@@ -413,3 +413,67 @@ def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):
     missing = TextClassificationData(train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="title")
     with pytest.raises(ValueError, match=r"has no column 'title' \(set by data.tasks.task.hold_out_by\)"):
         missing.raw("train")
+
+
+TREC_PATTERN = r"(?P<label>[A-Z]+):\S+ (?P<text>.+)"
+
+
+def test_one_example_per_line_in_its_own_shape_and_encoding_is_read_by_line_pattern(tmp_path):
+    """TREC as it ships: ``COARSE:fine question`` per line, latin-1. No conversion: the config reads it."""
+    rng = random.Random(0)
+    lines = [f"{label}:{fine} {question} {i} ?" for i in range(40) for label, fine, question in
+             [rng.choice([("LOC", "city", "Where is Besançon"), ("HUM", "ind", "Who wrote Señor Presidente"), ("NUM", "date", "When was it")])]]
+    path = tmp_path / "train_5500.label"
+    path.write_bytes(("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n").encode("latin-1"))  # a blank line is skipped
+    member = TextClassificationData(train=str(path), line_pattern=TREC_PATTERN, encoding="latin-1", val_fraction=0.25)
+    data = run_data(member, "trec")
+    rows = member.raw("train")
+    assert len(rows) + len(member.raw("validation")) == 40  # no line lost
+    assert sorted(member.label_names) == ["HUM", "LOC", "NUM"] and any("Besançon" in t for t in column(rows, "text"))
+    data.setup("fit")
+    assert next(iter(data.train_dataloader()))["labels"].shape[0] > 0
+    # the fine class instead: another pattern is other rows, not the first pattern's cached encoding
+    fine = TextClassificationData(train=str(path), line_pattern=r"[A-Z]+:(?P<label>\S+) (?P<text>.+)", encoding="latin-1", val_fraction=0.25)
+    run_data(fine, "trec").setup("fit")
+    assert sorted(fine.label_names) == ["city", "date", "ind"]
+
+
+def test_line_pattern_and_encoding_errors_name_the_option_the_line_and_the_fix(tmp_path):
+    path = tmp_path / "q.label"
+    path.write_bytes("LOC:city Where is Besançon ?\nno label on this line\n".encode("latin-1"))
+
+    def read(**options):
+        member = TextClassificationData(train=str(path), **options)
+        member.name = "trec"
+        return member.raw("train")
+
+    with pytest.raises(ValueError, match=r"data.tasks.trec.train: .*q.label, line 1: byte 0xe7 at column 24 is not utf-8. Set the "
+                                         r"file's encoding \(data.tasks.trec.encoding: latin-1"):
+        read(line_pattern=TREC_PATTERN)
+    with pytest.raises(ValueError, match=r"q.label, line 2 does not match data.tasks.trec.line_pattern .* 'no label on this line'"):
+        read(line_pattern=TREC_PATTERN, encoding="latin-1")
+    with pytest.raises(ValueError, match=r"data.tasks.trec.encoding='latin-9x' is not an encoding"):
+        read(encoding="latin-9x")
+    with pytest.raises(ValueError, match=r"data.tasks.trec.line_pattern='\(unclosed' is not a regular expression"):
+        read(line_pattern="(unclosed")
+    with pytest.raises(ValueError, match=r"has no named groups: name each column as \(\?P<name>...\)"):
+        read(line_pattern=r"(\w+) (.+)")
+    with pytest.raises(ValueError, match=r"line_pattern splits lines files; it cannot read file_type='csv'"):
+        read(line_pattern=TREC_PATTERN, file_type="csv")
+    with pytest.raises(ValueError, match=r"say how to read local files; hub and built-in datasets describe their own"):
+        read(dataset="trunk:sentiment", line_pattern=TREC_PATTERN)
+    with pytest.raises(ValueError, match="token classification reads CoNLL column files"):
+        TokenClassificationData(train=str(path), line_pattern=TREC_PATTERN)
+
+
+def test_encoding_reads_latin1_conll_and_corpus_files(tmp_path):
+    conll = tmp_path / "train.conll"
+    conll.write_bytes("José\tB-PER\nvit\tO\nà\tO\nSão\tB-LOC\nPaulo\tI-LOC\n\n".encode("latin-1"))
+    member = TokenClassificationData(train=str(conll), tag_column=-1, encoding="latin-1")
+    member.name = "ner"
+    assert column(member.raw("train"), "tokens") == [["José", "vit", "à", "São", "Paulo"]]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes("Où est la gare ?\nÀ gauche.\n".encode("latin-1"))
+    member = CorpusData(train=str(corpus), documents="line", encoding="latin-1", val_fraction=0.0)
+    member.name = "mlm"
+    assert list(member.texts_for_tokenizer()) == ["Où est la gare ?", "À gauche."]
