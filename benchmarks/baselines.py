@@ -11,6 +11,8 @@ label names), then scored with scikit-learn (`pip install trunk[bench]`):
     prior); TF-IDF + one logistic regression per label, at the recipe's threshold.
   * multiple choice: the most common answer position; the candidate with the highest TF-IDF cosine to
     the context.
+  * token classification (NER): every word labelled as its most common training tag (a memorised gazetteer);
+    logistic regression per word on its form, shape, affixes and neighbours (a linear tagger), entity F1.
   * extractive QA: the context sentence with the highest TF-IDF cosine to the question, whole or without the
     question's words (SQuAD's exact match and F1).
 """
@@ -157,7 +159,54 @@ def question_answering(member, split: str, options: dict) -> dict:
             for name, rows in scores.items()}
 
 
-BASELINES = {"sequence_classification": classification, "sequence_regression": regression,
+def word_features(words: list[str], i: int) -> dict:
+    """A linear tagger's view of one word: itself, its shape and affixes, and its neighbours (as in classic NER)."""
+    word = words[i]
+    shape = "".join("X" if c.isupper() else "x" if c.islower() else "d" if c.isdigit() else c for c in word)
+    features = {"w=" + word.lower(): 1, "shape=" + shape[:6]: 1, "pre=" + word[:3].lower(): 1, "suf=" + word[-3:].lower(): 1,
+                "title": word.istitle(), "upper": word.isupper(), "first": i == 0, "#@": word[:1] in "#@"}
+    for offset in (-2, -1, 1, 2):
+        j = i + offset
+        features[f"w{offset:+d}=" + (words[j].lower() if 0 <= j < len(words) else "<pad>")] = 1
+        if 0 <= j < len(words):
+            features[f"title{offset:+d}"] = words[j].istitle()
+    return features
+
+
+def token_classification(member, split: str, options: dict) -> dict:
+    from sklearn.feature_extraction import DictVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from trunk.tasks.objectives.token_classification import EntityF1
+
+    train, test = member.raw("train"), member.raw(split)
+    train_words, train_tags = column(train, "tokens"), column(train, "tags")
+    test_words, test_tags = column(test, "tokens"), column(test, "tags")
+    counts = {}
+    for words, tags in zip(train_words, train_tags):
+        for word, tag in zip(words, tags):
+            counts.setdefault(word, {}).setdefault(tag, 0)
+            counts[word][tag] += 1
+    memorised = [[max(counts[w], key=counts[w].get) if w in counts else "O" for w in words] for words in test_words]
+    vectorizer = DictVectorizer()
+    x_train = vectorizer.fit_transform([word_features(words, i) for words in train_words for i in range(len(words))])
+    model = LogisticRegression(max_iter=1000, C=1.0).fit(x_train, [t for tags in train_tags for t in tags])
+    flat = model.predict(vectorizer.transform([word_features(words, i) for words in test_words for i in range(len(words))]))
+    predicted, start = [], 0
+    for words in test_words:
+        predicted.append(list(flat[start:start + len(words)]))
+        start += len(words)
+    types = sorted({tag.split("-", 1)[1] for tag in member.label_names if "-" in tag})
+
+    def row(tags):
+        metric = EntityF1(types)
+        metric.update(tags, test_tags)
+        scores = metric.compute()
+        return {name: float(scores[name]) for name in ("f1", "precision", "recall")}
+
+    return {"each word's most common training tag": row(memorised), "logistic regression on word features": row(predicted)}
+
+
+BASELINES = {"sequence_classification": classification, "token_classification": token_classification, "sequence_regression": regression,
              "multi_label_classification": multi_label, "multiple_choice": multiple_choice,
              "extractive_qa": question_answering}
 
