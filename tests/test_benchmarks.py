@@ -85,7 +85,7 @@ def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
 
 
 def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment_files, scores_files, topics_files, quiz_files,
-                                                                      squad_files, tmp_path):
+                                                                      squad_files, ner_files, tmp_path):
     import yaml
 
     def task(data_class: str, files: dict, **options) -> dict:
@@ -95,7 +95,7 @@ def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment
               "data": {"tasks": {"sentiment": task("TextClassificationData", sentiment_files),
                                  "sim": task("TextRegressionData", scores_files, text_pair_column="pair", label_column="score"),
                                  "topics": task("MultiLabelTextData", topics_files), "quiz": task("MultipleChoiceData", quiz_files),
-                                 "qa": task("QuestionAnsweringData", squad_files)}}}
+                                 "qa": task("QuestionAnsweringData", squad_files), "ner": task("TokenClassificationData", ner_files)}}}
     config = tmp_path / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe))
     out = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--config", str(config)], capture_output=True, text=True, check=True).stdout
@@ -105,6 +105,44 @@ def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment
     assert "TF-IDF + logistic regression per label (threshold 0.4)" in rows and "TF-IDF cosine of the two texts" in rows
     assert any(name.startswith("most common answer position") for name in rows)
     # templated contexts: each fact is its own sentence, so the closest sentence less the question's words is often the answer
+    # generated names and places from short lists: both taggers find them (entity F1, not word accuracy)
+    ner = {name: float(rows[name].split(" | ")[1]) for name in ("logistic regression on word features", "each word's most common training tag")}
+    assert min(ner.values()) > 0.8
     qa = {name: float(rows[name].split(" | ")[2].rstrip(" |")) for name in rows if "closest to the question" in name}
     assert qa["the sentence, less the question's words, closest to the question (TF-IDF cosine)"] > qa[
         "the sentence closest to the question (TF-IDF cosine)"] > 0
+
+
+def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(tmp_path):
+    import random
+
+    import yaml
+    from conftest import write_rows
+
+    rng = random.Random(0)
+    words = {"positive": ["good", "great", "fine", "superb"], "negative": ["bad", "awful", "dull", "poor"]}
+    rows = lambda n: [{"text": f"the {rng.choice(['film', 'play', 'book'])} was {rng.choice(words[label])}", "label": label}  # noqa: E731
+                      for label in rng.choices(list(words), k=n)]
+    files = {split: write_rows(tmp_path / f"{split}.csv", rows(n)) for split, n in (("train", 200), ("test", 60))}
+
+    recipe = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification", "init_args": {"pooling": "mean"}}},
+                        "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64}, "optimizer": {"lr": 3e-3}},
+              "data": {"tasks": {"reviews": {"class_path": "trunk.datamodules.TextClassificationData",
+                                             "init_args": {"train": str(files["train"]), "test": str(files["test"]),
+                                                           "val_fraction": 0.2, "max_length": 64, "batch_size": 16}}},
+                       "tokenizer_vocab_size": 300},
+              "trainer": {"max_epochs": 8, "accelerator": "cpu",
+                          "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+    config = tmp_path / "reviews.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "small_data.py"), "--recipe", str(config), "--seeds", "0", "1",
+                           "--variant", "eight=", "--variant", "one=--trainer.max_epochs=1", "--root", str(tmp_path / "runs")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| reviews")}
+    assert set(rows) == {"baseline: TF-IDF + logistic regression", "eight", "one"}
+    mean, spread = (float(x) for x in rows["eight"][2].split(" ± "))
+    seeds = [float(x) for x in rows["eight"][3].split()]
+    assert len(seeds) == 2 and abs(mean - sum(seeds) / 2) < 1e-3 and mean > 0.9  # learned, and the mean is of the seeds
+    assert rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"  # epochs: the variant's arguments applied
+    assert sorted(p.name for p in (tmp_path / "runs" / "reviews" / "eight").iterdir()) == ["seed0", "seed1"]
