@@ -77,6 +77,7 @@ def test_primary_metric_stands_for_the_task_in_the_score():
     ({"primary_metric": "f1_positive"}, "needs positive_label"),
     ({"primary_metric": "auc"}, "choose one of"),
     ({"class_weights": "inverse"}, "'balanced' or one weight per label"),
+    ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
 ])
 def test_bad_classification_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -102,6 +103,21 @@ def test_balanced_class_weights_follow_the_training_counts():
     assert objective.loss(model.trunk, batch, "train").item() == pytest.approx(expected.item())
     plain = classifier(counts=[60, 30, 10])
     assert plain.objectives["t"].class_weight is None
+
+
+def test_label_smoothing_spreads_the_target_over_the_other_labels():
+    """With smoothing e over 3 labels, the target is 1 - e + e/3 on the gold label and e/3 on each other one."""
+    smoothed, plain = classifier(label_smoothing=0.3), classifier()
+    with torch.no_grad():
+        smoothed.objectives["t"].head.classifier.bias.copy_(torch.tensor([3.0, 0.0, -3.0]))  # confident: smoothing matters
+    plain.load_state_dict(smoothed.state_dict())
+    batch = random_batches(1)[0]
+    logits = smoothed.objectives["t"](smoothed.trunk, batch).float()
+    target = torch.full_like(logits, 0.1).scatter_(1, batch["labels"][:, None], 0.8)
+    expected = -(target * logits.log_softmax(-1)).sum(-1).mean()
+    assert smoothed.objectives["t"].loss(smoothed.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
+    assert plain.objectives["t"].loss(plain.trunk, batch, "train").item() == pytest.approx(F.cross_entropy(logits, batch["labels"]).item(), rel=1e-5)
+    assert abs(plain.objectives["t"].loss(plain.trunk, batch, "train").item() - expected.item()) > 0.01
 
 
 def test_balanced_weights_come_from_the_data_through_the_cli(tiny_cli_args):

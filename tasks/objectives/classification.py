@@ -38,21 +38,25 @@ class Classification(PooledObjective):
         class_weights: weights of the classes in the loss, for imbalanced labels: ``balanced`` (each class
             weighted by n_examples / (n_classes x its count) in the training split, as scikit-learn's), or one
             number per label in ``label_names`` order. None: every example counts the same.
+        label_smoothing: the share of each target's probability spread over the other labels (0.1 is common): a
+            regulariser that keeps a model trained on few examples from growing over-confident.
     """
 
     def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1,
                  primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
-                 class_weights: Literal["balanced"] | list[float] | None = None, **config) -> None:
+                 class_weights: Literal["balanced"] | list[float] | None = None, label_smoothing: float = 0.0, **config) -> None:
         super().__init__(pooling, head_dropout, primary_metric=primary_metric, positive_label=positive_label,
-                         class_weights=class_weights, **config)
+                         class_weights=class_weights, label_smoothing=label_smoothing, **config)
         if primary_metric not in CLASSIFICATION_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")
         if primary_metric == "f1_positive" and positive_label is None:
             raise ValueError("primary_metric=f1_positive needs positive_label: the label whose F1 it is.")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
         if isinstance(class_weights, str) and class_weights != "balanced":
             raise ValueError(f"class_weights={class_weights!r}: give 'balanced' or one weight per label.")
         self.primary = primary_metric
-        self.positive_label, self.class_weights = positive_label, class_weights
+        self.positive_label, self.class_weights, self.label_smoothing = positive_label, class_weights, label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not self.label_names or len(self.label_names) < 2:
@@ -98,7 +102,7 @@ class Classification(PooledObjective):
                 metric.update((predicted == positive).long(), (labels == positive).long())
             else:
                 metric.update(predicted, labels)
-        return F.cross_entropy(logits.float(), labels, weight=self.class_weight)
+        return F.cross_entropy(logits.float(), labels, weight=self.class_weight, label_smoothing=self.label_smoothing)
 
     def epoch_warnings(self, stage: str) -> list[str]:
         confusion = self.confusion(stage)

@@ -18,6 +18,7 @@ class SequenceClassification(Classification):
         primary_metric: the metric that stands for the task in ``val/score``: acc, f1_macro, mcc or f1_positive.
         positive_label: the label whose F1 is logged as ``f1_positive``.
         class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for imbalanced labels.
+        label_smoothing: the share of each target's probability spread over the other labels (0: none).
     """
 
     kind = "sequence_classification"
