@@ -19,7 +19,7 @@ import yaml
 from datasets.utils import disable_progress_bars, enable_progress_bars
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import (
@@ -335,6 +335,9 @@ class TrunkCLI(LightningCLI):
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
         if not best:
             rank_zero_warn(f"No checkpoint was saved, so the test splits score the final weights (step {self.trainer.global_step}).")
+        # A weight-averaging callback (EMA, SWA) would load the checkpoint's raw weights back for the test; the checkpoint's
+        # state_dict holds the averaged ones, which `trunk test --ckpt_path` and trunk.tasks.load evaluate: so does this test.
+        self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, WeightAveraging)]
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_rows
 from trunk.tasks.cli import run_cli
 
@@ -129,6 +130,19 @@ def test_last_and_best_name_the_runs_own_checkpoints_for_every_subcommand(tiny_c
     for subcommand in ("test", "predict"):
         with pytest.raises(SystemExit, match=r"--ckpt_path last: no last.ckpt under .*none'"):
             run_cli([subcommand, *elsewhere, "--ckpt_path=last"])
+
+
+def test_with_weight_averaging_the_test_after_fit_scores_the_averaged_weights_the_checkpoint_holds(tiny_cli_args, tmp_path):
+    """Lightning's EMA callback restores a checkpoint's raw weights when it loads one; `trunk fit`'s own test must score
+    what the checkpoint stands for (its state_dict: the average), as `trunk test --ckpt_path` does in a new process."""
+    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay=0.9"]
+    fit = run_cli(["fit", *tiny_cli_args, *ema, "--trainer.max_epochs=2"])
+    best = fit.trainer.checkpoint_callback.best_model_path
+    after_fit = {k: float(v) for k, v in fit.trainer.callback_metrics.items() if k.startswith("test/")}
+    alone = {k: float(v) for k, v in run_cli(["test", *tiny_cli_args, f"--ckpt_path={best}"]).trainer.callback_metrics.items()}
+    assert after_fit and all(alone[k] == pytest.approx(v, abs=1e-6) for k, v in after_fit.items())
+    raw = torch.load(best, weights_only=True)
+    assert any(not torch.equal(raw["state_dict"][k], raw["current_model_state"][k]) for k in raw["state_dict"])  # they differ
 
 
 def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
