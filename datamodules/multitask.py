@@ -145,7 +145,8 @@ class MultiTaskData(L.LightningDataModule):
         predict_task: with ``trunk predict``, predict only this task; unset: every task whose predict split is set.
         tokenizer: the run's tokenizer (a tokenizer.json, a directory holding one, or a Trunk .ckpt);
             unset: trained on the training text of all text tasks (cached). ``model.init_from`` sets it.
-        tokenizer_vocab_size: the vocabulary size when training it.
+        tokenizer_vocab_size: the vocabulary size when training it (at most: see tokenizer_min_frequency).
+        tokenizer_min_frequency: when training it, the times a piece must occur in the training text to be a token.
         lowercase: lowercase text when training it.
     """
 
@@ -161,6 +162,7 @@ class MultiTaskData(L.LightningDataModule):
         predict_task: str | None = None,
         tokenizer: str | None = None,
         tokenizer_vocab_size: int = 8192,
+        tokenizer_min_frequency: int = 2,
         lowercase: bool = False,
     ) -> None:
         super().__init__()
@@ -169,6 +171,8 @@ class MultiTaskData(L.LightningDataModule):
         wrong = {name: type(member).__name__ for name, member in tasks.items() if not isinstance(member, TaskData)}
         if wrong:
             raise TypeError(f"data.tasks entries must be TaskData classes (TextClassificationData, ...); got {wrong}.")
+        if tokenizer_min_frequency < 1:
+            raise ValueError(f"data.tokenizer_min_frequency must be >= 1, got {tokenizer_min_frequency}.")
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"data.steps_per_epoch must be >= 1, got {steps_per_epoch}.")
         if predict_task is not None and predict_task not in tasks:
@@ -188,6 +192,7 @@ class MultiTaskData(L.LightningDataModule):
             TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)  # fail now, not after encoding
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
+        self.tokenizer_min_frequency = tokenizer_min_frequency
         self._codec: Codec | None = None
 
     # -- the codec: one per run ------------------------------------------------------------------
@@ -216,7 +221,7 @@ class MultiTaskData(L.LightningDataModule):
             key = [m.tokenizer_key() for m in members]
             texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
             tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,
-                                         f"the training text of {sorted(self.text_tasks)}")
+                                         f"the training text of {sorted(self.text_tasks)}", self.tokenizer_min_frequency)
         for member in self.text_tasks.values():
             member.connect(tokenizer, self.lowercase)
         targets = {name: m.own_target_tokenizer() for name, m in self.text_tasks.items()}

@@ -63,14 +63,17 @@ TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe}
 
 
 def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,
-                     what: str = "the training text") -> Tokenizer:
-    """Train a tokenizer once per (data, options) and cache it; ``key`` names the data.
+                     what: str = "the training text", min_frequency: int = 2) -> Tokenizer:
+    """Train a tokenizer once per (data, options) and cache it; ``key`` names the data. A piece enters the
+    vocabulary only if the text holds it ``min_frequency`` times: on a small text that keeps the vocabulary to
+    pieces seen often enough to learn, where a large text fills ``vocab_size`` whatever the setting.
 
     Tokenizer training is not deterministic across processes (hash-order tie breaks), so every DDP
     rank must read the same file rather than train its own: the launching process trains and
     caches before the other ranks start.
     """
-    digest = hashlib.sha256(json.dumps([key, model, vocab_size, lowercase], default=str).encode()).hexdigest()[:20]
+    options = [key, model, vocab_size, lowercase] + ([min_frequency] if min_frequency != 2 else [])  # 2: the key as before
+    digest = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{digest}.json"
     if path.is_file():
         try:
@@ -78,10 +81,11 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
     rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")  # not a silent pause
-    tokenizer = TRAINERS[model](texts(), vocab_size, lowercase)
+    tokenizer = TRAINERS[model](texts(), vocab_size, lowercase, min_frequency)
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
-                       "pieces seen at least twice. That is fine: the vocabulary is what the data holds.")
+                       f"pieces seen at least {min_frequency} times (data.tokenizer_min_frequency). That is fine: the vocabulary "
+                       "is what the data holds.")
     atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
     rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
     return tokenizer

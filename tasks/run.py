@@ -106,7 +106,8 @@ def checkpoint_options(ckpt: dict, configured: dict) -> dict:
 # and skips the batches already trained on, so with other values it would skip or repeat batches and miss validations.
 STREAM_OPTIONS = ("train", "batch_size", "max_length", "val_fraction", "hold_out_by", "select", "dataset", "dataset_config",
                   "column_names", "file_type", "line_pattern", "encoding", "documents", "text_column", "text_pair_column", "label_column", "bucket_by_length",
-                  "sampling", "temperature", "weights", "anneal_to", "steps_per_epoch", "seed", "tokenizer", "tokenizer_vocab_size")
+                  "sampling", "temperature", "weights", "anneal_to", "steps_per_epoch", "seed", "tokenizer", "tokenizer_vocab_size",
+                  "tokenizer_min_frequency")
 
 
 def _leaves(value, prefix: str = "") -> dict:

@@ -163,7 +163,7 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
     assert "may not exceed model.trunk.max_len" in messages[0]  # the second knob is named
     assert max(len(ids) for ids in data.tasks["sst"]._encoded["train"]["input_ids"]) == 16
     vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
-    assert len(vocabulary) == 1 and "has no more pieces seen at least twice" in vocabulary[0]  # a warning, with its reason
+    assert len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0]  # a warning, with its reason
 
 
 def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):
@@ -477,3 +477,23 @@ def test_encoding_reads_latin1_conll_and_corpus_files(tmp_path):
     member = CorpusData(train=str(corpus), documents="line", encoding="latin-1", val_fraction=0.0)
     member.name = "mlm"
     assert list(member.texts_for_tokenizer()) == ["Où est la gare ?", "À gauche."]
+
+
+def test_tokenizer_min_frequency_keeps_a_small_texts_vocabulary_to_pieces_seen_often(tmp_path):
+    """Each piece of the vocabulary occurs at least that often in the training text: rare words are spelled in pieces."""
+    rng = random.Random(0)
+    common, rare = ["what", "who", "where", "city", "river"], [f"name{i}x" for i in range(60)]
+    rows = [{"text": " ".join(rng.choices(common, k=4) + [rng.choice(rare)]), "label": "a"} for _ in range(120)]
+    path = write_rows(tmp_path / "train.csv", rows)
+    sizes = {}
+    for frequency in (2, 8):
+        data = run_data(TextClassificationData(train=str(path)), tokenizer_vocab_size=2000, tokenizer_min_frequency=frequency)
+        vocabulary = data.codec.tokenizer.get_vocab()
+        sizes[frequency] = len(vocabulary)
+        assert all(word in vocabulary for word in common)
+    assert sizes[8] < sizes[2]
+    whole_rare = sum(word in run_data(TextClassificationData(train=str(path)), tokenizer_vocab_size=2000,
+                                      tokenizer_min_frequency=8).codec.tokenizer.get_vocab() for word in rare)
+    assert whole_rare == 0  # each rare name occurs about twice: below 8, it is spelled in pieces
+    with pytest.raises(ValueError, match="data.tokenizer_min_frequency must be >= 1"):
+        run_data(TextClassificationData(train=str(path)), tokenizer_min_frequency=0)
