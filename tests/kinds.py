@@ -46,7 +46,8 @@ KINDS = {
     "sequence_classification": Kind(
         "trunk.tasks.SequenceClassification", "trunk.datamodules.TextClassificationData", ("train", "validation", "test", "predict"),
         labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
-        recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null")),
+        recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null", "--data.line_pattern=null",
+                       "--data.encoding=utf-8")),
     "token_classification": Kind(
         "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
         labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
