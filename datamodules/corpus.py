@@ -16,6 +16,7 @@ from datasets.arrow_writer import ArrowWriter
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
+from trunk.core.masking import corrupt, ensure_one
 from trunk.datamodules.sources import (
     FILE_FORMATS,
     check_columns,
@@ -63,15 +64,7 @@ class TokenMasker:
             chosen = chosen_word.gather(1, word_index) & maskable
         else:
             chosen = (torch.rand(input_ids.shape, generator=generator) < self.probability) & maskable
-        if not chosen.any() and maskable.any():  # a loss needs at least one target
-            candidates = maskable.flatten().nonzero().squeeze(1)
-            chosen.view(-1)[candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
-        labels = torch.where(chosen, input_ids, IGNORE_INDEX)
-        roll = torch.rand(input_ids.shape, generator=generator)
-        random_ids = self.normal_ids[torch.randint(len(self.normal_ids), input_ids.shape, generator=generator)]
-        masked = torch.where(chosen & (roll < 0.8), self.mask_id, input_ids)
-        masked = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, masked)
-        return masked, labels
+        return corrupt(input_ids, ensure_one(chosen, maskable, generator), self.mask_id, self.normal_ids, generator)
 
 
 class CorpusData(TextDataModule):

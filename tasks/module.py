@@ -18,12 +18,14 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import nn
-from trunk.core.codec import Codec
+from trunk.core.codec import MASK, SPECIAL_IDS, SPECIAL_TOKENS, Codec
+from trunk.core.masking import mask_tokens
 from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
+from trunk.tasks.objectives.masked_lm import masked_token_nll, tied_mlm_head
 from trunk.tasks.optim import OptimConfig, build_optimizer, decay_groups, no_decay_ids
 from trunk.tasks.sharding import shard
 from trunk.tasks.pretrained import (
@@ -80,6 +82,10 @@ class TrunkModule(L.LightningModule):
         compile: ``torch.compile`` each block (trunk and decoder). Off by default: on the reference
             2-core CPU it made the step slower (0.93x in bf16, after a 38 s warm-up; docs/speed.md);
             try it on GPUs.
+        aux_mlm: the weight of an auxiliary masked-LM loss on every text task's own training batches (0: off;
+            0.5 is common). Each training batch is masked as BERT does (15% of its ordinary tokens) and run
+            through the trunk a second time; an MLM head tied to the token embeddings predicts the hidden
+            tokens. On small sets it keeps the trunk learning the language of the task, not only its labels.
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class TrunkModule(L.LightningModule):
         codec: Codec | None = None,
         activation_checkpointing: bool = False,
         compile: bool = False,
+        aux_mlm: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["codec"])
@@ -107,6 +114,7 @@ class TrunkModule(L.LightningModule):
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
         self.objectives = nn.ModuleDict(objectives)
+        self.aux_mlm, self.aux_mlm_head = self._aux_mlm_head(aux_mlm, objectives)
         for stack in (m for m in self.modules() if hasattr(m, "set_grad_checkpointing")):  # the backbone, decoders
             stack.set_grad_checkpointing(activation_checkpointing)
         if compile:
@@ -263,7 +271,33 @@ class TrunkModule(L.LightningModule):
         where = f"{task}/{batch['file']}" if batch.get("file") else task  # a file's loader logs its own loss (one key per loader)
         self.log(f"{stage}/{where}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
                  sync_dist=stage != "train", add_dataloader_idx=False)
-        return self.task_weights[task] * loss
+        loss = self.task_weights[task] * loss
+        if stage == "train" and self.aux_mlm_head is not None and self.objective(task).stem == "text":
+            aux = self._aux_mlm_loss(batch)
+            self.log(f"train/{task}/aux_mlm_loss", aux, on_step=True, on_epoch=True, batch_size=batch_size(batch))
+            loss = loss + self.aux_mlm * aux
+        return loss
+
+    def _aux_mlm_head(self, weight: float, objectives: dict[str, Objective]) -> tuple[float, nn.Module | None]:
+        """``aux_mlm``'s head (tied to the token embeddings), when it is on."""
+        if not (isinstance(weight, (int, float)) and weight >= 0):
+            raise ValueError(f"model.aux_mlm={weight!r} must be a loss weight >= 0 (0: off).")
+        if weight == 0:
+            return 0.0, None
+        if not any(o.stem == "text" for o in objectives.values()):
+            raise ValueError("model.aux_mlm masks the tokens of text tasks' batches; this run has no text task. Set it to 0.")
+        return float(weight), tied_mlm_head(self.trunk)
+
+    def _aux_mlm_loss(self, batch: dict) -> torch.Tensor:
+        """The masked-LM loss of this batch's own text, masked afresh (the task's loss saw it whole)."""
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        ids, mask = ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1])  # choices: rows
+        tokenizer = self.codec.tokenizer if self.codec is not None else None
+        specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] if tokenizer is not None else list(SPECIAL_IDS.values())
+        masked, targets = mask_tokens(ids, torch.tensor(specials, device=ids.device), specials[SPECIAL_TOKENS.index(MASK)],
+                                      self.trunk_config.vocab_size)
+        _, nll, _ = masked_token_nll(self.aux_mlm_head, self.trunk(masked, mask), targets)
+        return nll.mean()
 
     def batch_work(self, batch: dict) -> tuple[int, torch.Tensor, int]:
         """What the trunk computes on for ``batch``: (samples, real tokens as a 0-d tensor on the batch's
@@ -366,7 +400,7 @@ class TrunkModule(L.LightningModule):
     def depth_groups(self) -> list[list[nn.Module]]:
         """The model bottom-up: [stems], [block 0], ..., [block L-1], [final norm, every task's head]."""
         *below, top = self.trunk.depth_groups()
-        return [*below, [*top, *self.objectives.values()]]
+        return [*below, [*top, *self.objectives.values(), *([self.aux_mlm_head] if self.aux_mlm_head is not None else [])]]
 
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""

@@ -1,0 +1,51 @@
+"""What small sets need: an auxiliary masked-LM loss on the task's own text (``model.aux_mlm``)."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from trunk.core.masking import mask_tokens
+from trunk.tasks import load
+from trunk.tasks.cli import run_cli
+
+
+def test_mask_tokens_masks_ordinary_tokens_only_and_labels_what_it_hid():
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 100, (64, 32), generator=generator)
+    ids[:, 0], ids[:, -1], ids[:8, 20:] = 2, 3, 0  # [CLS], [SEP], padding
+    masked, labels = mask_tokens(ids, torch.arange(5), mask_id=4, vocab_size=100, generator=generator)
+    chosen = labels != -100
+    assert not chosen[ids < 5].any() and (labels[chosen] == ids[chosen]).all()
+    assert 0.1 < chosen[ids >= 5].float().mean() < 0.2  # 15% of the ordinary tokens
+    assert 0.7 < (masked[chosen] == 4).float().mean() < 0.9  # 80% [MASK], the rest random or kept
+    assert (masked[~chosen] == ids[~chosen]).all() and (masked[chosen] >= 4).all()  # no special token drawn at random
+
+
+def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_round_trips(tiny_cli_args, tmp_path):
+    fit = run_cli(["fit", *tiny_cli_args, "--model.aux_mlm=0.5", "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1"])
+    metrics = fit.trainer.callback_metrics
+    rows = list(csv.DictReader(open(Path(fit.trainer.log_dir) / "metrics.csv")))
+    aux = [float(r["train/sentiment/aux_mlm_loss_epoch"]) for r in rows if r.get("train/sentiment/aux_mlm_loss_epoch")]
+    assert len(aux) == 3 and aux[-1] < aux[0]  # logged every epoch, and learned
+    model = fit.model
+    assert model.aux_mlm_head.decoder.weight is model.trunk.stems["text"].token.weight  # tied: no second vocabulary matrix
+    # the step's loss is the task's loss plus the weighted masked-LM loss of the same batch
+    batch = next(iter(fit.datamodule.train_dataloader()))
+    model.train()
+    model.log = lambda *args, **kwargs: None  # outside the Trainer's loop
+    torch.manual_seed(0)
+    total = model(batch, "train")
+    torch.manual_seed(0)
+    assert total.item() == pytest.approx((model.objective("sentiment").loss(model.trunk, batch, "train") + 0.5 * model._aux_mlm_loss(batch)).item(),
+                                         rel=1e-5)
+    # a checkpoint rebuilds the option and the head; evaluation and inference need neither the data's masking nor the head
+    best = fit.trainer.checkpoint_callback.best_model_path
+    tested = run_cli(["test", *tiny_cli_args, f"--ckpt_path={best}"]).trainer.callback_metrics
+    assert tested["test/sentiment/acc"] == pytest.approx(float(metrics["test/sentiment/acc"]))
+    assert load(best).predict(["a good film"], task="sentiment")[0]["label"] in ("negative", "positive")
+
+
+def test_aux_mlm_options_that_cannot_work_are_named(tiny_cli_args):
+    with pytest.raises(ValueError, match=r"model.aux_mlm=-1.0 must be a loss weight >= 0"):
+        run_cli([*tiny_cli_args, "--model.aux_mlm=-1"], run=False)
