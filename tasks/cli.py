@@ -319,6 +319,21 @@ class TrunkCLI(LightningCLI):
 
     @staticmethod
     def _check_task_names(config) -> None:
+        # A later config file's model.tasks / data.tasks replaces the earlier files' whole (the parser does not merge
+        # dicts): a preset that adds a task would silently drop the recipe's. (Command-line --model.tasks.<name> adds.)
+        named: dict[str, tuple[str, set]] = {}
+        for path in config.get("config") or []:
+            recipe = yaml.safe_load(Path(str(path)).read_text()) if Path(str(path)).is_file() else None
+            for section in ("model", "data"):
+                tasks = ((recipe or {}).get(section) or {}).get("tasks") if isinstance(recipe, dict) else None
+                if not isinstance(tasks, dict):
+                    continue
+                earlier, names = named.get(section, ("", set()))
+                if names - set(tasks):
+                    sys.exit(f"error: {path} sets {section}.tasks, which replaces the {section}.tasks of {earlier} whole (config "
+                             f"files do not merge them), so {sorted(names - set(tasks))} would not be trained. Name every task "
+                             f"in the later file, or add a task on the command line (--{section}.tasks.<name>=...).")
+                named[section] = (str(path), set(tasks))
         model_tasks, data_tasks = config.model.get("tasks") or {}, config.data.get("tasks") or {}
         if set(model_tasks) != set(data_tasks):
             sys.exit(f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "

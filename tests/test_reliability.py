@@ -358,3 +358,18 @@ def test_a_split_of_several_domains_reports_each_files_metrics_and_the_whole(tin
     assert inside > 0.9 and outside < 0.1  # the out-of-domain file says the opposite of what it means
     assert whole == pytest.approx((40 * inside + 24 * outside) / 64, abs=1e-6)
     assert "val/sentiment/dev_out/f1_macro" in metrics and "val/sentiment/dev_in/loss" in metrics
+
+
+def test_a_config_file_that_would_silently_drop_the_recipes_tasks_is_refused(tiny_cli_args, tmp_path):
+    """jsonargparse replaces a dict given by a later config file: a preset adding a task must not drop the recipe's."""
+    import yaml
+
+    recipe = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification"}}},
+              "data": {"tasks": {"reviews": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {"train": "x.csv"}}}}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    (tmp_path / "aux.yaml").write_text(yaml.safe_dump({"model": {"tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}}},
+                                                       "data": {"tasks": {"mlm": {"class_path": "trunk.datamodules.CorpusData",
+                                                                                  "init_args": {"train": "x.txt"}}}}}))
+    with pytest.raises(SystemExit, match=r"aux.yaml sets model.tasks, which replaces the model.tasks of .*recipe.yaml whole .* so "
+                                         r"\['reviews'\] would not be trained"):
+        run_cli(["--config", str(tmp_path / "recipe.yaml"), "--config", str(tmp_path / "aux.yaml")], run=False)
