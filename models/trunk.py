@@ -286,7 +286,7 @@ class Trunk(nn.Module):
         return 3 * forward if train else forward
 
 
-def init_weights(module: nn.Module, std: float = 0.02) -> None:
+def init_weights(module: nn.Module, std: float = 0.02, n_layers: int | None = None) -> None:
     """BERT/GPT initialisation: N(0, std) for matrices and embeddings, zero biases, unit LayerNorms."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -298,7 +298,7 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
             nn.init.zeros_(m.bias)
     # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * depth), so the
     # stream's variance does not grow with depth.
-    n_layers = sum(isinstance(m, Block) for m in module.modules())
+    n_layers = n_layers or sum(isinstance(m, Block) for m in module.modules())  # given: one block of a deeper stack
     for name, p in module.named_parameters():
         if name.endswith(("attn.out_proj.weight", "ff.fc_out.weight")):
             nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * max(n_layers, 1)))

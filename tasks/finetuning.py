@@ -41,6 +41,9 @@ class FinetuneConfig:
             epochs thaw one more depth, top-down: the top block (with the final norm), the next
             block, ..., the embeddings. Parts frozen by the options above stay frozen. 0: off.
         layer_decay: learning-rate factor per depth below the top (1.0: off; 0.8 is common).
+        reinit_top: with ``model.init_from``, start the top N blocks afresh rather than from the pretrained weights
+            (their features are the most specific to pretraining; Zhang et al. 2021, "Revisiting few-sample BERT
+            fine-tuning"). 0: off.
     """
 
     freeze_embeddings: bool = False
@@ -48,10 +51,11 @@ class FinetuneConfig:
     freeze_trunk: bool = False
     unfreeze_every: int = 0
     layer_decay: float = 1.0
+    reinit_top: int = 0
 
     def __post_init__(self) -> None:
-        if self.freeze_layers < 0 or self.unfreeze_every < 0:
-            raise ValueError("finetune.freeze_layers and finetune.unfreeze_every must be >= 0.")
+        if self.freeze_layers < 0 or self.unfreeze_every < 0 or self.reinit_top < 0:
+            raise ValueError("finetune.freeze_layers, finetune.unfreeze_every and finetune.reinit_top must be >= 0.")
         if not 0.0 < self.layer_decay <= 1.0:
             raise ValueError(f"finetune.layer_decay must be in (0, 1], got {self.layer_decay}.")
         if self.freeze_trunk and self.unfreeze_every:

@@ -21,7 +21,7 @@ from torch import nn
 from trunk.core.codec import MASK, SPECIAL_IDS, SPECIAL_TOKENS, Codec
 from trunk.core.masking import mask_tokens
 from trunk.core.contract import TaskSpec
-from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk
+from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk, init_weights
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
@@ -218,6 +218,13 @@ class TrunkModule(L.LightningModule):
         assert not unexpected, unexpected
         fresh = sorted(set(self.trunk.stems) - set(shared))
         notes = []
+        if self.finetune.reinit_top:
+            blocks = self.trunk.backbone.blocks
+            if self.finetune.reinit_top > len(blocks):
+                raise ValueError(f"finetune.reinit_top={self.finetune.reinit_top} exceeds the trunk's {len(blocks)} blocks.")
+            for block in blocks[len(blocks) - self.finetune.reinit_top:]:
+                init_weights(block, self.trunk_config.init_std, n_layers=len(blocks))
+            notes.append(f"the top {self.finetune.reinit_top} of {len(blocks)} blocks start afresh (finetune.reinit_top)")
         for name, objective in self.objectives.items():
             stored = heads_from.get(name, name)
             head = pretrained.heads.get(stored)

@@ -49,3 +49,20 @@ def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_ro
 def test_aux_mlm_options_that_cannot_work_are_named(tiny_cli_args):
     with pytest.raises(ValueError, match=r"model.aux_mlm=-1.0 must be a loss weight >= 0"):
         run_cli([*tiny_cli_args, "--model.aux_mlm=-1"], run=False)
+
+
+def test_reinit_top_starts_the_top_blocks_afresh_and_keeps_the_rest_pretrained(tiny_cli_args, tmp_path):
+    from trunk.tasks.pretrained import export_checkpoint, load_pretrained
+
+    fit = run_cli(["fit", *tiny_cli_args])
+    trunk_dir = export_checkpoint(fit.trainer.checkpoint_callback.best_model_path, tmp_path / "trunk")
+    pretrained = load_pretrained(trunk_dir).trunk_weights
+    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={tmp_path / 'again'}",
+                                                                        f"--model.init_from={trunk_dir}"]
+    model = run_cli([*args, "--model.finetune.reinit_top=1"], run=False).model
+    same = {name: torch.equal(value, pretrained[name]) for name, value in model.trunk.state_dict().items() if name in pretrained}
+    top = f"backbone.blocks.{model.trunk_config.n_layers - 1}."
+    assert not any(ok for name, ok in same.items() if name.startswith(top) and name.endswith("weight") and "norm" not in name)
+    assert all(ok for name, ok in same.items() if not name.startswith(top))  # embeddings, lower blocks, final norm: pretrained
+    with pytest.raises(ValueError, match="finetune.reinit_top=3 exceeds the trunk's 2 blocks"):
+        run_cli([*args, "--model.finetune.reinit_top=3"], run=False)
