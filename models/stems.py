@@ -25,6 +25,8 @@ class TokenStem(nn.Module):
     """Token embedding + position embedding (learned or sinusoidal; none for rope), then dropout.
 
     Post-LN models (BERT) also normalise the embeddings; pre-LN models leave that to the first block.
+    While training, ``token_dropout`` of the tokens lose their embedding (their position stays): the model
+    cannot lean on any one word, a regulariser for small sets (token cutoff, Shen et al. 2020).
     """
 
     def __init__(self, cfg: TrunkConfig) -> None:
@@ -38,6 +40,7 @@ class TokenStem(nn.Module):
         # "rope": no absolute positions here; attention rotates queries and keys (models/trunk.py)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
+        self.token_dropout = cfg.token_dropout
 
     def no_weight_decay(self) -> set[str]:
         """Position tables are offsets the model reads, not features to shrink (timm's convention)."""
@@ -52,6 +55,8 @@ class TokenStem(nn.Module):
                 "(the datamodules do this via their max_length option) or build the trunk with a larger max_len."
             )
         x = self.token(input_ids)
+        if self.training and self.token_dropout > 0:
+            x = x * (torch.rand(input_ids.shape, device=x.device) >= self.token_dropout).unsqueeze(-1).to(x.dtype)
         if hasattr(self, "position"):
             x = x + self.position.weight[offset:T]
         elif hasattr(self, "position_table"):

@@ -33,6 +33,7 @@ class TrunkConfig:
     d_ff: int = 1024  # feed-forward width, usually 4 * d_model
     dropout: float = 0.1
     attn_dropout: float = 0.1
+    token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
     max_len: int = 512
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # rope: rotary, relative, inside attention
     norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
@@ -49,7 +50,7 @@ class TrunkConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "token_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be a probability in [0, 1), got {getattr(self, name)}.")
         for name in ("layer_norm_eps", "init_std"):

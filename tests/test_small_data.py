@@ -66,3 +66,19 @@ def test_reinit_top_starts_the_top_blocks_afresh_and_keeps_the_rest_pretrained(t
     assert all(ok for name, ok in same.items() if not name.startswith(top))  # embeddings, lower blocks, final norm: pretrained
     with pytest.raises(ValueError, match="finetune.reinit_top=3 exceeds the trunk's 2 blocks"):
         run_cli([*args, "--model.finetune.reinit_top=3"], run=False)
+
+
+def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
+    from trunk.models import TrunkConfig
+    from trunk.models.stems import TokenStem
+
+    stem = TokenStem(TrunkConfig(vocab_size=50, d_model=16, n_heads=2, max_len=64, positions="rope", dropout=0.0, token_dropout=0.25))
+    ids = torch.randint(0, 50, (32, 64))
+    torch.manual_seed(0)
+    out = stem.train()(ids)
+    zeroed = (out == 0).all(-1)
+    assert 0.2 < zeroed.float().mean() < 0.3  # a quarter of the tokens, each whole
+    assert torch.equal(out[~zeroed], stem.token(ids)[~zeroed])  # the others untouched (no rescaling)
+    assert torch.equal(stem.eval()(ids), stem.token(ids))  # evaluation sees every token
+    with pytest.raises(ValueError, match=r"TrunkConfig.token_dropout must be a probability in \[0, 1\)"):
+        TrunkConfig(token_dropout=1.0)
