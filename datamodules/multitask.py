@@ -147,6 +147,9 @@ class MultiTaskData(L.LightningDataModule):
             unset: trained on the training text of all text tasks (cached). ``model.init_from`` sets it.
         tokenizer_vocab_size: the vocabulary size when training it (at most: see tokenizer_min_frequency).
         tokenizer_min_frequency: when training it, the times a piece must occur in the training text to be a token.
+        tokenizer_model: when training it: ``wordpiece`` (BERT's), ``bpe`` (SentencePiece-style, exact
+            detokenization: what translation needs), ``byte_bpe`` (GPT-2's byte level: no text is ever [UNK], for
+            noisy user text); ``auto``: ``bpe`` when a task generates text, else ``wordpiece``.
         lowercase: lowercase text when training it.
     """
 
@@ -163,6 +166,7 @@ class MultiTaskData(L.LightningDataModule):
         tokenizer: str | None = None,
         tokenizer_vocab_size: int = 8192,
         tokenizer_min_frequency: int = 2,
+        tokenizer_model: Literal["auto", "wordpiece", "bpe", "byte_bpe"] = "auto",
         lowercase: bool = False,
     ) -> None:
         super().__init__()
@@ -171,6 +175,8 @@ class MultiTaskData(L.LightningDataModule):
         wrong = {name: type(member).__name__ for name, member in tasks.items() if not isinstance(member, TaskData)}
         if wrong:
             raise TypeError(f"data.tasks entries must be TaskData classes (TextClassificationData, ...); got {wrong}.")
+        if tokenizer_model not in ("auto", "wordpiece", "bpe", "byte_bpe"):
+            raise ValueError(f"data.tokenizer_model={tokenizer_model!r}: choose auto, wordpiece, bpe or byte_bpe.")
         if tokenizer_min_frequency < 1:
             raise ValueError(f"data.tokenizer_min_frequency must be >= 1, got {tokenizer_min_frequency}.")
         if steps_per_epoch is not None and steps_per_epoch < 1:
@@ -192,7 +198,7 @@ class MultiTaskData(L.LightningDataModule):
             TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)  # fail now, not after encoding
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
-        self.tokenizer_min_frequency = tokenizer_min_frequency
+        self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model
         self._codec: Codec | None = None
 
     # -- the codec: one per run ------------------------------------------------------------------
@@ -217,7 +223,12 @@ class MultiTaskData(L.LightningDataModule):
             if any(m.split_specs["train"] is None for m in members):
                 raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
                                  "checkpoint), or model.init_from, or give every text task a train split to train one on.")
-            model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
+            model = self.tokenizer_model
+            if model == "auto":
+                model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
+            elif model == "wordpiece" and any(m.tokenizer_model == "bpe" for m in members):
+                raise ValueError("data.tokenizer_model=wordpiece cannot detokenize generated text exactly; a task here generates "
+                                 "text (translation): use bpe, byte_bpe or auto.")
             key = [m.tokenizer_key() for m in members]
             texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
             tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,

@@ -59,7 +59,21 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = Fa
     return tokenizer
 
 
-TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe}
+def train_byte_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
+    """Train a GPT-2-style byte-level BPE tokenizer: every byte is in the vocabulary, so no text (emoji, typos,
+    other scripts in noisy user text) ever becomes [UNK]; it degrades into smaller pieces instead."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress())
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    _add_bert_template(tokenizer)
+    return tokenizer
+
+
+TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe, "byte_bpe": train_byte_bpe}
 
 
 def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,

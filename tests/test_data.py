@@ -497,3 +497,17 @@ def test_tokenizer_min_frequency_keeps_a_small_texts_vocabulary_to_pieces_seen_o
     assert whole_rare == 0  # each rare name occurs about twice: below 8, it is spelled in pieces
     with pytest.raises(ValueError, match="data.tokenizer_min_frequency must be >= 1"):
         run_data(TextClassificationData(train=str(path)), tokenizer_min_frequency=0)
+
+
+def test_byte_level_bpe_never_produces_unk_for_text_it_has_not_seen(tmp_path):
+    from trunk.core.codec import UNK
+
+    rows = [{"text": f"the film was {w}", "label": "a"} for w in ("good", "bad", "fine", "dull")] * 20
+    path = write_rows(tmp_path / "train.csv", rows)
+    unseen = "Ünïcødé 🙂 #wnut17 lookin gr8 ☕"
+    byte = run_data(TextClassificationData(train=str(path)), tokenizer_model="byte_bpe").codec.tokenizer
+    word = run_data(TextClassificationData(train=str(path)), tokenizer_model="wordpiece").codec.tokenizer
+    assert byte.token_to_id(UNK) not in byte.encode(unseen).ids and byte.decode(byte.encode(unseen).ids).strip() == unseen
+    assert word.token_to_id(UNK) in word.encode(unseen).ids  # what byte level avoids
+    with pytest.raises(ValueError, match="data.tokenizer_model='sentencepiece': choose auto, wordpiece, bpe or byte_bpe"):
+        run_data(TextClassificationData(train=str(path)), tokenizer_model="sentencepiece")

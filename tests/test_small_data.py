@@ -82,3 +82,17 @@ def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
     assert torch.equal(stem.eval()(ids), stem.token(ids))  # evaluation sees every token
     with pytest.raises(ValueError, match=r"TrunkConfig.token_dropout must be a probability in \[0, 1\)"):
         TrunkConfig(token_dropout=1.0)
+
+
+def test_ner_trains_on_a_byte_level_bpe_vocabulary(ner_files, tmp_path):
+    """Byte-level pieces carry the word boundaries NER labels by (the first piece of each word is labelled)."""
+    args = ["fit", "--model.tasks.ner=trunk.tasks.TokenClassification", "--model.trunk.d_model=32", "--model.trunk.n_layers=2",
+            "--model.trunk.n_heads=4", "--model.trunk.d_ff=64", "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3",
+            "--data.tasks.ner=trunk.datamodules.TokenClassificationData", f"--data.tasks.ner.train={ner_files['train']}",
+            f"--data.tasks.ner.validation={ner_files['validation']}", f"--data.tasks.ner.test={ner_files['test']}",
+            "--data.tasks.ner.max_length=64", "--data.tokenizer_model=byte_bpe", "--data.tokenizer_vocab_size=400",
+            "--trainer.max_epochs=6", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}", "--seed_everything=0"]
+    fit = run_cli(args)
+    assert fit.datamodule.codec.tokenizer.get_vocab_size() <= 400
+    assert fit.trainer.callback_metrics["test/ner/f1"] > 0.8
