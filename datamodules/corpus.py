@@ -19,11 +19,11 @@ from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 from trunk.core.masking import corrupt, ensure_one
 from trunk.datamodules.sources import (
     FILE_FORMATS,
+    LINES,
     check_columns,
     column,
     empty_split_error,
     expand_sources,
-    file_format,
     load_split,
     read_conll,
     stream_rows,
@@ -155,7 +155,7 @@ class CorpusData(TextDataModule):
     def _source_documents(self, source: str, role: str, lazy: bool) -> Iterator[str]:
         """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always read a line at a time)."""
         path = Path(source).expanduser()
-        if self.dataset is not None or self.reading.file_type or self.reading.line_pattern or file_format(path) in FILE_FORMATS:  # rows
+        if self.dataset is not None or self.reading.file_type or self.reading.suffix(path) in (*FILE_FORMATS, LINES):  # rows
             if not lazy:
                 ds = load_split(self.dataset, self.dataset_config, source, role, self.reading)
                 check_columns(ds, {"text_column": self.text_column}, role)

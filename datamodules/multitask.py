@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
-from trunk.datamodules.tokenizer import cached_tokenizer
+from trunk.datamodules.tokenizer import TRAINERS, cached_tokenizer
 
 # The training stream builds batches in the main process (never in workers), so its length is exact.
 warnings.filterwarnings("ignore", message=".*Your `IterableDataset` has `__len__` defined.*")
@@ -175,8 +175,9 @@ class MultiTaskData(L.LightningDataModule):
         wrong = {name: type(member).__name__ for name, member in tasks.items() if not isinstance(member, TaskData)}
         if wrong:
             raise TypeError(f"data.tasks entries must be TaskData classes (TextClassificationData, ...); got {wrong}.")
-        if tokenizer_model not in ("auto", "wordpiece", "bpe", "byte_bpe"):
-            raise ValueError(f"data.tokenizer_model={tokenizer_model!r}: choose auto, wordpiece, bpe or byte_bpe.")
+        if tokenizer_model != "auto" and tokenizer_model not in TRAINERS:
+            *others, last = TRAINERS
+            raise ValueError(f"data.tokenizer_model={tokenizer_model!r}: choose auto, {', '.join(others)} or {last}.")
         if tokenizer_min_frequency < 1:
             raise ValueError(f"data.tokenizer_min_frequency must be >= 1, got {tokenizer_min_frequency}.")
         if steps_per_epoch is not None and steps_per_epoch < 1:
@@ -223,10 +224,9 @@ class MultiTaskData(L.LightningDataModule):
             if any(m.split_specs["train"] is None for m in members):
                 raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
                                  "checkpoint), or model.init_from, or give every text task a train split to train one on.")
-            model = self.tokenizer_model
-            if model == "auto":
-                model = "bpe" if any(m.tokenizer_model == "bpe" for m in members) else "wordpiece"
-            elif model == "wordpiece" and any(m.tokenizer_model == "bpe" for m in members):
+            generates = any(m.tokenizer_model == "bpe" for m in members)  # exact detokenization needed
+            model = self.tokenizer_model if self.tokenizer_model != "auto" else "bpe" if generates else "wordpiece"
+            if model == "wordpiece" and generates:
                 raise ValueError("data.tokenizer_model=wordpiece cannot detokenize generated text exactly; a task here generates "
                                  "text (translation): use bpe, byte_bpe or auto.")
             key = [m.tokenizer_key() for m in members]

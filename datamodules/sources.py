@@ -68,6 +68,16 @@ class FileReading:
             return LINES
         return f".{self.file_type.lstrip('.')}" if self.file_type else file_format(path)
 
+    def builder(self, suffix: str, path: Path, role: str) -> tuple[str, dict]:
+        """The ``datasets`` builder and its options for a local file of ``suffix`` (one of FILE_FORMATS)."""
+        builder, options = FILE_FORMATS[suffix]
+        if self.column_names is not None:
+            if builder != "csv":
+                raise ValueError(f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, "
+                                 "which names its own columns. Remove column_names.")
+            options = {**options, "column_names": list(self.column_names)}  # pandas' names: the first row is data
+        return builder, options if builder == "parquet" else {**options, "encoding": self.encoding}
+
     @property
     def is_default(self) -> bool:
         return self == FileReading()
@@ -109,11 +119,7 @@ def stream_rows(dataset: str | None, dataset_config: str | None, split: str, rol
         suffix = reading.suffix(path)
         if not path.is_file() or suffix not in FILE_FORMATS:
             return load_split(None, None, split, role, reading)  # its errors, or a lines file
-        builder, options = FILE_FORMATS[suffix]
-        if reading.column_names is not None and builder == "csv":
-            options = {**options, "column_names": list(reading.column_names)}
-        if builder != "parquet":
-            options = {**options, "encoding": reading.encoding}
+        builder, options = reading.builder(suffix, path, role)
         return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", streaming=True, **options)
     if dataset.startswith(BUILTIN_PREFIX):
         return load_split(dataset, dataset_config, split, role)  # small, generated: no need to stream
@@ -225,15 +231,9 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
         raise ValueError(f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}, lines; for a file whose "
                          f"suffix does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv), or line_pattern "
                          "for one row per line in another shape.")
-    builder, options = FILE_FORMATS[suffix]
-    if reading.column_names is not None:
-        if builder != "csv":
-            raise ValueError(f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, "
-                             "which names its own columns. Remove column_names.")
-        options = {**options, "column_names": list(reading.column_names)}  # pandas' names: the first row is data
+    builder, options = reading.builder(suffix, path, role)
     if builder != "parquet":
         check_text_file(path, role, suffix[1:], reading.encoding)
-        options = {**options, "encoding": reading.encoding}
     try:
         return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
     except (ValueError, datasets.exceptions.DatasetGenerationError) as err:

@@ -184,6 +184,8 @@ class TrunkModule(L.LightningModule):
     def connect(self, codec: Codec | None) -> None:
         """Hand the objectives the run's tokenizers (translation decodes with them)."""
         self.codec = codec
+        tokenizer = codec.tokenizer if codec is not None else None
+        self._special_ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] if tokenizer is not None else list(SPECIAL_IDS.values())
         for objective in self.objectives.values():
             objective.connect(codec)
 
@@ -299,8 +301,7 @@ class TrunkModule(L.LightningModule):
         """The masked-LM loss of this batch's own text, masked afresh (the task's loss saw it whole)."""
         ids, mask = batch["input_ids"], batch.get("attention_mask")
         ids, mask = ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1])  # choices: rows
-        tokenizer = self.codec.tokenizer if self.codec is not None else None
-        specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] if tokenizer is not None else list(SPECIAL_IDS.values())
+        specials = self._special_ids  # the run's tokenizer's (connect)
         masked, targets = mask_tokens(ids, torch.tensor(specials, device=ids.device), specials[SPECIAL_TOKENS.index(MASK)],
                                       self.trunk_config.vocab_size)
         _, nll, _ = masked_token_nll(self.aux_mlm_head, self.trunk(masked, mask), targets)
