@@ -2,7 +2,15 @@
 
 from trunk.models.decoder import Decoder, DecoderBlock, KVCache
 from trunk.models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
-from trunk.models.heads import MaskedLMHead, ReplacedTokenHead, SequenceClassificationHead, TokenClassificationHead, pool
+from trunk.models.heads import (
+    MaskedLMHead,
+    Pooling,
+    ReplacedTokenHead,
+    SequenceClassificationHead,
+    TokenClassificationHead,
+    check_pooling,
+    pool,
+)
 from trunk.models.stems import (
     STEM_KINDS,
     PatchStem,
@@ -30,9 +38,11 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "PatchStem",
+    "Pooling",
     "STEM_KINDS",
     "build_stem",
     "build_trunk",
+    "check_pooling",
     "ReplacedTokenHead",
     "SequenceClassificationHead",
     "TokenClassificationHead",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -10,23 +10,36 @@ from trunk.models.kernels import Dropout
 from trunk.models.trunk import ACTIVATIONS
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Literal["cls", "mean"]) -> torch.Tensor:
-    """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean over real (unpadded) tokens."""
+Pooling = Literal["cls", "mean", "max"]
+
+
+def check_pooling(pooling: str) -> None:
+    """The one check of a ``pooling`` option, run where a task is configured (before any data is read)."""
+    if pooling not in get_args(Pooling):
+        raise ValueError(f"pooling must be one of {', '.join(get_args(Pooling))}; got {pooling!r}.")
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Pooling) -> torch.Tensor:
+    """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean or the per-channel maximum over real
+    (unpadded) tokens. Max pooling is a CNN's max-over-time: each channel says whether its feature occurs
+    anywhere in the text."""
     if how == "cls":
         return hidden[:, 0]
     if attention_mask is None:
-        return hidden.mean(dim=1)
-    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+        return hidden.amax(dim=1) if how == "max" else hidden.mean(dim=1)
+    real = attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
+    if how == "max":
+        return hidden.masked_fill(~real, torch.finfo(hidden.dtype).min).amax(dim=1)
+    weights = real.to(hidden.dtype)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
 class SequenceClassificationHead(nn.Module):
     """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier."""
 
-    def __init__(self, d_model: int, num_labels: int, pooling: Literal["cls", "mean"] = "cls", dropout: float = 0.1) -> None:
+    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1) -> None:
         super().__init__()
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        check_pooling(pooling)
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model)
         self.drop = Dropout(dropout)

@@ -44,6 +44,19 @@ from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, tensor_digest
 EXIT_CODES = {sig: 128 + sig for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None}
 
 
+def without_option(args: list[str], option: str) -> list[str]:
+    """A command line without one option, written either ``--option=value`` or ``--option value``."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            kept.append(arg)
+    return kept
+
+
 def slurm_job_id() -> str | None:
     """The SLURM job this process runs in (an array task as <array job>_<task>), or None."""
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
@@ -272,7 +285,7 @@ class FaultTolerance(Callback):
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
-        args = [a for a in sys.argv[1:] if not a.startswith("--ckpt_path")]
+        args = without_option(sys.argv[1:], "--ckpt_path")
         args = args[1:] if args[:1] == ["fit"] else args  # (scripts such as benchmarks/fit.py add the subcommand themselves)
         if trainer.is_global_zero and trainer.checkpoint_callback is None:
             print(f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.", file=sys.stderr, flush=True)

@@ -97,6 +97,13 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(sign
     assert "test/score" not in result.stdout  # an interrupted run is not tested
 
 
+def test_the_resume_command_drops_the_old_ckpt_path_in_either_spelling():
+    from trunk.tasks.fault_tolerance import without_option
+
+    args = ["--config", "r.yaml", "--ckpt_path", "last", "--trainer.max_steps=9", "--ckpt_path=x.ckpt", "--ckpt_paths_x=1"]
+    assert without_option(args, "--ckpt_path") == ["--config", "r.yaml", "--trainer.max_steps=9", "--ckpt_paths_x=1"]
+
+
 def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(sentiment_files, ner_files, tmp_path):
     root = tmp_path / "run"
     result = trunk([*fit_args(root, sentiment_files, ner_files), "--model.optimizer.lr=1e4", "--model.optimizer.warmup=0"], tmp_path)

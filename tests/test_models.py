@@ -13,6 +13,7 @@ from trunk.models import (
     Trunk,
     TrunkConfig,
     init_weights,
+    pool,
     sinusoidal_positions,
 )
 
@@ -87,8 +88,9 @@ def test_padding_does_not_change_real_token_outputs(norm, positions):
     padded = trunk(padded_ids, mask)
     torch.testing.assert_close(padded[:, :9], short, atol=1e-5, rtol=1e-5)
 
-    head = SequenceClassificationHead(32, 3, pooling="mean").eval()
-    torch.testing.assert_close(head(padded, mask), head(short, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
+    for pooling in ("mean", "max"):
+        head = SequenceClassificationHead(32, 3, pooling=pooling).eval()
+        torch.testing.assert_close(head(padded, mask), head(short, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
 
 
 def test_sinusoidal_positions_follow_the_formula():
@@ -159,7 +161,14 @@ def test_bad_configs_fail_clearly():
     with pytest.raises(ValueError, match="exceeds the trunk's max_len=8"):
         TokenStem(cfg)(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match="pooling"):
-        SequenceClassificationHead(16, 2, pooling="max")
+        SequenceClassificationHead(16, 2, pooling="min")
+
+
+def test_max_pooling_takes_each_channels_largest_real_value():
+    hidden = torch.tensor([[[1.0, -5.0], [3.0, -2.0], [9.0, 9.0]]])  # the third token is padding
+    mask = torch.tensor([[1, 1, 0]])
+    torch.testing.assert_close(pool(hidden, mask, "max"), torch.tensor([[3.0, -2.0]]))
+    torch.testing.assert_close(pool(hidden, None, "max"), torch.tensor([[9.0, 9.0]]))
 
 
 def test_cls_pooling_reads_the_first_token():

@@ -17,7 +17,7 @@ from torchmetrics.classification import (
     MulticlassMatthewsCorrCoef,
 )
 from trunk.core.contract import TaskSpec
-from trunk.models import Trunk, TrunkConfig
+from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.pooled import PooledObjective
 
 CLASSIFICATION_METRICS = ("acc", "f1_macro", "mcc", "f1_positive")
@@ -31,7 +31,8 @@ class Classification(PooledObjective):
     ``f1_positive``, the F1 of that class (paraphrase-style tasks report it).
 
     Args:
-        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
+            maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the classification head.
         primary_metric: the metric that stands for the task in ``val/score`` and on the progress bar.
         positive_label: the label whose F1 is ``f1_positive``.
@@ -42,7 +43,7 @@ class Classification(PooledObjective):
             regulariser that keeps a model trained on few examples from growing over-confident.
     """
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1,
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1,
                  primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
                  class_weights: Literal["balanced"] | list[float] | None = None, label_smoothing: float = 0.0, **config) -> None:
         super().__init__(pooling, head_dropout, primary_metric=primary_metric, positive_label=positive_label,

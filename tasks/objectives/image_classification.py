@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from trunk.models import Trunk
+from trunk.models import Pooling, Trunk
 from trunk.tasks.objectives.classification import Classification
 
 
@@ -22,7 +22,7 @@ class ImageClassification(Classification):
         image_size: the side of the (square) training images, in pixels: sizes the position table.
         patch_size: the side of each patch; must divide the image size.
         channels: 1 (grey) or 3 (RGB).
-        pooling: ``cls`` or ``mean`` (over all tokens).
+        pooling: ``cls``, ``mean`` or ``max`` (over all tokens).
         head_dropout: dropout inside the classification head.
         primary_metric, positive_label, class_weights, label_smoothing: see ``Classification``.
     """
@@ -31,7 +31,7 @@ class ImageClassification(Classification):
     stem = "image"
     input_key = "pixel_values"
 
-    def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Literal["cls", "mean"] = "cls",
+    def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Pooling = "cls",
                  head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
                  positive_label: str | None = None, class_weights: Literal["balanced"] | list[float] | None = None,
                  label_smoothing: float = 0.0) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MultilabelExactMatch, MultilabelF1Score
 from trunk.core.contract import TaskSpec
-from trunk.models import Trunk, TrunkConfig
+from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.pooled import PooledObjective
 
 MULTI_LABEL_METRICS = ("f1_micro", "f1_macro", "exact_match")
@@ -25,7 +25,8 @@ class MultiLabelClassification(PooledObjective):
     probs: every label's}``.
 
     Args:
-        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
+            maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
         threshold: a label is predicted when its probability is at least this.
         primary_metric: the metric that stands for the task in ``val/score``.
@@ -34,7 +35,7 @@ class MultiLabelClassification(PooledObjective):
     kind = "multi_label_classification"
     inference_options = ("threshold",)
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
                  primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro") -> None:
         super().__init__(pooling, head_dropout, threshold=threshold, primary_metric=primary_metric)
         if not 0.0 < threshold < 1.0:

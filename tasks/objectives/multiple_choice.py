@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 from trunk.core.contract import TaskSpec
-from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objectives.base import Objective
 
 
@@ -19,16 +18,16 @@ class MultipleChoice(Objective):
     probs}``.
 
     Args:
-        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
+            maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
     """
 
     kind = "multiple_choice"
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1) -> None:
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1) -> None:
         super().__init__(pooling=pooling, head_dropout=head_dropout)
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        check_pooling(pooling)
         self.pooling, self.head_dropout = pooling, head_dropout
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:

@@ -3,11 +3,10 @@ multi-label classification, regression)."""
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
 from trunk.core.contract import TaskSpec
-from trunk.models import SequenceClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig, init_weights
 from trunk.tasks.objectives.base import Objective
 
 
@@ -16,16 +15,16 @@ class PooledObjective(Objective):
     with one output per label (``label_names``: classes, or the names of regression targets).
 
     Args:
-        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
+            maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
     """
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, **config) -> None:
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, **config) -> None:
         super().__init__(pooling=pooling, head_dropout=head_dropout, **config)
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}.")
+        check_pooling(pooling)
         self.pooling, self.head_dropout = pooling, head_dropout
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, PearsonCorrCoef, SpearmanCorrCoef
 from trunk.core.contract import TaskSpec
-from trunk.models import Trunk, TrunkConfig
+from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.pooled import PooledObjective
 
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae")
@@ -26,7 +26,8 @@ class SequenceRegression(PooledObjective):
     (several targets: ``{text, scores: {target: value}}``).
 
     Args:
-        pooling: ``cls`` (the first token) or ``mean`` (average over real tokens).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
+            maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
         loss: ``mse``, or ``huber`` (less pulled by outlying targets).
         huber_delta: where the Huber loss turns from squared to linear, in standard deviations of the target.
@@ -39,7 +40,7 @@ class SequenceRegression(PooledObjective):
     lower_is_better = frozenset({"loss", "mse", "mae"})
     label_keys = (*PooledObjective.label_keys, "target_mean", "target_std")
 
-    def __init__(self, pooling: Literal["cls", "mean"] = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
                  huber_delta: float = 1.0, standardize: bool = True,
                  primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson") -> None:
         super().__init__(pooling, head_dropout, loss=loss, huber_delta=huber_delta, standardize=standardize, primary_metric=primary_metric)
