@@ -149,7 +149,9 @@ class MultiTaskData(L.LightningDataModule):
         tokenizer_min_frequency: when training it, the times a piece must occur in the training text to be a token.
         tokenizer_model: when training it: ``wordpiece`` (BERT's), ``bpe`` (SentencePiece-style, exact
             detokenization: what translation needs), ``byte_bpe`` (GPT-2's byte level: no text is ever [UNK], for
-            noisy user text); ``auto``: ``bpe`` when a task generates text, else ``wordpiece``.
+            noisy user text), ``word`` (whole words; a word seen fewer than tokenizer_min_frequency times is [UNK]: for
+            classifying a few thousand short texts, see docs/results.md); ``auto``: ``bpe`` when a task generates text,
+            else ``wordpiece``.
         lowercase: lowercase text when training it.
     """
 
@@ -166,7 +168,7 @@ class MultiTaskData(L.LightningDataModule):
         tokenizer: str | None = None,
         tokenizer_vocab_size: int = 8192,
         tokenizer_min_frequency: int = 2,
-        tokenizer_model: Literal["auto", "wordpiece", "bpe", "byte_bpe"] = "auto",
+        tokenizer_model: Literal["auto", "wordpiece", "bpe", "byte_bpe", "word"] = "auto",
         lowercase: bool = False,
     ) -> None:
         super().__init__()
@@ -226,8 +228,8 @@ class MultiTaskData(L.LightningDataModule):
                                  "checkpoint), or model.init_from, or give every text task a train split to train one on.")
             generates = any(m.tokenizer_model == "bpe" for m in members)  # exact detokenization needed
             model = self.tokenizer_model if self.tokenizer_model != "auto" else "bpe" if generates else "wordpiece"
-            if model == "wordpiece" and generates:
-                raise ValueError("data.tokenizer_model=wordpiece cannot detokenize generated text exactly; a task here generates "
+            if model in ("wordpiece", "word") and generates:
+                raise ValueError(f"data.tokenizer_model={model} cannot detokenize generated text exactly; a task here generates "
                                  "text (translation): use bpe, byte_bpe or auto.")
             key = [m.tokenizer_key() for m in members]
             texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731

@@ -509,5 +509,17 @@ def test_byte_level_bpe_never_produces_unk_for_text_it_has_not_seen(tmp_path):
     word = run_data(TextClassificationData(train=str(path)), tokenizer_model="wordpiece").codec.tokenizer
     assert byte.token_to_id(UNK) not in byte.encode(unseen).ids and byte.decode(byte.encode(unseen).ids).strip() == unseen
     assert word.token_to_id(UNK) in word.encode(unseen).ids  # what byte level avoids
-    with pytest.raises(ValueError, match="data.tokenizer_model='sentencepiece': choose auto, wordpiece, bpe or byte_bpe"):
+    with pytest.raises(ValueError, match="data.tokenizer_model='sentencepiece': choose auto, wordpiece, bpe, byte_bpe or word"):
         run_data(TextClassificationData(train=str(path)), tokenizer_model="sentencepiece")
+
+
+def test_a_word_vocabulary_keeps_words_seen_often_enough_and_reads_the_others_as_unk(tmp_path):
+    from trunk.core.codec import UNK
+
+    rows = [{"text": f"What is {w} ?", "label": "def"} for w in ("autism", "gravity", "a cat")] * 3
+    rows += [{"text": "What is acetaminophen ?", "label": "def"}]  # once: below min_frequency
+    path = write_rows(tmp_path / "train.csv", rows)
+    tokenizer = run_data(TextClassificationData(train=str(path)), tokenizer_model="word", tokenizer_min_frequency=2).codec.tokenizer
+    assert tokenizer.encode("What is gravity ?").tokens == ["[CLS]", "What", "is", "gravity", "?", "[SEP]"]
+    assert tokenizer.encode("What is acetaminophen ?").tokens == ["[CLS]", "What", "is", UNK, "?", "[SEP]"]  # one slot, not pieces
+    assert tokenizer.decode(tokenizer.encode("What is autism ?").ids) == "What is autism?"  # BERT's detokenization
