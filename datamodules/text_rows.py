@@ -29,12 +29,19 @@ class TextRowsData(TextDataModule):
 
     def info(self) -> dict:
         info = {**super().info(), "label_names": self.label_order}
-        if self.has_split("train"):
-            order = tuple(self.label_order)
-            if order not in self._statistics:
-                self._statistics[order] = self.training_statistics()
+        order = tuple(self.label_order)
+        if order not in self._statistics and self.has_split("train"):
+            self._statistics[order] = self.training_statistics()
+        if order in self._statistics:
             info["statistics"] = self._statistics[order]
         return info
+
+    # The training split's figures travel with the model: a checkpoint predicts without its training files.
+    def state_dict(self) -> dict:
+        return {"statistics": [[list(order), values] for order, values in self._statistics.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._statistics.update({tuple(order): values for order, values in state.get("statistics", [])})
 
     def training_statistics(self) -> dict:
         """Figures of the training split (in ``label_order``) that the objective uses."""

@@ -17,7 +17,7 @@ from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
-from trunk.tasks.pretrained import load_pretrained
+from trunk.tasks.pretrained import load_pretrained, without_splits
 from trunk.tasks.run import read_run_checkpoint, resolve
 
 
@@ -94,7 +94,7 @@ def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", 
 
 def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:
     """The stored tasks' data (as the run configured it, without its splits), or the ``given`` ones."""
-    tasks = {**{name: _instantiate(spec) for name, spec in specs.items() if spec}, **(given or {})}
+    tasks = {**{name: _instantiate(without_splits(spec)) for name, spec in specs.items() if spec}, **(given or {})}
     missing = sorted(set(specs) - set(tasks))
     if missing:
         raise ValueError(f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as "

@@ -291,6 +291,11 @@ def _pretrained_from_checkpoint(path: Path, ckpt: dict | None = None) -> Pretrai
 SPLITS = ("train", "validation", "test", "predict")
 
 
+def without_splits(spec: dict) -> dict:
+    """A task's data options without its split paths: how it turns raw inputs into batches, not where it read them."""
+    return {"class_path": spec["class_path"], "init_args": {k: v for k, v in (spec.get("init_args") or {}).items() if k not in SPLITS}}
+
+
 def attach_data(pretrained: PretrainedTrunk, specs: dict, states: dict) -> None:
     """Store with each head how its task's data turns raw inputs into batches (class, options without
     the split paths, and state such as image normalisation), so ``trunk.tasks.load`` can predict from
@@ -298,8 +303,7 @@ def attach_data(pretrained: PretrainedTrunk, specs: dict, states: dict) -> None:
     for task, head in pretrained.heads.items():
         spec = specs.get(task)
         if spec:
-            init_args = {k: v for k, v in (spec.get("init_args") or {}).items() if k not in SPLITS}
-            head["meta"]["data"] = {"class_path": spec["class_path"], "init_args": init_args}
+            head["meta"]["data"] = without_splits(spec)
             head["meta"]["data_state"] = states.get(task, {})
 
 

@@ -46,6 +46,7 @@ KINDS = {
     "sequence_classification": Kind(
         "trunk.tasks.SequenceClassification", "trunk.datamodules.TextClassificationData", ("train", "validation", "test", "predict"),
         labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
+        objective_args=("--model.class_weights=balanced",),  # figures of the training split, which load() must not need
         recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null", "--data.line_pattern=null",
                        "--data.encoding=utf-8")),
     "token_classification": Kind(
