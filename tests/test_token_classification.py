@@ -354,3 +354,29 @@ def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
     frozen = [k for k in state if k.startswith(("stems.", "backbone.blocks.0."))]
     assert frozen and all(torch.equal(state[k], pretrained[k]) for k in frozen)
     assert not torch.equal(state["backbone.blocks.1.ff.fc_in.weight"], pretrained["backbone.blocks.1.ff.fc_in.weight"])
+
+
+def test_outside_weight_scales_the_loss_of_o_words():
+    """The loss is cross-entropy weighted by label: O words count outside_weight, entity words 1 (a weighted mean)."""
+    import torch.nn.functional as F
+    from trunk.models import TrunkConfig
+    from trunk.tasks import TokenClassification, TrunkModule
+
+    tiny = TrunkConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, dropout=0.0, attn_dropout=0.0)
+    labels = ["O", "B-PER", "I-PER"]
+    weighted = TrunkModule({"t": TokenClassification(outside_weight=0.3)}, trunk=tiny, task_info={"t": {"label_names": labels}})
+    plain = TrunkModule({"t": TokenClassification()}, trunk=tiny, task_info={"t": {"label_names": labels}})
+    plain.load_state_dict(weighted.state_dict())  # the weight is not stored: same weights, same logits
+    weighted.eval(), plain.eval()  # no dropout between the calls
+    torch.manual_seed(0)
+    batch = {"task": "t", "input_ids": torch.randint(5, 40, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
+             "labels": torch.tensor([[-100, 0, 1, 2, 0, -100], [-100, 1, 0, 0, 0, -100]])}
+    logits = weighted.objectives["t"](weighted.trunk, batch).float().flatten(0, 1)
+    gold = batch["labels"].flatten()
+    real = gold != -100
+    nll = F.cross_entropy(logits[real], gold[real], reduction="none")
+    w = torch.where(gold[real] == 0, 0.3, 1.0)
+    assert weighted.objectives["t"].loss(weighted.trunk, batch, "train").item() == pytest.approx(((w * nll).sum() / w.sum()).item(), rel=1e-5)
+    assert plain.objectives["t"].loss(plain.trunk, batch, "train").item() == pytest.approx(nll.mean().item(), rel=1e-5)
+    with pytest.raises(ValueError, match=r"outside_weight must be in \(0, 1\]"):
+        TokenClassification(outside_weight=0.0)

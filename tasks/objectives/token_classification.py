@@ -72,6 +72,9 @@ class TokenClassification(Objective):
         decoding: ``constrained``: the most probable well-formed tag sequence (Viterbi over the
             scheme's allowed transitions, no learned parameters); ``argmax``: each word's most
             probable label on its own.
+        outside_weight: the weight of the ``O`` label's words in the loss. Below 1 (0.3 to 0.5), the model marks
+            entities more readily: for small sets with rare entities, where a model trained from scratch finds few
+            of them (recall far below precision).
     """
 
     kind = "token_classification"
@@ -79,11 +82,14 @@ class TokenClassification(Objective):
     inference_options = ("decoding",)
     label_keys = ("head.classifier.weight", "head.classifier.bias")
 
-    def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained") -> None:
-        super().__init__(head_dropout=head_dropout, decoding=decoding)
+    def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
+                 outside_weight: float = 1.0) -> None:
+        super().__init__(head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight)
         if decoding not in ("constrained", "argmax"):
             raise ValueError(f"decoding must be 'constrained' or 'argmax', got {decoding!r}.")
-        self.head_dropout, self.decoding = head_dropout, decoding
+        if not 0 < outside_weight <= 1:
+            raise ValueError(f"outside_weight must be in (0, 1], got {outside_weight}: it scales the loss of the O label's words.")
+        self.head_dropout, self.decoding, self.outside_weight = head_dropout, decoding, outside_weight
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         _, self.entity_types = parse_label_names(self.label_names)
@@ -91,6 +97,9 @@ class TokenClassification(Objective):
         init_weights(self.head, cfg.init_std)
         self.transitions = allowed_transitions(self.label_names)
         self.outside = self.label_names.index("O")
+        weight = torch.ones(len(self.label_names))
+        weight[self.outside] = self.outside_weight
+        self.register_buffer("label_weight", weight if self.outside_weight != 1.0 else None, persistent=False)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         metrics = {"acc": MulticlassAccuracy(len(self.label_names), average="micro", ignore_index=IGNORE_INDEX)}
@@ -124,7 +133,7 @@ class TokenClassification(Objective):
         if "entities" in metrics:
             predicted = self.decode(logits, batch["word_starts"], batch["num_words"])
             metrics["entities"].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), weight=self.label_weight, ignore_index=IGNORE_INDEX)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
         """The sentence with its gold and its predicted entities marked ``[PER Anna Petrova]``."""
