@@ -1,8 +1,9 @@
 """Small-data benchmark: recipes trained from scratch and from trunks, several seeds each, against the linear
 baselines computed here on the same split. Prints a table (mean ± standard deviation over the seeds).
 
-    python benchmarks/small_data.py --recipe configs/trec.yaml --recipe configs/wnut17.yaml --seeds 0 1 2 \\
-        --variant "scratch=--model.init_from=null" --variant "pretrained=--model.init_from=runs/pretrain/trunk"
+    python benchmarks/small_data.py --recipe configs/trec.yaml --seeds 0 1 2 --variant "recipe=" --variant "wordpiece=--data.tokenizer_model=wordpiece"
+    python benchmarks/small_data.py --recipe configs/trec_finetune.yaml --recipe configs/wnut17.yaml \\
+        --variant "large=--model.init_from=runs/pretrain_large/trunk" --variant "prefinetuned=--model.init_from=runs/prefinetune/trunk"
 
 A variant is NAME=ARGUMENTS: `trunk fit` arguments added to the recipe's (quoted as one, split like a shell
 line). Each run writes to runs/small_data/<recipe>/<variant>/seed<N>; its test split is scored on the best
