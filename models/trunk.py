@@ -9,6 +9,7 @@ real-token layout of padded batches) are in ``kernels.py``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -89,11 +90,23 @@ def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Ten
     left" from its first steps, which learned absolute positions must discover first.
     """
     T, D = x.shape[-2], x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    angles = torch.outer(torch.arange(offset, offset + T, device=x.device, dtype=torch.float32), inv_freq)  # (T, D/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if torch.compiler.is_compiling():  # traced into the graph: computed there, not read from a Python cache
+        cos, sin = rotary_table.__wrapped__(offset + T, D, x.device, x.dtype, base)
+    else:  # every layer and call of a length reuses one table (a power of two long, so decoding steps share it too)
+        cos, sin = rotary_table(1 << (offset + T - 1).bit_length(), D, x.device, x.dtype, base)
+    cos, sin = cos[offset : offset + T], sin[offset : offset + T]
     x1, x2 = x[..., : D // 2], x[..., D // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def rotary_table(length: int, dim: int, device: torch.device, dtype: torch.dtype, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles of positions 0 .. length-1: (length, dim/2) each. Made outside inference
+    mode even when first asked for there, so that training may use the same cached tensors afterwards."""
+    with torch.inference_mode(False), torch.no_grad():
+        inv_freq = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class Attention(nn.Module):

@@ -40,27 +40,66 @@ class Predictor:
     def tasks(self) -> list[str]:
         return list(self.model.objectives)
 
-    @torch.no_grad()
-    def predict(self, inputs: list, task: str | None = None, batch_size: int = 64) -> list[dict]:
-        """One record per input, as ``trunk predict`` writes them. ``inputs``: texts (or (text, pair)
-        tuples) for classification, sentences (strings or word lists) for NER, source sentences for
-        translation, image paths / PIL images / arrays for image tasks. ``task`` may be left out
-        when the model has one task."""
+    @torch.inference_mode()
+    def predict(self, inputs: list, task: str | list[str] | None = None, batch_size: int = 64) -> list[dict]:
+        """One record per input, in input order, as ``trunk predict`` writes them. ``inputs``: texts (or (text, pair)
+        tuples) for classification, sentences (strings or word lists) for NER, source sentences for translation,
+        image paths / PIL images / arrays for image tasks. ``task`` may be left out when the model has one task.
+
+        ``task`` as a list of names: each record is ``{task: its record}``, and tasks whose batches hold the same
+        tokens (classification and NER of one sentence, say) share one trunk pass per batch, each head reading it."""
+        tasks = self._tasks(task)
+        answers: list[dict] = []
+        bf16 = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
+        for start in range(0, len(inputs), batch_size):
+            with bf16:
+                records = self._predict_batch(list(inputs[start : start + batch_size]), tasks)
+            if isinstance(task, list):
+                answers += [dict(zip(tasks, answer)) for answer in zip(*(records[name] for name in tasks))]
+            else:
+                answers += records[tasks[0]]
+        return answers
+
+    def _tasks(self, task: str | list[str] | None) -> list[str]:
         if task is None:
             if len(self.tasks) != 1:
-                raise ValueError(f"This model has the tasks {self.tasks}: name one with task=...")
-            task = self.tasks[0]
-        if task not in self.data:
-            raise ValueError(f"No task named {task!r}; this model's tasks are {self.tasks}.")
-        records: list[dict] = []
+                raise ValueError(f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...].")
+            return self.tasks
+        names = [task] if isinstance(task, str) else list(task)
+        unknown = [name for name in names if name not in self.data]
+        if unknown or not names:
+            raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
+        return names
+
+    def _predict_batch(self, inputs: list, tasks: list[str]) -> dict[str, list[dict]]:
+        trunk = TrunkOnce(self.model.trunk)
         device = self.model.device
-        bf16 = torch.autocast(device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
-        for start in range(0, len(inputs), batch_size):
-            batch = {"task": task, **self.data[task].encode_inputs(list(inputs[start : start + batch_size]))}
+        records = {}
+        for name in tasks:
+            batch = {"task": name, **self.data[name].encode_inputs(inputs)}
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            with bf16:
-                records += self.model.predict_step(batch, 0)
+            records[name] = self.model.objective(name).predict(trunk, batch)
         return records
+
+
+class TrunkOnce:
+    """The trunk, run once per distinct input within one batch: the tasks whose batches encode the same tokens
+    read one output. Everything else (stems, config) is the trunk's own."""
+
+    def __init__(self, trunk: torch.nn.Module) -> None:
+        self.trunk, self.outputs = trunk, []
+
+    def __call__(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
+        for (seen, mask, seen_stem), output in self.outputs:
+            if seen_stem == stem and seen.shape == inputs.shape and torch.equal(seen, inputs) and (
+                    mask is attention_mask or (mask is not None and attention_mask is not None and torch.equal(mask, attention_mask))):
+                return output
+        output = self.trunk(inputs, attention_mask, stem=stem)
+        self.outputs.append(((inputs, attention_mask, stem), output))
+        return output
+
+    def __getattr__(self, name: str):
+        return getattr(self.trunk, name)
 
 
 def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto") -> Predictor:

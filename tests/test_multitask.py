@@ -99,6 +99,14 @@ def test_multi_head_checkpoint_and_directory_predict_identically_for_every_task(
         predictor.predict(texts, task="nope")
     with pytest.raises(ValueError, match="name one with task="):
         predictor.predict(texts)
+    # both tasks at once: the same records, from one trunk pass per batch (the sentences' tokens are the same for both)
+    calls = []
+    hook = predictor.model.trunk.register_forward_hook(lambda *_: calls.append(1))
+    both = predictor.predict(texts, task=["sentiment", "ner"], batch_size=32)
+    hook.remove()
+    assert len(calls) == 2  # 64 texts, batches of 32
+    assert [b["sentiment"] for b in both] == written["sentiment"]
+    assert [b["ner"]["tags"] for b in both] == [r["tags"] for r in predictor.predict(texts, task="ner", batch_size=32)]
     only = tmp_path / "only.jsonl"
     run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={only}", "--data.predict_task=ner"])
     assert only.is_file() and not (tmp_path / "only.sentiment.jsonl").exists()
