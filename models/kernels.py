@@ -59,5 +59,14 @@ class Unpadded:
 
     @staticmethod
     def pays(key_padding_mask: torch.Tensor | None) -> bool:
-        """Worth it from a tenth of padding up: below that, the gathers cost more than they save."""
+        """Worth it from a tenth of padding up: below that, the gathers cost more than they save. Never while
+        tracing (ONNX export, torch.export): the graph cannot branch on the mask's values."""
+        if tracing():
+            return False
         return key_padding_mask is not None and key_padding_mask.numel() > 0 and bool(key_padding_mask.float().mean() < 0.9)
+
+
+def tracing() -> bool:
+    """Whether the model is being traced into a graph (torch.compile, torch.export, ONNX export, TorchScript):
+    then no Python branch may read tensor values, and no Python cache may hand out tensors."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()

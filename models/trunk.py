@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trunk.core.checkpoint import load_checkpoint
-from trunk.models.kernels import Dropout, Unpadded, dropout
+from trunk.models.kernels import Dropout, Unpadded, dropout, tracing
 
 
 @dataclass
@@ -90,7 +90,7 @@ def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Ten
     left" from its first steps, which learned absolute positions must discover first.
     """
     T, D = x.shape[-2], x.shape[-1]
-    if torch.compiler.is_compiling():  # traced into the graph: computed there, not read from a Python cache
+    if tracing():  # computed in the graph, not read from a Python cache
         cos, sin = rotary_table.__wrapped__(offset + T, D, x.device, x.dtype, base)
     else:  # every layer and call of a length reuses one table (a power of two long, so decoding steps share it too)
         cos, sin = rotary_table(1 << (offset + T - 1).bit_length(), D, x.device, x.dtype, base)
