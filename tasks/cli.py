@@ -481,6 +481,8 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
     parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
+    parser.add_argument("--onnx", action="store_true", help="also write DIR/onnx/<task>.onnx for each classification, "
+                                                             "multi-label, regression and NER head (pip install 'trunk[onnx]')")
     parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
                                                 "offline without an API key (`wandb sync` uploads it)")
     parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
@@ -490,6 +492,14 @@ def export_main(args: list[str]) -> None:
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
+    if options.onnx:
+        from trunk.tasks.onnx_export import export_onnx
+
+        try:
+            graphs = export_onnx(path)
+        except (ImportError, ValueError) as err:
+            sys.exit(f"error: {err}")
+        print(f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see {path}/onnx/tasks.json)")
     if options.wandb_project:
         import wandb
 

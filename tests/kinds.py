@@ -18,6 +18,7 @@ class Kind:
     extra: tuple[str, ...] = field(default=())
     recipe_resets: tuple[str, ...] = ()  # a recipe's own options these data do not fit (columns, label names)
     label_option: str = "label_names"  # the data option that names the labels (in the order the data carries them)
+    onnx: bool = False  # `trunk export --onnx` writes its graph
 
     def data_args(self, files: dict) -> list[str]:
         """``--data.*`` options (single-task layout, see conftest.single_task) pointing at small generated data."""
@@ -48,11 +49,11 @@ KINDS = {
         labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
         objective_args=("--model.class_weights=balanced",),  # figures of the training split, which load() must not need
         recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null", "--data.line_pattern=null",
-                       "--data.encoding=utf-8")),
+                       "--data.encoding=utf-8"), onnx=True),
     "token_classification": Kind(
         "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
         labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
-        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris .")),
+        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), onnx=True),
     "masked_lm": Kind(
         "trunk.tasks.MaskedLanguageModeling", "trunk.datamodules.CorpusData", ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
         recipe_resets=("--data.validation=null",)),
@@ -71,11 +72,12 @@ KINDS = {
         "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
         labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
         extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column",
-        recipe_resets=("--data.text_column=text", "--data.select=null", "--data.file_type=null")),
+        recipe_resets=("--data.text_column=text", "--data.select=null", "--data.file_type=null"), onnx=True),
     "multi_label_classification": Kind(
         "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
         labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good"),
-        recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null")),
+        recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null"),
+        onnx=True),
     "multiple_choice": Kind(
         "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
         inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),

@@ -44,7 +44,12 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         again = run_cli(["validate", *args, f"--ckpt_path={ckpt}", swapped]).trainer.callback_metrics
         assert again["val/t/loss"].item() == pytest.approx(metrics["val/t/loss"].item(), rel=1e-5)
 
-    export_main([ckpt, str(tmp_path / "exported")])
+    export_main([ckpt, str(tmp_path / "exported"), *(["--onnx"] if kind.onnx else [])])
+    if kind.onnx:
+        onnx_matches_pytorch(tmp_path / "exported")
+    else:
+        with pytest.raises(SystemExit, match="has no task that exports to ONNX"):
+            export_main([ckpt, str(tmp_path / "exported_onnx"), "--onnx"])
     if kind.inputs:
         out = tmp_path / "predictions.jsonl"
         run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
@@ -75,3 +80,42 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         assert rows
         for key in rows:
             assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
+
+
+def onnx_matches_pytorch(directory, tolerance: float = 1e-4):
+    """ONNX Runtime's outputs equal PyTorch's (within ``tolerance``) for random token ids of several batch sizes and
+    lengths, with padding: the graph's batch and sequence axes are dynamic and it honours the mask."""
+    import onnxruntime
+    from trunk.tasks.onnx_export import TaskGraph
+
+    predictor = load(directory, precision="32-true")
+    listing = json.loads((directory / "onnx" / "tasks.json").read_text())
+    assert set(listing) == set(predictor.tasks)
+    generator = torch.Generator().manual_seed(0)
+    vocab = predictor.model.codec.tokenizer.get_vocab_size()
+    for name, entry in listing.items():
+        session = onnxruntime.InferenceSession(str(directory / "onnx" / entry["file"]))
+        graph = TaskGraph(predictor.model.trunk, predictor.model.objectives[name]).eval()
+        for batch, length in ((1, 2), (3, 9), (5, 40)):
+            ids = torch.randint(5, vocab, (batch, length), generator=generator)
+            mask = torch.ones_like(ids)
+            mask[0, length // 2 + 1 :] = 0  # the first row is padded
+            ids[mask == 0] = 0
+            (out,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+            with torch.no_grad():
+                expected = graph(ids, mask)
+            assert out.shape == tuple(expected.shape)
+            out = torch.from_numpy(out)
+            if expected.dim() == 3:  # per token: padding's outputs mean nothing (eager PyTorch skips those tokens)
+                out, expected = out[mask.bool()], expected[mask.bool()]
+            torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+
+
+def test_onnx_export_without_its_extra_says_how_to_install_it(monkeypatch, tmp_path):
+    import sys
+
+    from trunk.tasks.onnx_export import export_onnx
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"onnxscript is missing\): pip install 'trunk\[onnx\]'"):
+        export_onnx(tmp_path)

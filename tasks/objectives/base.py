@@ -41,6 +41,7 @@ class Objective(nn.Module):
     inference_options: ClassVar[tuple[str, ...]] = ()
     label_keys: ClassVar[tuple[str, ...]] = ()  # state entries with one row per label (reordered / reset on reuse)
     exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
+    onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
 
     def __init__(self, **config) -> None:
         super().__init__()
@@ -135,6 +136,10 @@ class Objective(nn.Module):
         prediction tables of validation (``PredictionSamples``). Values are strings and numbers (and a
         ``wandb_image`` tensor for images). None: the task has no such table (pretraining)."""
         return []
+
+    def export_forward(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The task's ``onnx_output`` from token ids alone: the graph ``trunk export --onnx`` writes."""
+        return self(trunk, {self.input_key: input_ids, "attention_mask": attention_mask})
 
     def encode(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """The trunk's output for this task's inputs: (B, T, C)."""

@@ -30,6 +30,7 @@ class ImageClassification(Classification):
     kind = "image_classification"
     stem = "image"
     input_key = "pixel_values"
+    onnx_output = None  # the export takes token ids: images are not exported yet
 
     def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Pooling = "cls",
                  head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",

@@ -21,6 +21,7 @@ class PooledObjective(Objective):
     """
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
+    onnx_output = "logits"  # (batch, labels)
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, **config) -> None:
         super().__init__(pooling=pooling, head_dropout=head_dropout, **config)

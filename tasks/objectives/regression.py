@@ -72,6 +72,11 @@ class SequenceRegression(PooledObjective):
         return {"pearson": PearsonCorrCoef(num_outputs=n), "spearman": spearman, "mse": MeanSquaredError(num_outputs=n),
                 "mae": MeanAbsoluteError(num_outputs=n)}
 
+    onnx_output = "scores"  # (batch, targets), on the data's scale
+
+    def export_forward(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.scores(trunk, {"input_ids": input_ids, "attention_mask": attention_mask})
+
     def scores(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, n_targets) predictions on the data's scale."""
         return self(trunk, batch).float() * self.target_std + self.target_mean

@@ -81,6 +81,7 @@ class TokenClassification(Objective):
     primary = "f1"
     inference_options = ("decoding",)
     label_keys = ("head.classifier.weight", "head.classifier.bias")
+    onnx_output = "logits"  # (batch, tokens, labels): read at each word's first piece; decoding stays outside the graph
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
                  outside_weight: float = 1.0) -> None:

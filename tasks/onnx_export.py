@@ -1,0 +1,69 @@
+"""ONNX export of a trained model: one graph per task, token ids and attention mask in, the task's raw outputs
+out (classification and multi-label logits, regression scores on the data's scale, NER per-token logits),
+with dynamic batch and sequence axes. The tokenizer and the labels are the trunk directory's, beside it.
+
+    trunk export CKPT DIR --onnx      # DIR/onnx/<task>.onnx
+
+Needs ``pip install trunk[onnx]`` (onnx, onnxscript for torch's exporter, onnxruntime to run the graphs).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from trunk.core.codec import CLS, PAD, SEP
+
+
+class TaskGraph(nn.Module):
+    """The trunk and one task's head as one module of (input_ids, attention_mask): what is exported."""
+
+    def __init__(self, trunk: nn.Module, objective: nn.Module) -> None:
+        super().__init__()
+        self.trunk, self.objective = trunk, objective
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.objective.export_forward(self.trunk, input_ids, attention_mask)
+
+
+def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
+    """Write ``directory/onnx/<task>.onnx`` for every exportable head of the trunk directory ``directory``
+    (written by ``trunk export``), and ``onnx/tasks.json`` naming each graph's inputs, output and labels."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"ONNX export needs the onnx extra ({err.name} is missing): pip install 'trunk[onnx]'.") from None
+    from trunk.tasks.api import load
+
+    directory = Path(directory)
+    predictor = load(directory, precision="32-true")
+    model, tokenizer = predictor.model, predictor.model.codec.tokenizer
+    exportable = {name: o for name, o in model.objectives.items() if o.onnx_output is not None}
+    if not exportable:
+        raise ValueError(f"'{directory}' has no task that exports to ONNX (classification, multi-label, regression, NER); "
+                         f"its tasks are {list(model.objectives)}.")
+    out = directory / "onnx"
+    out.mkdir(exist_ok=True)
+    cls, sep, pad = (tokenizer.token_to_id(t) for t in (CLS, SEP, PAD))
+    word = tokenizer.get_vocab_size() - 1
+    example = torch.tensor([[cls, word, word, word, sep], [cls, word, sep, pad, pad]])  # with padding: the mask's path is traced
+    mask = (example != pad).long()
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=model.trunk.cfg.max_len)
+    written, listing = {}, {}
+    for name, objective in exportable.items():
+        path = out / f"{name}.onnx"
+        with warnings.catch_warnings():  # the exporter's notes on its own internals
+            warnings.simplefilter("ignore")
+            torch.onnx.export(TaskGraph(model.trunk, objective).eval(), (example, mask), str(path), dynamo=True, opset_version=opset,
+                              input_names=["input_ids", "attention_mask"], output_names=[objective.onnx_output],
+                              dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}), external_data=False, verbose=False)
+        written[name] = path
+        listing[name] = {"file": path.name, "inputs": ["input_ids", "attention_mask"], "output": objective.onnx_output,
+                         "kind": objective.kind, "label_names": objective.label_names, "max_length": model.trunk.cfg.max_len,
+                         "tokenizer": "../tokenizer.json"}
+    (out / "tasks.json").write_text(json.dumps(listing, indent=2) + "\n")
+    return written
