@@ -111,15 +111,14 @@ class MultipleChoiceData(TextDataModule):
         return [{"input_ids": [next(encodings).ids for _ in texts], "label": answer, "text": context, "choices": texts}
                 for context, texts, answer in zip(contexts, choices, answers)]
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw ``{"context": ..., "choices": [...]}`` dicts (or (context, choices) tuples)."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Predict examples from raw ``{"context": ..., "choices": [...]}`` dicts (or (context, choices) tuples)."""
         rows = [x if isinstance(x, dict) else {"context": x[0], "choices": x[1]} for x in inputs]
         for row in rows:
             if not isinstance(row.get("choices"), (list, tuple)) or len(row["choices"]) < 2:
                 raise ValueError(f"Each multiple-choice input needs a context and at least 2 choices, got {row!r}.")
-        examples = self.encode_rows([r["context"] for r in rows], [r.get("question") for r in rows],
-                                    [list(r["choices"]) for r in rows], [None] * len(rows), "predict")
-        return self.collate(examples)
+        return self.encode_rows([r["context"] for r in rows], [r.get("question") for r in rows],
+                                [list(r["choices"]) for r in rows], [None] * len(rows), "predict")
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([ids for e in examples for ids in e["input_ids"]], self.pad_id)  # every candidate of every row: (M, T)

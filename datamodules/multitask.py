@@ -202,6 +202,9 @@ class MultiTaskData(L.LightningDataModule):
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
         self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model
+        # Predict batches in order of length (less padding): set by a consumer that restores the rows' order from the
+        # batches' "index" (trunk predict's PredictionWriter); trainer.predict's own list stays in row order otherwise.
+        self.predict_by_length = False
         self._codec: Codec | None = None
 
     # -- the codec: one per run ------------------------------------------------------------------
@@ -313,9 +316,9 @@ class MultiTaskData(L.LightningDataModule):
         # the global RNG, which would shift the dropout masks of a resumed run against the uninterrupted one.
         return DataLoader(MultiTaskStream(self), batch_size=None, generator=torch.Generator())
 
-    def _loaders(self, role: str) -> list[DataLoader]:
+    def _loaders(self, role: str, by_length: bool = False) -> list[DataLoader]:
         return [loader for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)
-                for loader in m.loaders(role)]
+                for loader in m.loaders(role, by_length)]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._loaders("validation")
@@ -327,7 +330,7 @@ class MultiTaskData(L.LightningDataModule):
         return loaders
 
     def predict_dataloader(self) -> list[DataLoader]:
-        return self._loaders("predict")
+        return self._loaders("predict", by_length=self.predict_by_length)
 
     def has_split(self, role: str) -> bool:
         return any(member.has_split(role) for member in self.tasks.values())

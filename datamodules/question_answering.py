@@ -116,11 +116,10 @@ class QuestionAnsweringData(TextDataModule):
             out["end"].append(end_token)
         return {**out, "text": question, "context": context, "answers": texts, "misaligned": misaligned}
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw ``{"question": ..., "context": ...}`` dicts (or (question, context) tuples)."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Predict examples from raw ``{"question": ..., "context": ...}`` dicts (or (question, context) tuples)."""
         rows = [x if isinstance(x, dict) else {"question": x[0], "context": x[1]} for x in inputs]
-        examples = [{**self.encode_row(r["question"], r["context"], None, "predict", i), "id": str(r.get("id", i))} for i, r in enumerate(rows)]
-        return self.collate(examples)
+        return [{**self.encode_row(r["question"], r["context"], None, "predict", i), "id": str(r.get("id", i))} for i, r in enumerate(rows)]
 
     def collate(self, examples: list[dict]) -> dict:
         flat = [w for e in examples for w in e["input_ids"]]  # every window of every question: (M, T)

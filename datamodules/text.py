@@ -102,6 +102,12 @@ def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rn
     return batches
 
 
+def length_order(lengths: Sequence[int]) -> list[int]:
+    """Prediction's order: shortest first (ties in input order), so each batch pads little. ``trunk predict`` and
+    the Python API batch in this one order, so the two give the same batches and the same records."""
+    return sorted(range(len(lengths)), key=lengths.__getitem__)
+
+
 def checked_label_names(names: Sequence | None, option: str = "label_names") -> list[str] | None:
     """Configured class names as the model will know them: surrounding spaces dropped (as from the data's labels); an
     empty or repeated name is refused, since two ids of one name would split a class, or merge two, silently."""
@@ -147,11 +153,13 @@ def rows(ds: datasets.Dataset, indices: list[int]) -> list[dict]:
 class TaggedCollate:
     """Builds a batch of one split from a list of row indices and marks it with its task (picklable, for workers)."""
 
-    def __init__(self, data: "TaskData", role: str, task: str, file: str | None = None) -> None:
-        self.data, self.role, self.task, self.file = data, role, task, file
+    def __init__(self, data: "TaskData", role: str, task: str, file: str | None = None, indexed: bool = False) -> None:
+        self.data, self.role, self.task, self.file, self.indexed = data, role, task, file, indexed
 
     def __call__(self, indices: list[int]) -> dict:
         batch = {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+        if self.indexed:  # the rows' places in the split (prediction batches come in order of length)
+            batch["index"] = list(indices)
         return {**batch, "file": self.file} if self.file is not None else batch
 
 
@@ -326,21 +334,31 @@ class TaskData:
                              "(a file path, or a split name with dataset).")
         return spec
 
-    def loaders(self, role: str) -> list[DataLoader]:
+    def lengths(self, role: str) -> list[int] | None:
+        """Each row's length (its top-level input entries: tokens, or candidates and windows for nested rows), for
+        batching by length; None: all rows alike (images)."""
+        return None
+
+    def loaders(self, role: str, by_length: bool = False) -> list[DataLoader]:
         """The evaluation / prediction loaders of one split, in order; batches carry the task's name. One loader,
-        or with ``metrics_per_file`` one per file of a split read from several, its batches marked with the file."""
+        or with ``metrics_per_file`` one per file of a split read from several, its batches marked with the file.
+        ``by_length`` (prediction): the rows in ``length_order``, each batch carrying its rows' places as "index"."""
         self.prepare(role)
         files = []
         if self.metrics_per_file and role in ("validation", "test"):
             self.raw(role)  # which rows come from which file (an encoded split read from the cache does not say)
             files = self._file_rows.get(role, [])
+        if by_length:
+            lengths = self.lengths(role)
+            order = length_order(lengths) if lengths is not None else list(range(self.size(role)))
+            return [self._loader(order, TaggedCollate(self, role, self.name, indexed=True))]
         if len(files) < 2:
             return [self._loader(range(self.size(role)), TaggedCollate(self, role, self.name))]
         starts = itertools.accumulate([0] + [rows for _, rows in files])
         return [self._loader(range(start, start + rows), TaggedCollate(self, role, self.name, file))
                 for (file, rows), start in zip(files, starts)]
 
-    def _loader(self, rows: range, collate: TaggedCollate) -> DataLoader:
+    def _loader(self, rows: Sequence[int], collate: TaggedCollate) -> DataLoader:
         return DataLoader(rows, batch_size=self.eval_batch_size, shuffle=False, collate_fn=collate, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator())  # not the global RNG (see train_dataloader)
 
@@ -553,8 +571,10 @@ class TextDataModule(TaskData):
     def train_batches(self, order: list[int], rng: random.Random) -> list[list[int]]:
         if not self.bucket_by_length:
             return super().train_batches(order, rng)
-        lengths = pc.list_value_length(self._encoded["train"].data.column("input_ids")).to_pylist()
-        return length_buckets(order, lengths, self.batch_size, rng)
+        return length_buckets(order, self.lengths("train"), self.batch_size, rng)
+
+    def lengths(self, role: str) -> list[int]:
+        return pc.list_value_length(self._encoded[role].data.column("input_ids")).to_pylist()
 
     # -- the encoded-split cache -------------------------------------------------------------------
     def encoding_key(self, role: str) -> list:
@@ -613,6 +633,11 @@ class TextDataModule(TaskData):
     def collate(self, examples: list[dict]) -> dict:
         raise NotImplementedError
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw inputs (texts, or what the task's predict rows hold): for the Python API."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Encoded examples from raw inputs (texts, or what the task's predict rows hold): for the Python API,
+        which sorts them by length before batching them with ``collate``."""
         raise NotImplementedError(f"{type(self).__name__} does not predict from raw inputs.")
+
+    def encode_inputs(self, inputs: list) -> dict:
+        """A predict batch from raw inputs."""
+        return self.collate(self.input_examples(inputs))

@@ -81,11 +81,11 @@ class TextRowsData(TextDataModule):
         labels = self.targets(ds, role) if role != "predict" else [None] * len(ids)
         return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw texts (or (text, pair) tuples)."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Predict examples from raw texts (or (text, pair) tuples)."""
         inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
         ids = [e.ids for e in self.tokenize(inputs, "predict")]
-        return self.collate([{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)])
+        return [{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

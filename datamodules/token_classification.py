@@ -210,11 +210,11 @@ class TokenClassificationData(TextDataModule):
         token_tags = tags_from_spans(token_spans, len(word_ids), self.label_scheme)
         return [label_ids[tag] if word is not None else IGNORE_INDEX for tag, word in zip(token_tags, word_ids)]
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw sentences: word lists, or strings split on whitespace."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Predict examples from raw sentences: word lists, or strings split on whitespace."""
         words = [list(x) if isinstance(x, (list, tuple)) else str(x).split() for x in inputs]
         rows = datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))})
-        return self.collate(self.encode(rows, "predict"))
+        return self.encode(rows, "predict")
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

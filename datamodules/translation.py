@@ -210,10 +210,10 @@ class TranslationData(TextDataModule):
         self.warn_truncated(truncated, len(examples), f"{role} (targets)", "target_max_length")
         return examples
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw source sentences."""
+    def input_examples(self, inputs: list) -> list[dict]:
+        """Predict examples from raw source sentences."""
         sources = [str(x).strip() for x in inputs]
-        return self.collate([{"input_ids": e.ids, "source": s} for e, s in zip(self.tokenize(sources, "predict"), sources)])
+        return [{"input_ids": e.ids, "source": s} for e, s in zip(self.tokenize(sources, "predict"), sources)]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

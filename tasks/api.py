@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
+from trunk.datamodules.text import length_order
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import load_pretrained, without_splits
@@ -46,18 +47,27 @@ class Predictor:
         tuples) for classification, sentences (strings or word lists) for NER, source sentences for translation,
         image paths / PIL images / arrays for image tasks. ``task`` may be left out when the model has one task.
 
-        ``task`` as a list of names: each record is ``{task: its record}``, and tasks whose batches hold the same
-        tokens (classification and NER of one sentence, say) share one trunk pass per batch, each head reading it."""
+        Text inputs are tokenized at once and batched in order of length (as ``trunk predict`` batches a file), so
+        a batch pads little. ``task`` as a list of names: each record is ``{task: its record}``, and tasks whose
+        batches hold the same tokens (classification and NER of one sentence, say) share one trunk pass per batch,
+        each head reading it."""
         tasks = self._tasks(task)
-        answers: list[dict] = []
+        inputs = list(inputs)
+        if all(hasattr(self.data[name], "input_examples") for name in tasks):
+            examples = {name: self.data[name].input_examples(inputs) for name in tasks}
+            order = length_order([len(e["input_ids"]) for e in examples[tasks[0]]])
+            encode = lambda name, chunk: self.data[name].collate([examples[name][i] for i in chunk])  # noqa: E731
+        else:  # images: all of one size
+            order = list(range(len(inputs)))
+            encode = lambda name, chunk: self.data[name].encode_inputs([inputs[i] for i in chunk])  # noqa: E731
+        answers: list = [None] * len(inputs)
         bf16 = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
-        for start in range(0, len(inputs), batch_size):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
             with bf16:
-                records = self._predict_batch(list(inputs[start : start + batch_size]), tasks)
-            if isinstance(task, list):
-                answers += [dict(zip(tasks, answer)) for answer in zip(*(records[name] for name in tasks))]
-            else:
-                answers += records[tasks[0]]
+                records = self._predict_batch({name: encode(name, chunk) for name in tasks})
+            for j, i in enumerate(chunk):
+                answers[i] = {name: records[name][j] for name in tasks} if isinstance(task, list) else records[tasks[0]][j]
         return answers
 
     def _tasks(self, task: str | list[str] | None) -> list[str]:
@@ -71,13 +81,11 @@ class Predictor:
             raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
         return names
 
-    def _predict_batch(self, inputs: list, tasks: list[str]) -> dict[str, list[dict]]:
-        trunk = TrunkOnce(self.model.trunk)
-        device = self.model.device
-        records = {}
-        for name in tasks:
-            batch = {"task": name, **self.data[name].encode_inputs(inputs)}
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
+        """Each task's records of its batch; one trunk pass serves every task whose tokens are the same."""
+        trunk, device, records = TrunkOnce(self.model.trunk), self.model.device, {}
+        for name, batch in batches.items():
+            batch = {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
             records[name] = self.model.objective(name).predict(trunk, batch)
         return records
 

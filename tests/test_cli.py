@@ -13,6 +13,7 @@ import yaml
 from conftest import REPO, single_task
 from kinds import DATA_FILES, recipe_task_args
 from trunk.tasks import TrunkModule
+from trunk.tasks.api import Predictor
 from trunk.tasks.cli import run_cli
 
 
@@ -27,7 +28,6 @@ def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_
     test_acc_after_fit = cli.trainer.callback_metrics["test/sentiment/acc"].item()  # the test split ran after fit
     assert (Path(cli.trainer.log_dir) / "tokenizer.json").is_file()
     assert (Path(cli.trainer.log_dir) / "config.yaml").is_file()
-    in_memory = [r for batch in cli.trainer.predict(cli.model, datamodule=cli.datamodule) for r in batch]
 
     validated = run_cli(["validate", *tiny_cli_args, f"--ckpt_path={ckpt}"])
     assert "val/sentiment/acc" in validated.trainer.callback_metrics
@@ -41,7 +41,10 @@ def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_
     assert set(records[0]) == {"text", "label", "probs"}
     assert set(records[0]["probs"]) == {"negative", "positive"} and records[0]["label"] in ("negative", "positive")
     assert sum(records[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
-    # save -> load reproduces the predictions exactly
+    # save -> load reproduces the predictions exactly: the trained model in memory, batched as trunk predict batches
+    # (by length, eval batch size), gives the same records
+    in_memory = Predictor(cli.model, cli.datamodule.tasks, "32-true").predict([r["text"] for r in records],
+                                                                             batch_size=cli.datamodule.tasks["sentiment"].eval_batch_size)
     assert [r["probs"] for r in records] == [r["probs"] for r in in_memory]
 
     restored = TrunkModule.load_from_checkpoint(ckpt, weights_only=True)
@@ -61,6 +64,32 @@ def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentime
              f"--data.predict={texts}"]), f"--ckpt_path={ckpt}", f"--predictions.output={out}",
              "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
     assert [r["text"] for r in read_jsonl(out)] == ["the film was great", "the plot was not good"]
+
+
+def test_predict_batches_by_length_and_writes_in_the_inputs_order(tiny_cli_args, tmp_path):
+    """A predict file of mixed lengths: the batches hold rows of like length (less padding), the file lists them as given,
+    and the records equal the Python API's on the same inputs."""
+    cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
+    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    words = "the film was great but the plot was not good at all".split()
+    inputs = [" ".join(words[: 1 + (7 * i) % len(words)]) for i in range(40)]  # lengths 1 .. 12, shuffled
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in inputs))
+    out = tmp_path / "out.jsonl"
+    args = [*single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
+                          f"--data.predict={texts}", "--data.eval_batch_size=8"]), f"--ckpt_path={ckpt}",
+            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    predicted = run_cli(["predict", *args, f"--predictions.output={out}"])
+    written = read_jsonl(out)
+    assert [r["text"] for r in written] == inputs
+    (loader,) = predicted.trainer.predict_dataloaders
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["index"]) == list(range(40))
+    widths = [b["input_ids"].shape[1] for b in batches]
+    assert widths == sorted(widths) and sum(widths) < 5 * max(widths)  # in row order every batch would be about the widest
+    from trunk.tasks import load
+
+    assert load(ckpt).predict(inputs, batch_size=8) == written
 
 
 def test_bf16_mixed_precision_run(tiny_cli_args):

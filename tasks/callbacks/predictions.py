@@ -12,7 +12,7 @@ from trunk.core.atomic import temporary_path
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write ``trunk predict`` results as JSON lines, one record per example, as batches arrive.
+    """Write ``trunk predict`` results as JSON lines, one record per example, in the input file's order.
 
     Args:
         output: the file to write; unset: ``predictions.jsonl`` in the run's log directory. When
@@ -26,7 +26,7 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output = output
         self.field = field
-        self._files: dict[str, object] = {}
+        self._lines: dict[str, list[tuple[int, str]]] = {}  # task -> (row, line)
         self.tasks: list[str] = []  # the tasks that predict (the CLI sets them): several get a file each
 
     def path(self, trainer: L.Trainer, task: str | None = None) -> Path:
@@ -35,24 +35,20 @@ class PredictionWriter(BasePredictionWriter):
             path = path.with_suffix(f".{task}{path.suffix}")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
-    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._files = {}
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "predict" and hasattr(trainer.datamodule, "predict_by_length"):
+            trainer.datamodule.predict_by_length = True  # the lines go back in the input's order at the end
 
-    def _file(self, trainer: L.Trainer, task: str):
-        # Written under a temporary name and renamed at the end: an interrupted run leaves the previous
-        # predictions file as it was, never a truncated one.
-        if task not in self._files:
-            path = self.path(trainer, task)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[task] = temporary_path(path).open("w", encoding="utf-8")
-        return self._files[task]
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._lines = {}
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
-        file = self._file(trainer, batch["task"])
-        for record in prediction:
+        # Batches come in order of length: each line is kept with its row's place and written in the file's order at the end.
+        lines = self._lines.setdefault(batch["task"], [])
+        for index, record in zip(batch.get("index") or range(len(lines), len(lines) + len(prediction)), prediction):
             if self.field is None:
                 try:
-                    file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+                    lines.append((index, json.dumps(record, ensure_ascii=False, allow_nan=False)))
                 except ValueError:  # bare NaN would make the file invalid JSON
                     raise ValueError(f"Task '{batch['task']}': a prediction holds NaN or infinity ({record}): the model's outputs "
                                      "are not finite, so its weights or inputs are broken. Predict with an earlier checkpoint.") from None
@@ -60,19 +56,20 @@ class PredictionWriter(BasePredictionWriter):
             if self.field not in record:
                 raise ValueError(f"predictions.field={self.field!r} is not in task '{batch['task']}''s predictions; its fields "
                                  f"are {sorted(record)}.")
-            file.write(str(record[self.field]).replace("\n", " ") + "\n")
+            lines.append((index, str(record[self.field]).replace("\n", " ")))
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for task, file in self._files.items():
-            file.flush()
-            os.fsync(file.fileno())
-            file.close()
-            os.replace(file.name, self.path(trainer, task))
-            print(f"Wrote the predictions of task '{task}' to {self.path(trainer, task)}")
-        self._files = {}
+        # Written under a temporary name and renamed: an interrupted run leaves the previous file as it was, never a truncated one.
+        for task, lines in self._lines.items():
+            path = self.path(trainer, task)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with temporary_path(path).open("w", encoding="utf-8") as file:
+                file.writelines(line + "\n" for _, line in sorted(lines, key=lambda pair: pair[0]))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(file.name, path)
+            print(f"Wrote the predictions of task '{task}' to {path}")
+        self._lines = {}
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        for file in self._files.values():
-            file.close()
-            Path(file.name).unlink(missing_ok=True)
-        self._files = {}
+        self._lines = {}
