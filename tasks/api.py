@@ -16,6 +16,7 @@ import torch
 from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.datamodules.text import length_order
+from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.module import TrunkModule
 from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import load_pretrained, without_splits
@@ -116,7 +117,7 @@ def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", 
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
     checkpoints store each task's data settings). ``precision``: see ``Predictor``."""
-    path = Path(path)
+    path = resolve_init_from(path)  # hf://ORG/NAME and W&B artifact references too
     if path.is_dir() and not is_sharded_checkpoint(path):
         pretrained = load_pretrained(path)
         if not pretrained.heads:

@@ -58,8 +58,13 @@ def log_trunk_artifact(run, path: str | Path, name: str, aliases: list[str]) -> 
 
 
 def resolve_init_from(reference: str | Path) -> Path:
-    """``model.init_from`` as a local path: a W&B artifact reference is downloaded (once), anything else is a path."""
+    """``model.init_from`` as a local path: a W&B artifact or Hugging Face Hub reference is downloaded (once), anything
+    else is a path."""
     reference = str(reference)
+    from trunk.tasks.hub import HUB_PREFIX, download
+
+    if reference.startswith(HUB_PREFIX):
+        return download(reference)
     if not reference.startswith(ARTIFACT_PREFIX):
         return Path(reference)
     name = reference[len(ARTIFACT_PREFIX) :]

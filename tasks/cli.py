@@ -481,6 +481,9 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
     parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
+    parser.add_argument("--push-to-hub", metavar="ORG/NAME", help="also upload DIR (with its model card, README.md) to this Hugging "
+                                                                   "Face Hub repository, created if missing (log in first: `hf auth login`)")
+    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     parser.add_argument("--onnx", action="store_true", help="also write DIR/onnx/<task>.onnx for each classification, "
                                                              "multi-label, regression and NER head (pip install 'trunk[onnx]')")
     parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
@@ -488,7 +491,8 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
     options = parser.parse_args(args)
     try:
-        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite)
+        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite,
+                                 repo_id=options.push_to_hub)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
@@ -500,6 +504,15 @@ def export_main(args: list[str]) -> None:
         except (ImportError, ValueError) as err:
             sys.exit(f"error: {err}")
         print(f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see {path}/onnx/tasks.json)")
+    if options.push_to_hub:
+        from trunk.tasks.hub import push
+
+        try:
+            url = push(path, options.push_to_hub, private=options.private)
+        except ValueError as err:
+            sys.exit(f"error: {err}")
+        print(f"Uploaded {path} to https://huggingface.co/{options.push_to_hub} ({url}); fine-tune from it with "
+              f"--model.init_from=hf://{options.push_to_hub}")
     if options.wandb_project:
         import wandb
 

@@ -307,18 +307,34 @@ def attach_data(pretrained: PretrainedTrunk, specs: dict, states: dict) -> None:
             head["meta"]["data_state"] = states.get(task, {})
 
 
-def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool = True, overwrite: bool = False) -> Path:
-    """Write a trunk directory from a checkpoint written by ``trunk fit``: the trunk, and (``heads``) every task's head."""
+def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool = True, overwrite: bool = False,
+                      repo_id: str | None = None) -> Path:
+    """Write a trunk directory from a checkpoint written by ``trunk fit``: the trunk, and (``heads``) every task's head,
+    with a model card (README.md; ``repo_id``: the Hub repository it is for, which its loading examples name)."""
     ckpt_path, directory = Path(ckpt_path), Path(directory)
     if directory.resolve() in ckpt_path.resolve().parents:
         raise ValueError(f"The checkpoint '{ckpt_path}' is inside the output directory '{directory}', which export "
                          "replaces. Write the trunk to another directory.")
     ckpt = load_checkpoint(ckpt_path)
     pretrained = _pretrained_from_checkpoint(ckpt_path, ckpt)
-    attach_data(pretrained, (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}, ckpt.get("MultiTaskData", {}))
+    specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
+    attach_data(pretrained, specs, ckpt.get("MultiTaskData", {}))
     if not heads:
         pretrained.heads = {}
-    return save_pretrained(directory, pretrained, overwrite)
+    save_pretrained(directory, pretrained, overwrite)
+    from trunk.tasks.hub import write_model_card
+
+    write_model_card(directory, checkpoint_metrics(ckpt), repo_id, specs)
+    return directory
+
+
+def checkpoint_metrics(ckpt: dict) -> dict:
+    """What a checkpoint says of its training: the step, the epoch and each checkpoint callback's best monitored score."""
+    metrics = {"global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch")}
+    for state in (ckpt.get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("monitor") and state.get("best_model_score") is not None:
+            metrics[f"best {state['monitor']}"] = float(state["best_model_score"])
+    return {k: v for k, v in metrics.items() if v is not None}
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
