@@ -29,20 +29,31 @@ def show_progress() -> bool:
     return not are_progress_bars_disabled()
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
-    """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+def _bert_words(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
+    """BERT's text handling around a vocabulary model: accents stripped (and lowercased), split into words and
+    punctuation, decoded with BERT's spacing."""
     steps = [normalizers.NFD(), normalizers.StripAccents()]
     if lowercase:
         steps.insert(0, normalizers.Lowercase())
     tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                                        show_progress=show_progress())
+    return tokenizer
+
+
+def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_size: int, min_frequency: int, **options) -> Tokenizer:
+    """Train ``tokenizer`` on ``texts`` with the special tokens first, then add BERT's [CLS] a [SEP] b [SEP] template."""
+    trainer = trainer_class(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                            show_progress=show_progress(), **options)
     tokenizer.train_from_iterator(texts, trainer=trainer)
     _add_bert_template(tokenizer)
     return tokenizer
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
+    """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``."""
+    tokenizer = _bert_words(Tokenizer(models.WordPiece(unk_token=UNK)), lowercase)
+    return _trained(tokenizer, trainers.WordPieceTrainer, texts, vocab_size, min_frequency)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
@@ -52,11 +63,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = Fa
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                                  show_progress=show_progress())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    _add_bert_template(tokenizer)
-    return tokenizer
+    return _trained(tokenizer, trainers.BpeTrainer, texts, vocab_size, min_frequency)
 
 
 def train_byte_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
@@ -66,29 +73,15 @@ def train_byte_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    _add_bert_template(tokenizer)
-    return tokenizer
+    return _trained(tokenizer, trainers.BpeTrainer, texts, vocab_size, min_frequency, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
 
 
 def train_word(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
     """A word-level vocabulary (BERT's word splitting): a word seen fewer than ``min_frequency`` times is [UNK]. On a
     few thousand examples this is what the classic models see: a rare word is one unknown slot rather than
     character pieces whose meaning the model memorises from the one question that held them."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
-    steps = [normalizers.NFD(), normalizers.StripAccents()]
-    if lowercase:
-        steps.insert(0, normalizers.Lowercase())
-    tokenizer.normalizer = normalizers.Sequence(steps)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()  # joins words with spaces and punctuation as BERT's does
-    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                                        show_progress=show_progress())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    _add_bert_template(tokenizer)
-    return tokenizer
+    tokenizer = _bert_words(Tokenizer(models.WordLevel(unk_token=UNK)), lowercase)
+    return _trained(tokenizer, trainers.WordLevelTrainer, texts, vocab_size, min_frequency)
 
 
 TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe, "byte_bpe": train_byte_bpe, "word": train_word}
