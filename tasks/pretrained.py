@@ -60,7 +60,8 @@ def check_writable(directory: Path, overwrite: bool) -> None:
     if not directory.is_dir():
         raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
     contents = sorted(p.name for p in directory.iterdir())
-    foreign = [name for name in contents if not _is_trunk_file(name)]
+    exported = CONFIG_FILE in contents  # then its model card and ONNX graphs are the export's too, not a user's files
+    foreign = [name for name in contents if not _is_trunk_file(name) and not (exported and name in ("README.md", "onnx"))]
     if foreign:
         raise FileExistsError(
             f"'{directory}' exists and holds files that are not part of a trunk directory ({foreign[:5]}). Trunk never "

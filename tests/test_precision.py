@@ -126,7 +126,7 @@ def test_inference_uses_the_same_rule(cpu, monkeypatch):
             return {"input_ids": torch.ones(len(texts), 3, dtype=torch.long), "attention_mask": torch.ones(len(texts), 3, dtype=torch.long)}
 
     seen = []
-    monkeypatch.setattr(model, "predict_step", lambda batch, i: seen.append(torch.is_autocast_enabled("cpu")) or [{}])
+    monkeypatch.setattr(model.objectives["s"], "predict", lambda trunk, batch: seen.append(torch.is_autocast_enabled("cpu")) or [{}])
     for text, chosen in ((AVX2, "32-true"), (AMX, "bf16-mixed")):
         fake(text)
         predictor = Predictor(model, {"s": Texts()})

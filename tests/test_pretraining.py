@@ -186,7 +186,7 @@ def pretrained(corpus_file, tmp_path):
 
 def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pretrained, sentiment_files, tmp_path):
     cli, trunk_dir = pretrained
-    assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json", "README.md"}  # README.md: the model card
     assert {"val/mlm/ppl", "val/mlm/acc", "val/mlm/loss", "val/score"} <= cli.trainer.callback_metrics.keys()
     assert cli.trainer.callback_metrics["val/mlm/ppl"] > 1.0
     meta = json.loads((trunk_dir / "config.json").read_text())
@@ -252,6 +252,11 @@ def test_export_never_deletes_what_it_did_not_write(pretrained, tmp_path):
     with pytest.raises(SystemExit, match="not part of a trunk directory.*never deletes"):
         export_main([str(last), str(precious)])
     assert (precious / "notes.txt").read_text() == "mine"
+    (precious / "notes.txt").unlink()
+    (precious / "README.md").write_text("my project")  # a README beside no trunk is the user's, not a model card
+    with pytest.raises(SystemExit, match=r"not part of a trunk directory \(\['README.md'\]\)"):
+        export_main([str(last), str(precious), "--overwrite"])
+    assert (precious / "README.md").read_text() == "my project"
     with pytest.raises(SystemExit, match="already holds a trunk. Pass --overwrite"):
         export_main([str(last), str(trunk_dir)])
     (trunk_dir / "model.safetensors").unlink()  # replaced when asked: the file comes back
@@ -508,7 +513,7 @@ def test_pretraining_logs_its_trunk_directory_as_a_wandb_artifact_and_export_can
     run_dir = next((tmp_path / "pretrain" / "wandb").glob("offline-run-*"))
     (artifact,) = trunk_artifacts(run_dir)
     assert artifact.name == "trunk-pretrain" and list(artifact.aliases) == ["latest"]
-    assert {c.path for c in artifact.manifest.contents} == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {c.path for c in artifact.manifest.contents} == {"config.json", "model.safetensors", "tokenizer.json", "README.md"}
     # `trunk export --wandb-project`: the same, from a checkpoint, in a run of its own
     last = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     (tmp_path / "wandb-dir").mkdir()
