@@ -203,7 +203,7 @@ class MultiTaskData(L.LightningDataModule):
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
         self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model
         # Predict batches in order of length (less padding): set by a consumer that restores the rows' order from the
-        # batches' "index" (trunk predict's PredictionWriter); trainer.predict's own list stays in row order otherwise.
+        # batches' "index" (the CLI, for its PredictionWriter); trainer.predict's own list stays in row order otherwise.
         self.predict_by_length = False
         self._codec: Codec | None = None
 

@@ -126,6 +126,7 @@ class TrunkCLI(LightningCLI):
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
         if isinstance(writer, PredictionWriter):
             writer.tasks = self.datamodule.predict_tasks  # which tasks write files decides their names, before any batch
+            self.datamodule.predict_by_length = True  # the writer puts the lines back in the input's order
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
         self.trainer = self.instantiate_trainer()

@@ -35,10 +35,6 @@ class PredictionWriter(BasePredictionWriter):
             path = path.with_suffix(f".{task}{path.suffix}")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "predict" and hasattr(trainer.datamodule, "predict_by_length"):
-            trainer.datamodule.predict_by_length = True  # the lines go back in the input's order at the end
-
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._lines = {}
 
