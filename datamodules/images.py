@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gzip
 import struct
 from pathlib import Path
@@ -64,6 +66,8 @@ class ImageClassificationData(TaskData):
         horizontal_flip: flip training images left-right half the time (not for digits or text).
         **kwargs: see ``TaskData`` (dataset, splits, val_fraction: held out per class, batch sizes, workers).
     """
+
+    input_form: ClassVar[str] = "an image: a file path, PIL image or uint8 array (served: a base64-encoded image file)"
 
     kinds = ("image_classification",)
     stem = "image"
@@ -286,11 +290,12 @@ class ImageClassificationData(TaskData):
             batch["id"] = [split["ids"][i] for i in indices]
         return batch
 
-    def encode_inputs(self, inputs: list) -> dict:
-        """A predict batch from raw images: file paths, PIL images or (H, W[, C]) uint8 arrays."""
+    def encode_inputs(self, inputs: list, ids: list | None = None) -> dict:
+        """A predict batch from raw images: file paths, PIL images or (H, W[, C]) uint8 arrays. Each record's id:
+        its ``ids`` entry, else a path's name or the image's position in ``inputs``."""
         images = [self._load_image(Path(x), "predict") if isinstance(x, (str, Path)) else x for x in inputs]
-        self._splits["_inputs"] = self._finish({"images": images, "labels": None, "ids": [str(x) if isinstance(x, (str, Path)) else i
-                                                                                          for i, x in enumerate(inputs)]}, "inputs")
+        ids = ids or [str(x) if isinstance(x, (str, Path)) else i for i, x in enumerate(inputs)]
+        self._splits["_inputs"] = self._finish({"images": images, "labels": None, "ids": ids}, "inputs")
         return self.make_batch("_inputs", list(range(len(inputs))), train=False)
 
     # -- TaskData --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import re
 import string
 from collections.abc import Iterator
@@ -34,6 +36,8 @@ class MultipleChoiceData(TextDataModule):
         label_column: the column holding the answer (not needed in the predict split).
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, file_type, max_length, batch size, ...).
     """
+
+    input_form: ClassVar[str] = '{"context": ..., "choices": [two or more texts]}, with an optional "question"'
 
     kinds = ("multiple_choice",)
 

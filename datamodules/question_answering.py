@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import json
 from pathlib import Path
 
@@ -28,6 +30,8 @@ class QuestionAnsweringData(TextDataModule):
         doc_stride: tokens shared by consecutive windows of a long context.
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, max_length, batch size: questions, ...).
     """
+
+    input_form: ClassVar[str] = '{"question": ..., "context": ...}'
 
     kinds = ("extractive_qa",)
 

@@ -197,6 +197,7 @@ class TaskData:
 
     kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
     stem: ClassVar[str] = "text"  # the trunk stem its inputs go through
+    input_form: ClassVar[str] = ""  # what one raw input of ``Predictor.predict`` is ("" : none); shown by `trunk serve`
 
     def __init__(
         self,
@@ -635,7 +636,8 @@ class TextDataModule(TaskData):
 
     def input_examples(self, inputs: list) -> list[dict]:
         """Encoded examples from raw inputs (texts, or what the task's predict rows hold): for the Python API,
-        which sorts them by length before batching them with ``collate``."""
+        which sorts them by length before batching them with ``collate``. ``"truncated": True`` marks an input
+        cut to fit ``max_length`` (its record says so)."""
         raise NotImplementedError(f"{type(self).__name__} does not predict from raw inputs.")
 
     def encode_inputs(self, inputs: list) -> dict:

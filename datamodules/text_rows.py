@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import datasets
 import torch
 from trunk.datamodules.sources import check_columns, column, looks_like_data
@@ -21,6 +23,8 @@ class TextRowsData(TextDataModule):
         label_column: the column holding the target (not needed in the predict split).
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, val_fraction, max_length, batch size, ...).
     """
+
+    input_form: ClassVar[str] = "a text, or a [text, pair] list of two texts (sentence-pair tasks)"
 
     def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -84,8 +88,8 @@ class TextRowsData(TextDataModule):
     def input_examples(self, inputs: list) -> list[dict]:
         """Predict examples from raw texts (or (text, pair) tuples)."""
         inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
-        ids = [e.ids for e in self.tokenize(inputs, "predict")]
-        return [{"input_ids": i, "label": None, "text": t} for i, t in zip(ids, inputs)]
+        encodings = self.tokenize(inputs, "predict")
+        return [{"input_ids": e.ids, "label": None, "text": t, "truncated": bool(e.overflowing)} for e, t in zip(encodings, inputs)]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

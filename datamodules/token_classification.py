@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import dataclasses
 
 import datasets
@@ -51,6 +53,8 @@ class TokenClassificationData(TextDataModule):
         context_length: sub-tokens of document context around each sentence (0: none).
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, val_fraction, max_length, batch_size, ...).
     """
+
+    input_form: ClassVar[str] = "a sentence: a string (split on spaces) or a list of words"
 
     kinds = ("token_classification",)
 
@@ -214,7 +218,7 @@ class TokenClassificationData(TextDataModule):
         """Predict examples from raw sentences: word lists, or strings split on whitespace."""
         words = [list(x) if isinstance(x, (list, tuple)) else str(x).split() for x in inputs]
         rows = datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))})
-        return self.encode(rows, "predict")
+        return [{**e, "truncated": min(e["word_starts"], default=0) < 0} for e in self.encode(rows, "predict")]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pathlib import Path
 
 import datasets
@@ -45,6 +47,8 @@ class TranslationData(TextDataModule):
         target_max_length: longer targets are truncated (one warning per split); unset: max_length.
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, max_length, batch_size, ...).
     """
+
+    input_form: ClassVar[str] = "a source sentence"
 
     kinds = ("translation",)
     tokenizer_model = "bpe"
@@ -213,7 +217,7 @@ class TranslationData(TextDataModule):
     def input_examples(self, inputs: list) -> list[dict]:
         """Predict examples from raw source sentences."""
         sources = [str(x).strip() for x in inputs]
-        return [{"input_ids": e.ids, "source": s} for e, s in zip(self.tokenize(sources, "predict"), sources)]
+        return [{"input_ids": e.ids, "source": s, "truncated": bool(e.overflowing)} for e, s in zip(self.tokenize(sources, "predict"), sources)]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)

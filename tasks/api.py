@@ -18,6 +18,7 @@ from trunk.datamodules import MultiTaskData
 from trunk.datamodules.text import length_order
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.module import TrunkModule
+from trunk.tasks.onnx_export import OnnxGraphs
 from trunk.tasks.precision import resolve_precision
 from trunk.tasks.pretrained import load_pretrained, without_splits
 from trunk.tasks.run import read_run_checkpoint, resolve
@@ -32,11 +33,11 @@ class Predictor:
     ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
     (the rule of training runs, ``trunk.tasks.precision``); ``32-true`` or ``bf16-mixed`` force one."""
 
-    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto") -> None:
+    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto", graphs: OnnxGraphs | None = None) -> None:
         if precision not in INFERENCE_PRECISIONS:
             raise ValueError(f"precision={precision!r}: inference runs in one of {list(INFERENCE_PRECISIONS)}.")
-        self.model, self.data = model.eval(), data
-        self.precision = resolve_precision(precision, model.device.type)
+        self.model, self.data, self.graphs = model.eval(), data, graphs
+        self.precision = "32-true" if graphs else resolve_precision(precision, model.device.type)
 
     @property
     def tasks(self) -> list[str]:
@@ -51,35 +52,55 @@ class Predictor:
         Text inputs are tokenized at once and batched in order of length (as ``trunk predict`` batches a file), so
         a batch pads little. ``task`` as a list of names: each record is ``{task: its record}``, and tasks whose
         batches hold the same tokens (classification and NER of one sentence, say) share one trunk pass per batch,
-        each head reading it."""
-        tasks = self._tasks(task)
+        each head reading it. An input cut to fit the model's ``max_length`` has ``"truncated": true`` in its record."""
+        tasks = self.check_tasks(task)
         inputs = list(inputs)
-        if all(hasattr(self.data[name], "input_examples") for name in tasks):
-            examples = {name: self.data[name].input_examples(inputs) for name in tasks}
-            order = length_order([len(e["input_ids"]) for e in examples[tasks[0]]])
-            encode = lambda name, chunk: self.data[name].collate([examples[name][i] for i in chunk])  # noqa: E731
-        else:  # images: all of one size
-            order = list(range(len(inputs)))
-            encode = lambda name, chunk: self.data[name].encode_inputs([inputs[i] for i in chunk])  # noqa: E731
-        answers: list = [None] * len(inputs)
+        records = self.predict_encoded({name: self.encode(name, inputs) for name in tasks}, batch_size)
+        if isinstance(task, list):
+            return [{name: records[name][i] for name in tasks} for i in range(len(inputs))]
+        return records[tasks[0]]
+
+    def encode(self, task: str, inputs: list) -> list:
+        """One task's examples of raw inputs (``predict``'s): tokenized texts, or images as they are. Bad inputs
+        raise ValueError (or TypeError, KeyError for a wrong type or a missing field)."""
+        if self._tokenized(task):
+            return self.data[task].input_examples(inputs)
+        return [(x, str(x) if isinstance(x, (str, Path)) else i) for i, x in enumerate(inputs)]  # an image and its record's id
+
+    @torch.inference_mode()
+    def predict_encoded(self, examples: dict[str, list], batch_size: int = 64) -> dict[str, list[dict]]:
+        """Each task's records of its examples (from ``encode``, of the same inputs for every task), in their order.
+        Batches follow the order of length; the tasks whose batches hold the same tokens share one trunk pass."""
+        first, tokenized = next(iter(examples.values())), all(self._tokenized(name) for name in examples)
+        order = length_order([len(e["input_ids"]) for e in first]) if tokenized else list(range(len(first)))  # images: one size
+        answers = {name: [None] * len(first) for name in examples}
         bf16 = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
+            batches = {name: self._collate(name, [examples[name][i] for i in chunk]) for name in examples}
             with bf16:
-                records = self._predict_batch({name: encode(name, chunk) for name in tasks})
-            for j, i in enumerate(chunk):
-                answers[i] = {name: records[name][j] for name in tasks} if isinstance(task, list) else records[tasks[0]][j]
+                records = self._predict_batch(batches)
+            for name, task_records in records.items():
+                for i, record in zip(chunk, task_records):
+                    answers[name][i] = {**record, "truncated": True} if tokenized and examples[name][i].get("truncated") else record
         return answers
 
-    def _tasks(self, task: str | list[str] | None) -> list[str]:
-        if task is None:
-            if len(self.tasks) != 1:
-                raise ValueError(f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...].")
-            return self.tasks
-        names = [task] if isinstance(task, str) else list(task)
+    def _tokenized(self, task: str) -> bool:
+        return hasattr(self.data[task], "input_examples")
+
+    def _collate(self, task: str, examples: list) -> dict:
+        data = self.data[task]
+        return data.collate(examples) if self._tokenized(task) else data.encode_inputs(*map(list, zip(*examples)))
+
+    def check_tasks(self, task: str | list[str] | None) -> list[str]:
+        if task is None and len(self.tasks) != 1:
+            raise ValueError(f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...].")
+        names = self.tasks if task is None else [task] if isinstance(task, str) else list(task)
         unknown = [name for name in names if name not in self.data]
         if unknown or not names:
             raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
+        if self.graphs:
+            self.graphs.check(names)
         return names
 
     def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
@@ -87,7 +108,8 @@ class Predictor:
         trunk, device, records = TrunkOnce(self.model.trunk), self.model.device, {}
         for name, batch in batches.items():
             batch = {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
-            records[name] = self.model.objective(name).predict(trunk, batch)
+            objective = self.model.objective(name)
+            records[name] = objective.records(batch, self.graphs.run(name, batch)) if self.graphs else objective.predict(trunk, batch)
         return records
 
 
@@ -111,13 +133,18 @@ class TrunkOnce:
         return getattr(self.trunk, name)
 
 
-def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto") -> Predictor:
+def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto",
+         runtime: str = "torch") -> Predictor:
     """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
     once (``trunk.tasks.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
-    checkpoints store each task's data settings). ``precision``: see ``Predictor``."""
+    checkpoints store each task's data settings). ``precision``: see ``Predictor``. ``runtime="onnx"``: the
+    tasks' graphs run in ONNX Runtime (a trunk directory exported with ``trunk export CKPT DIR --onnx``)."""
+    if runtime not in ("torch", "onnx"):
+        raise ValueError(f"runtime={runtime!r}: choose 'torch' or 'onnx'.")
     path = resolve_init_from(path)  # hf://ORG/NAME and W&B artifact references too
+    graphs = OnnxGraphs(path) if runtime == "onnx" else None  # checks for the graphs before the model loads
     if path.is_dir() and not is_sharded_checkpoint(path):
         pretrained = load_pretrained(path)
         if not pretrained.heads:
@@ -137,7 +164,7 @@ def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", 
         model = resolve({}, run, ckpt_path=path, checkpoint=ckpt).model
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])
-    return Predictor(model.to(map_location), run.tasks, precision)
+    return Predictor(model.to(map_location), run.tasks, precision, graphs)
 
 
 def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:

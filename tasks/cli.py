@@ -454,7 +454,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
             "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, classification, "
                            "NER, translation, ViT), trained alone or jointly.",
             "epilog": "Also: export  Write a pretrained-trunk directory from a checkpoint: `trunk export CKPT DIR` "
-                      "(`trunk export --help`).",
+                      "(`trunk export --help`). serve  Serve a model over HTTP: `trunk serve CKPT_OR_DIR` (`trunk serve --help`).",
         },
     )
 
@@ -525,6 +525,40 @@ def export_main(args: list[str]) -> None:
         print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
 
 
+def serve_main(args: list[str]) -> None:
+    """``trunk serve CKPT_OR_DIR``: the model behind HTTP (trunk.tasks.serve, on LitServe)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="trunk serve", description="Serve a trained model over HTTP: POST /predict with "
+                                     '{"input": ...} or {"inputs": [...]} and an optional "task" (a name or a list of names); '
+                                     "GET /health, GET /info. Needs pip install 'trunk[serve]'.")
+    parser.add_argument("model", help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores")
+    parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "32-true", "bf16-mixed"],
+                        help="auto: bf16 where the device computes it natively, else fp32")
+    parser.add_argument("--runtime", default="torch", choices=["torch", "onnx"],
+                        help="onnx: the graphs of `trunk export CKPT DIR --onnx` in ONNX Runtime (pass DIR)")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="requests gathered into one batch")
+    parser.add_argument("--batch-timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
+    parser.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (a gathered batch is cut into these)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait in the queue before a 504")
+    options = parser.parse_args(args)
+    try:
+        from trunk.tasks.serve import build_server
+    except ImportError as err:
+        sys.exit(f"error: trunk serve needs LitServe ({err.name} is missing): pip install 'trunk[serve]'.")
+    if not 0 <= options.batch_timeout < options.timeout:
+        sys.exit(f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}.")
+    try:
+        server = build_server(options.model, options.precision, options.runtime, options.batch_size, options.max_batch_size,
+                              options.batch_timeout, options.timeout, options.workers, options.accelerator)
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        sys.exit(f"error: {err}")
+    server.run(port=options.port, generate_client_file=False)
+
+
 def is_collective_failure(err: BaseException) -> bool:
     """A DDP collective that timed out or lost its peer (gloo and NCCL say so in RuntimeErrors)."""
     text = str(err)
@@ -535,6 +569,8 @@ def is_collective_failure(err: BaseException) -> bool:
 def main() -> None:
     if sys.argv[1:2] == ["export"]:
         export_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["serve"]:
+        serve_main(sys.argv[2:])
     else:
         try:
             run_cli()

@@ -3,6 +3,7 @@ out (classification and multi-label logits, regression scores on the data's scal
 with dynamic batch and sequence axes. The tokenizer and the labels are the trunk directory's, beside it.
 
     trunk export CKPT DIR --onnx      # DIR/onnx/<task>.onnx
+    trunk.tasks.load(DIR, runtime="onnx")   # the same records, computed by ONNX Runtime (also `trunk serve --runtime onnx`)
 
 Needs ``pip install trunk[onnx]`` (onnx, onnxscript for torch's exporter, onnxruntime to run the graphs).
 """
@@ -67,3 +68,32 @@ def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
                          "tokenizer": "../tokenizer.json"}
     (out / "tasks.json").write_text(json.dumps(listing, indent=2) + "\n")
     return written
+
+
+class OnnxGraphs:
+    """ONNX Runtime sessions for the graphs of a trunk directory (``DIR/onnx``), one per task. They stand in for the
+    trunk and head; each task's records still come from its ``Objective.records``."""
+
+    def __init__(self, directory: Path) -> None:
+        listing = Path(directory) / "onnx" / "tasks.json"
+        if not listing.is_file():
+            raise FileNotFoundError(f"'{directory}' holds no ONNX graphs ({listing} is missing): write them with "
+                                    f"`trunk export CKPT {directory} --onnx`, or use the torch runtime.")
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ImportError("The onnx runtime needs onnxruntime: pip install 'trunk[onnx]'.") from None
+        self.listing = json.loads(listing.read_text())
+        self.sessions = {name: onnxruntime.InferenceSession(str(listing.parent / spec["file"]), providers=["CPUExecutionProvider"])
+                         for name, spec in self.listing.items()}
+
+    def check(self, tasks: list[str]) -> None:
+        missing = [task for task in tasks if task not in self.sessions]
+        if missing:
+            raise ValueError(f"The tasks {missing} have no ONNX graph (the exported tasks are {sorted(self.sessions)}; QA, multiple "
+                             "choice, translation, image and pretraining heads are not exported): use the torch runtime for them.")
+
+    def run(self, task: str, batch: dict) -> torch.Tensor:
+        self.check([task])
+        feeds = {"input_ids": batch["input_ids"].cpu().numpy(), "attention_mask": batch["attention_mask"].cpu().numpy()}
+        return torch.from_numpy(self.sessions[task].run(None, feeds)[0])

@@ -65,6 +65,9 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
                 path.with_name(path.name + ".away").rename(path)
         records = from_checkpoint.predict(list(kind.inputs))
         assert len(records) == len(kind.inputs) and records == from_directory.predict(list(kind.inputs))
+        if kind.onnx:  # ONNX Runtime through the same predict path: the same records, numbers within the graphs' tolerance
+            through_onnx = load(tmp_path / "exported", runtime="onnx").predict(list(kind.inputs))
+            assert same_records(through_onnx, records, 1e-4)
 
     # a new run from the exported directory: the trunk and the head carry over
     reuse = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--trainer.default_root_dir={tmp_path / 'reuse'}"], run=False)
@@ -80,6 +83,22 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         assert rows
         for key in rows:
             assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
+
+
+def same_records(got, expected, tolerance: float) -> bool:
+    """Records equal as JSON, numbers within ``tolerance``."""
+    got, expected = json.loads(json.dumps(got)), json.loads(json.dumps(expected))
+
+    def close(a, b) -> bool:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(map(close, a, b))
+        if isinstance(a, float) or isinstance(b, float):
+            return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tolerance
+        return a == b
+
+    return close(got, expected)
 
 
 def onnx_matches_pytorch(directory, tolerance: float = 1e-4):

@@ -128,7 +128,12 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
-        """One JSON-ready record per example."""
+        """One JSON-ready record per example: by default ``records`` of ``export_forward``'s output, so the graph
+        run elsewhere (ONNX Runtime) gives the same records. Kinds whose records need more than one output override it."""
+        return self.records(batch, self.export_forward(trunk, batch[self.input_key], batch.get("attention_mask")))
+
+    def records(self, batch: dict, output: torch.Tensor) -> list[dict]:
+        """The records of a batch from its ``onnx_output`` (what ``export_forward`` returns)."""
         raise NotImplementedError
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:

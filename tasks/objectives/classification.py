@@ -115,8 +115,8 @@ class Classification(PooledObjective):
                 f"model.tasks.{self.name}.init_args.class_weights=balanced, and pick checkpoints by a metric such a model "
                 "cannot win (primary_metric: mcc or f1_macro)."]
 
-    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
-        probs = self(trunk, batch).float().softmax(-1)
+    def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
+        probs = logits.float().softmax(-1)
         records = []
         for i, row in enumerate(probs.tolist()):
             best = max(range(len(row)), key=row.__getitem__)

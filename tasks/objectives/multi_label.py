@@ -61,9 +61,9 @@ class MultiLabelClassification(PooledObjective):
             metric.update(probs, gold)
         return F.binary_cross_entropy_with_logits(logits, labels.float())
 
-    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+    def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         records = []
-        for i, row in enumerate(self(trunk, batch).float().sigmoid().tolist()):
+        for i, row in enumerate(logits.float().sigmoid().tolist()):
             chosen = sorted(((p, name) for name, p in zip(self.label_names, row) if p >= self.threshold), reverse=True)
             records.append(self.record(batch, i, labels={name: p for p, name in chosen}, probs=dict(zip(self.label_names, row))))
         return records

@@ -108,9 +108,9 @@ class SequenceRegression(PooledObjective):
                 values.update({f"{name}_{target}": v for target, v in zip(self.label_names, value)})
         return values
 
-    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
+    def records(self, batch: dict, scores: torch.Tensor) -> list[dict]:
         records = []
-        for i, row in enumerate(self.scores(trunk, batch).tolist()):
+        for i, row in enumerate(scores.float().tolist()):
             answer = {"score": row[0]} if len(row) == 1 else {"scores": dict(zip(self.label_names, row))}
             records.append(self.record(batch, i, **answer))
         return records

@@ -146,8 +146,7 @@ class TokenClassification(Objective):
                             "predicted": mark_entities(record["words"], predicted), "correct": set(gold) == set(predicted)})
         return records
 
-    def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
-        logits = self(trunk, batch)
+    def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         tags = self.tags(self.decode(logits, batch["word_starts"], batch["num_words"]), batch["num_words"])
         records = []
         for words, sentence_tags in zip(batch["words"], tags):

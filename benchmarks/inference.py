@@ -1,0 +1,282 @@
+"""Inference speed on real sentences: Trunk's ``predict`` against Hugging Face pipelines of equal size, two tasks
+from one trunk pass, ONNX Runtime, what each of ``predict``'s optimisations gives, and ``trunk serve`` under
+concurrent clients. Prints tables.
+
+    pip install -e ".[bench,serve,onnx]"
+    python benchmarks/inference.py --data ../shared/data [--model CKPT_OR_DIR] [--rounds 3]
+
+``--model``: a model with the tasks ``sst2`` (classification) and ``conll`` (NER), as configs/joint_sst2_conll.yaml
+trains. Without it, one of that recipe's shape is made by one training step (speed does not depend on the weights).
+
+Sentences: SST-2 dev (872) and CoNLL-2003 test (3,453). Every comparison runs both sides in this process,
+alternating, and reports the median of the rounds; "ratio" is the first side's sentences/s over the second's.
+The Hugging Face side is ``transformers.pipeline`` ("text-classification"; "token-classification" with
+aggregation "first", the label of a word's first piece as Trunk reads it) on a ``Bert*`` model of the trunk's width,
+depth, heads, FFN and vocabulary, with Trunk's own tokenizer, batch size 64 on both sides. bf16 rows run only
+where the CPU computes bf16 natively (elsewhere it is emulated, 50-100x slower: no fair figure).
+
+Serving: ``trunk serve`` in its own process on 127.0.0.1; N client threads each send single-sentence requests (SST-2
+dev, each client its share, so every level sends the same 872 requests), and the table gives sentences/s and the
+latency percentiles, and the throughput as a share of in-process ``predict``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from unittest import mock
+
+import torch
+from trunk.tasks import load
+from trunk.tasks.precision import cpu_bf16_is_native, cpu_info
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sst2_sentences(data: Path) -> list[str]:
+    lines = (data / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.rsplit("\t", 1)[0] for line in lines if line.strip()]
+
+
+def conll_sentences(data: Path) -> list[list[str]]:
+    sentences, words = [], []
+    for line in (data / "conll2003" / "test.txt").read_text(encoding="utf-8").splitlines() + [""]:
+        if not line.strip() or line.startswith("-DOCSTART-"):
+            if words:
+                sentences.append(words)
+            words = []
+        else:
+            words.append(line.split()[0])
+    return sentences
+
+
+def make_model(data: Path, directory: Path) -> Path:
+    """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs."""
+    splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
+    paths = [f"--data.tasks.{task}.{split}={data / path}" for task, files in splits.items() for split, path in zip(("train", "validation"), files)]
+    run = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
+           *paths, "--data.tasks.sst2.test=null", "--data.tasks.conll.test=null", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+           "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={directory / 'run'}",
+           "--trainer.logger=false"]
+    subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
+    ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
+    subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(ckpt), str(directory / "model"), "--onnx"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return directory / "model"
+
+
+def hf_pipelines(predictor, bf16: bool) -> dict:
+    """Each task's pipeline on an equal-size BERT with Trunk's tokenizer (random weights: speed only)."""
+    from tokenizers import Tokenizer
+    from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification, PreTrainedTokenizerFast, pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    cfg, model = predictor.model.trunk.cfg, predictor.model
+    tokenizer = Tokenizer.from_str(model.codec.tokenizer.to_str())
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+                                   unk_token="[UNK]", mask_token="[MASK]", model_max_length=cfg.max_len)
+    bert = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_len)
+    pipes = {}
+    for name, objective in model.objectives.items():
+        labels = {"id2label": dict(enumerate(objective.label_names)), "label2id": {n: i for i, n in enumerate(objective.label_names)}}
+        if objective.kind == "token_classification":
+            net, kind, extra = BertForTokenClassification(BertConfig(**bert, **labels)), "token-classification", {"aggregation_strategy": "first"}
+        else:
+            net, kind, extra = BertForSequenceClassification(BertConfig(**bert, **labels)), "text-classification", {}
+        net = net.eval().to(torch.bfloat16 if bf16 else torch.float32)
+        pipes[name] = pipeline(kind, model=net, tokenizer=fast, device=-1, **extra)
+    return pipes
+
+
+def rate(fn, n: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
+
+
+def alternate(sides: dict, n: int, rounds: int) -> dict[str, float]:
+    """Median sentences/s of each side over ``rounds``, the sides taking turns (after one warm-up call each)."""
+    for fn in sides.values():
+        fn()
+    rates = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            rates[name].append(rate(fn, n))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def table(title: str, header: list[str], rows: list[list]) -> None:
+    print(f"\n## {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(f"{v:,.1f}" if isinstance(v, float) and v >= 10 else f"{v:.2f}" if isinstance(v, float) else str(v)
+                                for v in row) + " |")
+
+
+def versus_hugging_face(model: Path, inputs: dict, precisions: list[str], rounds: int) -> dict:
+    rows, trunk_rates = [], {}
+    for precision in precisions:
+        predictor = load(model, precision="bf16-mixed" if precision == "bf16" else "32-true")
+        pipes = hf_pipelines(predictor, bf16=precision == "bf16")
+        for task, sentences in inputs.items():
+            as_text = [" ".join(s) if isinstance(s, list) else s for s in sentences]
+            got = alternate({"trunk": lambda: predictor.predict(sentences, task=task, batch_size=64),
+                             "hf": lambda: pipes[task](as_text, batch_size=64)}, len(sentences), rounds)
+            rows.append([task, precision, len(sentences), got["trunk"], got["hf"], got["trunk"] / got["hf"]])
+            trunk_rates[(task, precision)] = got["trunk"]
+    table("predict against a Hugging Face pipeline (sentences/s)", ["task", "precision", "sentences", "Trunk predict", "HF pipeline",
+                                                                     "ratio"], rows)
+    return trunk_rates
+
+
+def one_pass(model: Path, sentences: list[list[str]], rounds: int) -> None:
+    predictor = load(model, precision="32-true")
+    texts = [" ".join(s) for s in sentences]
+    got = alternate({"one": lambda: predictor.predict(texts, task=["sst2", "conll"]),
+                     "two": lambda: (predictor.predict(texts, task="sst2"), predictor.predict(texts, task="conll"))}, len(texts), rounds)
+    table("two tasks of one model on the same sentences (CoNLL-2003 test, fp32)", ["path", "sentences/s", "ratio"],
+          [["one trunk pass for both tasks", got["one"], got["one"] / got["two"]], ["one task after the other", got["two"], 1.0]])
+
+
+def onnx_runtime(model: Path, inputs: dict, rounds: int) -> None:
+    torch_side, onnx_side = load(model, precision="32-true"), load(model, runtime="onnx")
+    rows = []
+    for task, sentences in inputs.items():
+        got = alternate({"onnx": lambda: onnx_side.predict(sentences, task=task), "torch": lambda: torch_side.predict(sentences, task=task)},
+                        len(sentences), rounds)
+        rows.append([task, got["torch"], got["onnx"], got["onnx"] / got["torch"]])
+    table("ONNX Runtime against PyTorch, the same predict path (fp32, sentences/s)", ["task", "PyTorch", "ONNX Runtime", "ratio"], rows)
+
+
+def optimisations(model: Path, inputs: dict, rounds: int) -> None:
+    """Each of predict's optimisations turned off in turn, against all on."""
+    import trunk.models.trunk as trunk_module
+    import trunk.tasks.api as api
+
+    predictor = load(model, precision="32-true")
+    switches = {"batches in input order (no length sorting)": mock.patch.object(api, "length_order", lambda lengths: list(range(len(lengths)))),
+                "rotary tables recomputed in every layer": mock.patch.object(trunk_module, "tracing", lambda: True),
+                "torch.no_grad instead of inference_mode": mock.patch.object(torch, "inference_mode", lambda *a, **k: torch.no_grad())}
+    rows = []
+    for task, sentences in inputs.items():
+        for what, switch in switches.items():
+            def off(switch=switch):
+                with switch:
+                    predictor.predict(sentences, task=task)
+            got = alternate({"on": lambda: predictor.predict(sentences, task=task), "off": off}, len(sentences), rounds)
+            rows.append([task, what, got["off"], got["on"], got["on"] / got["off"]])
+    table("what each optimisation of predict gives (fp32, sentences/s)", ["task", "turned off", "without it", "with it", "gain"], rows)
+
+
+class Served:
+    """``trunk serve`` in a process group of its own."""
+
+    def __init__(self, model: Path, *options: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "-m", "trunk.tasks.cli", "serve", str(model), f"--port={self.port}", *options],
+                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(240):
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.stop()
+        self.log.seek(0)
+        raise RuntimeError(f"trunk serve did not start:\n{self.log.read().decode()[-2000:]}")
+
+    def ask(self, body: dict) -> float:
+        """One request; its latency in seconds."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/predict", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.read()
+        return time.perf_counter() - start
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def serving(model: Path, sentences: list[str], in_process: float, clients: list[int], options: list[str]) -> None:
+    server = Served(model, *options)
+    rows = []
+    try:
+        for _ in range(2):  # warm-up: the worker's first batches
+            server.ask({"inputs": sentences[:64], "task": "sst2"})
+        for n in clients:
+            shares = [sentences[i::n] for i in range(n)]  # each client its share: every level sends the same requests
+            start = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                latencies = [t for ts in pool.map(lambda share: [server.ask({"input": s, "task": "sst2"}) for s in share], shares) for t in ts]
+            throughput = len(sentences) / (time.perf_counter() - start)
+            q = statistics.quantiles(latencies, n=100)
+            rows.append([n, len(sentences), throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98]])
+    finally:
+        server.stop()
+    table(f"trunk serve {' '.join(options)}: single-sentence requests (SST-2 dev, fp32)",
+          ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="the folder holding sst2/ and conll2003/ (../shared/data)")
+    parser.add_argument("--model", type=Path, help="a model with tasks sst2 and conll (a checkpoint, or a directory exported with --onnx)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve"],
+                        choices=["hf", "one_pass", "onnx", "optimisations", "serve"])
+    options = parser.parse_args()
+
+    print(f"machine: {cpu_info()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    precisions = [p for p in options.precision if p == "fp32" or cpu_bf16_is_native()[0]]
+    if precisions != options.precision:
+        print("bf16: not native on this CPU (emulated), so its rows are left out")
+    with tempfile.TemporaryDirectory() as scratch:
+        model = options.model or make_model(options.data.resolve(), Path(scratch))
+        inputs = {"sst2": sst2_sentences(options.data), "conll": conll_sentences(options.data)}
+        in_process = {("sst2", "fp32"): None}
+        if "hf" in options.only:
+            in_process = versus_hugging_face(model, inputs, precisions, options.rounds)
+        if "one_pass" in options.only:
+            one_pass(model, inputs["conll"], options.rounds)
+        if "onnx" in options.only:
+            onnx_runtime(model, inputs, options.rounds)
+        if "optimisations" in options.only:
+            optimisations(model, inputs, options.rounds)
+        if "serve" in options.only:
+            sst2 = in_process.get(("sst2", "fp32")) or alternate({"trunk": lambda: load(model).predict(inputs["sst2"], task="sst2")},
+                                                                  len(inputs["sst2"]), options.rounds)["trunk"]
+            serving(model, inputs["sst2"], sst2, options.clients, ["--precision=32-true"])
+
+
+if __name__ == "__main__":
+    main()

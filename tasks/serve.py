@@ -1,0 +1,164 @@
+"""``trunk serve CKPT_OR_DIR``: a trained model behind HTTP, on LitServe (``pip install 'trunk[serve]'``).
+
+    trunk serve runs/sst2/lightning_logs/version_0/checkpoints/last.ckpt --port 8000
+    curl -X POST localhost:8000/predict -d '{"input": "a gripping film"}'                    # its record
+    curl -X POST localhost:8000/predict -d '{"inputs": ["a gripping film", "a dull plot"]}'  # a list of records
+    curl -X POST localhost:8000/predict -d '{"input": "...", "task": ["sentiment", "ner"]}'  # {task: record}, one trunk pass
+    curl localhost:8000/health     # 200 "ok" once every worker has loaded the model
+    curl localhost:8000/info       # the tasks: kind, labels, what an input is
+
+Records are those of ``trunk predict`` and ``trunk.tasks.load(...).predict`` (``Predictor``). Requests arriving
+together are gathered into one batch (``--max-batch-size``, ``--batch-timeout``), ordered by length inside it, and
+every task a request names reads one trunk pass. An input longer than the model's ``max_length`` is truncated and
+its record says ``"truncated": true``. A bad request gets 422 with what is wrong (an unknown field, task or input
+type, an empty text, no input); one that waits longer than ``--timeout`` in the queue gets 504.
+"""
+
+import base64
+import binascii
+import io
+import os
+
+import litserve as ls
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+MAX_INPUTS = 1024  # per request: a bigger job is a file for `trunk predict`
+
+
+class PredictRequest(BaseModel):
+    """The body of ``POST /predict``, checked by FastAPI before it is queued (422 naming the field at fault)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: JsonValue = None
+    inputs: list[JsonValue] | None = Field(default=None, min_length=1, max_length=MAX_INPUTS)
+    task: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_of_input_and_inputs(self):
+        if (self.input is None) == (self.inputs is None):
+            raise ValueError('send exactly one of "input" (one input) and "inputs" (a list of inputs)')
+        return self
+
+
+class Refused:
+    """A request the worker refused: answered with 422 on its own, never failing the batch it came in."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+# No `from __future__ import annotations` here: LitServe hands decode_request's annotation to FastAPI as it is, and
+# a string would not be resolved (the body would be read as a query parameter).
+class TrunkAPI(ls.LitAPI):
+    """One ``Predictor`` per worker. ``decode_request`` checks and tokenizes a request; ``predict`` answers the
+    requests of a batch together, grouped by the tasks they name."""
+
+    def __init__(self, path: str, precision: str, runtime: str, batch_size: int, threads: int, **batching) -> None:
+        super().__init__(api_path="/predict", **batching)
+        self.path, self.precision, self.runtime, self.batch_size, self.threads = path, precision, runtime, batch_size, threads
+
+    def setup(self, device: str) -> None:
+        import torch
+        from trunk.tasks.api import load
+
+        if device == "cpu":
+            torch.set_num_threads(self.threads)  # the cores shared among the workers
+        self.predictor = load(self.path, map_location=device, precision=self.precision, runtime=self.runtime)
+
+    def decode_request(self, request: PredictRequest):
+        """The request's tasks and their encoded examples, or ``Refused`` with what is wrong."""
+        single = request.inputs is None
+        inputs = [request.input] if single else request.inputs
+        try:
+            tasks = self.predictor.check_tasks(request.task)
+        except ValueError as err:
+            return Refused(str(err))
+        examples = {}
+        for name in tasks:
+            data = self.predictor.data[name]
+            for i, x in enumerate(inputs):
+                problem = _check_input(x)
+                if problem:
+                    return Refused(f"{'input' if single else f'inputs[{i}]'}: {problem}; task '{name}' takes {data.input_form}.")
+            try:
+                examples[name] = self.predictor.encode(name, [_image(x) for x in inputs] if data.stem == "image" else inputs)
+            except (ValueError, TypeError, KeyError, OSError) as err:
+                return Refused(f"{'input' if single else 'inputs'} for task '{name}' ({data.input_form}) could not be read: "
+                               f"{type(err).__name__}: {err}")
+        return {"tasks": tasks, "several": isinstance(request.task, list), "single": single, "examples": examples}
+
+    def batch(self, requests: list) -> list:
+        return requests
+
+    def predict(self, requests):
+        """Every request's records: the requests naming the same tasks are predicted as one list of examples. (With
+        ``max_batch_size=1`` LitServe passes one request, not a list.)"""
+        if not isinstance(requests, list):
+            return self.predict([requests])[0]
+        answers: list = [r if isinstance(r, Refused) else None for r in requests]
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            if not isinstance(r, Refused):
+                groups.setdefault(tuple(r["tasks"]), []).append(i)
+        for tasks, members in groups.items():
+            examples = {name: [e for i in members for e in requests[i]["examples"][name]] for name in tasks}
+            records = self.predictor.predict_encoded(examples, self.batch_size)
+            start = 0
+            for i in members:
+                r, n = requests[i], len(requests[i]["examples"][tasks[0]])
+                own = [{name: records[name][k] for name in tasks} if r["several"] else records[tasks[0]][k] for k in range(start, start + n)]
+                answers[i], start = own[0] if r["single"] else own, start + n
+        return answers
+
+    def unbatch(self, answers: list) -> list:
+        return answers
+
+    def encode_response(self, answer):
+        if isinstance(answer, Refused):
+            return JSONResponse({"detail": answer.message}, status_code=422)
+        return answer
+
+
+def _check_input(x) -> str | None:
+    """What is wrong with an input's JSON shape, before the task reads it: a text that is empty, or a value that is
+    no text (a number, a boolean, null)."""
+    if isinstance(x, str):
+        return "an empty text" if not x.strip() else None
+    if isinstance(x, list):
+        return "an empty list" if not x else next(filter(None, map(_check_input, x)), None)
+    if isinstance(x, dict):
+        return next(filter(None, map(_check_input, x.values())), None)
+    return f"{type(x).__name__ if x is not None else 'null'} is not a text"
+
+
+def _image(x: str):
+    """A base64-encoded image file (PNG, JPEG, ...) as a PIL image. Serving never reads paths from a request."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(x, validate=True)))
+        image.load()
+    except (binascii.Error, TypeError, UnidentifiedImageError) as err:
+        raise ValueError(f"not a base64-encoded image file ({err})") from None
+    return image
+
+
+def build_server(path: str, precision: str = "auto", runtime: str = "torch", batch_size: int = 64, max_batch_size: int = 32,
+                 batch_timeout: float = 0.005, timeout: float = 30.0, workers: int = 1, accelerator: str = "auto") -> ls.LitServer:
+    """The ``LitServer`` of ``trunk serve``. The model is loaded once here, to fail early on a bad path and to describe
+    its tasks (``/info``); each worker then loads its own."""
+    from trunk.tasks.api import load
+
+    predictor = load(path, precision=precision, runtime=runtime)
+    metadata = {"tasks": describe(predictor), "precision": predictor.precision, "runtime": runtime, "max_inputs": MAX_INPUTS}
+    del predictor
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    api = TrunkAPI(str(path), precision, runtime, batch_size, threads, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata)
+
+
+def describe(predictor) -> dict:
+    """Each task's kind, labels and input form."""
+    return {name: {"kind": predictor.model.objective(name).kind, "labels": predictor.model.objective(name).label_names,
+                   "input": predictor.data[name].input_form} for name in predictor.tasks}

@@ -1,0 +1,222 @@
+"""`trunk serve`: a real server on 127.0.0.1 (its own process, as a user starts it) and a real HTTP client.
+Every request loop here is bounded, and every server is stopped by the test that started it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from conftest import single_task
+from kinds import KINDS
+from test_matrix import TRUNK, same_records
+from trunk.tasks import load
+from trunk.tasks.cli import export_main, run_cli
+
+pytest.importorskip("litserve")
+
+SERVED = [name for name, kind in KINDS.items() if kind.inputs] + ["image_classification"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``trunk serve ...`` in a process group of its own, stopped (the group killed) on exit."""
+
+    def __init__(self, *args: str, startup: float = 120.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
+        self.process = subprocess.Popen([sys.executable, "-m", "trunk.tasks.cli", "serve", *args, f"--port={self.port}"],
+                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy())
+        deadline = time.monotonic() + startup
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"trunk serve exited ({self.process.returncode}):\n{self.output()[-3000:]}")
+            try:
+                if self.get("/health") == (200, "ok"):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"trunk serve was not healthy within {startup} s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return response.status, response.read().decode()
+
+    def post(self, body, timeout: float = 60) -> tuple[int, object]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + "/predict", data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"null")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=20)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def png_base64(seed: int) -> str:
+    from PIL import Image
+
+    pixels = (torch.rand(16, 16, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def decoded(x, task: str):
+    """What the Python API is given for a served input: the image itself for image tasks."""
+    if task != "image_classification":
+        return x
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(x)))
+
+
+@pytest.fixture
+def every_kind(request, tmp_path):
+    """A model with one task of every predictable kind on one trunk (two training steps: serving must give the
+    records of the Python API, whatever the weights), exported with its ONNX graphs."""
+    args = []
+    for name in SERVED:
+        kind = KINDS[name]
+        files = {kind_source: request.getfixturevalue(f"{kind_source}_files") for kind_source in ("sentiment", "ner", "reversal", "scores",
+                                                                                                  "topics", "quiz", "squad")}
+        args += single_task([f"--model={kind.objective}", *kind.objective_args, f"--data={kind.data}", *kind.data_args(files)], name)
+    args += [*TRUNK, "--data.tokenizer_vocab_size=300", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=2",
+             "--trainer.limit_val_batches=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0"]
+    fit = run_cli(["fit", *args])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "exported"), "--onnx"])
+    return tmp_path / "exported"
+
+
+def inputs_of(name: str) -> list:
+    kind = KINDS[name]
+    return [png_base64(0), png_base64(1)] if name == "image_classification" else [list(x) if isinstance(x, tuple) else x for x in kind.inputs]
+
+
+def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without_dying(every_kind):
+    model = load(every_kind, precision="32-true")
+    with Server(str(every_kind), "--precision=32-true", "--max-batch-size=16") as server:
+        info = json.loads(server.get("/info")[1])
+        assert set(info["model"]["tasks"]) == set(SERVED)
+        assert info["model"]["tasks"]["sequence_classification"]["labels"] == ["negative", "positive"]
+
+        # every kind: one input, a list of inputs, the same records as the Python API
+        for name in SERVED:
+            inputs = inputs_of(name)
+            expected = model.predict([decoded(x, name) for x in inputs], task=name)
+            status, records = server.post({"inputs": inputs, "task": name})
+            assert status == 200, records
+            assert same_records(records, expected, 1e-5), (name, records, expected)
+            status, record = server.post({"input": inputs[1], "task": name})  # alone (generation's length follows its batch)
+            assert status == 200 and same_records(record, model.predict([decoded(inputs[1], name)], task=name)[0], 1e-5), name
+
+        # several tasks in one request: {task: record}, as predict(task=[...]) gives
+        texts = ["the film was great", "Anna Petrova left Paris on Monday ."]
+        both = ["sequence_classification", "token_classification"]
+        status, records = server.post({"inputs": texts, "task": both})
+        assert status == 200 and same_records(records, model.predict(texts, task=both), 1e-5)
+
+        # 200 concurrent requests: every one answered, each with its own input's record
+        sentences = [f"the film was {'great' if i % 2 else 'dull'} {'and long ' * (i % 7)}" for i in range(200)]
+        expected = model.predict(sentences, task="sequence_classification")
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(lambda s: server.post({"input": s, "task": "sequence_classification"}), sentences))
+        assert [status for status, _ in answers] == [200] * 200
+        assert same_records([record for _, record in answers], expected, 1e-5)
+
+        # bad requests: 422 saying what is wrong; the good requests beside them are answered
+        bad = {
+            b"{not json": "JSON decode error",
+            json.dumps({"task": "sequence_classification"}).encode(): 'exactly one of "input"',
+            json.dumps({"input": "x", "inputs": ["y"]}).encode(): 'exactly one of "input"',
+            json.dumps({"text": "a film", "task": "sequence_classification"}).encode(): "Extra inputs are not permitted",
+            json.dumps({"inputs": [], "task": "sequence_classification"}).encode(): "at least 1 item",
+            json.dumps({"input": "a film", "task": "no_such_task"}).encode(): "No task named 'no_such_task'",
+            json.dumps({"input": "a film"}).encode(): "name one with task=",
+            json.dumps({"input": "   ", "task": "sequence_classification"}).encode(): "input: an empty text",
+            json.dumps({"inputs": ["fine", 7], "task": "sequence_classification"}).encode(): "inputs[1]: int is not a text",
+            json.dumps({"input": {"question": "who ?"}, "task": "extractive_qa"}).encode(): "KeyError: 'context'",
+            json.dumps({"input": {"context": "which ?", "choices": ["one"]}, "task": "multiple_choice"}).encode(): "at least 2 choices",
+            json.dumps({"input": "bm90IGFuIGltYWdl", "task": "image_classification"}).encode(): "not a base64-encoded image file",
+            json.dumps({"input": "/etc/passwd", "task": "image_classification"}).encode(): "not a base64-encoded image file",
+        }
+        with ThreadPoolExecutor(16) as pool:
+            good = pool.submit(lambda: [server.post({"input": s, "task": "sequence_classification"}) for s in sentences[:20]])
+            answers = dict(zip(bad, pool.map(server.post, bad)))
+        for body, (status, answer) in answers.items():
+            assert status == 422, (body, status, answer)
+            detail = answer["detail"]  # the worker's sentence, or FastAPI's list of the fields at fault
+            assert bad[body] in (detail if isinstance(detail, str) else " ".join(error["msg"] for error in detail)), (body, answer)
+        assert [status for status, _ in good.result()] == [200] * 20
+        assert server.get("/health") == (200, "ok")
+
+        # an input over the model's max_length: truncated, and its record says so
+        status, record = server.post({"input": "great " * 500, "task": "sequence_classification"})
+        assert status == 200 and record["truncated"] is True
+        assert "truncated" not in server.post({"input": "great", "task": "sequence_classification"})[1]
+
+    # the ONNX runtime: the same records for the exported kinds
+    with Server(str(every_kind), "--runtime=onnx") as server:
+        for name in ("sequence_classification", "token_classification", "sequence_regression", "multi_label_classification"):
+            status, records = server.post({"inputs": inputs_of(name), "task": name})
+            assert status == 200 and same_records(records, model.predict(inputs_of(name), task=name), 1e-4), name
+        status, answer = server.post({"input": inputs_of("extractive_qa")[0], "task": "extractive_qa"})
+        assert status == 422 and "['extractive_qa'] have no ONNX graph" in answer["detail"]
+
+
+def test_a_request_waiting_longer_than_the_timeout_gets_504_and_the_server_goes_on(tiny_cli_args, tmp_path):
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    with Server(ckpt, "--timeout=0.2", "--batch-timeout=0.001", "--max-batch-size=1", "--batch-size=8") as server:
+        slow = {"inputs": ["a long sentence " * 20] * 1024}  # seconds of work on one worker
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(server.post, [slow] * 8))
+        statuses = sorted(status for status, _ in answers)
+        assert 504 in statuses and set(statuses) <= {200, 504}, statuses
+        assert server.post({"input": "the film was great"})[0] == 200
+
+
+def test_serve_names_a_model_that_is_not_there_before_starting(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "serve", str(tmp_path / "nothing.ckpt")], capture_output=True,
+                          text=True, timeout=120, env=os.environ.copy())
+    assert done.returncode != 0 and "nothing.ckpt" in done.stderr and "Traceback" not in done.stderr
