@@ -17,13 +17,15 @@ where the CPU computes bf16 natively (elsewhere it is emulated, 50-100x slower: 
 
 Serving: ``trunk serve`` in its own process on 127.0.0.1; N client threads each send single-sentence requests (SST-2
 dev, each client its share, so every level sends the same 872 requests), and the table gives sentences/s and the
-latency percentiles, and the throughput as a share of in-process ``predict``'s.
+latency percentiles, the throughput as a share of in-process ``predict``'s, and where the CPU went per request (the
+model's worker, the server's HTTP processes, the client threads; read from /proc, so Linux only).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +42,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from trunk.models.kernels import Unpadded
 from trunk.tasks import load
 from trunk.tasks.precision import cpu_bf16_is_native, cpu_info
 
@@ -173,11 +177,16 @@ def optimisations(model: Path, inputs: dict, rounds: int) -> None:
     predictor = load(model, precision="32-true")
     switches = {"batches in input order (no length sorting)": mock.patch.object(api, "length_order", lambda lengths: list(range(len(lengths)))),
                 "rotary tables recomputed in every layer": mock.patch.object(trunk_module, "tracing", lambda: True),
-                "torch.no_grad instead of inference_mode": mock.patch.object(torch, "inference_mode", lambda *a, **k: torch.no_grad())}
+                "every token computed, padding too (no real-token path)": mock.patch.object(Unpadded, "pays", staticmethod(lambda mask: False)),
+                "torch.no_grad instead of inference_mode": None}
     rows = []
     for task, sentences in inputs.items():
         for what, switch in switches.items():
-            def off(switch=switch):
+            def off(switch=switch, task=task, sentences=sentences):
+                if switch is None:  # predict_encoded's own body, under no_grad
+                    with torch.no_grad():
+                        api.Predictor.predict_encoded.__wrapped__(predictor, {task: predictor.encode(task, sentences)})
+                    return
                 with switch:
                     predictor.predict(sentences, task=task)
             got = alternate({"on": lambda: predictor.predict(sentences, task=task), "off": off}, len(sentences), rounds)
@@ -192,7 +201,7 @@ class Served:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.log = tempfile.TemporaryFile()
+        self.log, self.local = tempfile.TemporaryFile(), threading.local()
         self.process = subprocess.Popen([sys.executable, "-m", "trunk.tasks.cli", "serve", str(model), f"--port={self.port}", *options],
                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         for _ in range(240):
@@ -208,13 +217,27 @@ class Served:
         raise RuntimeError(f"trunk serve did not start:\n{self.log.read().decode()[-2000:]}")
 
     def ask(self, body: dict) -> float:
-        """One request; its latency in seconds."""
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/predict", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        """One request on this thread's kept-alive connection (as an HTTP client library keeps one); its latency in seconds."""
+        if not hasattr(self.local, "connection"):
+            self.local.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         start = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=120) as response:
-            response.read()
+        self.local.connection.request("POST", "/predict", json.dumps(body), {"Content-Type": "application/json"})
+        response = self.local.connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"trunk serve answered {response.status}")
         return time.perf_counter() - start
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by the model's worker processes and by the rest of the server (HTTP), from /proc."""
+        used = {"worker": 0.0, "http": 0.0}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.process.pid:  # the process group (session) of the server
+                    spawned = b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    used["worker" if spawned else "http"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return used
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -233,16 +256,19 @@ def serving(model: Path, sentences: list[str], in_process: float, clients: list[
             server.ask({"inputs": sentences[:64], "task": "sst2"})
         for n in clients:
             shares = [sentences[i::n] for i in range(n)]  # each client its share: every level sends the same requests
-            start = time.perf_counter()
+            before, client_before, start = server.cpu_seconds(), time.process_time(), time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
                 latencies = [t for ts in pool.map(lambda share: [server.ask({"input": s, "task": "sst2"}) for s in share], shares) for t in ts]
             throughput = len(sentences) / (time.perf_counter() - start)
+            after, client = server.cpu_seconds(), time.process_time() - client_before
             q = statistics.quantiles(latencies, n=100)
-            rows.append([n, len(sentences), throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98]])
+            per_request = [1000 * (after[k] - before[k]) / len(sentences) for k in ("worker", "http")] + [1000 * client / len(sentences)]
+            rows.append([n, len(sentences), throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98], *per_request])
     finally:
         server.stop()
     table(f"trunk serve {' '.join(options)}: single-sentence requests (SST-2 dev, fp32)",
-          ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms"], rows)
+          ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms", "CPU ms/request: model worker",
+           "server's HTTP", "clients"], rows)
 
 
 def main() -> None:

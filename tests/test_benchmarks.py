@@ -146,3 +146,15 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
     assert len(seeds) == 2 and abs(mean - sum(seeds) / 2) < 1e-3 and mean > 0.9  # learned, and the mean is of the seeds
     assert rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"  # epochs: the variant's arguments applied
     assert sorted(p.name for p in (tmp_path / "runs" / "reviews" / "eight").iterdir()) == ["seed0", "seed1"]
+
+
+def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_path):
+    import inference
+
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "dev.tsv").write_text("sentence\tlabel\nit 's a charming , often affecting journey . \t1\nunflinchingly bleak\t0\n")
+    (tmp_path / "conll2003").mkdir()
+    (tmp_path / "conll2003" / "test.txt").write_text("-DOCSTART- -X- -X- O\n\nSOCCER NN B-NP O\n- : O O\nJAPAN NNP B-NP B-LOC\n\n"
+                                                      "Nadim NNP B-NP B-PER\nLadki NNP I-NP I-PER\n")
+    assert inference.sst2_sentences(tmp_path) == ["it 's a charming , often affecting journey . ", "unflinchingly bleak"]
+    assert inference.conll_sentences(tmp_path) == [["SOCCER", "-", "JAPAN"], ["Nadim", "Ladki"]]
