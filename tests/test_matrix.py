@@ -138,3 +138,10 @@ def test_onnx_export_without_its_extra_says_how_to_install_it(monkeypatch, tmp_p
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed
     with pytest.raises(ImportError, match=r"onnxscript is missing\): pip install 'trunk\[onnx\]'"):
         export_onnx(tmp_path)
+
+
+def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"holds no ONNX graphs .* `trunk export CKPT .* --onnx`"):
+        load(tmp_path, runtime="onnx")
+    with pytest.raises(ValueError, match="runtime='tensorrt': choose 'torch' or 'onnx'"):
+        load(tmp_path, runtime="tensorrt")
