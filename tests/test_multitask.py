@@ -197,7 +197,7 @@ def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_f
     assert torch.load(ckpt, weights_only=True)["global_step"] == 8 + 13  # per rank: ceil(128/16) + ceil(100/8)
     one = run_cli(["validate", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
     two = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ.copy())
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})  # a rich table prints numbers whole
     assert two.returncode == 0, two.stderr[-3000:]
     for name in ("val/sentiment/acc", "val/ner/f1", "val/ner/acc"):  # 64 and 40 rows: no padding duplicates on 2 ranks
         line = next(line for line in two.stdout.splitlines() if f" {name} " in f" {line.replace('│', ' ')} ")

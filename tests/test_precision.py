@@ -122,7 +122,7 @@ def test_inference_uses_the_same_rule(cpu, monkeypatch):
                         task_info={"s": {"label_names": ["a", "b"]}})
 
     class Texts:
-        def encode_inputs(self, texts):
+        def encode_inputs(self, texts, ids=None):
             return {"input_ids": torch.ones(len(texts), 3, dtype=torch.long), "attention_mask": torch.ones(len(texts), 3, dtype=torch.long)}
 
     seen = []
