@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import gzip
 import struct
 from pathlib import Path
@@ -67,7 +65,7 @@ class ImageClassificationData(TaskData):
         **kwargs: see ``TaskData`` (dataset, splits, val_fraction: held out per class, batch sizes, workers).
     """
 
-    input_form: ClassVar[str] = "an image: a file path, PIL image or uint8 array (served: a base64-encoded image file)"
+    input_form = "an image: a file path, PIL image or uint8 array (served: a base64-encoded image file)"
 
     kinds = ("image_classification",)
     stem = "image"

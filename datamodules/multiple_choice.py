@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import re
 import string
 from collections.abc import Iterator
@@ -37,7 +35,7 @@ class MultipleChoiceData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, file_type, max_length, batch size, ...).
     """
 
-    input_form: ClassVar[str] = '{"context": ..., "choices": [two or more texts]}, with an optional "question"'
+    input_form = '{"context": ..., "choices": [two or more texts]}, with an optional "question"'
 
     kinds = ("multiple_choice",)
 

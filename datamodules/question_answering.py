@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import json
 from pathlib import Path
 
@@ -31,7 +29,7 @@ class QuestionAnsweringData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, max_length, batch size: questions, ...).
     """
 
-    input_form: ClassVar[str] = '{"question": ..., "context": ...}'
+    input_form = '{"question": ..., "context": ...}'
 
     kinds = ("extractive_qa",)
 

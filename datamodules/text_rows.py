@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import datasets
 import torch
 from trunk.datamodules.sources import check_columns, column, looks_like_data
@@ -24,7 +22,7 @@ class TextRowsData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, val_fraction, max_length, batch size, ...).
     """
 
-    input_form: ClassVar[str] = "a text, or a [text, pair] list of two texts (sentence-pair tasks)"
+    input_form = "a text, or a [text, pair] list of two texts (sentence-pair tasks)"
 
     def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs) -> None:
         super().__init__(**kwargs)

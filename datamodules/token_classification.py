@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import dataclasses
 
 import datasets
@@ -54,7 +52,7 @@ class TokenClassificationData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, val_fraction, max_length, batch_size, ...).
     """
 
-    input_form: ClassVar[str] = "a sentence: a string (split on spaces) or a list of words"
+    input_form = "a sentence: a string (split on spaces) or a list of words"
 
     kinds = ("token_classification",)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pathlib import Path
 
 import datasets
@@ -48,7 +46,7 @@ class TranslationData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, max_length, batch_size, ...).
     """
 
-    input_form: ClassVar[str] = "a source sentence"
+    input_form = "a source sentence"
 
     kinds = ("translation",)
     tokenizer_model = "bpe"

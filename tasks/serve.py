@@ -74,13 +74,14 @@ class TrunkAPI(ls.LitAPI):
             tasks = self.predictor.check_tasks(request.task)
         except ValueError as err:
             return Refused(str(err))
+        for i, x in enumerate(inputs):  # the JSON's shape, once for every task
+            problem = _check_input(x)
+            if problem:
+                takes = "; ".join(f"task '{name}' takes {self.predictor.data[name].input_form}" for name in tasks)
+                return Refused(f"{'input' if single else f'inputs[{i}]'}: {problem}; {takes}.")
         examples = {}
         for name in tasks:
             data = self.predictor.data[name]
-            for i, x in enumerate(inputs):
-                problem = _check_input(x)
-                if problem:
-                    return Refused(f"{'input' if single else f'inputs[{i}]'}: {problem}; task '{name}' takes {data.input_form}.")
             try:
                 examples[name] = self.predictor.encode(name, [_image(x) for x in inputs] if data.stem == "image" else inputs)
             except (ValueError, TypeError, KeyError, OSError) as err:
