@@ -1,0 +1,197 @@
+"""Per-task deltas on a shared, frozen trunk (parameter-efficient fine-tuning): LoRA on the blocks' linear layers and
+bottleneck adapters after their feed-forward sublayers, one set per task.
+
+A task's delta is a module of its own (``TaskDelta``), owned by the task like its head, so a task file is its head
+plus its delta, and the trunk's weights and state-dict keys never change. The trunk runs the deltas through forward
+hooks on its layers (``DeltaRouter``); which task's delta a row of the batch takes is set around each forward
+(``router.route``) as contiguous slices of the batch, as AdapterHub's ``BatchSplit``: a training step is one slice,
+a predict batch of several tasks one slice per task. Under the real-token path (``Unpadded``) an example's tokens are
+contiguous rows, so slices of examples map to slices of tokens.
+
+Trunk writes these rather than depending on ``peft``: peft requires transformers and accelerate at install, wraps
+the layers it adapts (changing the trunk's state-dict keys), and routes mixed batches row by row in Python lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+LORA_TARGETS = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")  # the linear layers of a block, by name
+METHODS = ("lora", "adapter")
+
+
+@dataclass(frozen=True)
+class DeltaConfig:
+    """One task's delta. ``lora``: rank ``r``, scaling ``alpha / r``, ``dropout`` on the LoRA path, on the
+    ``targets`` of every block. ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
+    (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged."""
+
+    method: str = "lora"
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"peft method {self.method!r}: choose one of {list(METHODS)}.")
+        if not (isinstance(self.r, int) and self.r > 0):
+            raise ValueError(f"peft r={self.r!r}: the rank (or bottleneck width) must be a positive integer.")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"peft dropout={self.dropout!r} must be a probability in [0, 1).")
+        unknown = sorted(set(self.targets) - set(LORA_TARGETS))
+        if self.method == "lora" and (unknown or not self.targets):
+            raise ValueError(f"peft targets {unknown or '(none)'} match no layer of a block; the layers are {list(LORA_TARGETS)}.")
+
+
+class LoRA(nn.Module):
+    """``x -> B(A(dropout(x))) * alpha / r`` beside a frozen ``in_features -> out_features`` layer; B starts at zero."""
+
+    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        if r > min(in_features, out_features):
+            raise ValueError(f"peft r={r} is larger than the layer it adapts ({in_features} -> {out_features}): use at most "
+                             f"{min(in_features, out_features)}.")
+        self.A = nn.Parameter(torch.empty(r, in_features))
+        self.B = nn.Parameter(torch.zeros(out_features, r))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear (and peft) initialise
+        self.scaling, self.dropout = alpha / r, nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.dropout(x) @ self.A.t()) @ self.B.t() * self.scaling
+
+    def weight_delta(self) -> torch.Tensor:
+        """The (out, in) matrix this delta adds to its layer's weight: what merging writes in."""
+        return (self.B @ self.A) * self.scaling
+
+
+class Bottleneck(nn.Module):
+    """``h -> h + up(gelu(down(h)))``: an adapter after a sublayer; ``up`` starts at zero."""
+
+    def __init__(self, width: int, r: int) -> None:
+        super().__init__()
+        if r > width:
+            raise ValueError(f"peft r={r} is wider than the model ({width}): a bottleneck adapter needs r <= {width}.")
+        self.down, self.up = nn.Linear(width, r), nn.Linear(r, width)
+        nn.init.zeros_(self.up.weight)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.up(torch.nn.functional.gelu(self.down(h)))
+
+
+class TaskDelta(nn.Module):
+    """One task's delta for every block of a trunk: ``parts`` maps a layer's name in the backbone
+    (``blocks.0.attn.q_proj``, ``blocks.0.ff``) to what it adds to that layer's output."""
+
+    def __init__(self, backbone: nn.Module, config: DeltaConfig) -> None:
+        super().__init__()
+        self.config = config
+        parts = {}
+        for name, module in backbone.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
+                parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout)
+            elif config.method == "adapter" and leaf == "ff":
+                parts[name] = Bottleneck(backbone.cfg.d_model, config.r)
+        if not parts:
+            raise ValueError(f"peft {config.method}: no layer of this trunk matches.")
+        self.parts = nn.ModuleDict({key.replace(".", "__"): part for key, part in parts.items()})  # ModuleDict keys have no dots
+
+    def part(self, layer: str) -> nn.Module | None:
+        return self.parts[layer.replace(".", "__")] if layer.replace(".", "__") in self.parts else None
+
+
+class DeltaRouter:
+    """The hooks that add each task's delta to the trunk's layers, and the routes of the running forward.
+
+    ``attach(backbone)`` hooks every block layer once; ``add(task, delta)`` registers a task's delta (the module stays
+    where its owner keeps it); ``with router.route([(task, rows), ...], key_padding_mask)`` sets the routes for the
+    forwards inside: ``rows`` consecutive examples per task, in order, covering the batch."""
+
+    def __init__(self) -> None:
+        self.deltas: dict[str, TaskDelta] = {}
+        self.routes: list[tuple[str, int]] | None = None
+        self.token_counts: list[int] | None = None  # real tokens per route, for the (N, C) rows of the real-token path
+        self.handles: list = []
+        self.merged: str | None = None  # the task whose LoRA is written into the trunk's weights (one-task inference)
+
+    def attach(self, backbone: nn.Module) -> None:
+        if self.handles:
+            return
+        for name, module in backbone.named_modules():
+            if name.rsplit(".", 1)[-1] in (*LORA_TARGETS, "ff"):
+                self.handles.append(module.register_forward_hook(self._hook(name)))
+
+    def add(self, task: str, delta: TaskDelta) -> None:
+        self.deltas[task] = delta
+
+    @contextlib.contextmanager
+    def route(self, routes: list[tuple[str, int]], key_padding_mask: torch.Tensor | None = None):
+        unknown = [task for task, _ in routes if task not in self.deltas]
+        if unknown:
+            raise KeyError(f"No delta for the tasks {unknown}; the tasks with deltas are {sorted(self.deltas)}.")
+        previous = self.routes, self.token_counts
+        self.routes = routes
+        if key_padding_mask is not None:
+            per_example = key_padding_mask.sum(1)
+            bounds = torch.tensor([0, *[rows for _, rows in routes]]).cumsum(0).tolist()
+            self.token_counts = [int(per_example[a:b].sum()) for a, b in zip(bounds, bounds[1:])]
+        else:
+            self.token_counts = None
+        try:
+            yield
+        finally:
+            self.routes, self.token_counts = previous
+
+    @torch.no_grad()
+    def merge(self, backbone: nn.Module, task: str) -> None:
+        """Write ``task``'s LoRA into the trunk's weights, so a forward costs no more than the trunk's: for serving one
+        task. Its routes then add nothing; ``unmerge`` restores the weights."""
+        if self.merged is not None:
+            raise RuntimeError(f"Task {self.merged!r} is merged into the trunk; unmerge it first.")
+        self._write(backbone, task, +1)
+        self.merged = task
+
+    @torch.no_grad()
+    def unmerge(self, backbone: nn.Module) -> None:
+        if self.merged is not None:
+            self._write(backbone, self.merged, -1)
+            self.merged = None
+
+    def _write(self, backbone: nn.Module, task: str, sign: int) -> None:
+        delta = self.deltas[task]
+        if delta.config.method != "lora":
+            raise ValueError(f"Task {task!r} has a {delta.config.method} delta: only LoRA merges into the weights.")
+        for name, module in backbone.named_modules():
+            part = delta.part(name)
+            if isinstance(part, LoRA):
+                module.weight += sign * part.weight_delta().to(module.weight.dtype)
+
+    def _hook(self, layer: str):
+        def add_deltas(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+            if not self.routes:
+                return output
+            if self.merged is not None:
+                if any(task != self.merged for task, _ in self.routes):
+                    raise RuntimeError(f"Task {self.merged!r} is merged into the trunk: a batch routed to other tasks needs it "
+                                       "unmerged.")
+                return output
+            x = inputs[0]
+            sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
+            if len(self.routes) == 1:  # the whole batch, one task (a training step): no slicing
+                part = self.deltas[self.routes[0][0]].part(layer)
+                return output if part is None else output + part(output if layer.endswith("ff") else x)
+            pieces, start = [], 0
+            for (task, _), size in zip(self.routes, sizes):
+                part = self.deltas[task].part(layer)
+                rows = slice(start, start + size)
+                pieces.append(output[rows] if part is None else output[rows] + part(output[rows] if layer.endswith("ff") else x[rows]))
+                start += size
+            return torch.cat(pieces)
+        return add_deltas

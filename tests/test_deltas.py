@@ -1,0 +1,112 @@
+"""Per-task deltas (models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
+
+import pytest
+import torch
+from trunk.models import TrunkConfig, build_trunk
+from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
+
+CFG = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, dropout=0.0, attn_dropout=0.0)
+
+
+def trunk_with(configs: dict[str, DeltaConfig], seed: int = 0):
+    torch.manual_seed(seed)
+    trunk = build_trunk(CFG).eval()
+    router, deltas = DeltaRouter(), {}
+    router.attach(trunk.backbone)
+    for task, config in configs.items():
+        deltas[task] = TaskDelta(trunk.backbone, config)
+        router.add(task, deltas[task])
+    return trunk, router, deltas
+
+
+def batch(padded: bool):
+    ids = torch.randint(5, 60, (4, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if padded:  # rows of 10, 4, 7 and 2 tokens: the real-token path (Unpadded) runs
+        for row, n in enumerate((10, 4, 7, 2)):
+            mask[row, n:] = 0
+    return ids, mask
+
+
+def randomise(delta):
+    with torch.no_grad():
+        for p in delta.parameters():
+            p.normal_(0, 0.2)
+
+
+@pytest.mark.parametrize("method", ["lora", "adapter"])
+def test_a_fresh_delta_leaves_the_trunk_as_it_is_and_only_the_delta_learns(method):
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(method=method, r=4)})
+    ids, mask = batch(padded=True)
+    with torch.no_grad():
+        plain = trunk(ids, mask)
+        with router.route([("a", 4)], mask.bool()):
+            assert torch.allclose(trunk(ids, mask), plain)  # B (LoRA) and up (adapter) start at zero
+    before = {k: v.clone() for k, v in trunk.state_dict().items()}
+    trunk.requires_grad_(False)
+    optimizer = torch.optim.AdamW(deltas["a"].parameters(), lr=1e-2)
+    for _ in range(3):
+        with router.route([("a", 4)], mask.bool()):
+            loss = trunk(ids, mask)[mask.bool()].pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(torch.equal(v, before[k]) for k, v in trunk.state_dict().items())  # the trunk: bit-identical
+    with torch.no_grad(), router.route([("a", 4)], mask.bool()):
+        assert not torch.allclose(trunk(ids, mask), plain)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("method", ["lora", "adapter"])
+def test_one_batch_of_several_tasks_equals_each_task_alone(method, padded):
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(method=method, r=4), "b": DeltaConfig(method=method, r=2)})
+    for delta in deltas.values():
+        randomise(delta)
+    ids, mask = batch(padded)
+    with torch.no_grad():
+        with router.route([("a", 1), ("b", 2), ("a", 1)], mask.bool()):
+            mixed = trunk(ids, mask)
+        alone = []
+        for rows, task in ((slice(0, 1), "a"), (slice(1, 3), "b"), (slice(3, 4), "a")):
+            with router.route([(task, rows.stop - rows.start)], mask[rows].bool()):
+                alone.append(trunk(ids[rows], mask[rows]))
+    real = mask.bool()
+    torch.testing.assert_close(mixed[real], torch.cat(alone)[real], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3)  # the deltas do something
+
+
+def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk():
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, alpha=8), "b": DeltaConfig(r=4)})
+    randomise(deltas["a"])
+    ids, mask = batch(padded=True)
+    original = {k: v.clone() for k, v in trunk.state_dict().items()}
+    with torch.no_grad(), router.route([("a", 4)], mask.bool()):
+        unmerged = trunk(ids, mask)
+        router.merge(trunk.backbone, "a")
+        merged = trunk(ids, mask)
+    torch.testing.assert_close(merged[mask.bool()], unmerged[mask.bool()], atol=1e-5, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="Task 'a' is merged into the trunk: a batch routed to other tasks needs it unmerged"):
+        with torch.no_grad(), router.route([("b", 4)], mask.bool()):
+            trunk(ids, mask)
+    router.unmerge(trunk.backbone)
+    assert all(torch.allclose(v, original[k], atol=1e-6) for k, v in trunk.state_dict().items())
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"r": 0}, r"peft r=0: the rank \(or bottleneck width\) must be a positive integer"),
+    ({"r": 40}, r"peft r=40 is larger than the layer it adapts \(32 -> 32\): use at most 32"),
+    ({"method": "adapter", "r": 40}, r"peft r=40 is wider than the model \(32\)"),
+    ({"targets": ("query",)}, r"peft targets \['query'\] match no layer of a block; the layers are \['q_proj', 'kv_proj'"),
+    ({"method": "prefix"}, r"peft method 'prefix': choose one of \['lora', 'adapter'\]"),
+    ({"dropout": 1.0}, r"peft dropout=1.0 must be a probability in \[0, 1\)"),
+])
+def test_bad_delta_options_say_what_is_wrong(options, message):
+    with pytest.raises(ValueError, match=message):
+        TaskDelta(build_trunk(CFG).backbone, DeltaConfig(**options))
+
+
+def test_a_route_to_a_task_without_a_delta_is_refused():
+    trunk, router, _ = trunk_with({"a": DeltaConfig()})
+    with pytest.raises(KeyError, match=r"No delta for the tasks \['c'\]; the tasks with deltas are \['a'\]"):
+        with router.route([("c", 4)]):
+            pass
