@@ -112,7 +112,8 @@ class DeltaRouter:
 
     ``attach(backbone)`` hooks every block layer once; ``add(task, delta)`` registers a task's delta (the module stays
     where its owner keeps it); ``with router.route([(task, rows), ...], key_padding_mask)`` sets the routes for the
-    forwards inside: ``rows`` consecutive examples per task, in order, covering the batch."""
+    forwards inside: ``rows`` consecutive examples per task, in order, covering the batch (one route: the whole batch,
+        ``rows`` unused)."""
 
     def __init__(self) -> None:
         self.deltas: dict[str, TaskDelta] = {}
@@ -132,13 +133,13 @@ class DeltaRouter:
         self.deltas[task] = delta
 
     @contextlib.contextmanager
-    def route(self, routes: list[tuple[str, int]], key_padding_mask: torch.Tensor | None = None):
+    def route(self, routes: list[tuple[str, int | None]], key_padding_mask: torch.Tensor | None = None):
         unknown = [task for task, _ in routes if task not in self.deltas]
         if unknown:
             raise KeyError(f"No delta for the tasks {unknown}; the tasks with deltas are {sorted(self.deltas)}.")
         previous = self.routes, self.token_counts
         self.routes = routes
-        if key_padding_mask is not None:
+        if key_padding_mask is not None and len(routes) > 1:
             per_example = key_padding_mask.sum(1)
             bounds = torch.tensor([0, *[rows for _, rows in routes]]).cumsum(0).tolist()
             self.token_counts = [int(per_example[a:b].sum()) for a, b in zip(bounds, bounds[1:])]

@@ -105,11 +105,13 @@ class Predictor:
 
     def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
         """Each task's records of its batch; one trunk pass serves every task whose tokens are the same."""
-        trunk, device, records = TrunkOnce(self.model.trunk), self.model.device, {}
+        trunks, device, records = {}, self.model.device, {}
         for name, batch in batches.items():
             batch = {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
             objective = self.model.objective(name)
-            records[name] = objective.records(batch, self.graphs.run(name, batch)) if self.graphs else objective.predict(trunk, batch)
+            trunk = trunks.setdefault(id(self.model.router.deltas.get(name)), TrunkOnce(self.model.trunk))  # shared within one delta
+            with self.model.route(name):
+                records[name] = objective.records(batch, self.graphs.run(name, batch)) if self.graphs else objective.predict(trunk, batch)
         return records
 
 

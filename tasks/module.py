@@ -9,6 +9,7 @@ negated where lower is better (``Objective.score``), which a checkpoint can moni
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -22,6 +23,7 @@ from trunk.core.codec import MASK, SPECIAL_IDS, SPECIAL_TOKENS, Codec
 from trunk.core.masking import mask_tokens
 from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk, init_weights
+from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
 from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
@@ -82,6 +84,9 @@ class TrunkModule(L.LightningModule):
         compile: ``torch.compile`` each block (trunk and decoder). Off by default: on the reference
             2-core CPU it made the step slower (0.93x in bf16, after a 38 s warm-up; docs/speed.md);
             try it on GPUs.
+        peft: task -> its delta on a frozen trunk, ``{method: lora | adapter, r, alpha, dropout, targets}``
+            (``trunk.models.deltas.DeltaConfig``): the trunk is frozen, and each listed task trains only its delta and
+            its head (tasks not listed train their head alone). A task's delta is kept with its head.
         aux_mlm: the weight of an auxiliary masked-LM loss on every text task's own training batches (0: off;
             0.5 is common). Each training batch is masked as BERT does (15% of its ordinary tokens) and run
             through the trunk a second time; an MLM head tied to the token embeddings predicts the hidden
@@ -100,6 +105,7 @@ class TrunkModule(L.LightningModule):
         activation_checkpointing: bool = False,
         compile: bool = False,
         aux_mlm: float = 0.0,
+        peft: dict[str, dict] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["codec"])
@@ -113,6 +119,7 @@ class TrunkModule(L.LightningModule):
         self.trunk = build_trunk(self.trunk_config, self._stems(objectives))
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
+        self.router = self._deltas(peft or {}, objectives)
         self.objectives = nn.ModuleDict(objectives)
         self.aux_mlm, self.aux_mlm_head = self._aux_mlm_head(aux_mlm, objectives)
         for stack in (m for m in self.modules() if hasattr(m, "set_grad_checkpointing")):  # the backbone, decoders
@@ -143,6 +150,29 @@ class TrunkModule(L.LightningModule):
         return model
 
     # -- building ----------------------------------------------------------------------------------
+    def _deltas(self, peft: dict[str, dict], objectives: dict[str, Objective]) -> DeltaRouter:
+        """Each ``peft`` task's delta, kept on its objective (``objective.delta``) and hooked into the trunk, which
+        freezes."""
+        unknown = sorted(set(peft) - set(objectives))
+        if unknown:
+            raise ValueError(f"model.peft names {unknown}, which are not tasks of this run {sorted(objectives)}.")
+        router = DeltaRouter()
+        for name, options in peft.items():
+            config = options if isinstance(options, DeltaConfig) else DeltaConfig(**{k: tuple(v) if k == "targets" else v
+                                                                                      for k, v in (options or {}).items()})
+            objectives[name].delta = TaskDelta(self.trunk.backbone, config)
+            router.add(name, objectives[name].delta)
+        if peft:
+            if self.finetune.unfreeze_every:
+                raise ValueError("model.peft trains deltas on a frozen trunk; model.finetune.unfreeze_every would thaw it. Use one.")
+            router.attach(self.trunk.backbone)
+            self.finetune = dataclasses.replace(self.finetune, freeze_trunk=True)
+        return router
+
+    def route(self, task: str):
+        """The context of a forward of ``task``'s batches: its delta added to the trunk's layers, if it has one."""
+        return self.router.route([(task, None)]) if task in self.router.deltas else contextlib.nullcontext()
+
     @staticmethod
     def _check_weights(weights: dict[str, float], objectives: dict) -> dict[str, float]:
         unknown = sorted(set(weights) - set(objectives))
@@ -270,6 +300,10 @@ class TrunkModule(L.LightningModule):
         """One batch of ``stage``: its task's weighted loss ("train", "val", "test"), its prediction
         records ("predict") or its gold-and-predicted records ("samples"). Every step goes through here: FSDP2 gathers the root's parameters (stems,
         heads) in hooks around ``forward``."""
+        with self.route(batch["task"]):
+            return self._forward(batch, stage)
+
+    def _forward(self, batch: dict, stage: str) -> torch.Tensor | list[dict]:
         task = batch["task"]
         if stage == "predict":
             return self.objective(task).predict(self.trunk, batch)

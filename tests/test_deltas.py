@@ -110,3 +110,22 @@ def test_a_route_to_a_task_without_a_delta_is_refused():
     with pytest.raises(KeyError, match=r"No delta for the tasks \['c'\]; the tasks with deltas are \['a'\]"):
         with router.route([("c", 4)]):
             pass
+
+
+def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(tiny_cli_args, tmp_path):
+    from trunk.tasks import load
+    from trunk.tasks.cli import run_cli
+
+    cli = run_cli([*tiny_cli_args, "--model.peft={sentiment: {method: lora, r: 4}}", "--trainer.max_steps=4"], run=False)
+    before = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
+    delta_before = {k: v.clone() for k, v in cli.model.objectives["sentiment"].delta.state_dict().items()}
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert all(torch.equal(v, before[k]) for k, v in cli.model.trunk.state_dict().items())  # the trunk: bit-identical
+    changed = [k for k, v in cli.model.objectives["sentiment"].delta.state_dict().items() if not torch.equal(v, delta_before[k])]
+    assert changed and all(k.endswith(".B") or k.endswith(".A") for k in changed)
+    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    model = load(ckpt, precision="32-true")
+    texts = ["the film was great", "a dull and tedious plot"]
+    with_delta = model.predict(texts)
+    model.model.router.deltas.clear()  # the same weights without the delta: other answers
+    assert [r["probs"] for r in model.predict(texts)] != [r["probs"] for r in with_delta]
