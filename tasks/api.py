@@ -158,7 +158,9 @@ def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", 
         for name, meta in heads.items():
             if meta.get("label_names") is not None:
                 run.tasks[name].use_labels_of(meta["label_names"], f"'{path}'")
-        model = resolve({"tasks": {name: meta["objective"] for name, meta in heads.items()}}, run, init_from=pretrained).model
+        peft = {name: meta["peft"] for name, meta in heads.items() if meta.get("peft")}  # heads trained with a delta bring it
+        model = resolve({"tasks": {name: meta["objective"] for name, meta in heads.items()}, **({"peft": peft} if peft else {})}, run,
+                        init_from=pretrained).model
     else:
         ckpt = read_run_checkpoint(path)
         specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}

@@ -114,7 +114,7 @@ def test_a_route_to_a_task_without_a_delta_is_refused():
 
 def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(tiny_cli_args, tmp_path):
     from trunk.tasks import load
-    from trunk.tasks.cli import run_cli
+    from trunk.tasks.cli import export_main, run_cli
 
     cli = run_cli([*tiny_cli_args, "--model.peft={sentiment: {method: lora, r: 4}}", "--trainer.max_steps=4"], run=False)
     before = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
@@ -127,5 +127,7 @@ def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(t
     model = load(ckpt, precision="32-true")
     texts = ["the film was great", "a dull and tedious plot"]
     with_delta = model.predict(texts)
+    export_main([ckpt, str(tmp_path / "exported")])  # the trunk directory keeps the delta with the head, and says how it was made
+    assert load(tmp_path / "exported", precision="32-true").predict(texts) == with_delta
     model.model.router.deltas.clear()  # the same weights without the delta: other answers
     assert [r["probs"] for r in model.predict(texts)] != [r["probs"] for r in with_delta]

@@ -9,6 +9,7 @@ names, the tokenizer it decodes with) it is given in ``build``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import ClassVar
 
 import torch
@@ -186,7 +187,11 @@ class Objective(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not is_metric_state(k)}
 
     def head_meta(self) -> dict:
-        return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec()}
+        """What a trunk directory stores of this task beside its weights; ``peft``: its delta's options (``TrunkModule``
+        gives a task its ``delta``)."""
+        delta = getattr(self, "delta", None)
+        return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec(),
+                **({"peft": dataclasses.asdict(delta.config)} if delta is not None else {})}
 
     def load_head(self, state: dict[str, torch.Tensor], label_names: list[str] | None, reinit_mismatched: bool,
                   source: str, label_map: dict[str, str] | None = None, keep_shared_labels: bool = False) -> str | None:
