@@ -28,7 +28,7 @@ METHODS = ("lora", "adapter")
 @dataclass(frozen=True)
 class DeltaConfig:
     """One task's delta. ``lora``: rank ``r``, scaling ``alpha / r``, ``dropout`` on the LoRA path, on the
-    ``targets`` of every block. ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
+    ``targets`` of every block (or of ``layers``). ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
     (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged."""
 
     method: str = "lora"
@@ -36,6 +36,7 @@ class DeltaConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
+    layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -92,9 +93,16 @@ class TaskDelta(nn.Module):
     def __init__(self, backbone: nn.Module, config: DeltaConfig) -> None:
         super().__init__()
         self.config = config
+        n_layers = len(backbone.blocks)
+        layers = set(range(n_layers)) if config.layers is None else set(config.layers)
+        outside = sorted(layer for layer in layers if not 0 <= layer < n_layers)
+        if outside or not layers:
+            raise ValueError(f"peft layers {outside or '(none)'}: this trunk's blocks are 0 .. {n_layers - 1}.")
         parts = {}
         for name, module in backbone.named_modules():
-            leaf = name.rsplit(".", 1)[-1]
+            leaf, block = name.rsplit(".", 1)[-1], name.split(".")[1] if name.startswith("blocks.") else None
+            if block is None or int(block) not in layers:
+                continue
             if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
                 parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout)
             elif config.method == "adapter" and leaf == "ff":

@@ -158,7 +158,7 @@ class TrunkModule(L.LightningModule):
             raise ValueError(f"model.peft names {unknown}, which are not tasks of this run {sorted(objectives)}.")
         router = DeltaRouter()
         for name, options in peft.items():
-            config = options if isinstance(options, DeltaConfig) else DeltaConfig(**{k: tuple(v) if k == "targets" else v
+            config = options if isinstance(options, DeltaConfig) else DeltaConfig(**{k: tuple(v) if k in ("targets", "layers") and v is not None else v
                                                                                       for k, v in (options or {}).items()})
             objectives[name].delta = TaskDelta(self.trunk.backbone, config)
             router.add(name, objectives[name].delta)

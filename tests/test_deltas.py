@@ -99,6 +99,7 @@ def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk
     ({"targets": ("query",)}, r"peft targets \['query'\] match no layer of a block; the layers are \['q_proj', 'kv_proj'"),
     ({"method": "prefix"}, r"peft method 'prefix': choose one of \['lora', 'adapter'\]"),
     ({"dropout": 1.0}, r"peft dropout=1.0 must be a probability in \[0, 1\)"),
+    ({"layers": (1, 2)}, r"peft layers \[2\]: this trunk's blocks are 0 .. 1"),
 ])
 def test_bad_delta_options_say_what_is_wrong(options, message):
     with pytest.raises(ValueError, match=message):
@@ -131,3 +132,18 @@ def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(t
     assert load(tmp_path / "exported", precision="32-true").predict(texts) == with_delta
     model.model.router.deltas.clear()  # the same weights without the delta: other answers
     assert [r["probs"] for r in model.predict(texts)] != [r["probs"] for r in with_delta]
+
+
+def test_a_delta_on_the_top_block_leaves_the_blocks_below_alone():
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, layers=(1,))})
+    assert {key.split("__")[1] for key in deltas["a"].parts} == {"1"}
+    randomise(deltas["a"])
+    ids, mask = batch(padded=False)
+    seen = {}
+    trunk.backbone.blocks[0].register_forward_hook(lambda module, inputs, output: seen.setdefault(len(seen), output))
+    with torch.no_grad():
+        trunk(ids, mask)
+        with router.route([("a", None)]):
+            routed = trunk(ids, mask)
+    torch.testing.assert_close(seen[0], seen[1])  # block 0's output: the same with the delta
+    assert not torch.allclose(routed, trunk(ids, mask))
