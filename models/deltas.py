@@ -182,9 +182,13 @@ class DeltaRouter:
             if isinstance(part, LoRA):
                 module.weight += sign * part.weight_delta().to(module.weight.dtype)
 
+    def lowest_layer(self, tasks: list[str]) -> int:
+        """The lowest block where any of ``tasks`` has a delta: the blocks below give every task the same output."""
+        return min(int(key.split("__")[1]) for task in tasks for key in self.deltas[task].parts)
+
     def _hook(self, layer: str):
         def add_deltas(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-            if not self.routes:
+            if not self.routes or all(self.deltas[task].part(layer) is None for task, _ in self.routes):
                 return output
             if self.merged is not None:
                 if any(task != self.merged for task, _ in self.routes):

@@ -253,12 +253,19 @@ class Backbone(nn.Module):
         """Recompute block activations in backward (``run_block``)."""
         self.grad_checkpointing = enable
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
-        """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros."""
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                fork: tuple[int, int] | None = None) -> torch.Tensor:
+        """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros.
+        ``fork=(layer, k)``: from block ``layer`` on, the batch runs as k copies, one after the other (k tasks' deltas on
+        the same inputs, the blocks below computed once): the output has k times the rows."""
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if fork is not None and i == fork[0]:
+                x = x.repeat(fork[1], *[1] * (x.dim() - 1))  # (N, C) token rows or (B, T, C): the copies in order
+                key_padding_mask = None if key_padding_mask is None else key_padding_mask.repeat(fork[1], 1)
+                unpadded = Unpadded(key_padding_mask) if unpadded is not None else None
             x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
@@ -282,10 +289,12 @@ class Trunk(nn.Module):
     def cfg(self) -> TrunkConfig:
         return self.backbone.cfg
 
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
-        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C)."""
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text",
+                fork: tuple[int, int] | None = None) -> torch.Tensor:
+        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C) (``fork``: see
+        ``Backbone.forward``)."""
         key_padding_mask = None if attention_mask is None else attention_mask.bool()
-        return self.backbone(self.stems[stem](inputs), key_padding_mask)
+        return self.backbone(self.stems[stem](inputs), key_padding_mask, fork=fork)
 
     def depth_groups(self) -> list[list[nn.Module]]:
         """The trunk bottom-up, for freezing and layer-wise learning rates: [stems], [block 0], ...,

@@ -105,34 +105,56 @@ class Predictor:
 
     def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
         """Each task's records of its batch; one trunk pass serves every task whose tokens are the same."""
-        trunks, device, records = {}, self.model.device, {}
+        once, device, records = TrunkOnce(self.model, list(batches)), self.model.device, {}
         for name, batch in batches.items():
             batch = {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
             objective = self.model.objective(name)
-            trunk = trunks.setdefault(id(self.model.router.deltas.get(name)), TrunkOnce(self.model.trunk))  # shared within one delta
-            with self.model.route(name):
-                records[name] = objective.records(batch, self.graphs.run(name, batch)) if self.graphs else objective.predict(trunk, batch)
+            records[name] = objective.records(batch, self.graphs.run(name, batch)) if self.graphs else objective.predict(once.view(name), batch)
         return records
 
 
 class TrunkOnce:
-    """The trunk, run once per distinct input within one batch: the tasks whose batches encode the same tokens
-    read one output. Everything else (stems, config) is the trunk's own."""
+    """The trunk, run once per distinct input within one batch of several tasks. Tasks without a delta read one
+    output. Tasks with deltas (``model.peft``) read one forked pass: the blocks below their lowest delta run once, the
+    rest as one copy of the batch per task, each copy through its task's delta (``Backbone.forward``'s ``fork``).
+    ``view(task)`` is what that task's objective calls as its trunk."""
 
-    def __init__(self, trunk: torch.nn.Module) -> None:
-        self.trunk, self.outputs = trunk, []
+    def __init__(self, model: torch.nn.Module, tasks: list[str]) -> None:
+        self.trunk, self.router, self.outputs = model.trunk, model.router, []
+        self.with_delta = [task for task in tasks if task in model.router.deltas]
+
+    def view(self, task: str) -> "TaskTrunk":
+        return TaskTrunk(self, task)
+
+    def run(self, task: str, inputs: torch.Tensor, attention_mask: torch.Tensor | None, stem: str) -> torch.Tensor:
+        group = self.with_delta if task in self.with_delta else None
+        for (seen, mask, seen_stem, seen_group), outputs in self.outputs:
+            if seen_group is group and seen_stem == stem and seen.shape == inputs.shape and torch.equal(seen, inputs) and (
+                    mask is attention_mask or (mask is not None and attention_mask is not None and torch.equal(mask, attention_mask))):
+                return outputs[task if group else None]
+        if group is None:
+            outputs = {None: self.trunk(inputs, attention_mask, stem=stem)}
+        else:  # every task with a delta at once: one copy of the batch each, the blocks below their deltas shared
+            k, rows = len(group), inputs.shape[0]
+            mask = None if attention_mask is None else attention_mask.bool().repeat(k, 1)
+            with self.router.route([(name, rows) for name in group], mask):
+                out = self.trunk(inputs, attention_mask, stem=stem, fork=(self.router.lowest_layer(group), k))
+            outputs = dict(zip(group, out.split(rows)))
+        self.outputs.append(((inputs, attention_mask, stem, group), outputs))
+        return outputs[task if group else None]
+
+
+class TaskTrunk:
+    """One task's view of a ``TrunkOnce``: called as the trunk is; everything else is the trunk's own."""
+
+    def __init__(self, once: TrunkOnce, task: str) -> None:
+        self.once, self.task = once, task
 
     def __call__(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
-        for (seen, mask, seen_stem), output in self.outputs:
-            if seen_stem == stem and seen.shape == inputs.shape and torch.equal(seen, inputs) and (
-                    mask is attention_mask or (mask is not None and attention_mask is not None and torch.equal(mask, attention_mask))):
-                return output
-        output = self.trunk(inputs, attention_mask, stem=stem)
-        self.outputs.append(((inputs, attention_mask, stem), output))
-        return output
+        return self.once.run(self.task, inputs, attention_mask, stem)
 
     def __getattr__(self, name: str):
-        return getattr(self.trunk, name)
+        return getattr(self.once.trunk, name)
 
 
 def load(path: str | Path, data: dict | None = None, map_location: str = "cpu", precision: str = "auto",

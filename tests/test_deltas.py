@@ -147,3 +147,33 @@ def test_a_delta_on_the_top_block_leaves_the_blocks_below_alone():
             routed = trunk(ids, mask)
     torch.testing.assert_close(seen[0], seen[1])  # block 0's output: the same with the delta
     assert not torch.allclose(routed, trunk(ids, mask))
+
+
+def test_several_tasks_deltas_answer_from_one_forked_pass_as_each_task_alone(sentiment_files, tmp_path):
+    from conftest import single_task
+    from trunk.tasks import load
+    from trunk.tasks.cli import run_cli
+
+    args = []
+    for task in ("a", "b"):
+        args += single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
+                             f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
+                             "--data.max_length=64"], task)
+    args += ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
+             "--model.trunk.max_len=64", "--data.tokenizer_vocab_size=300", "--trainer.max_steps=4", "--trainer.accelerator=cpu",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}",
+             "--model.peft={a: {method: lora, r: 4, layers: [1]}, b: {method: adapter, r: 4, layers: [1]}}"]
+    fit = run_cli(["fit", *args])
+    model = load(fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path, precision="32-true")
+    for delta in model.model.router.deltas.values():
+        randomise(delta)  # four steps leave them near zero: make each task's answers its own
+    texts = ["the film was great", "a dull and tedious plot", "superb acting"]
+    alone = {task: model.predict(texts, task=task) for task in ("a", "b")}
+    assert alone["a"] != alone["b"]
+    rows = []
+    for i, block in enumerate(model.model.trunk.backbone.blocks):
+        block.register_forward_hook(lambda module, inputs, output, i=i: rows.append((i, output.shape[0])))
+    together = model.predict(texts, task=["a", "b"])
+    assert [{t: r[t] for t in ("a", "b")} for r in together] == [{"a": x, "b": y} for x, y in zip(alone["a"], alone["b"])]
+    tokens = sum(n for i, n in rows if i == 0)
+    assert rows == [(0, tokens), (1, 2 * tokens)]  # block 0 once for both tasks, block 1 once per task's copy
