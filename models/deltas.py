@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,15 @@ class DeltaConfig:
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
     layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
+
+    @classmethod
+    def from_dict(cls, options: dict | None) -> "DeltaConfig":
+        """From a config's or a stored head's options (lists for ``targets`` and ``layers``)."""
+        return cls(**{k: tuple(v) if k in ("targets", "layers") and v is not None else v for k, v in (options or {}).items()})
+
+    def fits(self, other: "DeltaConfig") -> bool:
+        """Whether a delta trained with ``other`` computes as one built with these options (dropout aside)."""
+        return dataclasses.replace(self, dropout=0.0) == dataclasses.replace(other, dropout=0.0)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -121,7 +131,7 @@ class DeltaRouter:
     ``attach(backbone)`` hooks every block layer once; ``add(task, delta)`` registers a task's delta (the module stays
     where its owner keeps it); ``with router.route([(task, rows), ...], key_padding_mask)`` sets the routes for the
     forwards inside: ``rows`` consecutive examples per task, in order, covering the batch (one route: the whole batch,
-        ``rows`` unused)."""
+    ``rows`` unused). A route's task ``None`` (or a task without a delta) leaves its rows to the trunk alone."""
 
     def __init__(self) -> None:
         self.deltas: dict[str, TaskDelta] = {}
@@ -142,7 +152,7 @@ class DeltaRouter:
 
     @contextlib.contextmanager
     def route(self, routes: list[tuple[str, int | None]], key_padding_mask: torch.Tensor | None = None):
-        unknown = [task for task, _ in routes if task not in self.deltas]
+        unknown = [task for task, _ in routes if task is not None and task not in self.deltas]
         if unknown:
             raise KeyError(f"No delta for the tasks {unknown}; the tasks with deltas are {sorted(self.deltas)}.")
         previous = self.routes, self.token_counts
@@ -184,25 +194,24 @@ class DeltaRouter:
 
     def lowest_layer(self, tasks: list[str]) -> int:
         """The lowest block where any of ``tasks`` has a delta: the blocks below give every task the same output."""
-        return min(int(key.split("__")[1]) for task in tasks for key in self.deltas[task].parts)
+        return min(int(key.split("__")[1]) for task in tasks if task in self.deltas for key in self.deltas[task].parts)
 
     def _hook(self, layer: str):
         def add_deltas(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-            if not self.routes or all(self.deltas[task].part(layer) is None for task, _ in self.routes):
+            if self.merged is not None:  # the trunk's weights are the merged task's: any other forward would be wrong
+                if not self.routes or any(task != self.merged for task, _ in self.routes):
+                    raise RuntimeError(f"Task {self.merged!r} is merged into the trunk: a forward of other tasks (or of the "
+                                       "trunk alone) needs it unmerged.")
                 return output
-            if self.merged is not None:
-                if any(task != self.merged for task, _ in self.routes):
-                    raise RuntimeError(f"Task {self.merged!r} is merged into the trunk: a batch routed to other tasks needs it "
-                                       "unmerged.")
+            parts = [None if task is None else self.deltas[task].part(layer) for task, _ in self.routes or ()]
+            if not any(part is not None for part in parts):
                 return output
             x = inputs[0]
             sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
-            if len(self.routes) == 1:  # the whole batch, one task (a training step): no slicing
-                part = self.deltas[self.routes[0][0]].part(layer)
-                return output if part is None else output + part(output if layer.endswith("ff") else x)
+            if len(parts) == 1:  # the whole batch, one task (a training step): no slicing
+                return output + parts[0](output if layer.endswith("ff") else x)
             pieces, start = [], 0
-            for (task, _), size in zip(self.routes, sizes):
-                part = self.deltas[task].part(layer)
+            for part, size in zip(parts, sizes):
                 rows = slice(start, start + size)
                 pieces.append(output[rows] if part is None else output[rows] + part(output[rows] if layer.endswith("ff") else x[rows]))
                 start += size

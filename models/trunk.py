@@ -238,6 +238,20 @@ def run_block(block: nn.Module, grad_checkpointing: bool, *args):
     return block(*args)
 
 
+def take_examples(x: torch.Tensor, key_padding_mask: torch.Tensor | None, unpadded: Unpadded | None,
+                  rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Unpadded | None]:
+    """The examples ``rows`` of a batch inside the backbone: of (B, T, C) hidden states, or of the (N, C) real-token rows
+    (an example's tokens are consecutive rows), with their mask."""
+    mask = None if key_padding_mask is None else key_padding_mask.index_select(0, rows)
+    if unpadded is None:
+        return x.index_select(0, rows), mask, None
+    lengths = key_padding_mask.sum(1)
+    taken = lengths.index_select(0, rows)
+    shift = (lengths.cumsum(0) - lengths).index_select(0, rows) - (taken.cumsum(0) - taken)  # source start - new start
+    tokens = torch.arange(int(taken.sum()), device=x.device) + torch.repeat_interleave(shift, taken)
+    return x.index_select(0, tokens), mask, Unpadded(mask)
+
+
 class Backbone(nn.Module):
     """The encoder stack shared by every modality: (B, T, C) vectors in, (B, T, C) vectors out."""
 
@@ -254,18 +268,17 @@ class Backbone(nn.Module):
         self.grad_checkpointing = enable
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
-                fork: tuple[int, int] | None = None) -> torch.Tensor:
+                fork: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros.
-        ``fork=(layer, k)``: from block ``layer`` on, the batch runs as k copies, one after the other (k tasks' deltas on
-        the same inputs, the blocks below computed once): the output has k times the rows."""
+        ``fork=(layer, rows)``: from block ``layer`` on, the batch is its examples ``rows`` (an index, repeats allowed):
+        several tasks' deltas on shared inputs, the blocks below computed once per input. The output has ``len(rows)``
+        examples."""
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
             if fork is not None and i == fork[0]:
-                x = x.repeat(fork[1], *[1] * (x.dim() - 1))  # (N, C) token rows or (B, T, C): the copies in order
-                key_padding_mask = None if key_padding_mask is None else key_padding_mask.repeat(fork[1], 1)
-                unpadded = Unpadded(key_padding_mask) if unpadded is not None else None
+                x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
             x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
@@ -290,7 +303,7 @@ class Trunk(nn.Module):
         return self.backbone.cfg
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text",
-                fork: tuple[int, int] | None = None) -> torch.Tensor:
+                fork: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
         """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C) (``fork``: see
         ``Backbone.forward``)."""
         key_padding_mask = None if attention_mask is None else attention_mask.bool()

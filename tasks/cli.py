@@ -85,10 +85,11 @@ class TrunkCLI(LightningCLI):
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.add_class_arguments(TrunkModule, "model", fail_untyped=False, instantiate=False, sub_configs=True,
                                    skip={"task_info", "codec"})
-        parser.add_argument("--model.init_from", type=Optional[str], default=None,
+        parser.add_argument("--model.init_from", type=Optional[Union[str, list[str]]], default=None,
                             help="A pretrained-trunk directory, a checkpoint (a new run from its weights: fresh optimizer, schedule "
-                                 "and step count) or wandb-artifact://entity/project/name:alias. Loads the trunk and, for each task "
-                                 "with a stored head of the same name and kind, that head (labels matched by name).")
+                                 "and step count), hf://org/name or wandb-artifact://entity/project/name:alias; or a list of one "
+                                 "of these and task directories (`trunk export CKPT DIR --task NAME`). Loads the trunk and, for each "
+                                 "task with a stored head of the same name and kind, that head (labels matched by name).")
         parser.add_argument("--model.reinit_mismatched_heads", type=bool, default=False,
                             help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
                                  "fresh classifier (else: an error naming both label sets).")
@@ -481,6 +482,8 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
     parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
     parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
+    parser.add_argument("--task", metavar="NAME", help="write only this task's head (and its model.peft delta) as a task directory, "
+                                                       "without the trunk: load it beside the trunk it was trained on")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
     parser.add_argument("--push-to-hub", metavar="ORG/NAME", help="also upload DIR (with its model card, README.md) to this Hugging "
                                                                    "Face Hub repository, created if missing (log in first: `hf auth login`)")
@@ -491,6 +494,8 @@ def export_main(args: list[str]) -> None:
                                                 "offline without an API key (`wandb sync` uploads it)")
     parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
     options = parser.parse_args(args)
+    if options.task:
+        return export_task_main(options)
     try:
         path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite,
                                  repo_id=options.push_to_hub)
@@ -525,6 +530,30 @@ def export_main(args: list[str]) -> None:
         print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
 
 
+def export_task_main(options) -> None:
+    """``trunk export CKPT DIR --task NAME``: one task's head and delta as a task directory."""
+    from trunk.tasks.pretrained import load_pretrained
+    from trunk.tasks.task_files import save_task
+
+    others = [flag for flag, given in (("--trunk-only", options.trunk_only), ("--onnx", options.onnx), ("--push-to-hub", options.push_to_hub),
+                                       ("--wandb-project", options.wandb_project)) if given]
+    if others:
+        sys.exit(f"error: --task writes a task directory without its trunk; {', '.join(others)} applies to trunk directories. "
+                 "Export the trunk separately (`trunk export CKPT DIR`).")
+    try:
+        pretrained = load_pretrained(options.ckpt)
+        path = save_task(options.dir, pretrained, options.task, options.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    size = sum(f.stat().st_size for f in path.iterdir())
+    peft = pretrained.heads[options.task]["meta"].get("peft")
+    print(f"Wrote {path}: task '{options.task}' ({'its head and ' + peft['method'] + ' delta' if peft else 'its head'}, "
+          f"{size / 1024:.0f} KiB). Load it with the trunk it was trained on: load([TRUNK, '{path}']), "
+          f"--model.init_from=[TRUNK,{path}] or `trunk serve TRUNK {path}`"
+          + ("." if peft else "; this head was trained with the whole trunk, so TRUNK is this run's (`trunk export CKPT DIR "
+                                "--trunk-only`)."))
+
+
 def serve_main(args: list[str]) -> None:
     """``trunk serve CKPT_OR_DIR``: the model behind HTTP (trunk.tasks.serve, on LitServe)."""
     import argparse
@@ -532,7 +561,9 @@ def serve_main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="trunk serve", description="Serve a trained model over HTTP: POST /predict with "
                                      '{"input": ...} or {"inputs": [...]} and an optional "task" (a name or a list of names); '
                                      "GET /health, GET /info. Needs pip install 'trunk[serve]'.")
-    parser.add_argument("model", help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME")
+    parser.add_argument("model", nargs="+", help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME; "
+                                                 "and any task directories (`trunk export CKPT DIR --task NAME`) to serve on it")
+    parser.add_argument("--merge", action="store_true", help="write a one-task model's LoRA into the trunk's weights (faster)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores")
     parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -553,7 +584,7 @@ def serve_main(args: list[str]) -> None:
         sys.exit(f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}.")
     try:
         server = build_server(options.model, options.precision, options.runtime, options.batch_size, options.max_batch_size,
-                              options.batch_timeout, options.timeout, options.workers, options.accelerator)
+                              options.batch_timeout, options.timeout, options.workers, options.accelerator, options.merge)
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
     server.run(port=options.port, generate_client_file=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import json
 import os
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from trunk.core.masking import mask_tokens
 from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk, init_weights
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
-from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.objectives.masked_lm import masked_token_nll, tied_mlm_head
@@ -35,10 +35,10 @@ from trunk.tasks.pretrained import (
     TEXT_STEM_FIELDS,
     PretrainedTrunk,
     check_architecture,
-    load_pretrained,
     pretrained_trunk_config,
     trunk_config,
 )
+from trunk.tasks.task_files import read_trunk
 
 
 def as_config(cls: type, value):
@@ -142,7 +142,7 @@ class TrunkModule(L.LightningModule):
         Fields of ``trunk`` left at their defaults take the pretrained values. ``reinit_mismatched_heads``: a
         stored head whose labels differ from the data's keeps its body and gets a fresh classifier (else: an
         error naming both label sets). ``heads_from``, ``label_map``, ``keep_shared_labels``: see ``load_pretrained``."""
-        pretrained = source if isinstance(source, PretrainedTrunk) else load_pretrained(resolve_init_from(source))
+        pretrained = source if isinstance(source, PretrainedTrunk) else read_trunk(source)
         codec = options.pop("codec", None) or pretrained.codec
         vocab_size = codec.tokenizer.get_vocab_size() if codec.tokenizer is not None else pretrained.config.vocab_size
         model = cls(tasks, trunk=pretrained_trunk_config(trunk, pretrained.config, vocab_size), codec=codec, **options)
@@ -158,8 +158,10 @@ class TrunkModule(L.LightningModule):
             raise ValueError(f"model.peft names {unknown}, which are not tasks of this run {sorted(objectives)}.")
         router = DeltaRouter()
         for name, options in peft.items():
-            config = options if isinstance(options, DeltaConfig) else DeltaConfig(**{k: tuple(v) if k in ("targets", "layers") and v is not None else v
-                                                                                      for k, v in (options or {}).items()})
+            if objectives[name].exports_trunk:
+                raise ValueError(f"model.peft.{name}: task '{name}' ({objectives[name].kind}) pretrains the trunk itself, and a "
+                                 "delta on a frozen trunk would leave the trunk it exports untrained. Leave it out of model.peft.")
+            config = options if isinstance(options, DeltaConfig) else DeltaConfig.from_dict(options)
             objectives[name].delta = TaskDelta(self.trunk.backbone, config)
             router.add(name, objectives[name].delta)
         if peft:
@@ -172,6 +174,16 @@ class TrunkModule(L.LightningModule):
     def route(self, task: str):
         """The context of a forward of ``task``'s batches: its delta added to the trunk's layers, if it has one."""
         return self.router.route([(task, None)]) if task in self.router.deltas else contextlib.nullcontext()
+
+    def merge_delta(self) -> None:
+        """Write the LoRA of a one-task model into the trunk's weights, for inference: a forward then costs what the
+        trunk's does. With several tasks the trunk is shared, so it must stay as it is."""
+        lora = [name for name, delta in self.router.deltas.items() if delta.config.method == "lora"]
+        if len(self.objectives) != 1 or len(lora) != 1:
+            raise ValueError(f"merge writes one task's LoRA into the trunk, which needs a model of that one task; this model has "
+                             f"the tasks {list(self.objectives)}, with LoRA on {lora or 'none'}. Load it without merge (or load "
+                             "the trunk with only that task's directory).")
+        self.router.merge(self.trunk.backbone, lora[0])
 
     @staticmethod
     def _check_weights(weights: dict[str, float], objectives: dict) -> dict[str, float]:
@@ -263,13 +275,31 @@ class TrunkModule(L.LightningModule):
             if head is None or head["meta"]["kind"] != objective.kind:
                 notes.append(f"task '{name}': a fresh head")
                 continue
-            how = objective.load_head(head["state"], head["meta"].get("label_names"), reinit_mismatched_heads, str(pretrained.path),
+            source = head.get("source", pretrained.path)  # a task directory's, or the trunk's
+            state, fresh_delta = self._with_delta(name, head, source)
+            how = objective.load_head(state, head["meta"].get("label_names"), reinit_mismatched_heads, str(source),
                                       label_map.get(name), keep_shared_labels)
-            origin = f"the head '{stored}' from {pretrained.path}" if stored != name else f"its head from {pretrained.path}"
-            notes.append(f"task '{name}': {origin}{f' ({how})' if how else ''}")
+            origin = f"the head '{stored}' from {source}" if stored != name else f"its head from {source}"
+            notes.append(f"task '{name}': {origin}{f' ({how})' if how else ''}{f', {fresh_delta}' if fresh_delta else ''}")
         if fresh:
             notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
         return notes
+
+    def _with_delta(self, name: str, head: dict, source: Path) -> tuple[dict, str | None]:
+        """A stored head's weights for task ``name``, its delta matched to the run's ``model.peft``: a stored delta needs
+        the same options; a task given a delta whose head was trained without one starts its delta fresh."""
+        stored, delta = head["meta"].get("peft"), getattr(self.objectives[name], "delta", None)
+        if stored and delta is None:
+            raise ValueError(f"Task '{name}': the head in '{source}' was trained with a {stored['method']} delta on a frozen trunk. "
+                             f"Give the task that delta to go on with it: --model.peft='{{{name}: {json.dumps(stored)}}}'.")
+        if delta is None:
+            return head["state"], None
+        if not stored:
+            return {**head["state"], **{f"delta.{k}": v for k, v in delta.state_dict().items()}}, f"a fresh {delta.config.method} delta"
+        if not delta.config.fits(DeltaConfig.from_dict(stored)):
+            raise ValueError(f"Task '{name}': the delta in '{source}' was trained with {stored}, but model.peft.{name} is "
+                             f"{dataclasses.asdict(delta.config)}. Use the stored options, or another task name for a fresh delta.")
+        return head["state"], None
 
     # -- checkpoints: plain values only, so every checkpoint loads with weights_only=True --------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

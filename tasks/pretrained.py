@@ -48,7 +48,7 @@ class PretrainedTrunk:
     config: TrunkConfig
     stems: dict[str, dict]  # stem kind -> its options
     trunk_weights: dict[str, torch.Tensor]  # keys as in ``Trunk.state_dict()``
-    heads: dict[str, dict] = field(default_factory=dict)  # task -> {"meta": {kind, label_names, objective}, "state": {...}}
+    heads: dict[str, dict] = field(default_factory=dict)  # task -> {"meta": {kind, label_names, objective}, "state": {...}} (+ "source": its task directory, if read from one)
     codec: Codec = field(default_factory=Codec)
 
 
@@ -162,6 +162,9 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
         meta = json.loads((path / CONFIG_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"'{path / CONFIG_FILE}' is not valid JSON ({err}). Re-export the trunk.") from err
+    if isinstance(meta, dict) and meta.get("format") == "trunk-task":
+        raise ValueError(f"'{path}' is a task directory (task '{meta.get('task')}'), without a trunk: give it with the trunk it "
+                         f"was trained on, as [TRUNK_DIR, '{path}'].")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME or "trunk" not in meta:
         raise ValueError(f"'{path / CONFIG_FILE}' is not a Trunk config (no \"format\": \"trunk\").")
     version = meta.get("format_version", 0)
@@ -286,7 +289,9 @@ def _pretrained_from_checkpoint(path: Path, ckpt: dict | None = None) -> Pretrai
     heads = {task: {"meta": head_meta, "state": {k: v for k, v in _strip(state, f"objectives.{task}.").items()
                                                  if not is_metric_state(k)}}
              for task, head_meta in meta["heads"].items()}
-    return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {})))
+    pretrained = PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {})))
+    attach_data(pretrained, (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}, ckpt.get("MultiTaskData", {}))
+    return pretrained
 
 
 SPLITS = ("train", "validation", "test", "predict")
@@ -319,7 +324,6 @@ def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool 
     ckpt = load_checkpoint(ckpt_path)
     pretrained = _pretrained_from_checkpoint(ckpt_path, ckpt)
     specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
-    attach_data(pretrained, specs, ckpt.get("MultiTaskData", {}))
     if not heads:
         pretrained.heads = {}
     save_pretrained(directory, pretrained, overwrite)

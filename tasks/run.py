@@ -31,10 +31,10 @@ from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
 from trunk.models import TrunkConfig
-from trunk.tasks.artifacts import resolve_init_from
 from trunk.tasks.finetuning import FinetuneConfig
 from trunk.tasks.module import TrunkModule, as_objective
-from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, pretrained_trunk_config, trunk_config
+from trunk.tasks.pretrained import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.tasks.task_files import read_trunk
 
 # How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
 # checkpoint (else a beam size could never change).
@@ -201,7 +201,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
 
     if init_from is not None:
         try:
-            pretrained = init_from if isinstance(init_from, PretrainedTrunk) else load_pretrained(resolve_init_from(init_from))
+            pretrained = init_from if isinstance(init_from, PretrainedTrunk) else read_trunk(init_from)
         except (FileNotFoundError, ValueError) as err:
             raise RunSourceError(f"model.init_from: {err}") from None
         source = pretrained.path

@@ -10,7 +10,7 @@
 Records are those of ``trunk predict`` and ``trunk.tasks.load(...).predict`` (``Predictor``). Requests arriving
 together are gathered into one batch (``--max-batch-size``, ``--batch-timeout``), ordered by length inside it, and
 every task a request names reads one trunk pass. An input longer than the model's ``max_length`` is truncated and
-its record says ``"truncated": true``. A bad request gets 422 with what is wrong (an unknown field, task or input
+its record says ``"truncated": true``. Requests for different tasks share trunk passes too. A bad request gets 422 with what is wrong (an unknown field, task or input
 type, an empty text, no input); one that waits longer than ``--timeout`` in the queue gets 504.
 """
 
@@ -54,9 +54,10 @@ class TrunkAPI(ls.LitAPI):
     """One ``Predictor`` per worker. ``decode_request`` checks and tokenizes a request; ``predict`` answers the
     requests of a batch together, grouped by the tasks they name."""
 
-    def __init__(self, path: str, precision: str, runtime: str, batch_size: int, threads: int, **batching) -> None:
+    def __init__(self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool, **batching) -> None:
         super().__init__(api_path="/predict", **batching)
-        self.path, self.precision, self.runtime, self.batch_size, self.threads = path, precision, runtime, batch_size, threads
+        self.paths, self.precision, self.runtime, self.batch_size, self.threads = paths, precision, runtime, batch_size, threads
+        self.merge = merge
 
     def setup(self, device: str) -> None:
         import torch
@@ -64,7 +65,7 @@ class TrunkAPI(ls.LitAPI):
 
         if device == "cpu":
             torch.set_num_threads(self.threads)  # the cores shared among the workers
-        self.predictor = load(self.path, map_location=device, precision=self.precision, runtime=self.runtime)
+        self.predictor = load(self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge)
 
     def decode_request(self, request: PredictRequest):
         """The request's tasks and their encoded examples, or ``Refused`` with what is wrong."""
@@ -93,23 +94,30 @@ class TrunkAPI(ls.LitAPI):
         return requests
 
     def predict(self, requests):
-        """Every request's records: the requests naming the same tasks are predicted as one list of examples. (With
-        ``max_batch_size=1`` LitServe passes one request, not a list.)"""
+        """Every request's records. The requests naming one task each are predicted together, whatever their tasks (one
+        trunk pass per batch, each task's rows through its own head and delta); those naming several tasks are grouped
+        by their tasks (each input read by all of them). (With ``max_batch_size=1`` LitServe passes one request, not a
+        list.)"""
         if not isinstance(requests, list):
             return self.predict([requests])[0]
         answers: list = [r if isinstance(r, Refused) else None for r in requests]
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple | None, list[int]] = {}
         for i, r in enumerate(requests):
             if not isinstance(r, Refused):
-                groups.setdefault(tuple(r["tasks"]), []).append(i)
+                groups.setdefault(tuple(r["tasks"]) if r["several"] else None, []).append(i)
         for tasks, members in groups.items():
-            examples = {name: [e for i in members for e in requests[i]["examples"][name]] for name in tasks}
-            records = self.predictor.predict_encoded(examples, self.batch_size)
-            start = 0
+            names = tasks or list(dict.fromkeys(requests[i]["tasks"][0] for i in members))
+            examples = {name: [e for i in members for e in requests[i]["examples"].get(name, [])] for name in names}
+            records = self.predictor.predict_encoded(examples, self.batch_size, shared=tasks is not None)
+            starts = dict.fromkeys(names, 0)
             for i in members:
-                r, n = requests[i], len(requests[i]["examples"][tasks[0]])
-                own = [{name: records[name][k] for name in tasks} if r["several"] else records[tasks[0]][k] for k in range(start, start + n)]
-                answers[i], start = own[0] if r["single"] else own, start + n
+                r = requests[i]
+                n = len(next(iter(r["examples"].values())))
+                own = [{name: records[name][starts[name] + k] for name in r["tasks"]} if r["several"] else
+                       records[r["tasks"][0]][starts[r["tasks"][0]] + k] for k in range(n)]
+                for name in r["tasks"]:
+                    starts[name] += n
+                answers[i] = own[0] if r["single"] else own
         return answers
 
     def unbatch(self, answers: list) -> list:
@@ -145,17 +153,20 @@ def _image(x: str):
     return image
 
 
-def build_server(path: str, precision: str = "auto", runtime: str = "torch", batch_size: int = 64, max_batch_size: int = 32,
-                 batch_timeout: float = 0.005, timeout: float = 30.0, workers: int = 1, accelerator: str = "auto") -> ls.LitServer:
-    """The ``LitServer`` of ``trunk serve``. The model is loaded once here, to fail early on a bad path and to describe
-    its tasks (``/info``); each worker then loads its own."""
+def build_server(paths: str | list[str], precision: str = "auto", runtime: str = "torch", batch_size: int = 64, max_batch_size: int = 32,
+                 batch_timeout: float = 0.005, timeout: float = 30.0, workers: int = 1, accelerator: str = "auto",
+                 merge: bool = False) -> ls.LitServer:
+    """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
+    tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
+    worker then loads its own."""
     from trunk.tasks.api import load
 
-    predictor = load(path, precision=precision, runtime=runtime)
+    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
+    predictor = load(paths, precision=precision, runtime=runtime, merge=merge)
     metadata = {"tasks": describe(predictor), "precision": predictor.precision, "runtime": runtime, "max_inputs": MAX_INPUTS}
     del predictor
     threads = max(1, (os.cpu_count() or 1) // workers)
-    api = TrunkAPI(str(path), precision, runtime, batch_size, threads, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    api = TrunkAPI(paths, precision, runtime, batch_size, threads, merge, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
     return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata)
 
 

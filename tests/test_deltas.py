@@ -1,5 +1,7 @@
 """Per-task deltas (models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
 
+import contextlib
+
 import pytest
 import torch
 from trunk.models import TrunkConfig, build_trunk
@@ -85,9 +87,10 @@ def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk
         router.merge(trunk.backbone, "a")
         merged = trunk(ids, mask)
     torch.testing.assert_close(merged[mask.bool()], unmerged[mask.bool()], atol=1e-5, rtol=1e-4)
-    with pytest.raises(RuntimeError, match="Task 'a' is merged into the trunk: a batch routed to other tasks needs it unmerged"):
-        with torch.no_grad(), router.route([("b", 4)], mask.bool()):
-            trunk(ids, mask)
+    for routes in ([("b", 4)], [("a", 2), (None, 2)], None):  # another task's rows, or the trunk alone, would be wrong
+        with pytest.raises(RuntimeError, match=r"Task 'a' is merged into the trunk: a forward of other tasks \(or of the trunk alone\)"):
+            with torch.no_grad(), router.route(routes, mask.bool()) if routes else contextlib.nullcontext():
+                trunk(ids, mask)
     router.unmerge(trunk.backbone)
     assert all(torch.allclose(v, original[k], atol=1e-6) for k, v in trunk.state_dict().items())
 
