@@ -38,6 +38,9 @@ class DeltaConfig:
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
     layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
+    # other tasks' trained deltas this one adds, frozen, each weighted per block by a learned mix (from 1 / their number):
+    # task -> its options; in a config a list of names, whose options ``model.init_from``'s task directories give
+    compose: dict[str, dict] | None = None
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "DeltaConfig":
@@ -58,6 +61,10 @@ class DeltaConfig:
         unknown = sorted(set(self.targets) - set(LORA_TARGETS))
         if self.method == "lora" and (unknown or not self.targets):
             raise ValueError(f"peft targets {unknown or '(none)'} match no layer of a block; the layers are {list(LORA_TARGETS)}.")
+        if self.compose is not None and not (isinstance(self.compose, dict) and self.compose):
+            raise ValueError(f"peft compose={self.compose!r}: compose takes the names of tasks whose deltas model.init_from "
+                             "brings (their task directories), e.g. compose: [sst2, conll], with model.init_from: [TRUNK, "
+                             "SST2_TASK_DIR, CONLL_TASK_DIR].")
 
 
 class LoRA(nn.Module):
@@ -98,12 +105,18 @@ class Bottleneck(nn.Module):
 
 class TaskDelta(nn.Module):
     """One task's delta for every block of a trunk: ``parts`` maps a layer's name in the backbone
-    (``blocks.0.attn.q_proj``, ``blocks.0.ff``) to what it adds to that layer's output."""
+    (``blocks.0.attn.q_proj``, ``blocks.0.ff``) to what it adds to that layer's output. With ``config.compose``, other
+    tasks' deltas (``sources``, frozen) add theirs too, each scaled per block by ``mix`` (learned): a new task starts
+    from the average of tasks it may share something with, and learns how much of each to keep (LoraHub; AdapterHub's
+    ``Average``)."""
 
     def __init__(self, backbone: nn.Module, config: DeltaConfig) -> None:
         super().__init__()
         self.config = config
         n_layers = len(backbone.blocks)
+        self.sources = nn.ModuleDict({task: TaskDelta(backbone, dataclasses.replace(DeltaConfig.from_dict(options), dropout=0.0))
+                                      for task, options in (config.compose or {}).items()}).requires_grad_(False)
+        self.mix = nn.Parameter(torch.full((len(self.sources), n_layers), 1 / len(self.sources))) if self.sources else None
         layers = set(range(n_layers)) if config.layers is None else set(config.layers)
         outside = sorted(layer for layer in layers if not 0 <= layer < n_layers)
         if outside or not layers:
@@ -123,6 +136,22 @@ class TaskDelta(nn.Module):
 
     def part(self, layer: str) -> nn.Module | None:
         return self.parts[layer.replace(".", "__")] if layer.replace(".", "__") in self.parts else None
+
+    def blocks(self) -> set[int]:
+        """The blocks this delta (with its sources) changes."""
+        return {int(key.split("__")[1]) for key in self.parts}.union(*(source.blocks() for source in self.sources.values()))
+
+    def touches(self, layer: str) -> bool:
+        return self.part(layer) is not None or any(source.touches(layer) for source in self.sources.values())
+
+    def forward(self, layer: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """What this delta adds to ``layer``'s ``output`` (``x``: the layer's input; an adapter reads the output)."""
+        part = self.part(layer)
+        added = part(output if layer.endswith("ff") else x) if part is not None else 0
+        for i, source in enumerate(self.sources.values()):
+            if source.touches(layer):
+                added = added + self.mix[i, int(layer.split(".")[1])] * source(layer, x, output)
+        return added
 
 
 class DeltaRouter:
@@ -185,8 +214,9 @@ class DeltaRouter:
 
     def _write(self, backbone: nn.Module, task: str, sign: int) -> None:
         delta = self.deltas[task]
-        if delta.config.method != "lora":
-            raise ValueError(f"Task {task!r} has a {delta.config.method} delta: only LoRA merges into the weights.")
+        if delta.config.method != "lora" or delta.sources:
+            raise ValueError(f"Task {task!r} has a {'composed' if delta.sources else delta.config.method} delta: only a LoRA of "
+                             "its own merges into the weights.")
         for name, module in backbone.named_modules():
             part = delta.part(name)
             if isinstance(part, LoRA):
@@ -194,7 +224,7 @@ class DeltaRouter:
 
     def lowest_layer(self, tasks: list[str]) -> int:
         """The lowest block where any of ``tasks`` has a delta: the blocks below give every task the same output."""
-        return min(int(key.split("__")[1]) for task in tasks if task in self.deltas for key in self.deltas[task].parts)
+        return min(block for task in tasks if task in self.deltas for block in self.deltas[task].blocks())
 
     def _hook(self, layer: str):
         def add_deltas(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -203,17 +233,17 @@ class DeltaRouter:
                     raise RuntimeError(f"Task {self.merged!r} is merged into the trunk: a forward of other tasks (or of the "
                                        "trunk alone) needs it unmerged.")
                 return output
-            parts = [None if task is None else self.deltas[task].part(layer) for task, _ in self.routes or ()]
-            if not any(part is not None for part in parts):
+            deltas = [self.deltas[task] if task is not None and self.deltas[task].touches(layer) else None for task, _ in self.routes or ()]
+            if not any(delta is not None for delta in deltas):
                 return output
             x = inputs[0]
             sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
-            if len(parts) == 1:  # the whole batch, one task (a training step): no slicing
-                return output + parts[0](output if layer.endswith("ff") else x)
+            if len(deltas) == 1:  # the whole batch, one task (a training step): no slicing
+                return output + deltas[0](layer, x, output)
             pieces, start = [], 0
-            for part, size in zip(parts, sizes):
+            for delta, size in zip(deltas, sizes):
                 rows = slice(start, start + size)
-                pieces.append(output[rows] if part is None else output[rows] + part(output[rows] if layer.endswith("ff") else x[rows]))
+                pieces.append(output[rows] if delta is None else output[rows] + delta(layer, x[rows], output[rows]))
                 start += size
             return torch.cat(pieces)
         return add_deltas

@@ -273,7 +273,7 @@ class TrunkModule(L.LightningModule):
             stored = heads_from.get(name, name)
             head = pretrained.heads.get(stored)
             if head is None or head["meta"]["kind"] != objective.kind:
-                notes.append(f"task '{name}': a fresh head")
+                notes.append(f"task '{name}': a fresh head" + self._load_sources(name, pretrained))
                 continue
             source = head.get("source", pretrained.path)  # a task directory's, or the trunk's
             state, fresh_delta = self._with_delta(name, head, source)
@@ -284,6 +284,14 @@ class TrunkModule(L.LightningModule):
         if fresh:
             notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
         return notes
+
+    def _load_sources(self, name: str, pretrained: PretrainedTrunk) -> str:
+        """A fresh task's composed delta: the deltas of the tasks it composes (``peft.compose``), from their stored heads."""
+        delta = getattr(self.objectives[name], "delta", None)
+        for task, source in (delta.sources.items() if delta is not None else ()):
+            state = {k[len("delta."):]: v for k, v in pretrained.heads[task]["state"].items() if k.startswith("delta.")}
+            source.load_state_dict(state)
+        return f", composing the deltas of {list(delta.sources)}" if delta is not None and delta.sources else ""
 
     def _with_delta(self, name: str, head: dict, source: Path) -> tuple[dict, str | None]:
         """A stored head's weights for task ``name``, its delta matched to the run's ``model.peft``: a stored delta needs

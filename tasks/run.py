@@ -163,6 +163,22 @@ def lowercases(tokenizer) -> bool:
     return '"Lowercase"' in json.dumps(json.loads(tokenizer.to_str()).get("normalizer"))
 
 
+def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | None:
+    """``model.peft`` with each ``compose`` list of task names replaced by those tasks' delta options, as stored with
+    their heads in ``model.init_from`` (their task directories)."""
+    out = dict(peft or {})
+    for task, options in out.items():
+        names = options.get("compose") if isinstance(options, dict) else None
+        if isinstance(names, (list, tuple)):
+            with_deltas = sorted(name for name, head in pretrained.heads.items() if head["meta"].get("peft"))
+            missing = [name for name in names if name not in with_deltas]
+            if missing:
+                raise RunSourceError(f"model.peft.{task}.compose names {missing}, but model.init_from brings deltas for "
+                                     f"{with_deltas or 'no task'}. Add their task directories to model.init_from.")
+            out[task] = {**options, "compose": {name: pretrained.heads[name]["meta"]["peft"] for name in names}}
+    return out or peft
+
+
 def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
             reinit_mismatched_heads: bool = False, heads_from: dict[str, str] | None = None,
             label_map: dict[str, dict[str, str]] | None = None, keep_shared_labels: bool = False,
@@ -224,7 +240,8 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         report += fit_lengths(data, pretrained.config.max_len, f"'{source}'")
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
-        model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=data.codec)
+        model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
+                            task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
         carried = model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
         return Resolved(model, report=report + carried, tokenizer_source=source_tokenizer)

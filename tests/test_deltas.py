@@ -1,6 +1,7 @@
 """Per-task deltas (models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -197,3 +198,29 @@ def test_deltas_train_under_ddp_and_fsdp2_as_in_one_process_and_resume_exactly(t
     train("fsdp2", 12, tmp_path / "half.pt", "--peft", "--stop-at", "6", "--save", str(tmp_path / "half.ckpt"))
     resumed = train("fsdp2", 12, tmp_path / "resumed.pt", "--peft", "--resume", str(tmp_path / "half.ckpt"))
     assert max_difference(runs["fsdp2"], resumed) == 0.0
+
+
+def test_a_composed_delta_adds_its_sources_deltas_weighted_per_block():
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4), "b": DeltaConfig(method="adapter", r=4)})
+    for delta in deltas.values():
+        randomise(delta)
+    options = {task: dataclasses.asdict(delta.config) for task, delta in deltas.items()}
+    both = TaskDelta(trunk.backbone, DeltaConfig(r=2, compose=options))
+    for task, delta in deltas.items():
+        both.sources[task].load_state_dict(delta.state_dict())
+    router.add("both", both)
+    assert both.mix.tolist() == [[0.5, 0.5], [0.5, 0.5]] and not any(p.requires_grad for p in both.sources.parameters())
+    ids, mask = batch(padded=True)
+    with torch.no_grad():
+        both.mix.fill_(1.0)  # each source at full weight: their sum, as one delta holding both would add
+        with router.route([("both", None)]):
+            composed = trunk(ids, mask)
+        stacked = TaskDelta(trunk.backbone, DeltaConfig(r=4))  # a's LoRA then b's adapter, written out by hand
+        router.add("by_hand", stacked)
+        stacked.load_state_dict(deltas["a"].state_dict())
+        for key, part in deltas["b"].parts.items():
+            stacked.parts[key] = part
+        with router.route([("by_hand", None)]):
+            expected = trunk(ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(composed[real], expected[real], atol=1e-5, rtol=1e-5)

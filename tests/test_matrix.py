@@ -1,6 +1,7 @@
 """Every task kind (tests/kinds.py) through every path: fit -> validate -> test -> predict with --ckpt_path ->
 checkpoint round trip (trunk.tasks.load) -> export -> load of the directory -> a new run from it
-(model.init_from), with a label-order case on every reuse path of a labelled kind."""
+(model.init_from), with a label-order case on every reuse path of a labelled kind -> a LoRA delta on the frozen
+trunk, exported as a task directory and loaded beside the trunk."""
 
 import json
 from pathlib import Path
@@ -83,6 +84,21 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         assert rows
         for key in rows:
             assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
+
+    # a LoRA delta on the frozen trunk (model.peft), kept as a task directory that answers on the trunk alone
+    peft = "--model.peft={t: {method: lora, r: 2}}"
+    if fit.model.objectives["t"].exports_trunk:  # pretraining: a frozen trunk would export untrained
+        with pytest.raises(ValueError, match=r"model.peft.t: task 't' \(.*\) pretrains the trunk itself"):
+            run_cli([*args, peft], run=False)
+        return
+    export_main([ckpt, str(tmp_path / "bare"), "--trunk-only"])
+    lora = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'bare'}", peft, "--trainer.max_steps=2",
+                    f"--trainer.default_root_dir={tmp_path / 'lora'}"])
+    assert all(torch.equal(v, trained[k]) for k, v in lora.model.state_dict().items() if k.startswith("trunk."))
+    lora_ckpt = lora.trainer.checkpoint_callback.last_model_path or lora.trainer.checkpoint_callback.best_model_path
+    export_main([lora_ckpt, str(tmp_path / "task"), "--task", "t"])
+    if kind.inputs:
+        assert load([tmp_path / "bare", tmp_path / "task"]).predict(list(kind.inputs)) == load(lora_ckpt).predict(list(kind.inputs))
 
 
 def same_records(got, expected, tolerance: float) -> bool:

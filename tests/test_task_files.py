@@ -185,3 +185,21 @@ def test_serve_answers_each_task_file_on_one_trunk(runs):
                 model.predict(TEXTS[3:4], task=["a", "b"])[0]]
     assert_same_records(answers[:4], expected)  # the first three shared one trunk pass
     assert "an empty text" in answers[4].message
+
+
+def test_a_new_task_composes_stored_deltas_and_its_task_file_holds_them(runs, tmp_path):
+    from trunk.tasks import load
+    from trunk.tasks.cli import export_main, run_cli
+
+    args = [*classification("d", runs["sentiment"]), *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3",
+            f"--model.init_from=[{runs['trunk']},{runs['a']},{runs['b']}]"]
+    fit = run_cli(["fit", *args, "--model.peft={d: {method: lora, r: 2, compose: [a, b]}}"])
+    delta = fit.model.objectives["d"].delta
+    a = load([runs["trunk"], runs["a"]]).model.objectives["a"].delta
+    assert all(torch.equal(v, a.state_dict()[k]) for k, v in delta.sources["a"].state_dict().items())  # frozen: as stored
+    assert list(delta.sources) == ["a", "b"] and not torch.equal(delta.mix, torch.full_like(delta.mix, 0.5))  # the mix learned
+    export_main([last_checkpoint(fit), str(tmp_path / "task_d_only"), "--task", "d"])
+    alone = load([runs["trunk"], tmp_path / "task_d_only"], precision="32-true")  # the sources travel in d's own file
+    assert alone.predict(TEXTS, task="d") == load(last_checkpoint(fit), precision="32-true").predict(TEXTS)
+    with pytest.raises(SystemExit, match=r"model.peft.d.compose names \['nosuch'\], but model.init_from brings deltas for \['a', 'b'\]"):
+        run_cli([*args, "--model.peft={d: {method: lora, compose: [nosuch]}}"], run=False)
