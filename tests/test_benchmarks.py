@@ -158,3 +158,45 @@ def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_p
                                                       "Nadim NNP B-NP B-PER\nLadki NNP I-NP I-PER\n")
     assert inference.sst2_sentences(tmp_path) == ["it 's a charming , often affecting journey . ", "unflinchingly bleak"]
     assert inference.conll_sentences(tmp_path) == [["SOCCER", "-", "JAPAN"], ["Nadim", "Ladki"]]
+
+
+def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new_task(tmp_path):
+    import random
+
+    import yaml
+    from conftest import write_rows
+    from trunk.tasks.cli import export_main, run_cli
+
+    rng = random.Random(0)
+    words = {"positive": ["good", "great", "fine", "superb"], "negative": ["bad", "awful", "dull", "poor"]}
+    rows = lambda n: [{"text": f"the {rng.choice(['film', 'play', 'book'])} was {rng.choice(words[label])}", "label": label}  # noqa: E731
+                      for label in rng.choices(list(words), k=n)]
+    files = {split: write_rows(tmp_path / f"{split}.csv", rows(n)) for split, n in (("train", 120), ("test", 40))}
+    base = run_cli(["fit", "--model.tasks.base=trunk.tasks.SequenceClassification", "--data.tasks.base=trunk.datamodules.TextClassificationData",
+                    f"--data.tasks.base.train={files['train']}", "--data.tasks.base.max_length=32", "--model.trunk.d_model=32",
+                    "--model.trunk.n_layers=2", "--model.trunk.n_heads=2", "--model.trunk.d_ff=64", "--model.trunk.max_len=32",
+                    "--data.tokenizer_vocab_size=200", "--trainer.max_steps=2", "--trainer.accelerator=cpu",
+                    "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / 'base'}"])
+    export_main([base.trainer.checkpoint_callback.last_model_path or base.trainer.checkpoint_callback.best_model_path,
+                 str(tmp_path / "trunk"), "--trunk-only"])
+    recipes = []
+    for task in ("reviews", "moods"):
+        recipe = {"model": {"tasks": {task: {"class_path": "trunk.tasks.SequenceClassification"}}},
+                  "data": {"tasks": {task: {"class_path": "trunk.datamodules.TextClassificationData",
+                                            "init_args": {"train": str(files["train"]), "test": str(files["test"]), "val_fraction": 0.2,
+                                                          "max_length": 32, "batch_size": 16}}}},
+                  "trainer": {"max_epochs": 1, "accelerator": "cpu",
+                              "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+        recipes += ["--recipe", str(tmp_path / f"{task}.yaml")]
+        (tmp_path / f"{task}.yaml").write_text(yaml.safe_dump(recipe))
+    command = [sys.executable, str(BENCHMARKS / "peft.py"), *recipes, "--trunk", str(tmp_path / "trunk"), "--method", "lora",
+               "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert set(table) == {("recipe", "method"), ("reviews", "lora"), ("moods", "lora"), ("moods", "lora composed of reviews")}
+    lora = table[("reviews", "lora")]
+    assert 0 < float(lora[3].split("(")[1].rstrip("%) ")) < 100  # a share of the model trains
+    assert float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1  # a task file, smaller than the trunk; a score
+    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)  # every run is on record: none runs
+    assert again.returncode == 0 and " ... " not in again.stderr and again.stdout == done.stdout
