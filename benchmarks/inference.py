@@ -1,6 +1,6 @@
 """Inference speed on real sentences: Trunk's ``predict`` against Hugging Face pipelines of equal size, two tasks
 from one trunk pass, ONNX Runtime, what each of ``predict``'s optimisations gives, and ``trunk serve`` under
-concurrent clients. Prints tables.
+concurrent clients, and three tasks' LoRA deltas on one trunk (``--only deltas``). Prints tables.
 
     pip install -e ".[bench,serve,onnx]"
     python benchmarks/inference.py --data ../shared/data [--model CKPT_OR_DIR] [--rounds 3]
@@ -66,6 +66,11 @@ def conll_sentences(data: Path) -> list[list[str]]:
     return sentences
 
 
+def trec_questions(data: Path) -> list[str]:
+    lines = (data / "trec" / "TREC_10.label").read_text(encoding="latin-1").splitlines()
+    return [line.split(" ", 1)[1] for line in lines if line.strip()]
+
+
 def make_model(data: Path, directory: Path) -> Path:
     """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs."""
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
@@ -79,6 +84,72 @@ def make_model(data: Path, directory: Path) -> Path:
     subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(ckpt), str(directory / "model"), "--onnx"], check=True,
                    stdout=subprocess.DEVNULL)
     return directory / "model"
+
+
+def make_task_files(data: Path, directory: Path) -> list[Path]:
+    """A trunk of configs/joint_sst2_conll.yaml's shape and three LoRA task directories (sst2, conll, trec) on it, after
+    one training step of each (from scratch): [trunk, sst2, conll, trec]."""
+    splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
+    paths = [f"--data.tasks.{task}.{split}={data / path}" for task, files in splits.items() for split, path in zip(("train", "validation"), files)]
+    trec = ["--model.tasks.trec=trunk.tasks.SequenceClassification", "--data.tasks.trec=trunk.datamodules.TextClassificationData",
+            f"--data.tasks.trec.train={data / 'trec/train_5500.label'}", r"--data.tasks.trec.line_pattern=(?P<label>[A-Z]+):\S+ (?P<text>.+)",
+            "--data.tasks.trec.encoding=latin-1", "--data.tasks.trec.max_length=64", "--data.weights={sst2: 1, conll: 1, trec: 1}"]
+    lora = "{method: lora, r: 8, alpha: 16, targets: [q_proj, kv_proj, out_proj, fc_in]}"
+    run = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
+           *paths, *trec, "--data.tasks.sst2.test=null", "--data.tasks.conll.test=null", "--trainer.max_steps=3",
+           "--trainer.limit_val_batches=0", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
+           f"--trainer.default_root_dir={directory / 'run'}", "--trainer.logger=false", "--model.task_weights=null",
+           f"--model.peft={{sst2: {lora}, conll: {lora}, trec: {lora}}}"]
+    subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
+    ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
+    export = [sys.executable, "-m", "trunk.tasks.cli", "export", str(ckpt)]
+    subprocess.run([*export, str(directory / "trunk"), "--trunk-only"], check=True, stdout=subprocess.DEVNULL)
+    for task in ("sst2", "conll", "trec"):
+        subprocess.run([*export, str(directory / task), "--task", task], check=True, stdout=subprocess.DEVNULL)
+    return [directory / name for name in ("trunk", "sst2", "conll", "trec")]
+
+
+def peak_rss_mb(paths: list[Path], inputs: dict) -> float:
+    """Peak RSS (MiB) of a process that loads a trunk with the given task directories and predicts 64 inputs per task."""
+    tasks = [p.name for p in paths[1:]]
+    code = ("import json, resource, sys; from trunk.tasks import load; m = load(json.loads(sys.argv[1]), precision='32-true'); "
+            "inputs = json.loads(sys.argv[2]); [m.predict(inputs[t][:64], task=t) for t in m.tasks]; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([str(p) for p in paths]), json.dumps({t: inputs[t] for t in tasks})],
+                          capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def deltas(paths: list[Path], inputs: dict, rounds: int) -> None:
+    """Three tasks' LoRA deltas on one trunk: memory against one task, one mixed batch against the tasks one after
+    another, and a merged LoRA against the unmerged one."""
+    trunk, task_dirs = paths[0], paths[1:]
+    tasks = [p.name for p in task_dirs]
+    one, three = peak_rss_mb([trunk, task_dirs[0]], inputs), peak_rss_mb(paths, inputs)
+    table("serving task directories from one process: peak RSS (MiB), fp32", ["tasks", "peak RSS", "ratio"],
+          [[tasks[0], one, 1.0], [" + ".join(tasks), three, three / one]])
+    predictor = load(paths, precision="32-true")
+    encoded = {task: predictor.encode(task, inputs[task]) for task in tasks}
+    rows = []
+    for n in (1, 8, 64):  # inputs per task in each call: a serving batch of n requests per task
+        calls = [{task: encoded[task][i:i + n] for task in tasks} for i in range(0, 192, n)]
+        sent = sum(len(v) for call in calls for v in call.values())
+        got = alternate({"mixed": lambda: [predictor.predict_encoded(call, shared=False) for call in calls],
+                         "apart": lambda: [predictor.predict_encoded({t: examples}) for call in calls for t, examples in call.items()]},
+                        sent, rounds)
+        rows.append([n, got["mixed"], got["apart"], got["mixed"] / got["apart"]])
+    table(f"{len(tasks)} tasks' LoRA deltas: one mixed batch per call against the tasks one after another (inputs/s, fp32)",
+          ["inputs per task per call", "mixed batch", "one after another", "ratio"], rows)
+    texts = inputs[tasks[0]][:256]
+    got = alternate({"one": lambda: predictor.predict(texts, task=tasks),
+                     "apart": lambda: [predictor.predict(texts, task=t) for t in tasks]}, len(texts) * len(tasks), rounds)
+    merged, unmerged = load([trunk, task_dirs[0]], precision="32-true", merge=True), load([trunk, task_dirs[0]], precision="32-true")
+    speed = alternate({"merged": lambda: merged.predict(texts, task=tasks[0]), "unmerged": lambda: unmerged.predict(texts, task=tasks[0])},
+                      len(texts), rounds)
+    table("the same texts for every task, and merging (answers/s, fp32)", ["path", "answers/s", "ratio"],
+          [[f"{len(tasks)} tasks, one forked pass", got["one"], got["one"] / got["apart"]], ["the tasks one after another", got["apart"], 1.0],
+           [f"{tasks[0]}: LoRA merged into the trunk", speed["merged"], speed["merged"] / speed["unmerged"]],
+           [f"{tasks[0]}: LoRA unmerged", speed["unmerged"], 1.0]])
 
 
 def hf_pipelines(predictor, bf16: bool) -> dict:
@@ -278,8 +349,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve"],
-                        choices=["hf", "one_pass", "onnx", "optimisations", "serve"])
+    parser.add_argument("--task-dirs", type=Path, nargs="+", metavar="DIR",
+                        help="deltas: a trunk directory and LoRA task directories named sst2, conll and trec (default: made here)")
+    parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"],
+                        choices=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"])
     options = parser.parse_args()
 
     print(f"machine: {cpu_info()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -305,6 +378,10 @@ def main() -> None:
                                                          len(inputs["sst2"]), options.rounds)["trunk"]
             sst2 = in_process[("sst2", "fp32")]
             serving(model, inputs["sst2"], sst2, options.clients, ["--precision=32-true"])
+        if "deltas" in options.only:
+            paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch))
+            questions = trec_questions(options.data)
+            deltas(paths, {"sst2": inputs["sst2"], "conll": inputs["conll"], "trec": questions}, options.rounds)
 
 
 if __name__ == "__main__":

@@ -113,17 +113,26 @@ def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment
         "the sentence closest to the question (TF-IDF cosine)"] > 0
 
 
-def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(tmp_path):
+def review_files(directory, sizes: dict[str, int]) -> dict:
+    """Generated reviews (csv: text, label) whose label one word gives away, one file per split."""
     import random
 
-    import yaml
     from conftest import write_rows
 
     rng = random.Random(0)
     words = {"positive": ["good", "great", "fine", "superb"], "negative": ["bad", "awful", "dull", "poor"]}
-    rows = lambda n: [{"text": f"the {rng.choice(['film', 'play', 'book'])} was {rng.choice(words[label])}", "label": label}  # noqa: E731
-                      for label in rng.choices(list(words), k=n)]
-    files = {split: write_rows(tmp_path / f"{split}.csv", rows(n)) for split, n in (("train", 200), ("test", 60))}
+
+    def rows(n: int) -> list[dict]:
+        return [{"text": f"the {rng.choice(['film', 'play', 'book'])} was {rng.choice(words[label])}", "label": label}
+                for label in rng.choices(list(words), k=n)]
+
+    return {split: write_rows(directory / f"{split}.csv", rows(n)) for split, n in sizes.items()}
+
+
+def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(tmp_path):
+    import yaml
+
+    files = review_files(tmp_path, {"train": 200, "test": 60})
 
     recipe = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification", "init_args": {"pooling": "mean"}}},
                         "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64}, "optimizer": {"lr": 3e-3}},
@@ -161,17 +170,10 @@ def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_p
 
 
 def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new_task(tmp_path):
-    import random
-
     import yaml
-    from conftest import write_rows
     from trunk.tasks.cli import export_main, run_cli
 
-    rng = random.Random(0)
-    words = {"positive": ["good", "great", "fine", "superb"], "negative": ["bad", "awful", "dull", "poor"]}
-    rows = lambda n: [{"text": f"the {rng.choice(['film', 'play', 'book'])} was {rng.choice(words[label])}", "label": label}  # noqa: E731
-                      for label in rng.choices(list(words), k=n)]
-    files = {split: write_rows(tmp_path / f"{split}.csv", rows(n)) for split, n in (("train", 120), ("test", 40))}
+    files = review_files(tmp_path, {"train": 120, "test": 40})
     base = run_cli(["fit", "--model.tasks.base=trunk.tasks.SequenceClassification", "--data.tasks.base=trunk.datamodules.TextClassificationData",
                     f"--data.tasks.base.train={files['train']}", "--data.tasks.base.max_length=32", "--model.trunk.d_model=32",
                     "--model.trunk.n_layers=2", "--model.trunk.n_heads=2", "--model.trunk.d_ff=64", "--model.trunk.max_len=32",
