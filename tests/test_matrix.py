@@ -1,7 +1,7 @@
 """Every task kind (tests/kinds.py) through every path: fit -> validate -> test -> predict with --ckpt_path ->
 checkpoint round trip (trunk.tasks.load) -> export -> load of the directory -> a new run from it
-(model.init_from), with a label-order case on every reuse path of a labelled kind -> a LoRA delta on the frozen
-trunk, exported as a task directory and loaded beside the trunk."""
+(model.init_from), with a label-order case on every reuse path of a labelled kind -> a delta on the frozen trunk
+(LoRA or an adapter), exported as a task directory and loaded beside the trunk."""
 
 import json
 from pathlib import Path
@@ -85,8 +85,8 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         for key in rows:
             assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
 
-    # a LoRA delta on the frozen trunk (model.peft), kept as a task directory that answers on the trunk alone
-    peft = "--model.peft={t: {method: lora, r: 2}}"
+    # a delta on the frozen trunk (model.peft: LoRA or an adapter, by turns), kept as a task directory that answers on the trunk
+    peft = f"--model.peft={{t: {{method: {('lora', 'adapter')[list(KINDS).index(name) % 2]}, r: 2}}}}"
     if fit.model.objectives["t"].exports_trunk:  # pretraining: a frozen trunk would export untrained
         with pytest.raises(ValueError, match=r"model.peft.t: task 't' \(.*\) pretrains the trunk itself"):
             run_cli([*args, peft], run=False)
