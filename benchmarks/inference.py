@@ -86,15 +86,16 @@ def make_model(data: Path, directory: Path) -> Path:
     return directory / "model"
 
 
-def make_task_files(data: Path, directory: Path) -> list[Path]:
-    """A trunk of configs/joint_sst2_conll.yaml's shape and three LoRA task directories (sst2, conll, trec) on it, after
-    one training step of each (from scratch): [trunk, sst2, conll, trec]."""
+def make_task_files(data: Path, directory: Path, layers: str = "null") -> list[Path]:
+    """A trunk of configs/joint_sst2_conll.yaml's shape and three LoRA task directories (sst2, conll, trec) on it (LoRA
+    on the blocks ``layers``, null: all), after three training steps (from scratch): [trunk, sst2, conll, trec]."""
+    directory.mkdir(parents=True, exist_ok=True)
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
     paths = [f"--data.tasks.{task}.{split}={data / path}" for task, files in splits.items() for split, path in zip(("train", "validation"), files)]
     trec = ["--model.tasks.trec=trunk.tasks.SequenceClassification", "--data.tasks.trec=trunk.datamodules.TextClassificationData",
             f"--data.tasks.trec.train={data / 'trec/train_5500.label'}", r"--data.tasks.trec.line_pattern=(?P<label>[A-Z]+):\S+ (?P<text>.+)",
             "--data.tasks.trec.encoding=latin-1", "--data.tasks.trec.max_length=64", "--data.weights={sst2: 1, conll: 1, trec: 1}"]
-    lora = "{method: lora, r: 8, alpha: 16, targets: [q_proj, kv_proj, out_proj, fc_in]}"
+    lora = f"{{method: lora, r: 8, alpha: 16, targets: [q_proj, kv_proj], layers: {layers}}}"
     run = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
            *paths, *trec, "--data.tasks.sst2.test=null", "--data.tasks.conll.test=null", "--trainer.max_steps=3",
            "--trainer.limit_val_batches=0", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
@@ -115,14 +116,15 @@ def peak_rss_mb(paths: list[Path], inputs: dict) -> float:
     code = ("import json, resource, sys; from trunk.tasks import load; m = load(json.loads(sys.argv[1]), precision='32-true'); "
             "inputs = json.loads(sys.argv[2]); [m.predict(inputs[t][:64], task=t) for t in m.tasks]; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps([str(p) for p in paths]), json.dumps({t: inputs[t] for t in tasks})],
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([str(p) for p in paths]), json.dumps({t: inputs[t][:64] for t in tasks})],
                           capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])
 
 
-def deltas(paths: list[Path], inputs: dict, rounds: int) -> None:
+def deltas(paths: list[Path], top: list[Path] | None, inputs: dict, rounds: int) -> None:
     """Three tasks' LoRA deltas on one trunk: memory against one task, one mixed batch against the tasks one after
-    another, and a merged LoRA against the unmerged one."""
+    another, the same texts for every task in one forked pass (``top``: task directories with LoRA on the top blocks
+    only, whose blocks below run once), and a merged LoRA against the unmerged one."""
     trunk, task_dirs = paths[0], paths[1:]
     tasks = [p.name for p in task_dirs]
     one, three = peak_rss_mb([trunk, task_dirs[0]], inputs), peak_rss_mb(paths, inputs)
@@ -140,15 +142,17 @@ def deltas(paths: list[Path], inputs: dict, rounds: int) -> None:
         rows.append([n, got["mixed"], got["apart"], got["mixed"] / got["apart"]])
     table(f"{len(tasks)} tasks' LoRA deltas: one mixed batch per call against the tasks one after another (inputs/s, fp32)",
           ["inputs per task per call", "mixed batch", "one after another", "ratio"], rows)
-    texts = inputs[tasks[0]][:256]
-    got = alternate({"one": lambda: predictor.predict(texts, task=tasks),
-                     "apart": lambda: [predictor.predict(texts, task=t) for t in tasks]}, len(texts) * len(tasks), rounds)
+    texts, rows = inputs[tasks[0]][:256], []
+    for name, model in (("LoRA on every block", predictor), ("LoRA on the top half of the blocks", load(top, precision="32-true") if top else None)):
+        if model is not None:
+            got = alternate({"one": lambda: model.predict(texts, task=tasks),
+                             "apart": lambda: [model.predict(texts, task=t) for t in tasks]}, len(texts) * len(tasks), rounds)
+            rows += [[f"{name}: one forked pass", got["one"], got["one"] / got["apart"]], [f"{name}: one task after another", got["apart"], 1.0]]
     merged, unmerged = load([trunk, task_dirs[0]], precision="32-true", merge=True), load([trunk, task_dirs[0]], precision="32-true")
     speed = alternate({"merged": lambda: merged.predict(texts, task=tasks[0]), "unmerged": lambda: unmerged.predict(texts, task=tasks[0])},
                       len(texts), rounds)
-    table("the same texts for every task, and merging (answers/s, fp32)", ["path", "answers/s", "ratio"],
-          [[f"{len(tasks)} tasks, one forked pass", got["one"], got["one"] / got["apart"]], ["the tasks one after another", got["apart"], 1.0],
-           [f"{tasks[0]}: LoRA merged into the trunk", speed["merged"], speed["merged"] / speed["unmerged"]],
+    table(f"the same texts for {len(tasks)} tasks, and merging (answers/s, fp32)", ["path", "answers/s", "ratio"],
+          [*rows, [f"{tasks[0]}: LoRA merged into the trunk", speed["merged"], speed["merged"] / speed["unmerged"]],
            [f"{tasks[0]}: LoRA unmerged", speed["unmerged"], 1.0]])
 
 
@@ -379,9 +383,9 @@ def main() -> None:
             sst2 = in_process[("sst2", "fp32")]
             serving(model, inputs["sst2"], sst2, options.clients, ["--precision=32-true"])
         if "deltas" in options.only:
-            paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch))
-            questions = trec_questions(options.data)
-            deltas(paths, {"sst2": inputs["sst2"], "conll": inputs["conll"], "trec": questions}, options.rounds)
+            paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch) / "all")
+            top = None if options.task_dirs else make_task_files(options.data.resolve(), Path(scratch) / "top", "[2, 3]")
+            deltas(paths, top, {"sst2": inputs["sst2"], "conll": inputs["conll"], "trec": trec_questions(options.data)}, options.rounds)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ class LoRA(nn.Module):
         self.scaling, self.dropout = alpha / r, nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.dropout(x) @ self.A.t()) @ self.B.t() * self.scaling
+        return ((self.dropout(x) @ self.A.t()) * self.scaling) @ self.B.t()  # scaled at rank r: a pass over r columns, not out
 
     def weight_delta(self) -> torch.Tensor:
         """The (out, in) matrix this delta adds to its layer's weight: what merging writes in."""
@@ -240,10 +240,11 @@ class DeltaRouter:
             sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
             if len(deltas) == 1:  # the whole batch, one task (a training step): no slicing
                 return output + deltas[0](layer, x, output)
-            pieces, start = [], 0
-            for delta, size in zip(deltas, sizes):
-                rows = slice(start, start + size)
-                pieces.append(output[rows] if delta is None else output[rows] + delta(layer, x[rows], output[rows]))
+            start = 0
+            for delta, size in zip(deltas, sizes):  # each task's rows take its delta, added in place (no copy of the rest)
+                if delta is not None:
+                    rows = output.narrow(0, start, size)
+                    rows.add_(delta(layer, x.narrow(0, start, size), rows))
                 start += size
-            return torch.cat(pieces)
+            return output
         return add_deltas

@@ -80,6 +80,8 @@ class Predictor:
         if shared:
             first = next(iter(examples))
             units = [[(name, i) for name in examples] for i in range(len(examples[first]))]  # an input, for every task
+            deltas = sum(name in self.model.router.deltas for name in examples)  # each takes rows of its own above the fork
+            batch_size = max(1, batch_size // max(1, deltas + (deltas < len(examples))))  # so a pass holds ~batch_size rows
         else:
             units = [[(name, i)] for name in examples for i in range(len(examples[name]))]
         units = [units[k] for k in length_order([length(*unit[0]) for unit in units])]
