@@ -20,14 +20,16 @@ from trunk.core.codec import CLS, PAD, SEP
 
 
 class TaskGraph(nn.Module):
-    """The trunk and one task's head as one module of (input_ids, attention_mask): what is exported."""
+    """The trunk and one task's head (with its delta, ``model.peft``) as one module of (input_ids, attention_mask): what
+    is exported. The delta's route is set around the forward, so tracing records the delta's operations."""
 
-    def __init__(self, trunk: nn.Module, objective: nn.Module) -> None:
+    def __init__(self, model: nn.Module, task: str) -> None:
         super().__init__()
-        self.trunk, self.objective = trunk, objective
+        self.trunk, self.objective, self.route = model.trunk, model.objective(task), lambda: model.route(task)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.objective.export_forward(self.trunk, input_ids, attention_mask)
+        with self.route():
+            return self.objective.export_forward(self.trunk, input_ids, attention_mask)
 
 
 def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
@@ -59,7 +61,7 @@ def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
         path = out / f"{name}.onnx"
         with warnings.catch_warnings():  # the exporter's notes on its own internals
             warnings.simplefilter("ignore")
-            torch.onnx.export(TaskGraph(model.trunk, objective).eval(), (example, mask), str(path), dynamo=True, opset_version=opset,
+            torch.onnx.export(TaskGraph(model, name).eval(), (example, mask), str(path), dynamo=True, opset_version=opset,
                               input_names=["input_ids", "attention_mask"], output_names=[objective.onnx_output],
                               dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}), external_data=False, verbose=False)
         written[name] = path
