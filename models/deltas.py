@@ -175,6 +175,22 @@ class DeltaRouter:
         for name, module in backbone.named_modules():
             if name.rsplit(".", 1)[-1] in (*LORA_TARGETS, "ff"):
                 self.handles.append(module.register_forward_hook(self._hook(name)))
+        backbone.replay = self.replay
+
+    def replay(self):
+        """A context that sets the routes of now again when entered: activation checkpointing recomputes a block in
+        backward, after the forward's routes are gone (``run_block``)."""
+        now = self.routes, self.token_counts
+
+        @contextlib.contextmanager
+        def again():
+            previous = self.routes, self.token_counts
+            self.routes, self.token_counts = now
+            try:
+                yield
+            finally:
+                self.routes, self.token_counts = previous
+        return again()
 
     def add(self, task: str, delta: TaskDelta) -> None:
         self.deltas[task] = delta
@@ -240,11 +256,14 @@ class DeltaRouter:
             sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
             if len(deltas) == 1:  # the whole batch, one task (a training step): no slicing
                 return output + deltas[0](layer, x, output)
-            start = 0
-            for delta, size in zip(deltas, sizes):  # each task's rows take its delta, added in place (no copy of the rest)
-                if delta is not None:
-                    rows = output.narrow(0, start, size)
-                    rows.add_(delta(layer, x.narrow(0, start, size), rows))
+            pieces, start = [], 0
+            for delta, size in zip(deltas, sizes):
+                rows = output.narrow(0, start, size)
+                added = None if delta is None else delta(layer, x.narrow(0, start, size), rows)
+                if output.requires_grad:  # autograd keeps inputs for backward: a new tensor, glued back
+                    pieces.append(rows if added is None else rows + added)
+                elif added is not None:  # inference: each task's rows take their delta in place, no copy of the batch
+                    rows.add_(added)
                 start += size
-            return output
+            return torch.cat(pieces) if pieces else output
         return add_deltas

@@ -9,6 +9,7 @@ real-token layout of padded batches) are in ``kernels.py``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -229,12 +230,14 @@ class Block(nn.Module):
         return self.residual(x, self.ff, self.norm_ff)
 
 
-def run_block(block: nn.Module, grad_checkpointing: bool, *args):
+def run_block(block: nn.Module, grad_checkpointing: bool, *args, replay=None):
     """``block(*args)``; with ``grad_checkpointing`` (in training), its activations are not kept but
     recomputed in backward: less memory for about a third more compute. The random state is replayed,
-    so dropout draws the same masks both times."""
+    so dropout draws the same masks both times, and so is ``replay()`` (a context holding, at recompute time,
+    state that hooks read in forward: the deltas' routes)."""
     if grad_checkpointing and block.training and torch.is_grad_enabled():
-        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
+        context = (lambda: (contextlib.nullcontext(), replay())) if replay is not None else torch.utils.checkpoint.noop_context_fn
+        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, context_fn=context)
     return block(*args)
 
 
@@ -262,6 +265,7 @@ class Backbone(nn.Module):
         # Pre-LN leaves the residual stream unnormalised, so it needs one LayerNorm at the very end.
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
         self.grad_checkpointing = False
+        self.replay = None  # set by whatever adds state-reading hooks (models/deltas.py): see run_block
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward (``run_block``)."""
@@ -279,7 +283,7 @@ class Backbone(nn.Module):
         for i, block in enumerate(self.blocks):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
-            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded)
+            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 

@@ -220,3 +220,22 @@ def test_a_composed_delta_adds_its_sources_deltas_weighted_per_block():
             expected = trunk(ids, mask)
     real = mask.bool()
     torch.testing.assert_close(composed[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_activation_checkpointing_recomputes_blocks_with_their_deltas():
+    """Checkpointing recomputes a block in backward, after the forward's route has closed: the deltas must be in the
+    recomputed activations too, or their gradients are silently wrong."""
+    grads = {}
+    for checkpointing in (False, True):
+        trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4), "b": DeltaConfig(method="adapter", r=4)})
+        for delta in deltas.values():
+            randomise(delta)
+        trunk.train().backbone.set_grad_checkpointing(checkpointing)
+        ids, mask = batch(padded=True)
+        with router.route([("a", 2), ("b", 2)], mask.bool()):
+            loss = trunk(ids, mask)[mask.bool()].pow(2).mean()
+        loss.backward()  # outside the route, as Lightning calls it
+        grads[checkpointing] = {f"{t}.{k}": p.grad.clone() for t, d in deltas.items() for k, p in d.named_parameters()}
+    assert grads[True].keys() == grads[False].keys()
+    for key, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][key], grad, atol=1e-6, rtol=1e-5)
