@@ -17,6 +17,7 @@ type, an empty text, no input); one that waits longer than ``--timeout`` in the 
 import base64
 import binascii
 import io
+import json
 import os
 
 import litserve as ls
@@ -33,6 +34,18 @@ class PredictRequest(BaseModel):
     input: JsonValue = None
     inputs: list[JsonValue] | None = Field(default=None, min_length=1, max_length=MAX_INPUTS)
     task: str | list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_whatever_its_content_type(cls, body):
+        """A body sent without ``Content-Type: application/json`` (``curl -d '{...}'`` says form data) arrives as its
+        text: read it as the JSON it is."""
+        if isinstance(body, (str, bytes)):
+            try:
+                return json.loads(body)
+            except ValueError:
+                raise ValueError("the body is not JSON: send {\"input\": ...} or {\"inputs\": [...]}") from None
+        return body
 
     @model_validator(mode="after")
     def _one_of_input_and_inputs(self):

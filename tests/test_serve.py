@@ -66,9 +66,9 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             return response.status, response.read().decode()
 
-    def post(self, body, timeout: float = 60) -> tuple[int, object]:
+    def post(self, body, timeout: float = 60, content_type: str = "application/json") -> tuple[int, object]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + "/predict", data=data, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url + "/predict", data=data, headers={"Content-Type": content_type})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
@@ -149,6 +149,11 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             assert same_records(records, expected, 1e-5), (name, records, expected)
             status, record = server.post({"input": inputs[1], "task": name})  # alone (generation's length follows its batch)
             assert status == 200 and same_records(record, model.predict([decoded(inputs[1], name)], task=name)[0], 1e-5), name
+
+        # JSON sent as `curl -d` sends it (form data): read as the JSON it is
+        status, record = server.post({"input": "the film was great", "task": "sequence_classification"},
+                                     content_type="application/x-www-form-urlencoded")
+        assert status == 200 and same_records(record, model.predict(["the film was great"], task="sequence_classification")[0], 1e-5)
 
         # several tasks in one request: {task: record}, as predict(task=[...]) gives
         texts = ["the film was great", "Anna Petrova left Paris on Monday ."]
