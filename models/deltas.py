@@ -180,38 +180,30 @@ class DeltaRouter:
     def replay(self):
         """A context that sets the routes of now again when entered: activation checkpointing recomputes a block in
         backward, after the forward's routes are gone (``run_block``)."""
-        now = self.routes, self.token_counts
-
-        @contextlib.contextmanager
-        def again():
-            previous = self.routes, self.token_counts
-            self.routes, self.token_counts = now
-            try:
-                yield
-            finally:
-                self.routes, self.token_counts = previous
-        return again()
-
-    def add(self, task: str, delta: TaskDelta) -> None:
-        self.deltas[task] = delta
+        return self._using(self.routes, self.token_counts)
 
     @contextlib.contextmanager
-    def route(self, routes: list[tuple[str, int | None]], key_padding_mask: torch.Tensor | None = None):
-        unknown = [task for task, _ in routes if task is not None and task not in self.deltas]
-        if unknown:
-            raise KeyError(f"No delta for the tasks {unknown}; the tasks with deltas are {sorted(self.deltas)}.")
+    def _using(self, routes: list | None, token_counts: list[int] | None):
         previous = self.routes, self.token_counts
-        self.routes = routes
-        if key_padding_mask is not None and len(routes) > 1:
-            per_example = key_padding_mask.sum(1)
-            bounds = torch.tensor([0, *[rows for _, rows in routes]]).cumsum(0).tolist()
-            self.token_counts = [int(per_example[a:b].sum()) for a, b in zip(bounds, bounds[1:])]
-        else:
-            self.token_counts = None
+        self.routes, self.token_counts = routes, token_counts
         try:
             yield
         finally:
             self.routes, self.token_counts = previous
+
+    def add(self, task: str, delta: TaskDelta) -> None:
+        self.deltas[task] = delta
+
+    def route(self, routes: list[tuple[str, int | None]], key_padding_mask: torch.Tensor | None = None):
+        unknown = [task for task, _ in routes if task is not None and task not in self.deltas]
+        if unknown:
+            raise KeyError(f"No delta for the tasks {unknown}; the tasks with deltas are {sorted(self.deltas)}.")
+        token_counts = None
+        if key_padding_mask is not None and len(routes) > 1:
+            per_example = key_padding_mask.sum(1)
+            bounds = torch.tensor([0, *[rows for _, rows in routes]]).cumsum(0).tolist()
+            token_counts = [int(per_example[a:b].sum()) for a, b in zip(bounds, bounds[1:])]
+        return self._using(routes, token_counts)
 
     @torch.no_grad()
     def merge(self, backbone: nn.Module, task: str) -> None:

@@ -188,8 +188,7 @@ class TrunkOnce:
         starts = torch.tensor([0, *[len(x) for x, _ in distinct]]).cumsum(0).tolist()
         rows = [torch.arange(starts[which], starts[which + 1]) for _, which, _ in segments]
         fork = None
-        if any(route for route, _, _ in segments) and len(segments) > 1 and not (len(segments) == len(distinct) and all(
-                which == i for i, (_, which, _) in enumerate(segments))):
+        if sum(len(r) for r in rows) != len(inputs):  # an input read by several deltas: its rows repeat from the fork on
             fork = (router.lowest_layer([route for route, _, _ in segments if route]), torch.cat(rows).to(inputs.device))
         routed_mask = None if mask is None else mask.bool()[fork[1]] if fork else mask.bool()
         routes = [(route, len(r)) for (route, _, _), r in zip(segments, rows)]

@@ -10,8 +10,9 @@
 Records are those of ``trunk predict`` and ``trunk.tasks.load(...).predict`` (``Predictor``). Requests arriving
 together are gathered into one batch (``--max-batch-size``, ``--batch-timeout``), ordered by length inside it, and
 every task a request names reads one trunk pass. An input longer than the model's ``max_length`` is truncated and
-its record says ``"truncated": true``. Requests for different tasks share trunk passes too. A bad request gets 422 with what is wrong (an unknown field, task or input
-type, an empty text, no input); one that waits longer than ``--timeout`` in the queue gets 504.
+its record says ``"truncated": true``. Requests for different tasks share trunk passes too. A bad request gets 422
+with what is wrong (an unknown field, task or input type, an empty text, no input); one that waits longer than
+``--timeout`` in the queue gets 504.
 """
 
 import base64
