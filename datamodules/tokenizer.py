@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
+import unicodedata
 from collections.abc import Callable, Iterable
+from itertools import islice
 
 from datasets.utils import are_progress_bars_disabled
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -41,19 +44,45 @@ def _bert_words(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
     return tokenizer
 
 
-def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_size: int, min_frequency: int, **options) -> Tokenizer:
-    """Train ``tokenizer`` on ``texts`` with the special tokens first, then add BERT's [CLS] a [SEP] b [SEP] template."""
-    trainer = trainer_class(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_size: int, min_frequency: int,
+             first_pieces: list[str] = (), **options) -> Tokenizer:
+    """Train ``tokenizer`` on ``texts`` with the special tokens first, then add BERT's [CLS] a [SEP] b [SEP] template.
+    ``first_pieces`` get the ids after the special tokens, in their order; they stay ordinary vocabulary entries."""
+    trainer = trainer_class(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS + list(first_pieces),
                             show_progress=show_progress(), **options)
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if first_pieces:  # the trainer took them as special tokens, which would match their literal text before splitting: undo that
+        state = json.loads(tokenizer.to_str())
+        state["added_tokens"] = [token for token in state["added_tokens"] if token["content"] in SPECIAL_TOKENS]
+        tokenizer = Tokenizer.from_str(json.dumps(state))
     _add_bert_template(tokenizer)
     return tokenizer
 
 
+def _inside_word(char: str) -> bool:
+    """A character BERT's pre-tokenizer keeps inside a word: not whitespace and not punctuation (ASCII's or Unicode's P*)."""
+    return not char.isspace() and char not in string.punctuation and not unicodedata.category(char).startswith("P")
+
+
+def _continuing_pieces(normalize: Callable[[str], str], texts: Iterable[str]) -> list[str]:
+    """Every ``##c`` piece the text holds (a character ``c`` that follows another inside a normalized word), sorted.
+    The WordPiece trainer creates these in hash-map order, so their ids, and through tie breaks between equally frequent
+    pairs the merges themselves, differ from one process to the next (huggingface/tokenizers#1794). Given to it first, in
+    a fixed order, they make the trained vocabulary the same in every process."""
+    pairs, lines = set(), iter(texts)
+    while chunk := list(islice(lines, 1000)):  # one normalizer call per chunk: per line it is several times slower
+        text = normalize("\n".join(chunk))
+        pairs.update(zip(text, text[1:]))
+    return sorted({f"##{char}" for before, char in pairs if _inside_word(before) and _inside_word(char)})
+
+
 def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
-    """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``."""
+    """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``: the same text gives the same
+    vocabulary, ids included, in every process."""
     tokenizer = _bert_words(Tokenizer(models.WordPiece(unk_token=UNK)), lowercase)
-    return _trained(tokenizer, trainers.WordPieceTrainer, texts, vocab_size, min_frequency)
+    texts = list(texts) if iter(texts) is texts else texts  # read twice: an iterator is read once
+    pieces = _continuing_pieces(tokenizer.normalizer.normalize_str, texts)
+    return _trained(tokenizer, trainers.WordPieceTrainer, texts, vocab_size, min_frequency, first_pieces=pieces)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
@@ -87,15 +116,23 @@ def train_word(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = T
 TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe, "byte_bpe": train_byte_bpe, "word": train_word}
 
 
+class _Rereadable:
+    """The text read afresh on every pass (WordPiece training reads it twice), never held in memory whole."""
+
+    def __init__(self, read: Callable[[], Iterable[str]]):
+        self.read = read
+
+    def __iter__(self):
+        return iter(self.read())
+
+
 def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,
                      what: str = "the training text", min_frequency: int = 2) -> Tokenizer:
     """Train a tokenizer once per (data, options) and cache it; ``key`` names the data. A piece enters the
     vocabulary only if the text holds it ``min_frequency`` times: on a small text that keeps the vocabulary to
     pieces seen often enough to learn, where a large text fills ``vocab_size`` whatever the setting.
 
-    Tokenizer training is not deterministic across processes (hash-order tie breaks), so every DDP
-    rank must read the same file rather than train its own: the launching process trains and
-    caches before the other ranks start.
+    Under DDP the launching process trains and caches before the other ranks start, and every rank reads that file.
     """
     options = [key, model, vocab_size, lowercase] + ([min_frequency] if min_frequency != 2 else [])  # 2: the key as before
     digest = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:20]
@@ -106,7 +143,7 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
     rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")  # not a silent pause
-    tokenizer = TRAINERS[model](texts(), vocab_size, lowercase, min_frequency)
+    tokenizer = TRAINERS[model](_Rereadable(texts), vocab_size, lowercase, min_frequency)
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
                        f"pieces seen at least {min_frequency} times (data.tokenizer_min_frequency). That is fine: the vocabulary "

@@ -13,7 +13,8 @@ from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassi
 from trunk.datamodules.builtin import sentiment_example
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import hold_out, length_buckets
-from trunk.core.codec import CLS, PAD, SEP, load_tokenizer
+from tokenizers import Tokenizer
+from trunk.core.codec import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer
 from trunk.datamodules.tokenizer import train_wordpiece
 
 
@@ -149,6 +150,26 @@ def test_tokenizer_round_trips_through_files(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     assert load_tokenizer(tmp_path).get_vocab() == tok.get_vocab()  # a directory holding tokenizer.json works too
     assert load_tokenizer(tmp_path / "tokenizer.json").encode("good film").ids == tok.encode("good film").ids
+
+
+def test_wordpiece_training_gives_the_same_vocabulary_in_every_process():
+    """The tokenizers library's WordPiece trainer numbers its ## pieces in hash-map order, which differs per process and,
+    through tie breaks between equally frequent pairs, changes the vocabulary itself; Trunk's training does not."""
+    import subprocess
+    import sys
+
+    train = ("import random, sys; from trunk.datamodules.builtin import sentiment_example; "
+             "from trunk.datamodules.tokenizer import train_wordpiece; "
+             "texts = (sentiment_example(random.Random(i))['text'] + ' Señor Ünïcode x-ray' for i in range(300)); "
+             "sys.stdout.write(train_wordpiece(texts, vocab_size=150).to_str())")
+    processes = [subprocess.Popen([sys.executable, "-c", train], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    here = {}
+    exec(train.replace("sys.stdout.write", "here['out'] = "), {"here": here})
+    runs = [here["out"], *(process.communicate(timeout=300)[0].strip() for process in processes)]  # strip: the trainer's bar
+    assert runs[0] == runs[1] == runs[2]
+    tokenizer = Tokenizer.from_str(runs[0])
+    assert [token.content for token in tokenizer.get_added_tokens_decoder().values()] == SPECIAL_TOKENS  # ## pieces stay plain
+    assert "##n" in tokenizer.get_vocab() and tokenizer.encode("señor", add_special_tokens=False).tokens[0] == "senor"
 
 
 def test_long_texts_are_truncated_with_one_warning(tmp_path):
