@@ -47,15 +47,16 @@ KINDS = {
     "sequence_classification": Kind(
         "trunk.tasks.SequenceClassification", "trunk.datamodules.TextClassificationData", ("train", "validation", "test", "predict"),
         labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
-        objective_args=("--model.class_weights=balanced",),  # figures of the training split, which load() must not need
+        objective_args=("--model.class_weights=balanced", "--model.label_smoothing=0.1"),  # class weights: figures of the training split, which load() must not need
         recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null", "--data.line_pattern=null",
                        "--data.encoding=utf-8"), onnx=True),
     "token_classification": Kind(
         "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
         labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
-        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), onnx=True),
+        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), objective_args=("--model.label_smoothing=0.1",), onnx=True),
     "masked_lm": Kind(
         "trunk.tasks.MaskedLanguageModeling", "trunk.datamodules.CorpusData", ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
+        objective_args=("--model.label_smoothing=0.1",),
         recipe_resets=("--data.validation=null",)),
     "replaced_token_detection": Kind(
         "trunk.tasks.ReplacedTokenDetection", "trunk.datamodules.CorpusData", ("train",),
@@ -77,14 +78,15 @@ KINDS = {
         "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
         labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good"),
         recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null"),
-        onnx=True),
+        objective_args=("--model.label_smoothing=0.1",), onnx=True),
     "multiple_choice": Kind(
         "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
         inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),
+        objective_args=("--model.label_smoothing=0.1",),  # over 2-3 candidates a row: the missing ones get none
         recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer")),
     "extractive_qa": Kind(
         "trunk.tasks.ExtractiveQuestionAnswering", "trunk.datamodules.QuestionAnsweringData", ("train", "validation", "test", "predict"),
         inputs=({"question": "where does Anna live ?", "context": "the deal was good . Anna lives in New York . Boris works at Hooli ."},
                 ("where does Boris work ?", "Boris works at Globex .")),
-        extra=("--data.max_length=48", "--data.doc_stride=8"), recipe_resets=("--data.val_fraction=0.0", "--data.hold_out_by=null")),
+        objective_args=("--model.label_smoothing=0.1",), extra=("--data.max_length=48", "--data.doc_stride=8"), recipe_resets=("--data.val_fraction=0.0", "--data.hold_out_by=null")),
 }

@@ -13,9 +13,10 @@ import dataclasses
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric
-from trunk.core.codec import Codec
+from trunk.core.codec import IGNORE_INDEX, Codec
 from trunk.core.contract import TaskSpec
 from trunk.models import Trunk, TrunkConfig
 
@@ -49,6 +50,8 @@ class Objective(nn.Module):
         for key, value in config.items():  # every objective's dropouts, checked where they are declared, by their name
             if key.endswith("dropout") and not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"{type(self).__name__}: {key}={value!r} must be a probability in [0, 1).")
+        if not 0.0 <= config.get("label_smoothing", 0.0) < 1.0:
+            raise ValueError(f"{type(self).__name__}: label_smoothing must be in [0, 1), got {config['label_smoothing']}.")
         self.config = config
         self.name = ""
         self.label_names: list[str] | None = None
@@ -237,6 +240,24 @@ class Objective(nn.Module):
             raise ValueError(f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}). Were they trained with other head options?")
         return how
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+                  weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the last dimension, labels equal to IGNORE_INDEX skipped: F.cross_entropy's, except
+    that label smoothing spreads a target's share over the row's candidates only. Entries scored -inf (padding, a
+    row's missing choices) are none: F.cross_entropy's smoothing would give them mass, and the loss would be infinite."""
+    logits = logits.float()
+    if not label_smoothing:
+        return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), weight=weight, ignore_index=IGNORE_INDEX)
+    labels = labels.flatten()
+    kept = labels != IGNORE_INDEX
+    logp, labels = logits.flatten(0, -2)[kept].log_softmax(-1), labels[kept]
+    candidates = logp > float("-inf")
+    weight = torch.ones_like(logp[0]) if weight is None else weight.to(logp)
+    nll = -logp.gather(-1, labels[:, None]).squeeze(-1) * weight[labels]
+    spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(-1)  # -log p, averaged over candidates
+    return ((1 - label_smoothing) * nll + label_smoothing * spread).sum() / weight[labels].sum()
 
 
 def is_metric_state(key: str) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import (
     BinaryF1Score,
@@ -18,6 +17,7 @@ from torchmetrics.classification import (
 )
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
+from trunk.tasks.objectives.base import cross_entropy
 from trunk.tasks.objectives.pooled import PooledObjective
 
 CLASSIFICATION_METRICS = ("acc", "f1_macro", "mcc", "f1_positive")
@@ -52,8 +52,6 @@ class Classification(PooledObjective):
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")
         if primary_metric == "f1_positive" and positive_label is None:
             raise ValueError("primary_metric=f1_positive needs positive_label: the label whose F1 it is.")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
         if isinstance(class_weights, str) and class_weights != "balanced":
             raise ValueError(f"class_weights={class_weights!r}: give 'balanced' or one weight per label.")
         self.primary = primary_metric
@@ -103,7 +101,7 @@ class Classification(PooledObjective):
                 metric.update((predicted == positive).long(), (labels == positive).long())
             else:
                 metric.update(predicted, labels)
-        return F.cross_entropy(logits.float(), labels, weight=self.class_weight, label_smoothing=self.label_smoothing)
+        return cross_entropy(logits, labels, self.label_smoothing, self.class_weight)
 
     def epoch_warnings(self, stage: str) -> list[str]:
         confusion = self.confusion(stage)

@@ -9,7 +9,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.contract import TaskSpec
 from trunk.core.codec import IGNORE_INDEX
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
 class Perplexity(Metric):
@@ -56,13 +56,17 @@ class MaskedLanguageModeling(Objective):
     Logs the loss, perplexity (``ppl``) and accuracy (``acc``, the primary) over the masked tokens.
     A run with a pretraining objective ends ``fit`` by exporting the trunk as a pretrained-trunk
     directory (``ExportTrunk``; default ``<default_root_dir>/trunk``).
+
+    Args:
+        label_smoothing: the share of each target's probability spread over the other tokens of the vocabulary (perplexity stays the true one): a regulariser against over-confidence (0: none).
     """
 
     kind = "masked_lm"
     exports_trunk = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        super().__init__(label_smoothing=label_smoothing)
+        self.label_smoothing = label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.head = tied_mlm_head(trunk)
@@ -78,7 +82,7 @@ class MaskedLanguageModeling(Objective):
         logits, nll, selected = masked_token_nll(self.head, self.encode(trunk, batch), batch["labels"])
         self.metrics(stage)["ppl"].update(nll)
         self.metrics(stage)["acc"].update(logits.argmax(-1), batch["labels"][selected])
-        return nll.mean()
+        return cross_entropy(logits, batch["labels"][selected], self.label_smoothing) if self.label_smoothing else nll.mean()
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         """The most probable token at each masked position (label != -100), as ids."""

@@ -30,19 +30,21 @@ class MultiLabelClassification(PooledObjective):
         head_dropout: dropout inside the head.
         threshold: a label is predicted when its probability is at least this.
         primary_metric: the metric that stands for the task in ``val/score``.
+        label_smoothing: each yes/no target moved this far towards 0.5 (1 becomes 1 - s/2, 0 becomes s/2): a
+            regulariser against over-confidence (0: none).
     """
 
     kind = "multi_label_classification"
     inference_options = ("threshold",)
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
-                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro") -> None:
-        super().__init__(pooling, head_dropout, threshold=threshold, primary_metric=primary_metric)
+                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro", label_smoothing: float = 0.0) -> None:
+        super().__init__(pooling, head_dropout, threshold=threshold, primary_metric=primary_metric, label_smoothing=label_smoothing)
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}.")
         if primary_metric not in MULTI_LABEL_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(MULTI_LABEL_METRICS)}.")
-        self.threshold, self.primary = threshold, primary_metric
+        self.threshold, self.primary, self.label_smoothing = threshold, primary_metric, label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not self.label_names:
@@ -59,7 +61,7 @@ class MultiLabelClassification(PooledObjective):
         probs, gold = logits.detach().sigmoid(), labels.long()
         for metric in self.metrics(stage).values():
             metric.update(probs, gold)
-        return F.binary_cross_entropy_with_logits(logits, labels.float())
+        return F.binary_cross_entropy_with_logits(logits, labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2)
 
     def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         records = []

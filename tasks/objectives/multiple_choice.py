@@ -4,11 +4,10 @@ from __future__ import annotations
 
 
 import torch
-import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
 class MultipleChoice(Objective):
@@ -21,14 +20,15 @@ class MultipleChoice(Objective):
         pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
             maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
+        label_smoothing: the share of each target's probability spread over the other candidates: a regulariser against over-confidence (0: none).
     """
 
     kind = "multiple_choice"
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout)
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing)
         check_pooling(pooling)
-        self.pooling, self.head_dropout = pooling, head_dropout
+        self.pooling, self.head_dropout, self.label_smoothing = pooling, head_dropout, label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout)
@@ -50,7 +50,7 @@ class MultipleChoice(Objective):
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         scores, labels = self(trunk, batch), batch["labels"]
         self.metrics(stage)["acc"].update((scores.argmax(-1) == labels).float())
-        return F.cross_entropy(scores, labels)
+        return cross_entropy(scores, labels, self.label_smoothing)
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         records = []

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.contract import TaskSpec
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
 from trunk.core.codec import IGNORE_INDEX
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
 class EntityF1(Metric):
@@ -75,6 +74,7 @@ class TokenClassification(Objective):
         outside_weight: the weight of the ``O`` label's words in the loss. Below 1 (0.3 to 0.5), the model marks
             entities more readily: for small sets with rare entities, where a model trained from scratch finds few
             of them (recall far below precision).
+        label_smoothing: the share of each target's probability spread over the other labels: a regulariser against over-confidence (0: none).
     """
 
     kind = "token_classification"
@@ -84,13 +84,13 @@ class TokenClassification(Objective):
     onnx_output = "logits"  # (batch, tokens, labels): read at each word's first piece; decoding stays outside the graph
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
-                 outside_weight: float = 1.0) -> None:
-        super().__init__(head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight)
+                 outside_weight: float = 1.0, label_smoothing: float = 0.0) -> None:
+        super().__init__(head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight, label_smoothing=label_smoothing)
         if decoding not in ("constrained", "argmax"):
             raise ValueError(f"decoding must be 'constrained' or 'argmax', got {decoding!r}.")
         if not 0 < outside_weight <= 1:
             raise ValueError(f"outside_weight must be in (0, 1], got {outside_weight}: it scales the loss of the O label's words.")
-        self.head_dropout, self.decoding, self.outside_weight = head_dropout, decoding, outside_weight
+        self.head_dropout, self.decoding, self.outside_weight, self.label_smoothing = head_dropout, decoding, outside_weight, label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         _, self.entity_types = parse_label_names(self.label_names)
@@ -134,7 +134,7 @@ class TokenClassification(Objective):
         if "entities" in metrics:
             predicted = self.decode(logits, batch["word_starts"], batch["num_words"])
             metrics["entities"].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), weight=self.label_weight, ignore_index=IGNORE_INDEX)
+        return cross_entropy(logits, labels, self.label_smoothing, self.label_weight)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
         """The sentence with its gold and its predicted entities marked ``[PER Anna Petrova]``."""

@@ -7,14 +7,13 @@ import re
 from dataclasses import asdict, replace
 
 import torch
-import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 from trunk.core.contract import TaskSpec
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search, init_weights
-from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.base import Objective, cross_entropy
 
 # The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK].
 GENERATION_IDS = SpecialIds(bos=SPECIAL_IDS[CLS], eos=SPECIAL_IDS[SEP], pad=SPECIAL_IDS[PAD],
@@ -51,8 +50,6 @@ class Translation(Objective):
         generation = GenerationConfig(**generation) if isinstance(generation, dict) else generation
         super().__init__(decoder_layers=decoder_layers, share_embeddings=share_embeddings, label_smoothing=label_smoothing,
                          generation=asdict(generation), val_beam_size=val_beam_size)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
         self.decoder_layers, self.share_embeddings, self.label_smoothing = decoder_layers, share_embeddings, label_smoothing
         self.generation, self.val_beam_size = generation, val_beam_size
 
@@ -96,7 +93,7 @@ class Translation(Objective):
         if "bleu" in metrics:
             beam_size = self.val_beam_size if stage == "val" else self.generation.beam_size
             metrics["bleu"].update(self.translate(trunk, batch, beam_size), [[reference] for reference in batch["target"]])
-        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        return cross_entropy(logits, labels, self.label_smoothing)
 
     @torch.no_grad()
     def generate(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor, beam_size: int | None = None,
