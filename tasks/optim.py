@@ -1,4 +1,4 @@
-"""Optimisation: AdamW settings, which parameters decay, and the warmup + decay learning-rate schedule (per step)."""
+"""Optimisation: AdamW or LAMB, which parameters decay, and the warmup + decay learning-rate schedule (per step)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,23 @@ from torch import nn
 
 @dataclass
 class OptimConfig:
-    """AdamW with decay / no-decay groups, linear warmup, then cosine or linear decay (per step)."""
+    """AdamW (or LAMB) with decay / no-decay groups, linear warmup, then a decay (per step).
+
+    ``name``: ``adamw``, or ``lamb`` (You et al. 2020: Adam's step scaled per weight tensor by ||w|| / ||step||, so
+    every layer moves by the same fraction of its size; the optimiser for very large batches). ``schedule`` after the
+    warmup: ``cosine`` or ``linear`` decay to ``lr * min_lr_ratio`` at the last step, ``constant``, or
+    ``inverse_sqrt`` (the Transformer paper's: lr * sqrt(warmup / step), peaking at ``lr`` when the warmup ends;
+    ``lr = d_model**-0.5 * warmup_steps**-0.5`` gives the paper's d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)).
+    """
 
     lr: float = 5e-4
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     warmup: float = 0.06  # below 1: a fraction of all training steps; from 1 up: a number of steps
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = "cosine"
     min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
+    name: Literal["adamw", "lamb"] = "adamw"
 
     def __post_init__(self) -> None:
         problems = [f"lr={self.lr} (must be > 0)" if not self.lr > 0 else "",
@@ -28,21 +36,33 @@ class OptimConfig:
                     f"betas={tuple(self.betas)} (each in [0, 1))" if not all(0 <= b < 1 for b in self.betas) else "",
                     f"eps={self.eps} (must be > 0)" if not self.eps > 0 else "",
                     f"warmup={self.warmup} (a fraction below 1, or a step count)" if not self.warmup >= 0 else "",
-                    f"min_lr_ratio={self.min_lr_ratio} (must be in [0, 1])" if not 0 <= self.min_lr_ratio <= 1 else ""]
+                    f"min_lr_ratio={self.min_lr_ratio} (must be in [0, 1])" if not 0 <= self.min_lr_ratio <= 1 else "",
+                    f"schedule={self.schedule!r} (one of {list(SCHEDULES)})" if self.schedule not in SCHEDULES else "",
+                    f"name={self.name!r} (adamw or lamb)" if self.name not in ("adamw", "lamb") else "",
+                    "schedule='inverse_sqrt' with warmup=0 (its decay is sqrt(warmup / step): give a warmup)"
+                    if self.schedule == "inverse_sqrt" and self.warmup == 0 else ""]
         problems = [p for p in problems if p]
         if problems:
             raise ValueError(f"model.optimizer: {', '.join(problems)}.")
 
 
+SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+
+
 def lr_lambda(step: int, total_steps: int, cfg: OptimConfig) -> float:
-    """Multiplier on the base learning rate at ``step``."""
+    """Multiplier on the base learning rate at ``step`` (0-based: the first step is step 1 of the formulas)."""
     warmup_steps = int(cfg.warmup * total_steps) if cfg.warmup < 1 else int(cfg.warmup)
+    if cfg.schedule == "inverse_sqrt":
+        warmup_steps = max(1, warmup_steps)  # a fraction of a short run may round to none
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1.0 - progress
+    if cfg.schedule == "inverse_sqrt":
+        shape = math.sqrt(warmup_steps / (step + 1))
+    else:
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1.0 - progress
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
@@ -84,9 +104,63 @@ def decay_groups(params: list[nn.Parameter], no_decay: set[int], weight_decay: f
     return [g for g in groups if g["params"]]
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020, Algorithm 2): Adam's bias-corrected step plus decoupled weight decay, ``u = m / (sqrt(v)
+    + eps) + weight_decay * w``, scaled per tensor by the trust ratio ||w|| / ||u|| (1 where either is 0), so each
+    layer moves by a share of its own norm whatever the batch size. As in BERT's LAMB, tensors without weight decay
+    (biases, norm scales) take the plain Adam step. Sharded (FSDP2) tensors: the norms are over all their shards.
+    Hand-written: torch ships no LAMB, and apex's and timm's would be a dependency for 30 lines."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)  # a tensor, as torch's Adam keeps it (checkpoints)
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"].item()
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                update = (state["exp_avg"] / (1 - beta1 ** t)) / ((state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt() + group["eps"])
+                ratio = 1.0
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                    w_norm, u_norm = _global_norm(p), _global_norm(update)
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                _local(p).add_(_local(update) * ratio, alpha=-group["lr"])
+        return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) tensor's own shard; a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _global_norm(t: torch.Tensor) -> torch.Tensor:
+    """The 2-norm of a whole tensor, over every shard of a sharded one, as a plain tensor."""
+    norm = torch.linalg.vector_norm(t)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 def build_optimizer(groups: list[dict], cfg: OptimConfig, total_steps: int) -> dict:
-    """AdamW (fused where it takes the parameters) and its per-step schedule, as ``configure_optimizers`` returns them."""
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None)
+    """AdamW (fused where it takes the parameters) or LAMB, and the per-step schedule, as ``configure_optimizers`` returns them."""
+    if cfg.name == "lamb":
+        optimizer = Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": WarmupDecayLR(optimizer, total_steps, cfg), "interval": "step"}}
 
 

@@ -13,7 +13,7 @@ from trunk.tasks import (
     TokenClassification,
     TrunkModule,
 )
-from trunk.tasks.optim import lr_lambda
+from trunk.tasks.optim import Lamb, build_optimizer, lr_lambda
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 
@@ -84,6 +84,89 @@ def test_warmup_then_decay(schedule):
     if schedule == "cosine":
         assert factors[60] == pytest.approx(0.1 + 0.9 * 0.5)  # halfway down the cosine
     assert lr_lambda(5, 100, OptimConfig(warmup=0.1)) == pytest.approx(0.6)  # fraction of all steps
+
+
+def test_inverse_sqrt_is_the_transformer_papers_schedule():
+    """lr = d_model**-0.5 * warmup**-0.5 peaks at the warmup's end; with it the rate at (1-based) step s is the paper's
+    d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)."""
+    d_model, warmup = 512, 4000
+    cfg = OptimConfig(lr=d_model ** -0.5 * warmup ** -0.5, warmup=warmup, schedule="inverse_sqrt")
+    for s in (1, 100, 3999, 4000, 4001, 16000, 100_000):
+        paper = d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
+        assert cfg.lr * lr_lambda(s - 1, 200_000, cfg) == pytest.approx(paper, rel=1e-9), s
+    assert lr_lambda(4 * warmup - 1, 10, cfg) == pytest.approx(0.5)  # a quarter of the rate 4x later, whatever the run's length
+    with pytest.raises(ValueError, match="inverse_sqrt' with warmup=0"):
+        OptimConfig(schedule="inverse_sqrt", warmup=0)
+    with pytest.raises(ValueError, match=r"schedule='noam' \(one of"):
+        OptimConfig(schedule="noam")
+
+
+def lamb_reference(w: torch.Tensor, grads: list[torch.Tensor], lr: float, betas, eps: float, weight_decay: float) -> torch.Tensor:
+    """Algorithm 2 of You et al. 2020 written out for one weight tensor, in float64."""
+    w, m, v = w.double().clone(), torch.zeros_like(w, dtype=torch.float64), torch.zeros_like(w, dtype=torch.float64)
+    for t, g in enumerate(grads, start=1):
+        g = g.double()
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        r = (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+        u = r + weight_decay * w
+        trust = w.norm() / u.norm() if weight_decay else 1.0
+        w = w - lr * trust * u
+    return w
+
+
+def test_lamb_matches_the_papers_update_and_leaves_no_decay_tensors_to_plain_adam():
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.nn.Parameter(torch.randn(8, 4, generator=g)), torch.nn.Parameter(torch.randn(4, generator=g))
+    grads = [(torch.randn(8, 4, generator=g), torch.randn(4, generator=g)) for _ in range(5)]
+    lamb = Lamb([{"params": [weight], "weight_decay": 0.1}, {"params": [bias], "weight_decay": 0.0}], lr=0.05, eps=1e-6)
+    start = weight.detach().clone(), bias.detach().clone()
+    for gw, gb in grads:
+        weight.grad, bias.grad = gw, gb
+        lamb.step()
+    torch.testing.assert_close(weight.detach().double(), lamb_reference(start[0], [gw for gw, _ in grads], 0.05, (0.9, 0.999), 1e-6, 0.1))
+    adam = torch.optim.Adam([b := torch.nn.Parameter(start[1].clone())], lr=0.05, eps=1e-6)
+    for _, gb in grads:
+        b.grad = gb
+        adam.step()
+    torch.testing.assert_close(bias.detach(), b.detach())
+    # each weight tensor moves by the same share of its norm, whatever the gradient's scale: lr per step at most
+    before = weight.detach().clone()
+    weight.grad = 1e4 * torch.randn(8, 4, generator=g)
+    lamb.step()
+    assert (weight.detach() - before).norm() / before.norm() == pytest.approx(0.05, rel=1e-4)
+
+
+def test_lamb_trains_through_the_module_and_its_state_resumes():
+    torch.manual_seed(0)
+    model = classifier(optimizer=OptimConfig(name="lamb", lr=5e-2, schedule="inverse_sqrt", warmup=10))  # lr: a share of each norm
+    params = [p for p in model.parameters() if p.requires_grad]
+    built = build_optimizer([{"params": params, "weight_decay": 0.01}], model.optim_config, total_steps=60)
+    optimizer = built["optimizer"]
+    assert isinstance(optimizer, Lamb)
+    ids, labels = torch.randint(5, 60, (12, 10)), torch.arange(12) % 3
+    batch = {"task": "t", "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    losses = []
+    for _ in range(60):
+        optimizer.zero_grad()
+        loss = model(batch, "train")
+        loss.backward()
+        optimizer.step()
+        built["lr_scheduler"]["scheduler"].step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.1 * losses[0]
+    again = Lamb([{"params": params, "weight_decay": 0.01}])
+    again.load_state_dict(torch.load(_saved(optimizer.state_dict()), weights_only=True))  # plain tensors: checkpoints load safely
+    assert again.state[params[0]]["step"].item() == 60
+
+
+def _saved(state: dict):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def test_text_and_image_tasks_share_one_backbone():
