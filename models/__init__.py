@@ -21,6 +21,7 @@ from trunk.models.stems import (
     sinusoidal_positions_2d,
 )
 from trunk.models.kernels import Dropout, Unpadded, dropout
+from trunk.models.positions import PositionBias, alibi_slopes
 from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "PatchStem",
+    "PositionBias",
     "Pooling",
     "STEM_KINDS",
     "build_stem",
@@ -50,6 +52,7 @@ __all__ = [
     "Trunk",
     "TrunkConfig",
     "Unpadded",
+    "alibi_slopes",
     "dropout",
     "init_weights",
     "pool",

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from trunk.models.stems import TokenStem
 from trunk.models.kernels import Unpadded
-from trunk.models.trunk import Attention, Block, TrunkConfig, run_block
+from trunk.models.trunk import Attention, Block, TrunkConfig, position_bias, run_block
 
 
 class KVCache:
@@ -53,10 +53,10 @@ class DecoderBlock(Block):
         self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                cache: dict | None = None, unpadded: Unpadded | None = None) -> torch.Tensor:
+                cache: dict | None = None, unpadded: Unpadded | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, U, C), or its (N, C) real tokens with ``unpadded`` (training)."""
-        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"], unpadded=unpadded),
-                          self.norm_attn)
+        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"], unpadded=unpadded,
+                                                 position_bias=position_bias), self.norm_attn)
         x = self.residual(x, lambda h: self.cross_attn(h, memory_mask, context=memory, cache=None if cache is None else cache["cross"],
                                                        unpadded=unpadded), self.norm_cross)
         return self.residual(x, self.ff, self.norm_ff)
@@ -77,6 +77,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.position_bias = position_bias(cfg, causal=True)  # alibi, t5: the decoder's own, for its self-attention
         self.grad_checkpointing = False
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -92,12 +93,15 @@ class Decoder(nn.Module):
                cache: KVCache | None = None, target_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The last block's normalised output (B, U, C). With ``target_mask`` (B, U), True at real target
         tokens, padded targets are computed on their real tokens only (zeros at the padding)."""
-        x = self.stem(input_ids, offset=0 if cache is None else len(cache))
+        offset = 0 if cache is None else len(cache)
+        x = self.stem(input_ids, offset=offset)
+        U = input_ids.shape[1]
+        bias = None if self.position_bias is None else self.position_bias(U, offset + U, offset)
         unpadded = Unpadded(target_mask) if cache is None and Unpadded.pays(target_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
-            x = run_block(block, self.grad_checkpointing, x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded)
+            x = run_block(block, self.grad_checkpointing, x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded, bias)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, dropout, tracing
+from trunk.models.positions import BIASES, PositionBias
 
 
 @dataclass
@@ -37,11 +38,15 @@ class TrunkConfig:
     attn_dropout: float = 0.1
     token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
     max_len: int = 512
-    positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # rope: rotary, relative, inside attention
+    # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
+    # attention scores from the query-key distance (models/positions.py), t5's in relative_buckets learned buckets
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] = "learned"
     norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
+    relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
+    relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -49,6 +54,11 @@ class TrunkConfig:
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 "choose n_heads so that each head gets d_model / n_heads channels."
             )
+        if self.positions not in ("learned", "sinusoidal", "rope", *BIASES):
+            raise ValueError(f"TrunkConfig.positions={self.positions!r}: choose learned, sinusoidal, rope, alibi or t5.")
+        if self.positions == "t5" and not 4 <= self.relative_buckets < 2 * self.relative_max_distance:
+            raise ValueError(f"TrunkConfig: relative_buckets={self.relative_buckets} must be at least 4 and below twice "
+                             f"relative_max_distance={self.relative_max_distance}.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
@@ -81,6 +91,13 @@ class TrunkConfig:
 
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def position_bias(cfg: TrunkConfig, causal: bool = False) -> PositionBias | None:
+    """The stack-wide attention bias of ``cfg.positions`` (alibi, t5); None for the others."""
+    if cfg.positions not in BIASES:
+        return None
+    return PositionBias(cfg.positions, cfg.n_heads, causal, cfg.relative_buckets, cfg.relative_max_distance)
 
 
 def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
@@ -120,6 +137,7 @@ class Attention(nn.Module):
     For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
     keys and values between calls: self-attention appends the new tokens' and attends to all of
     them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
+    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``models/positions.py``).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
@@ -141,6 +159,7 @@ class Attention(nn.Module):
         causal: bool = False,
         cache: dict | None = None,
         unpadded: Unpadded | None = None,
+        position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
         real keys. context: (B, S, C)."""
@@ -173,8 +192,13 @@ class Attention(nn.Module):
             # Queries are the last T of the S positions (earlier ones may come from the cache).
             causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
             mask = causal_mask if mask is None else mask & causal_mask
+        if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
+            bias = position_bias.to(q.dtype)
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         p = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and (p > 0 or T == 1):
+        # written out on CPU where SDPA is slow (below), and when exporting a float mask: the ONNX exporter mis-strides
+        # SDPA's output then (a view of it fails)
+        if (q.device.type == "cpu" and (p > 0 or T == 1)) or (position_bias is not None and tracing()):
             y = attention_written_out(q, k, v, mask, p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -183,12 +207,13 @@ class Attention(nn.Module):
 
 
 def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
-    """softmax(QK^T / sqrt(D) + mask) V with dropout ``p`` on the probabilities, written out. Used on CPU
-    where SDPA is slow: with dropout it falls back to these same steps but draws its mask with the slow
-    Bernoulli; for one query (a decoding step) its flash kernel costs 1.2x these steps in fp32, 5x in bf16."""
+    """softmax(QK^T / sqrt(D) + mask) V with dropout ``p`` on the probabilities, written out (a bool mask: False
+    is -inf; a float one is added). Used on CPU where SDPA is slow: with dropout it falls back to these same steps
+    but draws its mask with the slow Bernoulli; for one query (a decoding step) its flash kernel costs 1.2x these
+    steps in fp32, 5x in bf16."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return dropout(scores.softmax(-1), p) @ v
 
 
@@ -224,9 +249,10 @@ class Block(nn.Module):
         return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
-                unpadded: Unpadded | None = None) -> torch.Tensor:
+                unpadded: Unpadded | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C), or (N, C) real tokens with ``unpadded``."""
-        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded), self.norm_attn)
+        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias),
+                          self.norm_attn)
         return self.residual(x, self.ff, self.norm_ff)
 
 
@@ -264,6 +290,7 @@ class Backbone(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         # Pre-LN leaves the residual stream unnormalised, so it needs one LayerNorm at the very end.
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        self.position_bias = position_bias(cfg)  # alibi, t5: one for every block
         self.grad_checkpointing = False
         self.replay = None  # set by whatever adds state-reading hooks (models/deltas.py): see run_block
 
@@ -277,13 +304,14 @@ class Backbone(nn.Module):
         ``fork=(layer, rows)``: from block ``layer`` on, the batch is its examples ``rows`` (an index, repeats allowed):
         several tasks' deltas on shared inputs, the blocks below computed once per input. The output has ``len(rows)``
         examples."""
+        bias = None if self.position_bias is None else self.position_bias(x.shape[1], x.shape[1])
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
-            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, replay=self.replay)
+            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 
@@ -314,9 +342,10 @@ class Trunk(nn.Module):
         return self.backbone(self.stems[stem](inputs), key_padding_mask, fork=fork)
 
     def depth_groups(self) -> list[list[nn.Module]]:
-        """The trunk bottom-up, for freezing and layer-wise learning rates: [stems], [block 0], ...,
-        [block L-1], [final norm]."""
-        return [list(self.stems.values()), *([block] for block in self.backbone.blocks), [self.backbone.final_norm]]
+        """The trunk bottom-up, for freezing and layer-wise learning rates: [stems (and a position bias: the positions
+        every block reads)], [block 0], ..., [block L-1], [final norm]."""
+        bottom = [*self.stems.values(), *([self.backbone.position_bias] if self.backbone.position_bias is not None else [])]
+        return [bottom, *([block] for block in self.backbone.blocks), [self.backbone.final_norm]]
 
     def flops_per_token(self, length: int, train: bool = True) -> float:
         """FLOPs per token at sequence ``length``: 2 per multiply-add of the blocks' matmuls and attention's

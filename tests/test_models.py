@@ -18,8 +18,8 @@ from trunk.models import (
 )
 
 
-def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, causal=False):
-    """Attention written out by hand: softmax(QK^T / sqrt(d) + mask) V, on the module's weights."""
+def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, causal=False, bias=None):
+    """Attention written out by hand: softmax(QK^T / sqrt(d) + bias + mask) V, on the module's weights."""
     B, T, C = x.shape
     src = x if context is None else context
     H, D = attn.n_heads, C // attn.n_heads
@@ -29,6 +29,8 @@ def naive_attention(attn: Attention, x, key_padding_mask=None, context=None, cau
     k = k.reshape(B, -1, H, D).transpose(1, 2)
     v = v.reshape(B, -1, H, D).transpose(1, 2)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if bias is not None:
+        scores = scores + bias
     if key_padding_mask is not None:
         scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
     if causal:
@@ -75,7 +77,7 @@ def test_attention_matches_torch_multihead_attention(attn):
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "t5"])
 def test_padding_does_not_change_real_token_outputs(norm, positions):
     torch.manual_seed(0)
     cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions)
@@ -118,6 +120,87 @@ def test_rope_trunks_have_no_absolute_positions_and_see_order():
     assert not any("position" in name for name, _ in trunk.named_parameters())
     ids = torch.tensor([[5, 6, 7, 8]])
     assert not torch.allclose(trunk(ids)[0, 0], trunk(ids.flip(1))[0, -1])  # same token, other place: other vector
+
+
+def t5_bucket(relative: int, bidirectional: bool, buckets: int = 32, max_distance: int = 128) -> int:
+    """T5's relative-position bucket of one (key - query) distance, written out from the paper's description."""
+    start = 0
+    if bidirectional:
+        buckets //= 2
+        start = buckets if relative > 0 else 0
+        distance = abs(relative)
+    else:
+        distance = max(-relative, 0)
+    exact = buckets // 2
+    if distance < exact:
+        return start + distance
+    return start + min(buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (buckets - exact)))
+
+
+def test_alibi_slopes_and_t5_buckets_follow_their_papers():
+    from trunk.models.positions import alibi_slopes, relative_buckets
+
+    assert alibi_slopes(8).tolist() == [2.0 ** -k for k in range(1, 9)]
+    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]  # 4 heads', then 8's odd ones
+    relative = torch.arange(-300, 301)
+    for bidirectional in (True, False):
+        expected = [t5_bucket(r, bidirectional) for r in relative.tolist()]
+        assert relative_buckets(relative, bidirectional, 32, 128).tolist() == expected
+    assert t5_bucket(-1, True) == 1 and t5_bucket(1, True) == 17 and t5_bucket(-500, True) == 15 and t5_bucket(5, False) == 0
+
+
+@pytest.mark.parametrize("positions", ["alibi", "t5"])
+def test_position_biased_attention_matches_the_written_out_bias(positions):
+    """Every block's attention adds -slope * |i - j| (ALiBi) or the learned value of the distance's bucket (T5, one
+    table for all blocks) to its scores; the stack equals blocks run on naive attention with that bias."""
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, positions=positions, dropout=0.0,
+                      attn_dropout=0.0, relative_buckets=8, relative_max_distance=16)
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
+    init_weights(trunk)
+    if positions == "t5":
+        nn.init.normal_(trunk.backbone.position_bias.embedding.weight, std=1.0)  # large enough to matter
+        assert not any("position" in name for name, _ in trunk.stems.named_parameters())
+    ids = torch.randint(5, 50, (2, 40))
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False
+    T, H = 40, 4
+    bias = torch.zeros(1, H, T, T)
+    for h in range(H):
+        for i in range(T):
+            for j in range(T):
+                if positions == "alibi":
+                    bias[0, h, i, j] = -(2.0 ** (-8 * (h + 1) / H)) * abs(i - j)
+                else:
+                    bias[0, h, i, j] = trunk.backbone.position_bias.embedding.weight[t5_bucket(j - i, True, 8, 16), h]
+    x = trunk.stems["text"](ids)
+    for block in trunk.backbone.blocks:
+        x = x + naive_attention(block.attn, block.norm_attn(x), mask, bias=bias)
+        x = x + block.ff(block.norm_ff(x))
+    expected = trunk.backbone.final_norm(x)
+    with torch.no_grad():
+        torch.testing.assert_close(trunk(ids, mask)[mask], expected[mask], atol=1e-4, rtol=1e-4)
+    # the bias is the only position information: reversed inputs give mirrored outputs under ALiBi's symmetric bias
+    if positions == "alibi":
+        whole = torch.ones(1, 40, dtype=torch.bool)
+        torch.testing.assert_close(trunk(ids[:1].flip(1), whole).flip(1), trunk(ids[:1], whole), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("positions", ["alibi", "t5", "rope"])
+def test_a_decoder_with_a_position_bias_decodes_step_by_step_as_in_one_pass(positions):
+    from trunk.models import Decoder
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, positions=positions)
+    decoder = Decoder(cfg).eval()
+    init_weights(decoder)
+    if positions == "t5":
+        nn.init.normal_(decoder.position_bias.embedding.weight, std=1.0)
+    ids, memory = torch.randint(5, 40, (2, 9)), torch.randn(2, 6, 32)
+    cache = decoder.new_cache()
+    with torch.no_grad():
+        steps = torch.cat([decoder(ids[:, i:i + 1], memory, cache=cache) for i in range(9)], dim=1)
+        torch.testing.assert_close(steps, decoder(ids, memory), atol=1e-5, rtol=1e-5)
 
 
 def test_init_follows_bert_gpt():
@@ -214,7 +297,7 @@ def test_written_out_attention_is_attention_when_nothing_is_dropped():
     assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_written_out(q, k, v, mask, 0.0))
 
 
-@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("positions", ["learned", "rope", "t5"])
 def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(positions, monkeypatch):
     """The backbone skips padding (``Unpadded``); the outputs at real tokens and every gradient are
     those of the plain padded computation."""
