@@ -7,7 +7,9 @@ baselines computed here on the same split. Prints a table (mean ± standard devi
 
 A variant is NAME=ARGUMENTS: `trunk fit` arguments added to the recipe's (quoted as one, split like a shell
 line). Each run writes to runs/small_data/<recipe>/<variant>/seed<N>; its test split is scored on the best
-checkpoint (the recipes monitor val/score), and the table reports test/score: the task's primary metric.
+checkpoint (the recipes monitor val/score), and the table reports test/score: the task's primary metric. Each
+finished run is appended to <root>/results.jsonl, and a run already there is not run again: a stopped benchmark goes
+on where it stopped (delete the file, or that run's line, to run it anew).
 The baselines (benchmarks/baselines.py; scikit-learn: pip install trunk[bench]) read the recipe's data exactly
 as `trunk fit` does, so they see the same training rows and the same held-out share.
 """
@@ -15,6 +17,7 @@ as `trunk fit` does, so they see the same training rows and the same held-out sh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -40,13 +43,23 @@ def baseline(recipe: str) -> tuple[str, float]:
     return best, results[best][primary]
 
 
-def run(recipe: str, arguments: list[str], seed: int, root: Path) -> tuple[float, float, int]:
-    """One `trunk fit`: (test score on the best checkpoint, minutes, epochs trained)."""
+def run(recipe: str, variant: str, arguments: list[str], seed: int, root: Path) -> tuple[float, float, int]:
+    """One `trunk fit` in <root>/<recipe>/<variant>/seed<N>: (test score on the best checkpoint, minutes, epochs trained)."""
+    done = root / "results.jsonl"
+    key = {"recipe": Path(recipe).stem, "variant": variant, "arguments": arguments, "seed": seed}
+    for line in done.read_text().splitlines() if done.is_file() else []:
+        result = json.loads(line)
+        if {k: result[k] for k in key} == key:
+            return result["score"], result["minutes"], result["epochs"]
     start = time.perf_counter()
-    cli = run_cli(["fit", "--config", recipe, *arguments, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}",
+    directory = root / Path(recipe).stem / variant / f"seed{seed}"
+    cli = run_cli(["fit", "--config", recipe, *arguments, f"--seed_everything={seed}", f"--trainer.default_root_dir={directory}",
                    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
-    score = float(cli.trainer.callback_metrics["test/score"])
-    return score, (time.perf_counter() - start) / 60, cli.trainer.current_epoch
+    result = {**key, "score": float(cli.trainer.callback_metrics["test/score"]), "minutes": (time.perf_counter() - start) / 60,
+              "epochs": cli.trainer.current_epoch}
+    with done.open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    return result["score"], result["minutes"], result["epochs"]
 
 
 def main() -> None:
@@ -65,8 +78,7 @@ def main() -> None:
         for variant, arguments in variants.items():
             results = []
             for seed in args.seeds:
-                root = Path(args.root) / Path(recipe).stem / variant / f"seed{seed}"
-                results.append(run(recipe, shlex.split(arguments), seed, root))
+                results.append(run(recipe, variant, shlex.split(arguments), seed, Path(args.root)))
                 print(f"{Path(recipe).stem} {variant} seed {seed}: {results[-1][0]:.4f} ({results[-1][1]:.1f} min)", file=sys.stderr, flush=True)
             scores = [r[0] for r in results]
             spread = statistics.stdev(scores) if len(scores) > 1 else 0.0

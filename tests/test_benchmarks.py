@@ -144,9 +144,9 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
                           "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max"}}]}}
     config = tmp_path / "reviews.yaml"
     config.write_text(yaml.safe_dump(recipe))
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "small_data.py"), "--recipe", str(config), "--seeds", "0", "1",
-                           "--variant", "eight=", "--variant", "one=--trainer.max_epochs=1", "--root", str(tmp_path / "runs")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    command = [sys.executable, str(BENCHMARKS / "small_data.py"), "--recipe", str(config), "--seeds", "0", "1",
+               "--variant", "eight=", "--variant", "one=--trainer.max_epochs=1", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {line.split(" | ")[1]: line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| reviews")}
     assert set(rows) == {"baseline: TF-IDF + logistic regression", "eight", "one"}
@@ -155,6 +155,13 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
     assert len(seeds) == 2 and abs(mean - sum(seeds) / 2) < 1e-3 and mean > 0.9  # learned, and the mean is of the seeds
     assert rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"  # epochs: the variant's arguments applied
     assert sorted(p.name for p in (tmp_path / "runs" / "reviews" / "eight").iterdir()) == ["seed0", "seed1"]
+    # run again (as after a stop): the finished runs are read from results.jsonl, none is trained again
+    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
+    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [line for line in again.stdout.splitlines() if line.startswith("| reviews")] == \
+        [line for line in done.stdout.splitlines() if line.startswith("| reviews")]
+    assert not list((tmp_path / "runs").rglob("version_1")) and len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
 
 
 def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_path):
