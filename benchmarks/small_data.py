@@ -17,7 +17,6 @@ as `trunk fit` does, so they see the same training rows and the same held-out sh
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from baselines import BASELINES, task_data  # noqa: E402
+from ledger import Ledger  # noqa: E402
 from trunk.tasks.cli import run_cli  # noqa: E402
 from trunk.tasks.precision import cpu_info  # noqa: E402
 
@@ -45,20 +45,16 @@ def baseline(recipe: str) -> tuple[str, float]:
 
 def run(recipe: str, variant: str, arguments: list[str], seed: int, root: Path) -> tuple[float, float, int]:
     """One `trunk fit` in <root>/<recipe>/<variant>/seed<N>: (test score on the best checkpoint, minutes, epochs trained)."""
-    done = root / "results.jsonl"
-    key = {"recipe": Path(recipe).stem, "variant": variant, "arguments": arguments, "seed": seed}
-    for line in done.read_text().splitlines() if done.is_file() else []:
-        result = json.loads(line)
-        if {k: result[k] for k in key} == key:
-            return result["score"], result["minutes"], result["epochs"]
+    ledger, key = Ledger(root), {"recipe": Path(recipe).stem, "variant": variant, "arguments": arguments, "seed": seed}
+    result = ledger.find(key)
+    if result is not None:
+        return result["score"], result["minutes"], result["epochs"]
     start = time.perf_counter()
     directory = root / Path(recipe).stem / variant / f"seed{seed}"
     cli = run_cli(["fit", "--config", recipe, *arguments, f"--seed_everything={seed}", f"--trainer.default_root_dir={directory}",
                    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
-    result = {**key, "score": float(cli.trainer.callback_metrics["test/score"]), "minutes": (time.perf_counter() - start) / 60,
-              "epochs": cli.trainer.current_epoch}
-    with done.open("a") as f:
-        f.write(json.dumps(result) + "\n")
+    result = ledger.add({**key, "score": float(cli.trainer.callback_metrics["test/score"]), "minutes": (time.perf_counter() - start) / 60,
+                         "epochs": cli.trainer.current_epoch})
     return result["score"], result["minutes"], result["epochs"]
 
 

@@ -164,6 +164,41 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
     assert not list((tmp_path / "runs").rglob("version_1")) and len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
 
 
+def test_the_pretraining_variants_benchmark_reads_each_trunk_at_every_length_and_resumes(tmp_path):
+    import random
+
+    import yaml
+    from trunk.datamodules.builtin import sentiment_example
+
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentiment_example(rng)["text"] for _ in range(600)) + "\n")
+    recipe = {"model": {"tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}},
+                        "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 32}},
+              "data": {"tasks": {"mlm": {"class_path": "trunk.datamodules.CorpusData",
+                                         "init_args": {"train": str(corpus), "val_fraction": 0.1, "max_length": 16, "batch_size": 16}}},
+                       "tokenizer_vocab_size": 200},
+              "trainer": {"max_steps": 6, "accelerator": "cpu"}}
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    command = [sys.executable, str(BENCHMARKS / "pretraining_variants.py"), "--recipe", str(config), "--lengths", "16", "32",
+               "--variant", "learned=--model.trunk.positions=learned", "--variant", "alibi=--model.trunk.positions=alibi",
+               "--common=--seed_everything=0", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"variant", "learned", "alibi"} and rows["variant"][1:3] == ["ppl @ 16", "ppl @ 32"]
+    for name in ("learned", "alibi"):
+        assert all(1 < float(rows[name][i]) < 1000 for i in (1, 2)) and rows[name][3] == "6"  # 6 steps, a perplexity per length
+    assert rows["learned"][1:3] != rows["alibi"][1:3]
+    lines = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 6  # 2 trainings, 4 evaluations
+    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0 and again.stdout.splitlines()[-3:] == done.stdout.splitlines()[-3:]
+    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 6  # nothing trained or evaluated again:
+    assert not list((tmp_path / "runs").glob("*/lightning_logs/version_1")) and len(list((tmp_path / "runs").rglob("validate/version_*"))) == 4
+
+
 def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_path):
     import inference
 

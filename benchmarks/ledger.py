@@ -1,0 +1,26 @@
+"""The finished runs of a benchmark, one JSON line each in ``<root>/results.jsonl``: a benchmark stopped midway (a
+long CPU run, a session's end) goes on where it stopped, and a run is redone only when its line is deleted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class Ledger:
+    def __init__(self, root: str | Path) -> None:
+        self.path = Path(root) / "results.jsonl"
+
+    def find(self, key: dict) -> dict | None:
+        """The recorded run whose fields include ``key``'s, if any."""
+        for line in self.path.read_text().splitlines() if self.path.is_file() else []:
+            record = json.loads(line)
+            if all(record.get(k) == v for k, v in key.items()):
+                return record
+        return None
+
+    def add(self, record: dict) -> dict:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
