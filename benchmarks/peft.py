@@ -8,7 +8,7 @@ disk, peak memory of the training process, training steps/s and the task's test 
 
 Each run is a `trunk fit` in a process of its own (so its peak memory is its own), writing to
 <root>/<recipe>/<method>; its result is appended to <root>/results.jsonl, and a run already there is not run again:
-an interrupted benchmark goes on where it stopped (delete the file to start over). Bytes per task: a full fine-tune
+an interrupted benchmark goes on where it stopped (benchmarks/ledger.py; delete the file to start over). Bytes per task: a full fine-tune
 needs its whole trunk directory (`trunk export`); the others need one task directory (`trunk export --task`) beside
 the shared trunk.
 """
@@ -27,6 +27,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ledger import Ledger  # noqa: E402
 
 # method -> `trunk fit` arguments ({task}: the recipe's task). The deltas and heads learn at a higher rate than a whole
 # trunk can; LoRA on the attention's projections (q and the fused k, v), as the LoRA paper's q, v.
@@ -105,8 +108,7 @@ def main() -> None:
         return
     if not args.recipe or not args.trunk:
         parser.error("give --trunk and at least one --recipe")
-    results_file = root / "results.jsonl"
-    done = {(r["recipe"], r["method"]): r for r in map(json.loads, results_file.read_text().splitlines())} if results_file.is_file() else {}
+    ledger = Ledger(root)
     compose = dict(c.split("=", 1) for c in args.compose)
     tasks = {Path(recipe).stem: task_name(recipe) for recipe in args.recipe}
     plan = [(recipe, method, METHODS[method]) for recipe in args.recipe for method in args.method or METHODS]
@@ -124,7 +126,7 @@ def main() -> None:
                          + f" --model.init_from=[{args.trunk},{dirs}]"))
     for recipe, method, arguments in plan:
         key = (Path(recipe).stem, method)
-        if key in done:
+        if ledger.find({"recipe": key[0], "method": method}):
             continue
         task = tasks[key[0]]
         arguments = " ".join(filter(None, [f"--model.init_from={args.trunk}", arguments.format(task=task), args.extra]))
@@ -134,11 +136,8 @@ def main() -> None:
         line = next((line for line in child.stdout.splitlines() if line.startswith("RESULT ")), None)
         if child.returncode != 0 or line is None:
             sys.exit(f"error: {key[0]} {method} failed:\n{child.stderr[-3000:]}")
-        done[key] = json.loads(line[len("RESULT "):])
-        results_file.parent.mkdir(parents=True, exist_ok=True)
-        with results_file.open("a") as f:
-            f.write(json.dumps(done[key]) + "\n")
-    print_table([done[(Path(recipe).stem, method)] for recipe, method, _ in plan], args.trunk)
+        ledger.add(json.loads(line[len("RESULT "):]))
+    print_table([ledger.find({"recipe": Path(recipe).stem, "method": method}) for recipe, method, _ in plan], args.trunk)
 
 
 def task_name(recipe: str) -> str:
