@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, dropout, tracing
+from trunk.models.local_attention import local_mask, sliding_window_attention
 from trunk.models.positions import BIASES, PositionBias
 
 
@@ -47,6 +48,10 @@ class TrunkConfig:
     init_std: float = 0.02
     relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
     relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
+    # local attention (models/local_attention.py): each token sees the tokens at most local_window positions away (0:
+    # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by all
+    local_window: int = 0
+    global_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -59,6 +64,9 @@ class TrunkConfig:
         if self.positions == "t5" and not 4 <= self.relative_buckets < 2 * self.relative_max_distance:
             raise ValueError(f"TrunkConfig: relative_buckets={self.relative_buckets} must be at least 4 and below twice "
                              f"relative_max_distance={self.relative_max_distance}.")
+        for name in ("local_window", "global_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
@@ -159,10 +167,12 @@ class Attention(nn.Module):
         causal: bool = False,
         cache: dict | None = None,
         unpadded: Unpadded | None = None,
-        position_bias: torch.Tensor | None = None,
+        position_bias: torch.Tensor | PositionBias | None = None,
+        local: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
-        real keys. context: (B, S, C)."""
+        real keys. context: (B, S, C). ``local=(radius, n_global)``: sliding-window self-attention
+        (``models/local_attention.py``), whose ``position_bias`` is the ``PositionBias`` module itself."""
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x))
         B, T, C = q.shape
@@ -183,10 +193,15 @@ class Attention(nn.Module):
                 k, v = k.contiguous(), v.contiguous()
                 cache["k"], cache["v"] = k, v
         S = k.shape[2]
+        p = self.dropout if self.training else 0.0
+        if local is not None and not tracing():
+            y = sliding_window_attention(q, k, v, key_padding_mask, *local, p, causal, position_bias)
+            return self.out_proj(self.merge_heads(y, unpadded))
 
-        mask = None
+        mask = None if local is None else local_mask(T, *local, x.device)  # traced: the same attention, as a (T, T) mask
         if key_padding_mask is not None:
-            mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+            padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+            mask = padding if mask is None else mask & padding
         if causal and T > 1:
             # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
             # Queries are the last T of the S positions (earlier ones may come from the cache).
@@ -195,15 +210,20 @@ class Attention(nn.Module):
         if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
             bias = position_bias.to(q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-        p = self.dropout if self.training else 0.0
         # written out on CPU where SDPA is slow (below), and when exporting a float mask: the ONNX exporter mis-strides
         # SDPA's output then (a view of it fails)
-        if (q.device.type == "cpu" and (p > 0 or T == 1)) or (position_bias is not None and tracing()):
+        if (q.device.type == "cpu" and (p > 0 or T == 1)) or ((position_bias is not None or local is not None) and tracing()):
             y = attention_written_out(q, k, v, mask, p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.out_proj(y if unpadded is None else unpadded.unpad(y))
+        return self.out_proj(self.merge_heads(y, unpadded))
+
+    @staticmethod
+    def merge_heads(y: torch.Tensor, unpadded: Unpadded | None) -> torch.Tensor:
+        """(B, H, T, D) -> (B, T, H * D), or its real tokens (N, H * D) with ``unpadded``."""
+        B, H, T, D = y.shape
+        y = y.transpose(1, 2).reshape(B, T, H * D)
+        return y if unpadded is None else unpadded.unpad(y)
 
 
 def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
@@ -249,10 +269,11 @@ class Block(nn.Module):
         return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
-                unpadded: Unpadded | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, T, C), or (N, C) real tokens with ``unpadded``."""
-        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias),
-                          self.norm_attn)
+                unpadded: Unpadded | None = None, position_bias: torch.Tensor | PositionBias | None = None,
+                local: tuple[int, int] | None = None) -> torch.Tensor:
+        """x: (B, T, C), or (N, C) real tokens with ``unpadded``. ``local``: see ``Attention.forward``."""
+        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias,
+                                                 local=local), self.norm_attn)
         return self.residual(x, self.ff, self.norm_ff)
 
 
@@ -298,20 +319,32 @@ class Backbone(nn.Module):
         """Recompute block activations in backward (``run_block``)."""
         self.grad_checkpointing = enable
 
+    def local_span(self, length: int) -> tuple[int, int] | None:
+        """(radius, global tokens) of local attention at this input length; None where every query would see every key
+        anyway (a window covering the input, or all of it global): full attention, the same function, is then used."""
+        radius, n_global = self.cfg.local_window, self.cfg.global_tokens
+        if not radius or (not tracing() and (length <= radius + 1 or length <= n_global)):
+            return None
+        return radius, n_global  # traced (ONNX): local at every length, as the graph's length is not fixed
+
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 fork: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros.
         ``fork=(layer, rows)``: from block ``layer`` on, the batch is its examples ``rows`` (an index, repeats allowed):
         several tasks' deltas on shared inputs, the blocks below computed once per input. The output has ``len(rows)``
-        examples."""
-        bias = None if self.position_bias is None else self.position_bias(x.shape[1], x.shape[1])
+        examples. With ``cfg.local_window``, inputs longer than the window attend locally (``local_span``)."""
+        local = self.local_span(x.shape[1])
+        if local is not None and not tracing():  # the window's bias is computed in its own layout, from the module
+            bias = self.position_bias
+        else:
+            bias = None if self.position_bias is None else self.position_bias(x.shape[1], x.shape[1])
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
-            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, replay=self.replay)
+            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, local, replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 
@@ -349,9 +382,12 @@ class Trunk(nn.Module):
 
     def flops_per_token(self, length: int, train: bool = True) -> float:
         """FLOPs per token at sequence ``length``: 2 per multiply-add of the blocks' matmuls and attention's
-        two products; x3 when training (forward and backward). Stems and heads are not counted."""
+        two products (over the keys a query is scored against: a local window's 3 chunks and the globals); x3 when
+        training (forward and backward). Stems and heads are not counted."""
         c = self.cfg
-        forward = 2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * length * c.d_model
+        local = self.backbone.local_span(length)
+        keys = length if local is None else 3 * local[0] + local[1]
+        forward = 2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * keys * c.d_model
         return 3 * forward if train else forward
 
 

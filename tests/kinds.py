@@ -53,7 +53,8 @@ KINDS = {
     "token_classification": Kind(
         "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
         labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
-        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), objective_args=("--model.label_smoothing=0.1",), onnx=True),
+        inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), onnx=True,
+        objective_args=("--model.label_smoothing=0.1", "--model.trunk.local_window=3", "--model.trunk.global_tokens=2")),  # every path with local attention
     "masked_lm": Kind(
         "trunk.tasks.MaskedLanguageModeling", "trunk.datamodules.CorpusData", ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
         objective_args=("--model.label_smoothing=0.1",),

@@ -186,6 +186,67 @@ def test_position_biased_attention_matches_the_written_out_bias(positions):
         torch.testing.assert_close(trunk(ids[:1].flip(1), whole).flip(1), trunk(ids[:1], whole), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("positions", [None, "alibi", "t5"])
+def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(positions, causal):
+    """Chunked local attention equals attention under the written-out (T, T) mask: keys at most ``radius`` away, the
+    first ``n_global`` positions seeing and seen by all, padding masked; with a position bias, and causal; including a
+    length that is no multiple of the chunk and a padding query whose window holds no real key (zeros, no NaN)."""
+    from trunk.models.local_attention import sliding_window_attention
+    from trunk.models.positions import PositionBias
+
+    torch.manual_seed(0)
+    B, H, T, D = 3, 4, 23, 8
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[1, 15:] = False
+    real[2, 3:] = False  # example 2: its padding queries far on have no real key in reach without globals
+    bias = None if positions is None else PositionBias(positions, H, causal=causal, num_buckets=8, max_distance=16).double()
+    if positions == "t5":
+        nn.init.normal_(bias.embedding.weight, std=1.0)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for radius, n_global in [(3, 0), (3, 2), (5, 1), (4, 30)]:
+        n_global = min(n_global, T)
+        allowed = ((i - j).abs() <= radius) | (i < n_global) | (j < n_global)
+        if causal:
+            allowed = allowed & (j <= i)
+        allowed = allowed[None, None] & real[:, None, None, :]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(D) + (0 if bias is None else bias(T, T))
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        expected = torch.nan_to_num(scores.softmax(-1)) @ v
+        got = sliding_window_attention(q, k, v, real, radius, n_global, causal=causal, position_bias=bias)
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
+        got.square().sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
+def test_local_attention_in_the_trunk_equals_full_attention_when_its_window_covers_the_input(positions):
+    """A window at least as long as the input is full attention (the same outputs, exactly); a shorter one makes each
+    token's output independent of tokens beyond its reach through the stack (the receptive field: layers x radius),
+    except through the global [CLS]; padding still changes nothing at real tokens."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, positions=positions)
+    full = Trunk(Backbone(TrunkConfig(**common)), {"text": TokenStem(TrunkConfig(**common))}).eval()
+    init_weights(full)
+    ids = torch.randint(5, 50, (2, 40))
+    wide = TrunkConfig(**common, local_window=40)
+    windowed = Trunk(Backbone(wide), {"text": TokenStem(wide)}).eval()
+    windowed.load_state_dict(full.state_dict())
+    with torch.no_grad():
+        assert torch.equal(windowed(ids), full(ids))
+        local = TrunkConfig(**common, local_window=4, global_tokens=0)
+        windowed = Trunk(Backbone(local), {"text": TokenStem(local)}).eval()
+        windowed.load_state_dict(full.state_dict())
+        changed = ids.clone()
+        changed[:, 30] = (changed[:, 30] + 1 - 5) % 45 + 5
+        before, after = windowed(ids), windowed(changed)
+        moved = (before - after).abs().amax(-1) > 1e-6  # (B, T): the positions the change reached
+        assert moved[:, 22:39].all() and not moved[:, :22].any()  # 2 layers x radius 4 = 8 positions each way
+        padded = windowed(torch.cat([ids, torch.zeros(2, 9, dtype=torch.long)], 1), torch.cat([torch.ones(2, 40), torch.zeros(2, 9)], 1))
+        torch.testing.assert_close(padded[:, :40], before, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("positions", ["alibi", "t5", "rope"])
 def test_a_decoder_with_a_position_bias_decodes_step_by_step_as_in_one_pass(positions):
     from trunk.models import Decoder

@@ -40,9 +40,10 @@ def test_one_process_ddp_and_fsdp2_train_the_same_weights(tmp_path):
     assert max_difference(one, fsdp2) < 1e-5
 
 
-def test_fsdp2_with_activation_checkpointing_layer_decay_and_lamb_trains_like_one_process(tmp_path):
-    """LAMB's trust ratios need each weight tensor's whole norm: under FSDP2 a process holds half of it."""
-    options = ["--checkpointing-and-layer-decay", "--lamb"]
+def test_fsdp2_with_activation_checkpointing_layer_decay_lamb_and_local_attention_trains_like_one_process(tmp_path):
+    """LAMB's trust ratios need each weight tensor's whole norm: under FSDP2 a process holds half of it. Local attention
+    (12-token rows, a 3-token window) runs on padded rows, recomputed in backward."""
+    options = ["--checkpointing-and-layer-decay", "--lamb", "--local"]
     one = train("one", 20, tmp_path / "one.pt", *options)
     fsdp2 = train("fsdp2", 20, tmp_path / "fsdp2.pt", *options)
     assert max_difference(one, fsdp2) < 1e-5
