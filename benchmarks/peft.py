@@ -99,11 +99,12 @@ def main() -> None:
                         help="also train TASK with a LoRA composing the LoRA task directories of the SOURCE tasks (their recipes run first)")
     parser.add_argument("--extra", default="", help="`trunk fit` arguments added to every run (e.g. a shorter budget)")
     parser.add_argument("--root", default="runs/peft")
-    parser.add_argument("--one", nargs=3, metavar=("RECIPE", "METHOD", "ARGUMENTS"), help=argparse.SUPPRESS)  # a child run
+    parser.add_argument("--one", nargs=2, metavar=("RECIPE", "METHOD"), help=argparse.SUPPRESS)  # a child run ...
+    parser.add_argument("--arguments", default="", help=argparse.SUPPRESS)  # ... and its `trunk fit` arguments
     args = parser.parse_args()
     root = Path(args.root)
     if args.one:
-        recipe, method, arguments = args.one
+        (recipe, method), arguments = args.one, args.arguments
         print("RESULT " + json.dumps(one_run(recipe, method, shlex.split(arguments), root / Path(recipe).stem / method)), flush=True)
         return
     if not args.recipe or not args.trunk:
@@ -131,7 +132,7 @@ def main() -> None:
         task = tasks[key[0]]
         arguments = " ".join(filter(None, [f"--model.init_from={args.trunk}", arguments.format(task=task), args.extra]))
         print(f"{key[0]} {method} ...", file=sys.stderr, flush=True)
-        child = subprocess.run([sys.executable, __file__, "--root", str(root), "--one", recipe, method, arguments],
+        child = subprocess.run([sys.executable, __file__, "--root", str(root), "--one", recipe, method, f"--arguments={arguments}"],
                                capture_output=True, text=True)
         line = next((line for line in child.stdout.splitlines() if line.startswith("RESULT ")), None)
         if child.returncode != 0 or line is None:

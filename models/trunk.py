@@ -153,6 +153,7 @@ class Attention(nn.Module):
         if rotary and (d_model // n_heads) % 2:
             raise ValueError(f"Rotary positions need an even head width; d_model / n_heads = {d_model // n_heads}.")
         self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.rotary = rotary
         self.q_proj = nn.Linear(d_model, d_model)
@@ -176,13 +177,13 @@ class Attention(nn.Module):
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x))
         B, T, C = q.shape
-        q = q.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, D)
+        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D); H: this process's heads under tensor parallelism
         if context is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
         else:
             kv = pad(self.kv_proj(x)) if context is None else self.kv_proj(context)
             S = kv.shape[1]
-            k, v = kv.view(B, S, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+            k, v = kv.view(B, S, 2, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
             if context is None:
                 offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
                 if self.rotary:

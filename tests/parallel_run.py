@@ -1,10 +1,11 @@
 """One tiny fp32 training run under a given strategy, for tests/test_scaling.py (run as a script:
 Lightning's launcher re-runs it once per process).
 
-    python tests/parallel_run.py {one,ddp,fsdp2} STEPS OUT.pt [--resume CKPT] [--save CKPT]
+    python tests/parallel_run.py {one,ddp,fsdp2,tp,tp_fsdp2} STEPS OUT.pt [--resume CKPT] [--save CKPT]
 
-Every step's global batch is the same 16 rows whatever the number of processes: with 2, each takes
-its half. Dropout is off, so 1 process, DDP-2 and FSDP2-2 must end with the same weights.
+Every step's global batch is the same 16 rows whatever the number of processes: with 2 data-parallel
+ones, each takes its half; tensor-parallel processes (tp: 2 processes splitting every block; tp_fsdp2: 4, two
+tensor-parallel pairs sharded by FSDP2) share theirs. Dropout is off, so 1 process, DDP-2 and FSDP2-2 must end with the same weights.
 """
 
 import argparse
@@ -38,7 +39,8 @@ class HalfBatches(L.LightningDataModule):
         self.steps = steps
 
     def train_dataloader(self):
-        rank, world = self.trainer.global_rank, self.trainer.world_size
+        replicas = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}  # tensor-parallel ranks: one replica
+        rank, world = replicas.get("rank", 0), replicas.get("num_replicas", 1)
         rows = 16 // world
         batches = global_batches(self.steps)
         done = self.trainer.global_step  # resumed mid-epoch, Lightning counts on from `done`: start with the next batch
@@ -57,7 +59,7 @@ class StopAt(L.Callback):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["one", "ddp", "fsdp2"])
+    parser.add_argument("mode", choices=["one", "ddp", "fsdp2", "tp", "tp_fsdp2"])
     parser.add_argument("steps", type=int)
     parser.add_argument("out")
     parser.add_argument("--resume")
@@ -77,8 +79,11 @@ def main() -> None:
     model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=trunk, task_info={"s": {"label_names": ["a", "b", "c"]}},
                         **extra)
     strategy = {"one": "auto", "ddp": "ddp",
-                "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False)}
-    trainer = L.Trainer(accelerator="cpu", devices=1 if options.mode == "one" else 2, strategy=strategy[options.mode],
+                "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
+                "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False),
+                "tp_fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2, save_distributed_checkpoint=False)}
+    devices = {"one": 1, "tp_fsdp2": 4}.get(options.mode, 2)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy[options.mode],
                         max_steps=options.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, use_distributed_sampler=False, precision="32-true",
                         callbacks=[StopAt(options.stop_at)] if options.stop_at else [])

@@ -234,11 +234,13 @@ def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new
         recipes += ["--recipe", str(tmp_path / f"{task}.yaml")]
         (tmp_path / f"{task}.yaml").write_text(yaml.safe_dump(recipe))
     command = [sys.executable, str(BENCHMARKS / "peft.py"), *recipes, "--trunk", str(tmp_path / "trunk"), "--method", "lora",
-               "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
+               "--method", "full", "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     table = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")}
-    assert set(table) == {("recipe", "method"), ("reviews", "lora"), ("moods", "lora"), ("moods", "lora composed of reviews")}
+    assert set(table) == {("recipe", "method"), ("reviews", "lora"), ("moods", "lora"), ("moods", "lora composed of reviews"),
+                          ("reviews", "full"), ("moods", "full")}
+    assert float(table[("reviews", "full")][3].split("(")[1].rstrip("%) ")) == 100  # every weight trains
     lora = table[("reviews", "lora")]
     assert 0 < float(lora[3].split("(")[1].rstrip("%) ")) < 100  # a share of the model trains
     assert float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1  # a task file, smaller than the trunk; a score

@@ -117,7 +117,7 @@ def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
 
     cli, _ = joint
     export_main([cli.trainer.checkpoint_callback.best_model_path, str(tmp_path / "exported")])
-    trained = load(tmp_path / "exported")
+    trained = load(tmp_path / "exported", precision="32-true")  # as the modules below compute (auto: bf16 where native)
     texts = ["the film was great", "the plot was not good but the acting was superb", "the ending felt dull"]
     expected = [r["probs"] for r in trained.predict(texts, task="sentiment")]
     config = trained.model.trunk_config

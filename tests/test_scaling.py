@@ -57,6 +57,36 @@ def test_fsdp2_saved_and_resumed_continues_the_same_run(tmp_path):
     assert max_difference(straight, resumed) == 0.0
 
 
+def test_tensor_parallel_alone_and_under_fsdp2_trains_and_checkpoints_like_one_process(tmp_path):
+    """Tensor parallelism over 2 processes (every block's heads and feed-forward units split) for 10 steps, saved,
+    then resumed on a 2-D mesh (FSDP2 over 2 tensor-parallel pairs: 4 processes) for 10 more: the weights of one
+    process's 20 steps. The same checkpoint resumed in one process also ends there: it holds the one-process
+    layout (the fused key/value rows in their order)."""
+    one = train("one", 20, tmp_path / "one.pt")
+    train("tp", 20, tmp_path / "tp.pt", "--stop-at", "10", "--save", str(tmp_path / "tp10.ckpt"))
+    assert max_difference(one, torch.load(tmp_path / "tp.pt", weights_only=True)) > 1e-4  # 10 of 20 steps: not there yet
+    assert max_difference(one, train("tp_fsdp2", 20, tmp_path / "2d.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
+    assert max_difference(one, train("one", 20, tmp_path / "resumed.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
+
+
+def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
+    from trunk.tasks import SequenceClassification, TrunkModule
+    from trunk.tasks.sharding import tensor_parallel
+
+    class Mesh:
+        def size(self):
+            return 2
+
+    def model(**trunk):
+        return TrunkModule({"s": SequenceClassification()}, trunk={"vocab_size": 50, "d_model": 24, "n_heads": 2, "d_ff": 48, **trunk},
+                           task_info={"s": {"label_names": ["a", "b"]}})
+
+    with pytest.raises(ValueError, match=r"n_heads=3 and d_ff=48 must be multiples of 2"):
+        tensor_parallel(model(n_heads=3), Mesh())
+    with pytest.raises(ValueError, match=r"positions='alibi'.* use learned, sinusoidal or rope"):
+        tensor_parallel(model(positions="alibi"), Mesh())
+
+
 @pytest.mark.slow
 def test_fsdp2_preset_trains_checkpoints_and_exports_through_the_cli(tiny_cli_args, tmp_path):
     """`trunk fit` with configs/trainer/fsdp2_cpu.yaml: sharded training, an atomic consolidated checkpoint
@@ -173,7 +203,7 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("preset", ["ddp_gpu", "fsdp_gpu", "deepspeed_zero2_gpu"])
+@pytest.mark.parametrize("preset", ["ddp_gpu", "fsdp_gpu", "deepspeed_zero2_gpu", "tp_fsdp2_gpu"])
 def test_gpu_presets_build_their_strategy(preset, monkeypatch):
     """The GPU presets cannot train on this CPU machine; their strategies must still build from the YAML
     exactly as LightningCLI builds them (DeepSpeed, when not installed, must say how to install it)."""
@@ -184,7 +214,7 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
 
     import yaml
     from jsonargparse import ArgumentParser
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy, StrategyRegistry
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
     from trunk.models.trunk import Block
 
     config = yaml.safe_load((REPO / "configs" / "trainer" / f"{preset}.yaml").read_text())["trainer"]
@@ -209,6 +239,9 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = parser.instantiate_classes(parser.parse_object({"strategy": strategy})).strategy
+    if preset == "tp_fsdp2_gpu":
+        assert isinstance(built, ModelParallelStrategy) and (built._data_parallel_size, built._tensor_parallel_size) == (4, 2)
+        assert config["devices"] == 4 * 2
     if preset == "fsdp_gpu":
         assert isinstance(built, FSDPStrategy) and built.kwargs["use_orig_params"] is True
         assert built.kwargs["auto_wrap_policy"]._module_classes == {Block}  # one FSDP unit per block

@@ -120,6 +120,20 @@ def test_label_smoothing_spreads_the_target_over_the_other_labels():
     assert abs(plain.objectives["t"].loss(plain.trunk, batch, "train").item() - expected.item()) > 0.01
 
 
+def test_masked_lm_smoothing_is_torchs_smoothed_cross_entropy_at_the_masked_tokens():
+    from trunk.tasks import MaskedLanguageModeling, TrunkModule
+
+    torch.manual_seed(0)
+    model = TrunkModule({"m": MaskedLanguageModeling(label_smoothing=0.2)}, trunk={"vocab_size": 40, "d_model": 16, "n_heads": 2,
+                        "d_ff": 32, "n_layers": 1, "max_len": 16}, task_info={"m": {}}).eval()  # no dropout: two passes agree
+    ids = torch.randint(5, 40, (3, 12))
+    labels = torch.where(torch.rand(3, 12) < 0.3, ids, -100)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    logits = model.objectives["m"](model.trunk, batch).float()[labels != -100]
+    expected = F.cross_entropy(logits, labels[labels != -100], label_smoothing=0.2)
+    assert model.objectives["m"].loss(model.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_smoothed_cross_entropy_is_torchs_and_gives_no_share_to_entries_that_are_no_candidates():
     from trunk.core.codec import IGNORE_INDEX
     from trunk.tasks.objectives.base import cross_entropy

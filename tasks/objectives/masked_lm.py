@@ -9,7 +9,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.contract import TaskSpec
 from trunk.core.codec import IGNORE_INDEX
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
-from trunk.tasks.objectives.base import Objective, cross_entropy
+from trunk.tasks.objectives.base import Objective
 
 
 class Perplexity(Metric):
@@ -82,7 +82,11 @@ class MaskedLanguageModeling(Objective):
         logits, nll, selected = masked_token_nll(self.head, self.encode(trunk, batch), batch["labels"])
         self.metrics(stage)["ppl"].update(nll)
         self.metrics(stage)["acc"].update(logits.argmax(-1), batch["labels"][selected])
-        return cross_entropy(logits, batch["labels"][selected], self.label_smoothing) if self.label_smoothing else nll.mean()
+        if not self.label_smoothing:
+            return nll.mean()
+        # smoothing over the whole vocabulary, from the NLL at hand: mean(-log p) = nll + logit of the target - mean(logits)
+        spread = nll + logits.gather(-1, batch["labels"][selected][:, None]).squeeze(-1) - logits.mean(-1)
+        return ((1 - self.label_smoothing) * nll + self.label_smoothing * spread).mean()
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         """The most probable token at each masked position (label != -100), as ids."""

@@ -1,0 +1,103 @@
+"""Long inputs: a training step (forward + backward) of the trunk with full attention against local attention
+(``model.trunk.local_window``, ``global_tokens``) at several lengths. Prints a table.
+
+    python benchmarks/long_inputs.py [--lengths 512 1024 2048 4096] [--window 128] [--globals 1] [--rounds 3]
+
+Time: both sides in this process, alternating, the median step of ``--rounds`` rounds (fp32 unless bf16 is native:
+the precision rule of ``trainer.precision: auto``). Memory: each side and length in a fresh process of its own, one
+step, its peak resident memory above what it held before the step (VmHWM - VmRSS: activations, gradients and the
+allocator's slack; the weights and libraries left out). The trunk is ``configs/pretrain.yaml``'s shape (width 256,
+4 blocks, rotary positions), dropout off, one sequence per step unless ``--batch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import time
+
+import torch
+
+TRUNK = dict(vocab_size=12000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, positions="rope", dropout=0.0, attn_dropout=0.0)
+
+
+def build(length: int, window: int, n_global: int) -> torch.nn.Module:
+    from trunk.models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
+
+    cfg = TrunkConfig(**TRUNK, max_len=length, local_window=window, global_tokens=n_global)
+    torch.manual_seed(0)
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)})
+    init_weights(trunk)
+    return trunk
+
+
+def step(trunk: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype | None) -> None:
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        loss = trunk(ids, torch.ones_like(ids)).float().square().mean()
+    loss.backward()
+    trunk.zero_grad(set_to_none=True)
+
+
+def status(field: str) -> float:
+    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak so far)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def peak_memory(length: int, window: int, n_global: int, batch: int, dtype, queue) -> None:
+    """In a fresh process: one step; the peak resident memory above the resident memory before it (MiB)."""
+    trunk = build(length, window, n_global)
+    ids = torch.randint(5, TRUNK["vocab_size"], (batch, length))
+    before = status("VmRSS")
+    step(trunk, ids, dtype)
+    queue.put(status("VmHWM") - before)
+
+
+def measure_memory(*args) -> float:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=peak_memory, args=(*args, queue))
+    process.start()
+    value = queue.get()
+    process.join()
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--window", type=int, default=128, help="local_window: keys at most this far each way")
+    parser.add_argument("--globals", type=int, default=1, help="global_tokens")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    from trunk.tasks.precision import choose_precision, cpu_info
+
+    precision, _ = choose_precision("cpu")
+    dtype = torch.bfloat16 if precision.startswith("bf16") else None
+    print(f"{torch.get_num_threads()} threads, {cpu_info()}, torch {torch.__version__}, {precision}; trunk {TRUNK}; "
+          f"window {args.window}, {args.globals} global token(s), batch {args.batch}\n")
+    print("| tokens | full attention: ms per step | local: ms per step | local / full | full: peak MiB | local: peak MiB | local / full |")
+    print("|---|---|---|---|---|---|---|")
+    for length in args.lengths:
+        sides = {"full": (0, 0), "local": (args.window, args.globals)}
+        trunks = {side: build(length, *spec) for side, spec in sides.items()}
+        ids = torch.randint(5, TRUNK["vocab_size"], (args.batch, length))
+        times = {side: [] for side in sides}
+        for side in sides:  # warm-up: first-call allocations and kernel choices
+            step(trunks[side], ids, dtype)
+        for _ in range(args.rounds):
+            for side in sides:
+                started = time.perf_counter()
+                step(trunks[side], ids, dtype)
+                times[side].append(1000 * (time.perf_counter() - started))
+        del trunks
+        ms = {side: statistics.median(t) for side, t in times.items()}
+        mib = {side: measure_memory(length, *spec, args.batch, dtype) for side, spec in sides.items()}
+        print(f"| {length:,} | {ms['full']:,.0f} | {ms['local']:,.0f} | {ms['local'] / ms['full']:.2f} | {mib['full']:,.0f} | "
+              f"{mib['local']:,.0f} | {mib['local'] / mib['full']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
