@@ -13,11 +13,11 @@ allocator's slack; the weights and libraries left out). The trunk is ``configs/p
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import time
 
 import torch
+from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 
 TRUNK = dict(vocab_size=12000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, positions="rope", dropout=0.0, attn_dropout=0.0)
 
@@ -39,29 +39,13 @@ def step(trunk: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype | None) -
     trunk.zero_grad(set_to_none=True)
 
 
-def status(field: str) -> float:
-    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak so far)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
-
-
 def peak_memory(length: int, window: int, n_global: int, batch: int, dtype, queue) -> None:
     """In a fresh process: one step; the peak resident memory above the resident memory before it (MiB)."""
     trunk = build(length, window, n_global)
     ids = torch.randint(5, TRUNK["vocab_size"], (batch, length))
-    before = status("VmRSS")
+    before = resident_mib("VmRSS")
     step(trunk, ids, dtype)
-    queue.put(status("VmHWM") - before)
-
-
-def measure_memory(*args) -> float:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=peak_memory, args=(*args, queue))
-    process.start()
-    value = queue.get()
-    process.join()
-    return value
+    queue.put(resident_mib() - before)
 
 
 def main() -> None:
@@ -94,7 +78,7 @@ def main() -> None:
                 times[side].append(1000 * (time.perf_counter() - started))
         del trunks
         ms = {side: statistics.median(t) for side, t in times.items()}
-        mib = {side: measure_memory(length, *spec, args.batch, dtype) for side, spec in sides.items()}
+        mib = {side: in_fresh_process(peak_memory, length, *spec, args.batch, dtype) for side, spec in sides.items()}
         print(f"| {length:,} | {ms['full']:,.0f} | {ms['local']:,.0f} | {ms['local'] / ms['full']:.2f} | {mib['full']:,.0f} | "
               f"{mib['local']:,.0f} | {mib['local'] / mib['full']:.2f} |", flush=True)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import statistics
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 from trunk.tasks.precision import cpu_info
 from torch.utils.data import DataLoader
 from trunk.datamodules import MultiTaskData, TextClassificationData
@@ -68,19 +68,7 @@ def peak_memory(side: str, queue) -> None:
     module, optimizer, batch = build(side)
     for _ in range(5):
         model_step(module, optimizer, batch)
-    # VmHWM: this process's own high-water mark (ru_maxrss would include the parent's memory from before exec)
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-    queue.put(int(status["VmHWM"].split()[0]) / 1024)  # KiB -> MiB
-
-
-def measure_memory(side: str) -> float:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=peak_memory, args=(side, queue))
-    process.start()
-    value = queue.get()
-    process.join()
-    return value
+    queue.put(resident_mib())
 
 
 def main() -> None:
@@ -129,7 +117,7 @@ def main() -> None:
         what = ("training step, batch 64 x 24 tokens, width 256, 4 blocks; joint: + a second (NER) head" if kind == "model step"
                 else "one training batch from 4,000 rows: plain DataLoader vs MultiTaskData's stream")
         print(f"| {what} | {a:.2f} | {b:.2f} | {b / a:.3f} |")
-    memory = {side: measure_memory(side) for side in ("single", "joint")}
+    memory = {side: in_fresh_process(peak_memory, side) for side in ("single", "joint")}
     print(f"| peak resident memory of a process training that step (MiB) | {memory['single']:.0f} | {memory['joint']:.0f} | "
           f"{memory['joint'] / memory['single']:.3f} |")
 

@@ -13,13 +13,13 @@ memory (VmHWM: weights, AdamW state, one step's activations, and the imported li
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import time
 
 import torch
 from trunk.tasks.precision import cpu_info
+from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 from throughput import matmul_peak  # benchmarks/throughput.py
 
 TOKENS_PER_BATCH, DEPTH, VOCAB = 4096, 4, 8000
@@ -31,17 +31,12 @@ def flops_per_step(width: int, length: int, masked: int) -> float:
     return 3 * (TOKENS_PER_BATCH * per_token + head)
 
 
-def peak_resident_mib() -> float:
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-    return int(status["VmHWM"].split()[0]) / 1024
-
-
 def measure(width: int, length: int, steps: int, precision: str, queue) -> None:
     from trunk.models import TrunkConfig
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
 
     if width == 0:  # the baseline: a process that imported everything and built nothing
-        queue.put((0.0, 0, peak_resident_mib()))
+        queue.put((0.0, 0, resident_mib()))
         return
     torch.manual_seed(0)
     cfg = TrunkConfig(vocab_size=VOCAB, d_model=width, n_layers=DEPTH, n_heads=width // 64, d_ff=4 * width, max_len=length)
@@ -61,17 +56,7 @@ def measure(width: int, length: int, steps: int, precision: str, queue) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
-    queue.put((statistics.median(times[1:]), int((labels != -100).sum()), peak_resident_mib()))
-
-
-def in_fresh_process(*args) -> tuple[float, int, float]:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=measure, args=(*args, queue))
-    process.start()
-    result = queue.get()
-    process.join()
-    return result
+    queue.put((statistics.median(times[1:]), int((labels != -100).sum()), resident_mib()))
 
 
 def main() -> None:
@@ -84,13 +69,13 @@ def main() -> None:
     peak = matmul_peak(options.precision)
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{options.precision}; torch.mm peak {peak / 1e9:.0f} GFLOP/s; batches of {TOKENS_PER_BATCH} tokens, medians of {options.steps} steps")
-    baseline = in_fresh_process(0, 0, 0, options.precision)[2]
+    baseline = in_fresh_process(measure, 0, 0, 0, options.precision)[2]
     print(f"A process that imported torch and Trunk and built nothing peaks at {baseline:.0f} MiB.")
     print("| width | parameters | length | ms per step | tokens/s | MFU | peak memory (MiB) |\n|---|---|---|---|---|---|---|")
     for width in options.widths:
         params = DEPTH * 12 * width * width + VOCAB * width
         for length in options.lengths:
-            seconds, masked, memory = in_fresh_process(width, length, options.steps, options.precision)
+            seconds, masked, memory = in_fresh_process(measure, width, length, options.steps, options.precision)
             mfu = flops_per_step(width, length, masked) / seconds / peak
             print(f"| {width} | {params / 1e6:.1f}M | {length} | {1000 * seconds:.0f} | {TOKENS_PER_BATCH / seconds:,.0f} | "
                   f"{mfu:.1%} | {memory:.0f} |", flush=True)
