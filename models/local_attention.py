@@ -39,8 +39,8 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     allowed = near[None, None, None] & seen[:, None, :, None, :]  # (B, 1, n, c, 3c)
     if position_bias is not None:
         scores = scores + position_bias(c, 3 * c, c).to(scores.dtype)[:, :, None]
-    scores = scores.masked_fill(~allowed, float("-inf")).view(B, H, n * c, 3 * c)[:, :, :T]
-    allowed = allowed.expand(B, 1, n, c, 3 * c).reshape(B, 1, n * c, 3 * c)[:, :, :T]
+    never = torch.finfo(scores.dtype).min  # not -inf: see below
+    scores = scores.masked_fill(~allowed, never).view(B, H, n * c, 3 * c)[:, :, :T]
 
     # -- every query against the global keys ----------------------------------------------------------------------------
     if n_global:
@@ -50,9 +50,11 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             global_allowed = global_allowed & (torch.arange(n_global, device=q.device)[None, :] <= torch.arange(T, device=q.device)[:, None])
         if position_bias is not None:
             global_scores = global_scores + position_bias(T, n_global).to(scores.dtype)
-        scores = torch.cat([global_scores.masked_fill(~global_allowed, float("-inf")), scores], dim=-1)
-        allowed = torch.cat([global_allowed.expand(B, 1, T, n_global), allowed], dim=-1)
-    probs = dropout(safe_softmax(scores, allowed), p)
+        scores = torch.cat([global_scores.masked_fill(~global_allowed, never), scores], dim=-1)
+    # A real query always sees a real key (itself, or its window's), so the finite floor weighs nothing there; a
+    # padding query far from every real token sees none and averages what it gets: finite, where -inf would make NaN,
+    # which would reach real tokens through the next layer's values (0 x NaN).
+    probs = dropout(scores.softmax(-1), p)
     global_probs, probs = probs.split([n_global, 3 * c], dim=-1)
     probs = F.pad(probs, (0, 0, 0, extra)).view(B, H, n, c, 3 * c)
     y = (probs @ windows(v).transpose(-1, -2)).view(B, H, n * c, D)[:, :, :T]
@@ -67,15 +69,8 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         rows_allowed = rows_allowed & (torch.arange(T, device=q.device)[None, :] <= torch.arange(n_global, device=q.device)[:, None])
     if position_bias is not None:
         rows = rows + position_bias(n_global, T).to(rows.dtype)
-    rows = dropout(safe_softmax(rows.masked_fill(~rows_allowed, float("-inf")), rows_allowed), p) @ v
+    rows = dropout(rows.masked_fill(~rows_allowed, never).softmax(-1), p) @ v
     return torch.cat([rows, y[:, :, n_global:]], dim=2)
-
-
-def safe_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last axis; a row with no allowed key (a padding query far from every real token) gets zeros,
-    not NaN, in forward and backward: a NaN there would reach real tokens through the next layer's values (0 x NaN)."""
-    empty = ~allowed.any(-1, keepdim=True)
-    return scores.masked_fill(empty, 0.0).softmax(-1).masked_fill(empty, 0.0)
 
 
 def local_mask(length: int, radius: int, n_global: int, device: torch.device | None = None) -> torch.Tensor:
