@@ -43,8 +43,9 @@ def test_fit_validate_test_predict_and_checkpoint_round_trip(tiny_cli_args, tmp_
     assert sum(records[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
     # save -> load reproduces the predictions exactly: the trained model in memory, batched as trunk predict batches
     # (by length, eval batch size), gives the same records
-    in_memory = Predictor(cli.model, cli.datamodule.tasks, "32-true").predict([r["text"] for r in records],
-                                                                             batch_size=cli.datamodule.tasks["sentiment"].eval_batch_size)
+    # (in the precision `trunk predict` ran: auto)
+    in_memory = Predictor(cli.model, cli.datamodule.tasks, "auto").predict([r["text"] for r in records],
+                                                                          batch_size=cli.datamodule.tasks["sentiment"].eval_batch_size)
     assert [r["probs"] for r in records] == [r["probs"] for r in in_memory]
 
     restored = TrunkModule.load_from_checkpoint(ckpt, weights_only=True)

@@ -135,6 +135,7 @@ def test_gradual_unfreezing_under_ddp_and_fsdp2_thaws_what_one_process_thaws(tin
         record = tmp_path / f"changes_{mode}.json"
         args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir"))]
         args += ["--trainer.max_epochs=3", "--model.finetune.unfreeze_every=1", "--trainer.callbacks+=probes.RecordChanges",
+                 "--trainer.precision=32-true",  # a gradient rounded to zero in bf16 would leave a thawed weight as it was
                  f"--trainer.callbacks.path={record}", f"--trainer.default_root_dir={tmp_path / mode}"]
         args += {"one": ["--trainer.devices=1"], "ddp": ["--trainer.devices=2", "--trainer.strategy=ddp"],
                  "fsdp2": ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml")]}[mode]

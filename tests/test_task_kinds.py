@@ -454,6 +454,8 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
         # 20 steps leave the regressor's outputs nearly constant: their Pearson is a ratio of tiny moments, which rounding in
         # differently padded batches moves in the fourth digit
         tolerance = {"rel": 1e-2} if name == "val/sim/pearson" else {"abs": 1e-5}
+        if name == "val/score":  # the mean of the tasks' primaries, the Pearson among them
+            tolerance = {"abs": 1e-5 + 1e-2 * abs(one["val/sim/pearson"].item()) / 6}
         assert float(line.replace("│", " ").split()[-1]) == pytest.approx(one[name].item(), **tolerance), name
     shares = [one["val/sentiment/acc"], one["val/ner/f1"], one["val/sim/pearson"], one["val/topics/f1_micro"], one["val/quiz/acc"],
               one["val/qa/f1"]]
