@@ -7,7 +7,7 @@ Time: both sides in this process, alternating, the median step of ``--rounds`` r
 the precision rule of ``trainer.precision: auto``). Memory: each side and length in a fresh process of its own, one
 step, its peak resident memory above what it held before the step (VmHWM - VmRSS: activations, gradients and the
 allocator's slack; the weights and libraries left out). The trunk is ``configs/pretrain.yaml``'s shape (width 256,
-4 blocks, rotary positions), dropout off, one sequence per step unless ``--batch``.
+4 blocks, rotary positions), dropout off unless ``--dropout``, one sequence per step unless ``--batch``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import time
 import torch
 from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 
-TRUNK = dict(vocab_size=12000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, positions="rope", dropout=0.0, attn_dropout=0.0)
+TRUNK = dict(vocab_size=12000, d_model=256, n_layers=4, n_heads=4, d_ff=1024, positions="rope")
 
 
-def build(length: int, window: int, n_global: int) -> torch.nn.Module:
+def build(length: int, window: int, n_global: int, dropout: float = 0.0) -> torch.nn.Module:
     from trunk.models import Backbone, TokenStem, Trunk, TrunkConfig, init_weights
 
-    cfg = TrunkConfig(**TRUNK, max_len=length, local_window=window, global_tokens=n_global)
+    cfg = TrunkConfig(**TRUNK, max_len=length, local_window=window, global_tokens=n_global, dropout=dropout, attn_dropout=dropout)
     torch.manual_seed(0)
     trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)})
     init_weights(trunk)
@@ -39,9 +39,9 @@ def step(trunk: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype | None) -
     trunk.zero_grad(set_to_none=True)
 
 
-def peak_memory(length: int, window: int, n_global: int, batch: int, dtype, queue) -> None:
+def peak_memory(length: int, window: int, n_global: int, dropout: float, batch: int, dtype, queue) -> None:
     """In a fresh process: one step; the peak resident memory above the resident memory before it (MiB)."""
-    trunk = build(length, window, n_global)
+    trunk = build(length, window, n_global, dropout)
     ids = torch.randint(5, TRUNK["vocab_size"], (batch, length))
     before = resident_mib("VmRSS")
     step(trunk, ids, dtype)
@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=128, help="local_window: keys at most this far each way")
     parser.add_argument("--globals", type=int, default=1, help="global_tokens")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout and attention dropout (the fine-tuning recipes' 0.1: on CPU, full attention with dropout "
+                             "computes its (T, T) probabilities written out, not in SDPA's kernel)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from trunk.tasks.precision import choose_precision, cpu_info
@@ -61,11 +64,11 @@ def main() -> None:
     precision, _ = choose_precision("cpu")
     dtype = torch.bfloat16 if precision.startswith("bf16") else None
     print(f"{torch.get_num_threads()} threads, {cpu_info()}, torch {torch.__version__}, {precision}; trunk {TRUNK}; "
-          f"window {args.window}, {args.globals} global token(s), batch {args.batch}\n")
+          f"window {args.window}, {args.globals} global token(s), batch {args.batch}, dropout {args.dropout}\n")
     print("| tokens | full attention: ms per step | local: ms per step | local / full | full: peak MiB | local: peak MiB | local / full |")
     print("|---|---|---|---|---|---|---|")
     for length in args.lengths:
-        sides = {"full": (0, 0), "local": (args.window, args.globals)}
+        sides = {"full": (0, 0, args.dropout), "local": (args.window, args.globals, args.dropout)}
         trunks = {side: build(length, *spec) for side, spec in sides.items()}
         ids = torch.randint(5, TRUNK["vocab_size"], (args.batch, length))
         times = {side: [] for side in sides}
