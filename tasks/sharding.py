@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from trunk.models import Block
+from trunk.models.positions import BIASES
 from trunk.models.trunk import Attention, FeedForward
 
 
@@ -42,7 +43,7 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
     if trunk_cfg.n_heads % size or trunk_cfg.d_ff % size:
         raise ValueError(f"Tensor parallelism over {size} processes splits the heads and the feed-forward width: n_heads="
                          f"{trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's tensor_parallel_size).")
-    if trunk_cfg.positions in ("alibi", "t5"):
+    if trunk_cfg.positions in BIASES:
         raise ValueError(f"Tensor parallelism does not split model.trunk.positions={trunk_cfg.positions!r}'s per-head bias yet: "
                          "use learned, sinusoidal or rope positions with it, or FSDP2 alone (tensor_parallel_size: 1).")
     if getattr(model, "router", None) is not None and model.router.deltas:
