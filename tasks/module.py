@@ -31,7 +31,7 @@ from trunk.tasks.objectives.masked_lm import masked_token_nll, tied_mlm_head
 from trunk.tasks.optim import OptimConfig, build_optimizer, decay_groups, no_decay_ids
 from trunk.tasks.sharding import shard
 from trunk.tasks.pretrained import (
-    ARCHITECTURE_FIELDS,
+    architecture_fields,
     TEXT_STEM_FIELDS,
     PretrainedTrunk,
     check_architecture,
@@ -251,7 +251,7 @@ class TrunkModule(L.LightningModule):
                 raise ValueError(f"model.heads_from: the head '{stored}' in '{pretrained.path}' is a "
                                  f"{pretrained.heads[stored]['meta']['kind']} head; task '{task}' is {self.objectives[task].kind}.")
         shared = [kind for kind in self.trunk.stems if kind in pretrained.stems]
-        names = [n for n in ARCHITECTURE_FIELDS if "text" in shared or n not in TEXT_STEM_FIELDS]
+        names = [n for n in architecture_fields(pretrained.config) if "text" in shared or n not in TEXT_STEM_FIELDS]
         check_architecture(self.trunk_config, pretrained.config, pretrained.path, names)
         if "image" in shared and pretrained.stems["image"] != self._stems(dict(self.objectives))["image"]:
             raise ValueError(f"'{pretrained.path}' has an image stem with {pretrained.stems['image']}, this run's image tasks "

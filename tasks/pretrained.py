@@ -40,6 +40,13 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "
 TEXT_STEM_FIELDS = ("vocab_size", "max_len")  # what only the text stem depends on
 
 
+def architecture_fields(pretrained: TrunkConfig) -> tuple[str, ...]:
+    """The fields a run must share with these trained weights. ``max_len`` sizes a learned position table only: a trunk
+    with rotary, ALiBi, T5 or sinusoidal positions reads other lengths with the same weights (how well beyond its
+    training length is the extrapolation question; local attention keeps every query-key distance within it)."""
+    return ARCHITECTURE_FIELDS if pretrained.positions == "learned" else tuple(f for f in ARCHITECTURE_FIELDS if f != "max_len")
+
+
 @dataclass
 class PretrainedTrunk:
     """A trunk, its heads and its tokenizers, as read from a directory or a checkpoint."""
@@ -189,7 +196,7 @@ def pretrained_trunk_config(configured: TrunkConfig | dict | None, pretrained: T
     defaults = TrunkConfig().to_dict()
     given = {} if configured is None else (configured.to_dict() if isinstance(configured, TrunkConfig) else dict(configured))
     values = {**defaults, **given}
-    for name in ARCHITECTURE_FIELDS:
+    for name in ARCHITECTURE_FIELDS:  # max_len too: the pretrained one unless the run sets its own (architecture_fields)
         if name != "vocab_size" and values[name] == defaults[name]:
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
@@ -255,8 +262,9 @@ def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str
                          "Use an earlier checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1).")
 
 
-def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=ARCHITECTURE_FIELDS) -> None:
+def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=None) -> None:
     """Fail, naming both sides, when the configured trunk cannot take the pretrained weights."""
+    names = architecture_fields(pretrained) if names is None else names
     diffs = [f"{name}: model.trunk.{name}={getattr(wanted, name)!r} but '{path}' has {getattr(pretrained, name)!r}"
              for name in names if getattr(wanted, name) != getattr(pretrained, name)]
     if diffs:

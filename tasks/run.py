@@ -237,9 +237,9 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
             data.connect(Codec(tokenizer, {name: t for name, t in targets.items() if t is not None}))
         else:
             data.connect(data.build_codec())
-        report += fit_lengths(data, pretrained.config.max_len, f"'{source}'")
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
+        report += fit_lengths(data, trunk.max_len, f"'{source}'")  # the pretrained max_len, or a new one without a table
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
                             task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None

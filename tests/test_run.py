@@ -114,6 +114,22 @@ def test_longer_lengths_are_lowered_to_trained_weights_and_refused_from_scratch(
     assert Path(ckpt).is_file()
 
 
+def test_a_trunk_without_a_position_table_takes_longer_inputs_and_one_with_a_table_refuses(trained, tmp_path):
+    """max_len sizes a learned position table only: from a rotary trunk a run may raise it (and read longer inputs, as
+    local attention wants); from a learned one it is refused, naming both values."""
+    ckpt, args, _ = trained
+    longer = ["--model.trunk.max_len=128", "--data.tasks.sentiment.max_length=100", "--trainer.max_steps=1",
+              "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path / 'longer'}"]
+    with pytest.raises(ValueError, match="max_len: model.trunk.max_len=128 but .* has 64"):
+        run_cli(["fit", *args, f"--model.init_from={ckpt}", *longer])
+    rope = run_cli(["fit", *args, "--model.trunk.positions=rope", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
+                    f"--trainer.default_root_dir={tmp_path / 'rope'}"])
+    rope_ckpt = rope.trainer.checkpoint_callback.last_model_path or rope.trainer.checkpoint_callback.best_model_path
+    cli = run_cli(["fit", *args, f"--model.init_from={rope_ckpt}", *longer, "--model.trunk.local_window=16"])
+    assert cli.model.trunk.cfg.max_len == 128 and cli.model.trunk.cfg.positions == "rope"
+    assert cli.datamodule.tasks["sentiment"].max_length == 100  # not lowered to the pretrained 64
+
+
 def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
     """Checkpoints and trunk directories of earlier versions name objectives by the files they lived in."""
     from trunk.tasks.module import as_objective
