@@ -364,17 +364,11 @@ class MultiTaskData(L.LightningDataModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by seed_everything
 
     def position(self) -> tuple[int, int, int]:
-        """(epoch, rank, number of processes) of the attached trainer's data parallelism; (0, 0, 1) without one. The
-        processes of one tensor-parallel group read the same batches, so the strategy's data-parallel rank and size,
-        not the process's own (they differ under ``ModelParallelStrategy`` with ``tensor_parallel_size`` > 1)."""
+        """(epoch, data-parallel rank, number of data-parallel replicas) of the attached trainer; (0, 0, 1) without one."""
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1
-        try:
-            replicas = trainer.strategy.distributed_sampler_kwargs or {}
-        except (AttributeError, AssertionError):  # one device; a strategy not set up yet
-            replicas = {}
-        return trainer.current_epoch, replicas.get("rank", trainer.global_rank), replicas.get("num_replicas", trainer.world_size)
+        return (trainer.current_epoch, *data_parallel_replica(trainer))
 
     def batches_done(self, epoch: int) -> int:
         """How many of ``epoch``'s batches were trained on before the checkpoint this run resumed from
@@ -407,3 +401,14 @@ class MultiTaskData(L.LightningDataModule):
         for name, member_state in state.items():
             if name in self.tasks:
                 self.tasks[name].load_state_dict(member_state)
+
+
+def data_parallel_replica(trainer) -> tuple[int, int]:
+    """(rank, number) of the trainer's data-parallel replicas: the processes of one tensor-parallel group read the same
+    batches, so the strategy's data-parallel rank and size, not the process's own (they differ under
+    ``ModelParallelStrategy`` with ``tensor_parallel_size`` > 1)."""
+    try:
+        replicas = trainer.strategy.distributed_sampler_kwargs or {}
+    except (AttributeError, AssertionError):  # one device; a strategy not set up yet
+        replicas = {}
+    return replicas.get("rank", trainer.global_rank), replicas.get("num_replicas", trainer.world_size)

@@ -19,10 +19,11 @@ def shard(model: nn.Module, mesh, bf16: bool = False) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     names = mesh.mesh_dim_names or ()
-    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+    split = "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1
+    if split:
         tensor_parallel(model, mesh["tensor_parallel"])
     data_parallel = mesh["data_parallel"] if "data_parallel" in names else mesh
-    if data_parallel.size() == 1 and "tensor_parallel" in names:
+    if split and data_parallel.size() == 1:
         return  # tensor parallelism alone: nothing to shard across data-parallel processes
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in [m for m in model.modules() if isinstance(m, Block)]:

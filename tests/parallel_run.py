@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader
+from trunk.datamodules.multitask import data_parallel_replica
 from trunk.tasks import SequenceClassification, TrunkModule
 
 TRUNK = {"vocab_size": 100, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 32, "dropout": 0.0,
@@ -39,8 +40,7 @@ class HalfBatches(L.LightningDataModule):
         self.steps = steps
 
     def train_dataloader(self):
-        replicas = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}  # tensor-parallel ranks: one replica
-        rank, world = replicas.get("rank", 0), replicas.get("num_replicas", 1)
+        rank, world = data_parallel_replica(self.trainer)  # tensor-parallel processes: one replica
         rows = 16 // world
         batches = global_batches(self.steps)
         done = self.trainer.global_step  # resumed mid-epoch, Lightning counts on from `done`: start with the next batch
