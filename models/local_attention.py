@@ -2,75 +2,96 @@
 keys at most ``radius`` positions away, the first ``n_global`` positions ([CLS], a question) see every key and are
 seen by every query. Memory and time grow with length x (3 radius + globals) instead of length^2.
 
-Written with tensor ops (chunks of ``radius`` queries against their 3-chunk key windows, an ``unfold`` view), not a
-kernel: it runs wherever PyTorch does (CPU, GPU, FSDP2), and a window that covers the whole input is plain attention
-(``Backbone`` then takes the full path, so the two agree exactly). The ONNX exporter gets the same attention as a
-(T, T) mask (``local_mask``): its graph takes any length, which the chunking's shapes do not trace to.
+Written with tensor ops, not a kernel of its own: the input is cut into chunks of ``radius`` queries, each attending
+to the global keys and its 3-chunk key window (an ``unfold`` of the keys) under one float mask, the chunks a batch
+dimension of the same attention call full attention makes (``kernels.attend``: SDPA's fused kernel, which keeps no
+(queries, keys) scores for backward). So it runs wherever PyTorch does (CPU, GPU, FSDP2), and a window that covers
+the whole input is plain attention (``Backbone`` then takes the full path, so the two agree exactly). The ONNX
+exporter gets the same attention as a (T, T) mask (``local_mask``): its graph takes any length, which the chunking's
+shapes do not trace to.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-from trunk.models.kernels import dropout
+from trunk.models.kernels import attend
 
 
-def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
-                             radius: int, n_global: int = 0, p: float = 0.0, causal: bool = False,
-                             position_bias=None) -> torch.Tensor:
-    """q, k, v: (B, H, T, D); key_padding_mask: (B, T), True at real tokens. ``position_bias``: a
-    ``PositionBias`` (called as ``bias(queries, keys, offset)``), or None. Returns (B, H, T, D)."""
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Local attention's layout at one input: built once per forward (``sliding_window``) and read by every block.
+    ``mask``: (B * chunks, 1 or H, chunk, G + 3 chunk), the float mask of each chunk's queries against the global keys
+    and its window (the position bias where a query sees a key, the dtype's lowest value elsewhere); ``global_mask``:
+    (B, 1 or H, G, T), that of the global queries against every key."""
+
+    chunk: int
+    n_global: int
+    mask: torch.Tensor
+    global_mask: torch.Tensor | None
+
+
+def sliding_window(key_padding_mask: torch.Tensor | None, batch: int, length: int, radius: int, n_global: int = 0,
+                   causal: bool = False, position_bias=None, dtype: torch.dtype = torch.float32,
+                   device: torch.device | None = None) -> SlidingWindow:
+    """The ``SlidingWindow`` of a (batch, length) input; ``key_padding_mask`` (B, T) is True at real tokens.
+    ``position_bias``: a ``PositionBias`` (ALiBi, T5), or None. ``dtype``: that of the attention scores (autocast's)."""
+    c, G = radius, n_global  # chunk length: a chunk's queries see its own chunk and the two beside it
+    n = -(-length // c)
+    extra = n * c - length
+    real = key_padding_mask if key_padding_mask is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+    device = real.device
+    query = torch.arange(n * c, device=device).view(n, 1, c, 1)
+    window = (torch.arange(n * c + 2 * c, device=device) - c).unfold(0, 3 * c, c)  # (n, 3c): each window key's position
+    key = torch.cat([torch.arange(G, device=device).expand(n, G), window], 1).view(n, 1, 1, G + 3 * c)
+    slot_is_global = (torch.arange(G + 3 * c, device=device) < G).view(1, 1, 1, -1)
+    # a global key is seen through its own slot only (not again in a window that holds it)
+    reach = slot_is_global | (((key - query).abs() <= radius) & (key >= G))
+    if causal:
+        reach = reach & (key <= query)
+    key_real = torch.cat([real[:, :G, None].expand(-1, -1, n).transpose(1, 2),
+                          F.pad(real, (c, extra + c), value=False).unfold(1, 3 * c, c)], 2)  # (B, n, G + 3c)
+    allowed = reach[None] & key_real[:, :, None, None, :]  # (B, n, 1, c, G + 3c)
+    bias = 0.0 if position_bias is None else position_bias.of_distances((key - query)[:, 0])  # (n, H, c, G + 3c)
+    mask = floor(allowed, bias, dtype).flatten(0, 1)
+    if not G:
+        return SlidingWindow(c, G, mask, None)
+    allowed = real[:, None, None, :]  # the global queries: every real key (the past ones, causal)
+    if causal:
+        allowed = allowed & (torch.arange(length, device=device) <= torch.arange(G, device=device)[:, None])
+    bias = 0.0 if position_bias is None else position_bias(G, length)
+    return SlidingWindow(c, G, mask, floor(allowed, bias, dtype))
+
+
+def floor(allowed: torch.Tensor, bias, dtype: torch.dtype) -> torch.Tensor:
+    """The float mask: ``bias`` where ``allowed``, the dtype's lowest value elsewhere. Not -inf: a padding query far
+    from every real token sees no key and averages what it gets, finite, where -inf would make NaN that would reach
+    real tokens through the next layer's values (0 x NaN); a real query always sees a key, so the floor weighs
+    nothing there."""
+    return torch.where(allowed, torch.as_tensor(bias, dtype=dtype, device=allowed.device), torch.finfo(dtype).min)
+
+
+def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: SlidingWindow,
+                             p: float = 0.0) -> torch.Tensor:
+    """q, k, v: (B, H, T, D). Returns (B, H, T, D)."""
     B, H, T, D = q.shape
-    c = radius  # chunk length: a chunk's queries see its own chunk and the two beside it
+    c, G = window.chunk, window.n_global
     n = -(-T // c)
     extra = n * c - T
-    real = key_padding_mask if key_padding_mask is not None else torch.ones(B, T, dtype=torch.bool, device=q.device)
-    q = q * D**-0.5
 
-    # -- the window: chunk i's queries (positions i*c + a) against keys i*c - c + j, j < 3c ---------------------------
-    def windows(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D, 3c), a view of the padded keys or values
-        return F.pad(x, (0, 0, c, extra + c)).unfold(2, 3 * c, c)
+    def keys(x: torch.Tensor) -> torch.Tensor:  # (B * n, H, G + 3c, D): the global keys (values), then the window's
+        windows = F.pad(x, (0, 0, c, extra + c)).unfold(2, 3 * c, c).permute(0, 2, 1, 4, 3)  # (B, n, H, 3c, D)
+        return torch.cat([x[:, None, :, :G].expand(-1, n, -1, -1, -1), windows], 3).flatten(0, 1)
 
-    scores = F.pad(q, (0, 0, 0, extra)).view(B, H, n, c, D) @ windows(k)  # (B, H, n, c, 3c)
-    offset = torch.arange(3 * c, device=q.device)[None, :] - c - torch.arange(c, device=q.device)[:, None]  # key - query
-    near = (offset.abs() <= radius) & ((offset <= 0) if causal else True)  # (c, 3c)
-    position = (torch.arange(n * c + 2 * c, device=q.device) - c).unfold(0, 3 * c, c)  # (n, 3c): each window key's position
-    seen = F.pad(real, (c, extra + c), value=False).unfold(1, 3 * c, c) & (position >= n_global)  # (B, n, 3c); globals below
-    allowed = near[None, None, None] & seen[:, None, :, None, :]  # (B, 1, n, c, 3c)
-    if position_bias is not None:
-        scores = scores + position_bias(c, 3 * c, c).to(scores.dtype)[:, :, None]
-    never = torch.finfo(scores.dtype).min  # not -inf: see below
-    scores = scores.masked_fill(~allowed, never).view(B, H, n * c, 3 * c)[:, :, :T]
-
-    # -- every query against the global keys ----------------------------------------------------------------------------
-    if n_global:
-        global_scores = q @ k[:, :, :n_global].transpose(-1, -2)  # (B, H, T, G)
-        global_allowed = real[:, None, None, :n_global]
-        if causal:
-            global_allowed = global_allowed & (torch.arange(n_global, device=q.device)[None, :] <= torch.arange(T, device=q.device)[:, None])
-        if position_bias is not None:
-            global_scores = global_scores + position_bias(T, n_global).to(scores.dtype)
-        scores = torch.cat([global_scores.masked_fill(~global_allowed, never), scores], dim=-1)
-    # A real query always sees a real key (itself, or its window's), so the finite floor weighs nothing there; a
-    # padding query far from every real token sees none and averages what it gets: finite, where -inf would make NaN,
-    # which would reach real tokens through the next layer's values (0 x NaN).
-    probs = dropout(scores.softmax(-1), p)
-    global_probs, probs = probs.split([n_global, 3 * c], dim=-1)
-    probs = F.pad(probs, (0, 0, 0, extra)).view(B, H, n, c, 3 * c)
-    y = (probs @ windows(v).transpose(-1, -2)).view(B, H, n * c, D)[:, :, :T]
-    if not n_global:
+    chunks = F.pad(q, (0, 0, 0, extra)).view(B, H, n, c, D).transpose(1, 2).flatten(0, 1)  # (B * n, H, c, D)
+    y = attend(chunks, keys(k), keys(v), window.mask, p)
+    y = y.view(B, n, H, c, D).transpose(1, 2).reshape(B, H, n * c, D)[:, :, :T]
+    if not G:
         return y
-    y = y + global_probs @ v[:, :, :n_global]
-
-    # -- the global queries against every key -----------------------------------------------------------------------------
-    rows = q[:, :, :n_global] @ k.transpose(-1, -2)  # (B, H, G, T)
-    rows_allowed = real[:, None, None, :]
-    if causal:
-        rows_allowed = rows_allowed & (torch.arange(T, device=q.device)[None, :] <= torch.arange(n_global, device=q.device)[:, None])
-    if position_bias is not None:
-        rows = rows + position_bias(n_global, T).to(rows.dtype)
-    rows = dropout(rows.masked_fill(~rows_allowed, never).softmax(-1), p) @ v
-    return torch.cat([rows, y[:, :, n_global:]], dim=2)
+    rows = attend(q[:, :, :G], k, v, window.global_mask, p)  # the global queries against every key
+    return torch.cat([rows, y[:, :, G:]], dim=2)
 
 
 def local_mask(length: int, radius: int, n_global: int, device: torch.device | None = None) -> torch.Tensor:

@@ -68,7 +68,11 @@ class PositionBias(nn.Module):
         first) against keys at 0 .. ``keys - 1``."""
         device = self.embedding.weight.device if self.kind == "t5" else self.slopes.device
         relative = torch.arange(keys, device=device)[None, :] - torch.arange(offset, offset + queries, device=device)[:, None]
+        return self.of_distances(relative)[None]
+
+    def of_distances(self, relative: torch.Tensor) -> torch.Tensor:
+        """The bias of (..., queries, keys) distances (key position minus query position): (..., heads, queries, keys)."""
         if self.kind == "alibi":
-            return (-self.slopes[:, None, None] * relative.abs())[None]
+            return -self.slopes[:, None, None] * relative.abs()[..., None, :, :]
         buckets = relative_buckets(relative, not self.causal, self.num_buckets, self.max_distance)
-        return self.embedding(buckets).permute(2, 0, 1)[None]
+        return self.embedding(buckets).movedim(-1, -3)

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from trunk.core.checkpoint import load_checkpoint
-from trunk.models.kernels import Dropout, Unpadded, dropout, tracing
-from trunk.models.local_attention import local_mask, sliding_window_attention
+from trunk.models.kernels import Dropout, Unpadded, attend, tracing
+from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
 from trunk.models.positions import BIASES, PositionBias
 
 
@@ -169,11 +168,12 @@ class Attention(nn.Module):
         cache: dict | None = None,
         unpadded: Unpadded | None = None,
         position_bias: torch.Tensor | PositionBias | None = None,
-        local: tuple[int, int] | None = None,
+        local: SlidingWindow | tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
-        real keys. context: (B, S, C). ``local=(radius, n_global)``: sliding-window self-attention
-        (``models/local_attention.py``), whose ``position_bias`` is the ``PositionBias`` module itself."""
+        real keys. context: (B, S, C). ``local``: sliding-window self-attention (``models/local_attention.py``), whose
+        layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens) instead,
+        written out as a (T, T) mask."""
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x))
         B, T, C = q.shape
@@ -195,9 +195,8 @@ class Attention(nn.Module):
                 cache["k"], cache["v"] = k, v
         S = k.shape[2]
         p = self.dropout if self.training else 0.0
-        if local is not None and not tracing():
-            y = sliding_window_attention(q, k, v, key_padding_mask, *local, p, causal, position_bias)
-            return self.out_proj(self.merge_heads(y, unpadded))
+        if isinstance(local, SlidingWindow):
+            return self.out_proj(self.merge_heads(sliding_window_attention(q, k, v, local, p), unpadded))
 
         mask = None if local is None else local_mask(T, *local, x.device)  # traced: the same attention, as a (T, T) mask
         if key_padding_mask is not None:
@@ -211,12 +210,8 @@ class Attention(nn.Module):
         if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
             bias = position_bias.to(q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-        # written out on CPU where SDPA is slow (below), and when exporting a float mask: the ONNX exporter mis-strides
-        # SDPA's output then (a view of it fails)
-        if (q.device.type == "cpu" and (p > 0 or T == 1)) or ((position_bias is not None or local is not None) and tracing()):
-            y = attention_written_out(q, k, v, mask, p)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        # written out when exporting a float mask: the ONNX exporter mis-strides SDPA's output then (a view of it fails)
+        y = attend(q, k, v, mask, p, written_out=(position_bias is not None or local is not None) and tracing())
         return self.out_proj(self.merge_heads(y, unpadded))
 
     @staticmethod
@@ -225,17 +220,6 @@ class Attention(nn.Module):
         B, H, T, D = y.shape
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return y if unpadded is None else unpadded.unpad(y)
-
-
-def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
-    """softmax(QK^T / sqrt(D) + mask) V with dropout ``p`` on the probabilities, written out (a bool mask: False
-    is -inf; a float one is added). Used on CPU where SDPA is slow: with dropout it falls back to these same steps
-    but draws its mask with the slow Bernoulli; for one query (a decoding step) its flash kernel costs 1.2x these
-    steps in fp32, 5x in bf16."""
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return dropout(scores.softmax(-1), p) @ v
 
 
 class FeedForward(nn.Module):
@@ -271,11 +255,16 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 unpadded: Unpadded | None = None, position_bias: torch.Tensor | PositionBias | None = None,
-                local: tuple[int, int] | None = None) -> torch.Tensor:
+                local: SlidingWindow | tuple[int, int] | None = None) -> torch.Tensor:
         """x: (B, T, C), or (N, C) real tokens with ``unpadded``. ``local``: see ``Attention.forward``."""
         x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias,
                                                  local=local), self.norm_attn)
         return self.residual(x, self.ff, self.norm_ff)
+
+
+def scores_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention's scores will have for hidden states ``x``: autocast's where it is on."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
 def run_block(block: nn.Module, grad_checkpointing: bool, *args, replay=None):
@@ -334,17 +323,23 @@ class Backbone(nn.Module):
         ``fork=(layer, rows)``: from block ``layer`` on, the batch is its examples ``rows`` (an index, repeats allowed):
         several tasks' deltas on shared inputs, the blocks below computed once per input. The output has ``len(rows)``
         examples. With ``cfg.local_window``, inputs longer than the window attend locally (``local_span``)."""
-        local = self.local_span(x.shape[1])
-        if local is not None and not tracing():  # the window's bias is computed in its own layout, from the module
-            bias = self.position_bias
-        else:
-            bias = None if self.position_bias is None else self.position_bias(x.shape[1], x.shape[1])
+        B, T = x.shape[:2]
+        span = self.local_span(T)
+        windowed = span is not None and not tracing()
+
+        def local_layout(mask: torch.Tensor | None, batch: int) -> SlidingWindow | tuple[int, int] | None:
+            """Local attention's masks (the position bias in them) for every block; traced, its (radius, globals)."""
+            return sliding_window(mask, batch, T, *span, causal, self.position_bias, scores_dtype(x), x.device) if windowed else span
+
+        local = local_layout(key_padding_mask, B)
+        bias = self.position_bias(T, T) if self.position_bias is not None and not windowed else None
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
+                local = local_layout(key_padding_mask, len(fork[1]))
             x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, local, replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)

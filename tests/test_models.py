@@ -192,7 +192,7 @@ def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(
     """Chunked local attention equals attention under the written-out (T, T) mask: keys at most ``radius`` away, the
     first ``n_global`` positions seeing and seen by all, padding masked; with a position bias, and causal; including a
     length that is no multiple of the chunk and padding queries whose window holds no real key (finite, no NaN)."""
-    from trunk.models.local_attention import sliding_window_attention
+    from trunk.models.local_attention import sliding_window, sliding_window_attention
     from trunk.models.positions import PositionBias
 
     torch.manual_seed(0)
@@ -214,7 +214,8 @@ def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(
         scores = q @ k.transpose(-1, -2) / math.sqrt(D) + (0 if bias is None else bias(T, T))
         scores = scores.masked_fill(~allowed, float("-inf"))
         expected = scores.softmax(-1) @ v
-        got = sliding_window_attention(q, k, v, real, radius, n_global, causal=causal, position_bias=bias)
+        window = sliding_window(real, B, T, radius, n_global, causal, bias, torch.float64)
+        got = sliding_window_attention(q, k, v, window)
         seen = allowed.expand(B, H, T, T).any(-1)  # queries with a key in reach; the others: finite, whatever they hold
         torch.testing.assert_close(got[seen], expected[seen], atol=1e-12, rtol=1e-12)
         assert torch.isfinite(got).all() and (n_global > 0 or not seen.all())  # without globals, example 2 has such queries
@@ -247,6 +248,26 @@ def test_local_attention_in_the_trunk_equals_full_attention_when_its_window_cove
         assert moved[:, 22:39].all() and not moved[:, :22].any()  # 2 layers x radius 4 = 8 positions each way
         padded = windowed(torch.cat([ids, torch.zeros(2, 9, dtype=torch.long)], 1), torch.cat([torch.ones(2, 40), torch.zeros(2, 9)], 1))
         torch.testing.assert_close(padded[:, :40], before, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["rope", "t5"])
+def test_a_forked_pass_with_local_attention_equals_its_rows_alone(positions):
+    """``fork=(layer, rows)`` (several tasks' deltas on shared inputs) changes the batch inside the stack: local
+    attention's masks (padding, the position bias) follow the rows taken, repeats included."""
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, positions=positions,
+                      local_window=4, global_tokens=1)
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
+    init_weights(trunk)
+    ids = torch.randint(5, 50, (3, 30))
+    mask = torch.ones(3, 30)
+    mask[1, 20:] = 0
+    mask[2, 9:] = 0
+    rows = torch.tensor([2, 0, 2, 1])
+    with torch.no_grad():
+        forked, alone = trunk(ids, mask, fork=(1, rows)), trunk(ids[rows], mask[rows])
+    real = mask[rows].bool()
+    torch.testing.assert_close(forked[real], alone[real], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("positions", ["alibi", "t5", "rope"])
@@ -347,7 +368,7 @@ def test_fast_dropout_drops_the_right_fraction_and_scales_the_rest():
 def test_written_out_attention_is_attention_when_nothing_is_dropped():
     """The written-out path that CPU training and decoding steps (one query) take computes what SDPA computes."""
     import torch.nn.functional as F
-    from trunk.models.trunk import attention_written_out
+    from trunk.models.kernels import attention_written_out
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
