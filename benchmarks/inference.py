@@ -15,10 +15,11 @@ aggregation "first", the label of a word's first piece as Trunk reads it) on a `
 depth, heads, FFN and vocabulary, with Trunk's own tokenizer, batch size 64 on both sides. bf16 rows run only
 where the CPU computes bf16 natively (elsewhere it is emulated, 50-100x slower: no fair figure).
 
-Serving: ``trunk serve`` in its own process on 127.0.0.1; N client threads each send single-sentence requests (SST-2
-dev, each client its share, so every level sends the same 872 requests), and the table gives sentences/s and the
-latency percentiles, the throughput as a share of in-process ``predict``'s, and where the CPU went per request (the
-model's worker, the server's HTTP processes, the client threads; read from /proc, so Linux only).
+Serving: ``trunk serve`` in its own process on 127.0.0.1; N client threads each send their share of the SST-2 dev
+sentences (so every level sends the same 872), one sentence a request and then ``--per-request`` sentences a
+request, and the table gives sentences/s and the latency percentiles, the throughput as a share of in-process
+``predict``'s, and where the CPU went per sentence (the model's worker, the server's HTTP processes, the client
+threads; read from /proc, so Linux only).
 """
 
 from __future__ import annotations
@@ -323,26 +324,31 @@ class Served:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def serving(model: Path, sentences: list[str], in_process: float, clients: list[int], options: list[str]) -> None:
+def serving(model: Path, sentences: list[str], in_process: float, clients: list[int], per_request: int, options: list[str]) -> None:
+    """``clients`` levels of concurrent clients, each sending its share of ``sentences`` in requests of ``per_request``
+    sentences (one: ``{"input": ...}``; more: ``{"inputs": [...]}``, the HTTP cost spread over them)."""
     server = Served(model, *options)
     rows = []
     try:
         for _ in range(2):  # warm-up: the worker's first batches
             server.ask({"inputs": sentences[:64], "task": "sst2"})
         for n in clients:
-            shares = [sentences[i::n] for i in range(n)]  # each client its share: every level sends the same requests
+            shares = [sentences[i::n] for i in range(n)]  # each client its share: every level sends the same sentences
+            requests = [[{"input": s[0]} if per_request == 1 else {"inputs": s} for s in
+                         (share[i:i + per_request] for i in range(0, len(share), per_request))] for share in shares]
+            count = sum(map(len, requests))
             before, client_before, start = server.cpu_seconds(), time.process_time(), time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
-                latencies = [t for ts in pool.map(lambda share: [server.ask({"input": s, "task": "sst2"}) for s in share], shares) for t in ts]
+                latencies = [t for ts in pool.map(lambda own: [server.ask({**body, "task": "sst2"}) for body in own], requests) for t in ts]
             throughput = len(sentences) / (time.perf_counter() - start)
             after, client = server.cpu_seconds(), time.process_time() - client_before
             q = statistics.quantiles(latencies, n=100)
-            per_request = [1000 * (after[k] - before[k]) / len(sentences) for k in ("worker", "http")] + [1000 * client / len(sentences)]
-            rows.append([n, len(sentences), throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98], *per_request])
+            per_sentence = [1000 * (after[k] - before[k]) / len(sentences) for k in ("worker", "http")] + [1000 * client / len(sentences)]
+            rows.append([n, count, throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98], *per_sentence])
     finally:
         server.stop()
-    table(f"trunk serve {' '.join(options)}: single-sentence requests (SST-2 dev, fp32)",
-          ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms", "CPU ms/request: model worker",
+    table(f"trunk serve {' '.join(options)}: requests of {per_request} sentence(s) (SST-2 dev, fp32)",
+          ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms", "CPU ms/sentence: model worker",
            "server's HTTP", "clients"], rows)
 
 
@@ -353,6 +359,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--per-request", type=int, nargs="+", default=[1, 8], help="sentences per serve request")
     parser.add_argument("--task-dirs", type=Path, nargs="+", metavar="DIR",
                         help="deltas: a trunk directory and LoRA task directories named sst2, conll and trec (default: made here)")
     parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"],
@@ -381,7 +388,8 @@ def main() -> None:
                 in_process[("sst2", "fp32")] = alternate({"trunk": lambda: predictor.predict(inputs["sst2"], task="sst2")},
                                                          len(inputs["sst2"]), options.rounds)["trunk"]
             sst2 = in_process[("sst2", "fp32")]
-            serving(model, inputs["sst2"], sst2, options.clients, ["--precision=32-true"])
+            for per_request in options.per_request:
+                serving(model, inputs["sst2"], sst2, options.clients, per_request, ["--precision=32-true"])
         if "deltas" in options.only:
             paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch) / "all")
             top = None if options.task_dirs else make_task_files(options.data.resolve(), Path(scratch) / "top", "[2, 3]")
