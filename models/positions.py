@@ -53,7 +53,7 @@ class PositionBias(nn.Module):
         super().__init__()
         if kind not in BIASES:
             raise ValueError(f"A position bias is one of {list(BIASES)}, got {kind!r}.")
-        self.kind, self.causal, self.num_buckets, self.max_distance = kind, causal, num_buckets, max_distance
+        self.kind, self.n_heads, self.causal, self.num_buckets, self.max_distance = kind, n_heads, causal, num_buckets, max_distance
         if kind == "t5":
             self.embedding = nn.Embedding(num_buckets, n_heads)
         else:

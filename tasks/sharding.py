@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from trunk.models import Block
-from trunk.models.positions import BIASES
+from trunk.models.positions import PositionBias
 from trunk.models.trunk import Attention, FeedForward
 
 
@@ -44,15 +44,14 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
     if trunk_cfg.n_heads % size or trunk_cfg.d_ff % size:
         raise ValueError(f"Tensor parallelism over {size} processes splits the heads and the feed-forward width: n_heads="
                          f"{trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's tensor_parallel_size).")
-    if trunk_cfg.positions in BIASES:
-        raise ValueError(f"Tensor parallelism does not split model.trunk.positions={trunk_cfg.positions!r}'s per-head bias yet: "
-                         "use learned, sinusoidal or rope positions with it, or FSDP2 alone (tensor_parallel_size: 1).")
     if getattr(model, "router", None) is not None and model.router.deltas:
         raise ValueError("Tensor parallelism does not split model.peft's deltas: train them with DDP or FSDP2 (tensor_parallel_size: 1).")
-    KeyValueColwise = _key_value_colwise()
+    KeyValueColwise, HeadsOfBias = _key_value_colwise(), _heads_of_bias()
     plan = {}
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
+        if isinstance(module, PositionBias):
+            plan[name] = HeadsOfBias()
+        elif isinstance(module, Attention):
             plan.update({f"{name}.q_proj": ColwiseParallel(), f"{name}.kv_proj": KeyValueColwise(),
                          f"{name}.out_proj": RowwiseParallel()})
         elif isinstance(module, FeedForward):
@@ -90,3 +89,31 @@ def _key_value_colwise() -> type:
             return module
 
     return KeyValueColwise
+
+
+def _heads_of_bias() -> type:
+    """A tensor-parallel style for an ALiBi or T5 ``PositionBias``: each process gets the bias of its own heads (those
+    of its share of the query and key/value projections, in order). ALiBi's slopes are a constant: each process keeps
+    its heads' slopes. T5's table (distance buckets x heads) stays whole on every process (replicated, as the fused
+    key/value projection's weights), and each reads its heads' columns; their gradients, each process's share, are
+    summed in backward."""
+    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    class HeadsOfBias(ParallelStyle):
+        def _apply(self, module: PositionBias, device_mesh) -> nn.Module:
+            heads, size, rank = module.n_heads, device_mesh.size(), device_mesh.get_local_rank()
+            mine = slice(rank * heads // size, (rank + 1) * heads // size)
+            if module.kind == "alibi":
+                module.slopes = module.slopes[mine]
+                return module
+            table = module.embedding
+            table.weight = nn.Parameter(distribute_tensor(table.weight, device_mesh, [Replicate()]))
+
+            def lookup(buckets: torch.Tensor) -> torch.Tensor:
+                return torch.nn.functional.embedding(buckets, table.weight.to_local(grad_placements=[Partial()])[:, mine])
+
+            table.forward = lookup
+            return module
+
+    return HeadsOfBias

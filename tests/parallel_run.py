@@ -70,12 +70,14 @@ def main() -> None:
     parser.add_argument("--peft", action="store_true", help="a LoRA delta on the frozen trunk (model.peft)")
     parser.add_argument("--lamb", action="store_true", help="LAMB and the inverse-square-root schedule (model.optimizer)")
     parser.add_argument("--local", action="store_true", help="local attention: a window of 3 tokens each way, [CLS] global")
+    parser.add_argument("--positions", help="model.trunk.positions (the trunk's own by default)")
     options = parser.parse_args()
     torch.manual_seed(0)
     extra = {"activation_checkpointing": True, "finetune": {"layer_decay": 0.8}} if options.checkpointing_and_layer_decay else {}
     extra.update({"peft": {"s": {"method": "lora", "r": 4, "dropout": 0.0}}} if options.peft else {})
     extra.update({"optimizer": {"name": "lamb", "lr": 2e-2, "schedule": "inverse_sqrt", "warmup": 4}} if options.lamb else {})
     trunk = {**TRUNK, "local_window": 3, "global_tokens": 1} if options.local else TRUNK
+    trunk = {**trunk, "positions": options.positions} if options.positions else trunk
     model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=trunk, task_info={"s": {"label_names": ["a", "b", "c"]}},
                         **extra)
     strategy = {"one": "auto", "ddp": "ddp",

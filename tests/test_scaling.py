@@ -69,6 +69,19 @@ def test_tensor_parallel_alone_and_under_fsdp2_trains_and_checkpoints_like_one_p
     assert max_difference(one, train("one", 20, tmp_path / "resumed.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
 
 
+@pytest.mark.parametrize("positions", ["alibi", "t5"])
+def test_tensor_parallel_gives_each_process_its_heads_position_bias(positions, tmp_path):
+    """ALiBi's slopes and T5's learned table are per head: each tensor-parallel process reads its own heads' (the T5
+    table's gradient summed across them), and 2 processes train the weights of one, local attention included."""
+    options = ["--positions", positions, "--local"]
+    one = train("one", 12, tmp_path / "one.pt", *options)
+    assert max_difference(one, train("tp", 12, tmp_path / "tp.pt", *options)) < 1e-5
+    if positions == "t5":
+        start = train("one", 0, tmp_path / "start.pt", *options)
+        table = next(k for k in one if k.endswith("position_bias.embedding.weight"))
+        assert (one[table] - start[table]).abs().max() > 1e-4  # the table trained
+
+
 def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
     from trunk.tasks import SequenceClassification, TrunkModule
     from trunk.tasks.sharding import tensor_parallel
@@ -83,8 +96,6 @@ def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
 
     with pytest.raises(ValueError, match=r"n_heads=3 and d_ff=48 must be multiples of 2"):
         tensor_parallel(model(n_heads=3), Mesh())
-    with pytest.raises(ValueError, match=r"positions='alibi'.* use learned, sinusoidal or rope"):
-        tensor_parallel(model(positions="alibi"), Mesh())
 
 
 @pytest.mark.slow
