@@ -1,10 +1,10 @@
 """Long inputs: a training step (forward + backward) of the trunk with full attention against local attention
 (``model.trunk.local_window``, ``global_tokens``) at several lengths. Prints a table.
 
-    python benchmarks/long_inputs.py [--lengths 512 1024 2048 4096] [--window 128] [--globals 1] [--rounds 3]
+    python benchmarks/long_inputs.py [--lengths 512 1024 2048 4096] [--window 128] [--globals 1] [--rounds 3] [--precision 32-true]
 
-Time: both sides in this process, alternating, the median step of ``--rounds`` rounds (fp32 unless bf16 is native:
-the precision rule of ``trainer.precision: auto``). Memory: each side and length in a fresh process of its own, one
+Time: both sides in this process, alternating, the median step of ``--rounds`` rounds (``--precision``: by default fp32
+unless bf16 is native, the rule of ``trainer.precision: auto``). Memory: each side and length in a fresh process of its own, one
 step, its peak resident memory above what it held before the step (VmHWM - VmRSS: activations, gradients and the
 allocator's slack; the weights and libraries left out). The trunk is ``configs/pretrain.yaml``'s shape (width 256,
 4 blocks, rotary positions), dropout off unless ``--dropout``, one sequence per step unless ``--batch``.
@@ -58,10 +58,12 @@ def main() -> None:
                         help="dropout and attention dropout (the fine-tuning recipes' 0.1: on CPU, full attention with dropout "
                              "computes its (T, T) probabilities written out, not in SDPA's kernel)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", choices=["auto", "32-true", "bf16-mixed"], default="auto",
+                        help="auto: bf16-mixed where bf16 is native, else 32-true (as trainer.precision: auto)")
     args = parser.parse_args()
     from trunk.tasks.precision import choose_precision, cpu_info
 
-    precision, _ = choose_precision("cpu")
+    precision = choose_precision("cpu")[0] if args.precision == "auto" else args.precision
     dtype = torch.bfloat16 if precision.startswith("bf16") else None
     print(f"{torch.get_num_threads()} threads, {cpu_info()}, torch {torch.__version__}, {precision}; trunk {TRUNK}; "
           f"window {args.window}, {args.globals} global token(s), batch {args.batch}, dropout {args.dropout}\n")
