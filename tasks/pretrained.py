@@ -192,12 +192,17 @@ def trunk_config(values: dict | TrunkConfig) -> TrunkConfig:
 
 def pretrained_trunk_config(configured: TrunkConfig | dict | None, pretrained: TrunkConfig, vocab_size: int) -> TrunkConfig:
     """The pretrained architecture for every field left at its default; fields set to other values stay,
-    for ``check_architecture`` to refuse naming both sides. ``vocab_size``: the run's tokenizer's."""
+    for ``check_architecture`` to refuse naming both sides. ``vocab_size``: the run's tokenizer's. ``max_len`` of a
+    trunk without a learned position table: the longer of the run's and the trained one."""
     defaults = TrunkConfig().to_dict()
     given = {} if configured is None else (configured.to_dict() if isinstance(configured, TrunkConfig) else dict(configured))
     values = {**defaults, **given}
-    for name in ARCHITECTURE_FIELDS:  # max_len too: the pretrained one unless the run sets its own (architecture_fields)
-        if name != "vocab_size" and values[name] == defaults[name]:
+    for name in ARCHITECTURE_FIELDS:
+        if name == "max_len" and name not in architecture_fields(pretrained):
+            # no position table to size: the longer of the run's max_len (its default included) and the trained one, so
+            # an explicit max_len equal to the default is not mistaken for an unset one
+            values[name] = max(values[name], pretrained.max_len)
+        elif name != "vocab_size" and values[name] == defaults[name]:
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
     return trunk_config(values)

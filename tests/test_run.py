@@ -128,6 +128,10 @@ def test_a_trunk_without_a_position_table_takes_longer_inputs_and_one_with_a_tab
     cli = run_cli(["fit", *args, f"--model.init_from={rope_ckpt}", *longer, "--model.trunk.local_window=16"])
     assert cli.model.trunk.cfg.max_len == 128 and cli.model.trunk.cfg.positions == "rope"
     assert cli.datamodule.tasks["sentiment"].max_length == 100  # not lowered to the pretrained 64
+    # max_len at its default (512, as when a user sets it to 512) is not replaced by the trained 64 either
+    default = run_cli(["fit", *args, f"--model.init_from={rope_ckpt}", *[a for a in longer if not a.startswith("--model.trunk.max_len")],
+                       "--model.trunk.max_len=512"])
+    assert default.model.trunk.cfg.max_len == 512 and default.datamodule.tasks["sentiment"].max_length == 100
 
 
 def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
