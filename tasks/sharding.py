@@ -71,8 +71,8 @@ def _key_value_colwise() -> type:
 
     class KeyValueColwise(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-            width, size, rank = module.out_features // 2, device_mesh.size(), device_mesh.get_local_rank()
-            mine = torch.arange(rank * width // size, (rank + 1) * width // size)
+            width, share = module.out_features // 2, _own_share(module.out_features // 2, device_mesh)
+            mine = torch.arange(share.start, share.stop)
             rows = torch.cat([mine, width + mine])  # this process's heads' keys, then their values
             for name, param in list(module.named_parameters()):
                 module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Replicate()])))
@@ -102,8 +102,7 @@ def _heads_of_bias() -> type:
 
     class HeadsOfBias(ParallelStyle):
         def _apply(self, module: PositionBias, device_mesh) -> nn.Module:
-            heads, size, rank = module.n_heads, device_mesh.size(), device_mesh.get_local_rank()
-            mine = slice(rank * heads // size, (rank + 1) * heads // size)
+            mine = _own_share(module.n_heads, device_mesh)
             if module.kind == "alibi":
                 module.slopes = module.slopes[mine]
                 return module
@@ -117,3 +116,9 @@ def _heads_of_bias() -> type:
             return module
 
     return HeadsOfBias
+
+
+def _own_share(n: int, mesh) -> slice:
+    """This process's contiguous share of ``n`` heads (or of their rows): the split every tensor-parallel style uses."""
+    size, rank = mesh.size(), mesh.get_local_rank()
+    return slice(rank * n // size, (rank + 1) * n // size)
