@@ -71,7 +71,8 @@ def _key_value_colwise() -> type:
 
     class KeyValueColwise(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-            width, share = module.out_features // 2, _own_share(module.out_features // 2, device_mesh)
+            width = module.out_features // 2
+            share = _own_share(width, device_mesh)
             mine = torch.arange(share.start, share.stop)
             rows = torch.cat([mine, width + mine])  # this process's heads' keys, then their values
             for name, param in list(module.named_parameters()):
