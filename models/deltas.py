@@ -1,5 +1,6 @@
 """Per-task deltas on a shared, frozen trunk (parameter-efficient fine-tuning): LoRA on the blocks' linear layers and
-bottleneck adapters after their feed-forward sublayers, one set per task.
+bottleneck adapters after their feed-forward sublayers, one set per task, either with shifts of the trunk's LayerNorm
+gains and biases (LN tuning) if asked.
 
 A task's delta is a module of its own (``TaskDelta``), owned by the task like its head, so a task file is its head
 plus its delta, and the trunk's weights and state-dict keys never change. The trunk runs the deltas through forward
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 LORA_TARGETS = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")  # the linear layers of a block, by name
+NORMS = ("norm_attn", "norm_ff", "final_norm")  # the backbone's LayerNorms, by name
 METHODS = ("lora", "adapter")
 
 
@@ -30,7 +32,9 @@ METHODS = ("lora", "adapter")
 class DeltaConfig:
     """One task's delta. ``lora``: rank ``r``, scaling ``alpha / r``, ``dropout`` on the LoRA path, on the
     ``targets`` of every block (or of ``layers``). ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
-    (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged."""
+    (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged. ``norms``: also learn a
+    shift of every LayerNorm's gain and bias in those blocks and of the final one (2 x d_model weights a norm; peft's
+    LNTuning trains the norms themselves, which here are the trunk every task shares)."""
 
     method: str = "lora"
     r: int = 8
@@ -38,6 +42,7 @@ class DeltaConfig:
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
     layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
+    norms: bool = False
     # other tasks' trained deltas this one adds, frozen, each weighted per block by a learned mix (from 1 / their number):
     # task -> its options; in a config a list of names, whose options ``model.init_from``'s task directories give
     compose: dict[str, dict] | None = None
@@ -103,6 +108,19 @@ class Bottleneck(nn.Module):
         return self.up(torch.nn.functional.gelu(self.down(h)))
 
 
+class NormShift(nn.Module):
+    """``x -> LN(x) * gain + bias`` with the frozen norm's own shape and eps: what shifting that norm's gain and bias by
+    ``gain`` and ``bias`` (both starting at zero) adds to its output."""
+
+    def __init__(self, norm: nn.LayerNorm) -> None:
+        super().__init__()
+        self.shape, self.eps = norm.normalized_shape, norm.eps
+        self.gain, self.bias = nn.Parameter(torch.zeros(self.shape)), nn.Parameter(torch.zeros(self.shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, self.shape, self.gain, self.bias, self.eps)
+
+
 class TaskDelta(nn.Module):
     """One task's delta for every block of a trunk: ``parts`` maps a layer's name in the backbone
     (``blocks.0.attn.q_proj``, ``blocks.0.ff``) to what it adds to that layer's output. With ``config.compose``, other
@@ -123,8 +141,10 @@ class TaskDelta(nn.Module):
             raise ValueError(f"peft layers {outside or '(none)'}: this trunk's blocks are 0 .. {n_layers - 1}.")
         parts = {}
         for name, module in backbone.named_modules():
-            leaf, block = name.rsplit(".", 1)[-1], name.split(".")[1] if name.startswith("blocks.") else None
-            if block is None or int(block) not in layers:
+            leaf = name.rsplit(".", 1)[-1]
+            if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and (leaf == "final_norm" or block_of(name, n_layers) in layers):
+                parts[name] = NormShift(module)
+            if not name.startswith("blocks.") or block_of(name, n_layers) not in layers:
                 continue
             if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
                 parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout)
@@ -133,13 +153,14 @@ class TaskDelta(nn.Module):
         if not parts:
             raise ValueError(f"peft {config.method}: no layer of this trunk matches.")
         self.parts = nn.ModuleDict({key.replace(".", "__"): part for key, part in parts.items()})  # ModuleDict keys have no dots
+        self.n_layers = n_layers
 
     def part(self, layer: str) -> nn.Module | None:
         return self.parts[layer.replace(".", "__")] if layer.replace(".", "__") in self.parts else None
 
     def blocks(self) -> set[int]:
         """The blocks this delta (with its sources) changes."""
-        return {int(key.split("__")[1]) for key in self.parts}.union(*(source.blocks() for source in self.sources.values()))
+        return {block_of(key.replace("__", "."), self.n_layers) for key in self.parts}.union(*(source.blocks() for source in self.sources.values()))
 
     def touches(self, layer: str) -> bool:
         return self.part(layer) is not None or any(source.touches(layer) for source in self.sources.values())
@@ -147,11 +168,16 @@ class TaskDelta(nn.Module):
     def forward(self, layer: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """What this delta adds to ``layer``'s ``output`` (``x``: the layer's input; an adapter reads the output)."""
         part = self.part(layer)
-        added = part(output if layer.endswith("ff") else x) if part is not None else 0
+        added = part(output if isinstance(part, Bottleneck) else x) if part is not None else 0
         for i, source in enumerate(self.sources.values()):
             if source.touches(layer):
-                added = added + self.mix[i, int(layer.split(".")[1])] * source(layer, x, output)
+                added = added + self.mix[i, block_of(layer, self.n_layers)] * source(layer, x, output)
         return added
+
+
+def block_of(layer: str, n_layers: int) -> int:
+    """The block a backbone layer belongs to (``blocks.2.attn.q_proj``: 2); the final norm counts as the top block's."""
+    return int(layer.split(".")[1]) if layer.startswith("blocks.") else n_layers - 1
 
 
 class DeltaRouter:
@@ -173,7 +199,7 @@ class DeltaRouter:
         if self.handles:
             return
         for name, module in backbone.named_modules():
-            if name.rsplit(".", 1)[-1] in (*LORA_TARGETS, "ff"):
+            if name.rsplit(".", 1)[-1] in (*LORA_TARGETS, "ff", *NORMS):
                 self.handles.append(module.register_forward_hook(self._hook(name)))
         backbone.replay = self.replay
 
@@ -229,6 +255,9 @@ class DeltaRouter:
             part = delta.part(name)
             if isinstance(part, LoRA):
                 module.weight += sign * part.weight_delta().to(module.weight.dtype)
+            elif isinstance(part, NormShift):
+                module.weight += sign * part.gain.to(module.weight.dtype)
+                module.bias += sign * part.bias.to(module.bias.dtype)
 
     def lowest_layer(self, tasks: list[str]) -> int:
         """The lowest block where any of ``tasks`` has a delta: the blocks below give every task the same output."""

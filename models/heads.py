@@ -35,20 +35,24 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Pooling
 
 
 class SequenceClassificationHead(nn.Module):
-    """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier."""
+    """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier; without ``pooler`` the
+    classifier reads the pooled vector itself (a d_model-times smaller head: what a delta on a frozen trunk
+    trains beside it)."""
 
-    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1) -> None:
+    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1, pooler: bool = True) -> None:
         super().__init__()
         check_pooling(pooling)
         self.pooling = pooling
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = nn.Linear(d_model, d_model) if pooler else None
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, num_labels)."""
-        x = torch.tanh(self.dense(self.drop(pool(hidden, attention_mask, self.pooling))))
-        return self.classifier(self.drop(x))
+        x = self.drop(pool(hidden, attention_mask, self.pooling))
+        if self.dense is not None:
+            x = self.drop(torch.tanh(self.dense(x)))
+        return self.classifier(x)
 
 
 class MaskedLMHead(nn.Module):

@@ -73,6 +73,7 @@ KINDS = {
     "sequence_regression": Kind(
         "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
         labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
+        objective_args=("--model.pooler=false",),  # every path (ONNX too) with a head that has no pooler
         extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column",
         recipe_resets=("--data.text_column=text", "--data.select=null", "--data.file_type=null"), onnx=True),
     "multi_label_classification": Kind(
@@ -83,7 +84,7 @@ KINDS = {
     "multiple_choice": Kind(
         "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
         inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),
-        objective_args=("--model.label_smoothing=0.1",),  # over 2-3 candidates a row: the missing ones get none
+        objective_args=("--model.label_smoothing=0.1", "--model.pooler=false"),  # smoothing over 2-3 candidates a row: the missing ones get none
         recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer")),
     "extractive_qa": Kind(
         "trunk.tasks.ExtractiveQuestionAnswering", "trunk.datamodules.QuestionAnsweringData", ("train", "validation", "test", "predict"),

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 from trunk.models import TrunkConfig, build_trunk
-from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
+from trunk.models.deltas import DeltaConfig, DeltaRouter, NormShift, TaskDelta
 
 CFG = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, dropout=0.0, attn_dropout=0.0)
 
@@ -37,9 +37,12 @@ def randomise(delta):
             p.normal_(0, 0.2)
 
 
-@pytest.mark.parametrize("method", ["lora", "adapter"])
-def test_a_fresh_delta_leaves_the_trunk_as_it_is_and_only_the_delta_learns(method):
-    trunk, router, deltas = trunk_with({"a": DeltaConfig(method=method, r=4)})
+KINDS_OF_DELTA = [{"method": "lora"}, {"method": "adapter"}, {"method": "lora", "norms": True}]
+
+
+@pytest.mark.parametrize("kind", KINDS_OF_DELTA)
+def test_a_fresh_delta_leaves_the_trunk_as_it_is_and_only_the_delta_learns(kind):
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, **kind)})
     ids, mask = batch(padded=True)
     with torch.no_grad():
         plain = trunk(ids, mask)
@@ -60,9 +63,9 @@ def test_a_fresh_delta_leaves_the_trunk_as_it_is_and_only_the_delta_learns(metho
 
 
 @pytest.mark.parametrize("padded", [True, False])
-@pytest.mark.parametrize("method", ["lora", "adapter"])
-def test_one_batch_of_several_tasks_equals_each_task_alone(method, padded):
-    trunk, router, deltas = trunk_with({"a": DeltaConfig(method=method, r=4), "b": DeltaConfig(method=method, r=2)})
+@pytest.mark.parametrize("kind", KINDS_OF_DELTA)
+def test_one_batch_of_several_tasks_equals_each_task_alone(kind, padded):
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, **kind), "b": DeltaConfig(r=2, **kind)})
     for delta in deltas.values():
         randomise(delta)
     ids, mask = batch(padded)
@@ -78,8 +81,17 @@ def test_one_batch_of_several_tasks_equals_each_task_alone(method, padded):
     assert not torch.allclose(alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3)  # the deltas do something
 
 
+def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_and_the_final_one():
+    _, _, deltas = trunk_with({"all": DeltaConfig(r=4, norms=True), "top": DeltaConfig(r=4, norms=True, layers=(1,))})
+    shifted = lambda delta: sorted(key for key, part in delta.parts.items() if isinstance(part, NormShift))
+    assert shifted(deltas["all"]) == ["blocks__0__norm_attn", "blocks__0__norm_ff", "blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
+    assert shifted(deltas["top"]) == ["blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
+    assert sum(p.numel() for part in deltas["all"].parts.values() if isinstance(part, NormShift) for p in part.parameters()) == 5 * 2 * 32
+    assert deltas["top"].blocks() == {1}  # the final norm counts as the top block's: the blocks below stay shared
+
+
 def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk():
-    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, alpha=8), "b": DeltaConfig(r=4)})
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, alpha=8, norms=True), "b": DeltaConfig(r=4)})
     randomise(deltas["a"])
     ids, mask = batch(padded=True)
     original = {k: v.clone() for k, v in trunk.state_dict().items()}

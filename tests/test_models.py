@@ -346,6 +346,13 @@ def test_cls_pooling_reads_the_first_token():
     torch.testing.assert_close(head(hidden), head(changed))
 
 
+def test_a_head_without_pooler_is_one_linear_layer_on_the_pooled_vector():
+    head = SequenceClassificationHead(8, 3, pooling="mean", dropout=0.0, pooler=False)
+    assert [name for name, _ in head.named_parameters()] == ["classifier.weight", "classifier.bias"]
+    hidden, mask = torch.randn(2, 4, 8), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    torch.testing.assert_close(head(hidden, mask), head.classifier(pool(hidden, mask, "mean")))
+
+
 def test_fast_dropout_drops_the_right_fraction_and_scales_the_rest():
     from trunk.models import dropout
 

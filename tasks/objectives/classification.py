@@ -41,12 +41,15 @@ class Classification(PooledObjective):
             number per label in ``label_names`` order. None: every example counts the same.
         label_smoothing: the share of each target's probability spread over the other labels (0.1 is common): a
             regulariser that keeps a model trained on few examples from growing over-confident.
+        pooler: a BERT-style pooler (dense + tanh) before the output layer; false: the output layer reads the pooled
+            vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
     """
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1,
                  primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
-                 class_weights: Literal["balanced"] | list[float] | None = None, label_smoothing: float = 0.0, **config) -> None:
-        super().__init__(pooling, head_dropout, primary_metric=primary_metric, positive_label=positive_label,
+                 class_weights: Literal["balanced"] | list[float] | None = None, label_smoothing: float = 0.0, pooler: bool = True,
+                 **config) -> None:
+        super().__init__(pooling, head_dropout, pooler, primary_metric=primary_metric, positive_label=positive_label,
                          class_weights=class_weights, label_smoothing=label_smoothing, **config)
         if primary_metric not in CLASSIFICATION_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")

@@ -24,7 +24,7 @@ class ImageClassification(Classification):
         channels: 1 (grey) or 3 (RGB).
         pooling: ``cls``, ``mean`` or ``max`` (over all tokens).
         head_dropout: dropout inside the classification head.
-        primary_metric, positive_label, class_weights, label_smoothing: see ``Classification``.
+        primary_metric, positive_label, class_weights, label_smoothing, pooler: see ``Classification``.
     """
 
     kind = "image_classification"
@@ -35,8 +35,8 @@ class ImageClassification(Classification):
     def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Pooling = "cls",
                  head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
                  positive_label: str | None = None, class_weights: Literal["balanced"] | list[float] | None = None,
-                 label_smoothing: float = 0.0) -> None:
-        super().__init__(pooling, head_dropout, primary_metric, positive_label, class_weights, label_smoothing, image_size=image_size,
+                 label_smoothing: float = 0.0, pooler: bool = True) -> None:
+        super().__init__(pooling, head_dropout, primary_metric, positive_label, class_weights, label_smoothing, pooler, image_size=image_size,
                          patch_size=patch_size, channels=channels)
         self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
 

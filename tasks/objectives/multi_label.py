@@ -32,14 +32,16 @@ class MultiLabelClassification(PooledObjective):
         primary_metric: the metric that stands for the task in ``val/score``.
         label_smoothing: each yes/no target moved this far towards 0.5 (1 becomes 1 - s/2, 0 becomes s/2): a
             regulariser against over-confidence (0: none).
+        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "multi_label_classification"
     inference_options = ("threshold",)
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
-                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro", label_smoothing: float = 0.0) -> None:
-        super().__init__(pooling, head_dropout, threshold=threshold, primary_metric=primary_metric, label_smoothing=label_smoothing)
+                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro", label_smoothing: float = 0.0,
+                 pooler: bool = True) -> None:
+        super().__init__(pooling, head_dropout, pooler, threshold=threshold, primary_metric=primary_metric, label_smoothing=label_smoothing)
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}.")
         if primary_metric not in MULTI_LABEL_METRICS:

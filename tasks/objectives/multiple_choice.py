@@ -21,17 +21,18 @@ class MultipleChoice(Objective):
             maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
         label_smoothing: the share of each target's probability spread over the other candidates: a regulariser against over-confidence (0: none).
+        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "multiple_choice"
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing)
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0, pooler: bool = True) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing, pooler=pooler)
         check_pooling(pooling)
-        self.pooling, self.head_dropout, self.label_smoothing = pooling, head_dropout, label_smoothing
+        self.pooling, self.head_dropout, self.label_smoothing, self.pooler = pooling, head_dropout, label_smoothing, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout)
+        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler)
         init_weights(self.head, cfg.init_std)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:

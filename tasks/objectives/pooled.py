@@ -18,18 +18,20 @@ class PooledObjective(Objective):
         pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
             maximum over real tokens, as a CNN pools).
         head_dropout: dropout inside the head.
+        pooler: a BERT-style pooler (dense + tanh) before the output layer; false: the output layer reads the pooled
+            vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
     """
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
     onnx_output = "logits"  # (batch, labels)
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, **config) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, **config)
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, pooler: bool = True, **config) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, pooler=pooler, **config)
         check_pooling(pooling)
-        self.pooling, self.head_dropout = pooling, head_dropout
+        self.pooling, self.head_dropout, self.pooler = pooling, head_dropout, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout)
+        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler)
         init_weights(self.head, cfg.init_std)
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:

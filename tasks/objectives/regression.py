@@ -34,6 +34,7 @@ class SequenceRegression(PooledObjective):
         standardize: learn standardised targets (see above); false: the raw values.
         primary_metric: the metric that stands for the task in ``val/score`` (``mse`` and ``mae`` count negated:
             lower is better).
+        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "sequence_regression"
@@ -42,8 +43,8 @@ class SequenceRegression(PooledObjective):
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
                  huber_delta: float = 1.0, standardize: bool = True,
-                 primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson") -> None:
-        super().__init__(pooling, head_dropout, loss=loss, huber_delta=huber_delta, standardize=standardize, primary_metric=primary_metric)
+                 primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson", pooler: bool = True) -> None:
+        super().__init__(pooling, head_dropout, pooler, loss=loss, huber_delta=huber_delta, standardize=standardize, primary_metric=primary_metric)
         if loss not in ("mse", "huber"):
             raise ValueError(f"loss must be 'mse' or 'huber', got {loss!r}.")
         if not huber_delta > 0:

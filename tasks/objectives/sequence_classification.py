@@ -20,6 +20,7 @@ class SequenceClassification(Classification):
         positive_label: the label whose F1 is logged as ``f1_positive``.
         class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for imbalanced labels.
         label_smoothing: the share of each target's probability spread over the other labels (0: none).
+        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "sequence_classification"
