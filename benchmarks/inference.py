@@ -331,9 +331,11 @@ class Served:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def serving(model: Path, sentences: list[str], in_process: float, clients: list[int], per_request: int, options: list[str]) -> None:
-    """``clients`` levels of concurrent clients, each sending its share of ``sentences`` in requests of ``per_request``
-    sentences (one: ``{"input": ...}``; more: ``{"inputs": [...]}``, the HTTP cost spread over them)."""
+def serving(model: Path, sentences: list[str], in_process: float, clients: list[int], per_request: int, options: list[str],
+            passes: int = 1) -> None:
+    """``clients`` levels of concurrent clients, each sending its share of ``sentences`` (``passes`` times over) in requests
+    of ``per_request`` sentences (one: ``{"input": ...}``; more: ``{"inputs": [...]}``, the HTTP cost spread over them)."""
+    sentences = sentences * passes  # more requests a client: the start and the last stragglers weigh less
     server = Served(model, *options)
     rows = []
     try:
@@ -354,7 +356,7 @@ def serving(model: Path, sentences: list[str], in_process: float, clients: list[
             rows.append([n, count, throughput, throughput / in_process, 1000 * q[49], 1000 * q[94], 1000 * q[98], *per_sentence])
     finally:
         server.stop()
-    table(f"trunk serve {' '.join(options)}: requests of {per_request} sentence(s) (SST-2 dev, fp32)",
+    table(f"trunk serve {' '.join(options)}: requests of {per_request} sentence(s) (SST-2 dev{f' x {passes}' if passes > 1 else ''}, fp32)",
           ["clients", "requests", "sentences/s", "of in-process predict", "p50 ms", "p95 ms", "p99 ms", "CPU ms/sentence: model worker",
            "server's HTTP", "clients"], rows)
 
@@ -367,6 +369,7 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--per-request", type=int, nargs="+", default=[1, 8], help="sentences per serve request")
+    parser.add_argument("--passes", type=int, default=1, help="serve: each level sends the SST-2 dev sentences this many times")
     parser.add_argument("--task-dirs", type=Path, nargs="+", metavar="DIR",
                         help="deltas: a trunk directory and LoRA task directories named sst2, conll and trec (default: made here)")
     parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"],
@@ -395,8 +398,9 @@ def main() -> None:
                 in_process[("sst2", "fp32")] = alternate({"trunk": lambda: predictor.predict(inputs["sst2"], task="sst2")},
                                                          len(inputs["sst2"]), options.rounds)["trunk"]
             sst2 = in_process[("sst2", "fp32")]
+            print(f"\nin-process predict, SST-2 dev, fp32: {sst2:,.1f} sentences/s (what serving is compared with)")
             for per_request in options.per_request:
-                serving(model, inputs["sst2"], sst2, options.clients, per_request, ["--precision=32-true"])
+                serving(model, inputs["sst2"], sst2, options.clients, per_request, ["--precision=32-true"], options.passes)
         if "deltas" in options.only:
             paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch) / "all")
             top = None if options.task_dirs else make_task_files(options.data.resolve(), Path(scratch) / "top", "[2, 3]")
