@@ -34,7 +34,8 @@ class DeltaConfig:
     ``targets`` of every block (or of ``layers``). ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
     (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged. ``norms``: also learn a
     shift of every LayerNorm's gain and bias in those blocks and of the final one (2 x d_model weights a norm; peft's
-    LNTuning trains the norms themselves, which here are the trunk every task shares)."""
+    LNTuning trains the norms themselves, which here are the trunk every task shares). ``dora``: LoRA as DoRA (Liu et al.
+    2024; peft's ``use_dora``): the adapted weight's rows are rescaled to learned lengths (one weight per output)."""
 
     method: str = "lora"
     r: int = 8
@@ -43,6 +44,7 @@ class DeltaConfig:
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
     layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
     norms: bool = False
+    dora: bool = False
     # other tasks' trained deltas this one adds, frozen, each weighted per block by a learned mix (from 1 / their number):
     # task -> its options; in a config a list of names, whose options ``model.init_from``'s task directories give
     compose: dict[str, dict] | None = None
@@ -66,6 +68,8 @@ class DeltaConfig:
         unknown = sorted(set(self.targets) - set(LORA_TARGETS))
         if self.method == "lora" and (unknown or not self.targets):
             raise ValueError(f"peft targets {unknown or '(none)'} match no layer of a block; the layers are {list(LORA_TARGETS)}.")
+        if self.dora and self.method != "lora":
+            raise ValueError(f"peft dora=true is a form of LoRA; method {self.method!r} cannot take it.")
         if self.compose is not None and not (isinstance(self.compose, dict) and self.compose):
             raise ValueError(f"peft compose={self.compose!r}: compose takes the names of tasks whose deltas model.init_from "
                              "brings (their task directories), e.g. compose: [sst2, conll], with model.init_from: [TRUNK, "
@@ -73,9 +77,13 @@ class DeltaConfig:
 
 
 class LoRA(nn.Module):
-    """``x -> B(A(dropout(x))) * alpha / r`` beside a frozen ``in_features -> out_features`` layer; B starts at zero."""
+    """``x -> B(A(dropout(x))) * alpha / r`` beside a frozen ``in_features -> out_features`` layer; B starts at zero.
 
-    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float) -> None:
+    With ``dora``, the layer computes ``(W + BA) x * scale + b`` instead, ``scale`` taking each row of ``W + BA`` to
+    the length of ``W``'s row times ``1 + magnitude`` (zero at the start: the layer as it was). The lengths of
+    ``W + BA`` count as constants in backward, as the DoRA paper trains them (less memory, the same results)."""
+
+    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dora: bool = False) -> None:
         super().__init__()
         if r > min(in_features, out_features):
             raise ValueError(f"peft r={r} is larger than the layer it adapts ({in_features} -> {out_features}): use at most "
@@ -84,12 +92,25 @@ class LoRA(nn.Module):
         self.B = nn.Parameter(torch.zeros(out_features, r))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear (and peft) initialise
         self.scaling, self.dropout = alpha / r, nn.Dropout(dropout)
+        self.magnitude = nn.Parameter(torch.zeros(out_features)) if dora else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((self.dropout(x) @ self.A.t()) * self.scaling) @ self.B.t()  # scaled at rank r: a pass over r columns, not out
+    def forward(self, x: torch.Tensor, layer: nn.Linear, output: torch.Tensor) -> torch.Tensor:
+        """What this delta adds to ``layer``'s ``output`` for the input ``x``."""
+        added = ((self.dropout(x) @ self.A.t()) * self.scaling) @ self.B.t()  # scaled at rank r: a pass over r columns, not out
+        if self.magnitude is None:
+            return added
+        scale = self.row_scale(layer.weight).to(output.dtype)
+        plain = output if layer.bias is None else output - layer.bias.to(output.dtype)
+        return plain * (scale - 1) + added * scale  # (W x + BA x) * scale + b, less the layer's own W x + b
+
+    def row_scale(self, weight: torch.Tensor) -> torch.Tensor:
+        """DoRA's per-output factor on ``W + BA``: each row's length taken to ``|W row| * (1 + magnitude)``."""
+        with torch.no_grad():
+            lengths = weight.norm(dim=1) / (weight + self.weight_delta()).norm(dim=1).clamp(min=1e-12)
+        return lengths * (1 + self.magnitude)
 
     def weight_delta(self) -> torch.Tensor:
-        """The (out, in) matrix this delta adds to its layer's weight: what merging writes in."""
+        """The (out, in) matrix this delta adds to its layer's weight (before DoRA's rescaling)."""
         return (self.B @ self.A) * self.scaling
 
 
@@ -147,7 +168,7 @@ class TaskDelta(nn.Module):
             if not name.startswith("blocks.") or block_of(name, n_layers) not in layers:
                 continue
             if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
-                parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout)
+                parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout, config.dora)
             elif config.method == "adapter" and leaf == "ff":
                 parts[name] = Bottleneck(backbone.cfg.d_model, config.r)
         if not parts:
@@ -165,13 +186,18 @@ class TaskDelta(nn.Module):
     def touches(self, layer: str) -> bool:
         return self.part(layer) is not None or any(source.touches(layer) for source in self.sources.values())
 
-    def forward(self, layer: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        """What this delta adds to ``layer``'s ``output`` (``x``: the layer's input; an adapter reads the output)."""
+    def forward(self, layer: str, module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """What this delta adds to the output of ``layer`` (``module``; ``x``: its input; an adapter reads the output)."""
         part = self.part(layer)
-        added = part(output if isinstance(part, Bottleneck) else x) if part is not None else 0
+        if part is None:
+            added = 0
+        elif isinstance(part, LoRA):
+            added = part(x, module, output)
+        else:
+            added = part(output if isinstance(part, Bottleneck) else x)
         for i, source in enumerate(self.sources.values()):
             if source.touches(layer):
-                added = added + self.mix[i, block_of(layer, self.n_layers)] * source(layer, x, output)
+                added = added + self.mix[i, block_of(layer, self.n_layers)] * source(layer, module, x, output)
         return added
 
 
@@ -194,6 +220,7 @@ class DeltaRouter:
         self.token_counts: list[int] | None = None  # real tokens per route, for the (N, C) rows of the real-token path
         self.handles: list = []
         self.merged: str | None = None  # the task whose LoRA is written into the trunk's weights (one-task inference)
+        self.dora_scales: dict[str, torch.Tensor] = {}  # the merged task's DoRA row factors, per layer
 
     def attach(self, backbone: nn.Module) -> None:
         if self.handles:
@@ -253,8 +280,15 @@ class DeltaRouter:
                              "its own merges into the weights.")
         for name, module in backbone.named_modules():
             part = delta.part(name)
-            if isinstance(part, LoRA):
+            if isinstance(part, LoRA) and part.magnitude is None:
                 module.weight += sign * part.weight_delta().to(module.weight.dtype)
+            elif isinstance(part, LoRA):  # DoRA: rows rescaled, by factors kept to undo it
+                delta_weight = part.weight_delta().to(module.weight.dtype)
+                if sign > 0:
+                    self.dora_scales[name] = part.row_scale(module.weight).to(module.weight.dtype)[:, None]
+                    module.weight.copy_((module.weight + delta_weight) * self.dora_scales[name])
+                else:
+                    module.weight.copy_(module.weight / self.dora_scales.pop(name) - delta_weight)
             elif isinstance(part, NormShift):
                 module.weight += sign * part.gain.to(module.weight.dtype)
                 module.bias += sign * part.bias.to(module.bias.dtype)
@@ -276,11 +310,11 @@ class DeltaRouter:
             x = inputs[0]
             sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
             if len(deltas) == 1:  # the whole batch, one task (a training step): no slicing
-                return output + deltas[0](layer, x, output)
+                return output + deltas[0](layer, module, x, output)
             pieces, start = [], 0
             for delta, size in zip(deltas, sizes):
                 rows = output.narrow(0, start, size)
-                added = None if delta is None else delta(layer, x.narrow(0, start, size), rows)
+                added = None if delta is None else delta(layer, module, x.narrow(0, start, size), rows)
                 if output.requires_grad:  # autograd keeps inputs for backward: a new tensor, glued back
                     pieces.append(rows if added is None else rows + added)
                 elif added is not None:  # inference: each task's rows take their delta in place, no copy of the batch

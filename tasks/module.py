@@ -84,7 +84,7 @@ class TrunkModule(L.LightningModule):
         compile: ``torch.compile`` each block (trunk and decoder). Off by default: on the reference
             2-core CPU it made the step slower (0.93x in bf16, after a 38 s warm-up; docs/speed.md);
             try it on GPUs.
-        peft: task -> its delta on a frozen trunk, ``{method: lora | adapter, r, alpha, dropout, targets, layers, norms}``
+        peft: task -> its delta on a frozen trunk, ``{method: lora | adapter, r, alpha, dropout, targets, layers, norms, dora}``
             (``trunk.models.deltas.DeltaConfig``): the trunk is frozen, and each listed task trains only its delta and
             its head (tasks not listed train their head alone). A task's delta is kept with its head.
         aux_mlm: the weight of an auxiliary masked-LM loss on every text task's own training batches (0: off;

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 from trunk.models import TrunkConfig, build_trunk
-from trunk.models.deltas import DeltaConfig, DeltaRouter, NormShift, TaskDelta
+from trunk.models.deltas import DeltaConfig, DeltaRouter, LoRA, NormShift, TaskDelta
 
 CFG = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, dropout=0.0, attn_dropout=0.0)
 
@@ -37,7 +37,7 @@ def randomise(delta):
             p.normal_(0, 0.2)
 
 
-KINDS_OF_DELTA = [{"method": "lora"}, {"method": "adapter"}, {"method": "lora", "norms": True}]
+KINDS_OF_DELTA = [{"method": "lora"}, {"method": "adapter"}, {"method": "lora", "norms": True}, {"method": "lora", "dora": True}]
 
 
 @pytest.mark.parametrize("kind", KINDS_OF_DELTA)
@@ -90,8 +90,22 @@ def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_an
     assert deltas["top"].blocks() == {1}  # the final norm counts as the top block's: the blocks below stay shared
 
 
-def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk():
-    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, alpha=8, norms=True), "b": DeltaConfig(r=4)})
+def test_dora_computes_the_adapted_weight_with_rows_of_the_learned_lengths():
+    torch.manual_seed(0)
+    layer, part = torch.nn.Linear(6, 4), LoRA(6, 4, r=2, alpha=4.0, dropout=0.0, dora=True)
+    randomise(part)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        got = layer(x) + part(x, layer, layer(x))
+        adapted = layer.weight + part.weight_delta()
+        lengths = layer.weight.norm(dim=1) * (1 + part.magnitude)
+        expected = x @ (adapted * (lengths / adapted.norm(dim=1))[:, None]).t() + layer.bias
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk(dora):
+    trunk, router, deltas = trunk_with({"a": DeltaConfig(r=4, alpha=8, norms=True, dora=dora), "b": DeltaConfig(r=4)})
     randomise(deltas["a"])
     ids, mask = batch(padded=True)
     original = {k: v.clone() for k, v in trunk.state_dict().items()}
@@ -116,6 +130,7 @@ def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk
     ({"method": "prefix"}, r"peft method 'prefix': choose one of \['lora', 'adapter'\]"),
     ({"dropout": 1.0}, r"peft dropout=1.0 must be a probability in \[0, 1\)"),
     ({"layers": (1, 2)}, r"peft layers \[2\]: this trunk's blocks are 0 .. 1"),
+    ({"method": "adapter", "dora": True}, r"peft dora=true is a form of LoRA; method 'adapter' cannot take it"),
 ])
 def test_bad_delta_options_say_what_is_wrong(options, message):
     with pytest.raises(ValueError, match=message):
