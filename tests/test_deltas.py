@@ -144,17 +144,20 @@ def test_a_route_to_a_task_without_a_delta_is_refused():
             pass
 
 
-def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(tiny_cli_args, tmp_path):
+@pytest.mark.parametrize("options", ["method: lora, r: 4", "method: lora, r: 4, norms: true, dora: true"])
+def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(options, tiny_cli_args, tmp_path):
     from trunk.tasks import load
     from trunk.tasks.cli import export_main, run_cli
 
-    cli = run_cli([*tiny_cli_args, "--model.peft={sentiment: {method: lora, r: 4}}", "--trainer.max_steps=4"], run=False)
+    cli = run_cli([*tiny_cli_args, f"--model.peft={{sentiment: {{{options}}}}}", "--trainer.max_steps=4"], run=False)
     before = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
     delta_before = {k: v.clone() for k, v in cli.model.objectives["sentiment"].delta.state_dict().items()}
     cli.trainer.fit(cli.model, cli.datamodule)
     assert all(torch.equal(v, before[k]) for k, v in cli.model.trunk.state_dict().items())  # the trunk: bit-identical
     changed = [k for k, v in cli.model.objectives["sentiment"].delta.state_dict().items() if not torch.equal(v, delta_before[k])]
-    assert changed and all(k.endswith(".B") or k.endswith(".A") for k in changed)
+    learned = (".B", ".A", *((".gain", ".bias", ".magnitude") if "norms" in options else ()))
+    assert changed and all(k.endswith(learned) for k in changed)
+    assert "norms" not in options or {k.rsplit(".", 1)[1] for k in changed} == {"A", "B", "gain", "bias", "magnitude"}
     ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     model = load(ckpt, precision="32-true")
     texts = ["the film was great", "a dull and tedious plot"]
