@@ -87,8 +87,10 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         for key in rows:
             assert torch.equal(flipped.model.state_dict()[key], trained[key].flip(0)), key
 
-    # a delta on the frozen trunk (model.peft: LoRA or an adapter, by turns), kept as a task directory that answers on the trunk
-    peft = f"--model.peft={{t: {{method: {('lora', 'adapter')[list(KINDS).index(name) % 2]}, r: 2}}}}"
+    # a delta on the frozen trunk (model.peft: LoRA, an adapter, DoRA with norm shifts, an adapter with norm shifts, by
+    # turns), kept as a task directory that answers on the trunk
+    deltas = ("method: lora", "method: adapter", "method: lora, norms: true, dora: true", "method: adapter, norms: true")
+    peft = f"--model.peft={{t: {{{deltas[list(KINDS).index(name) % 4]}, r: 2}}}}"
     if fit.model.objectives["t"].exports_trunk:  # pretraining: a frozen trunk would export untrained
         with pytest.raises(ValueError, match=r"model.peft.t: task 't' \(.*\) pretrains the trunk itself"):
             run_cli([*args, peft], run=False)
