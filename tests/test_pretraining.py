@@ -303,7 +303,8 @@ def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
     assert hparams["trunk"]["d_model"] == 32
     assert hparams["tasks"]["t"] == {"class_path": "trunk.tasks.SequenceClassification",
                                      "init_args": {"pooling": "mean", "head_dropout": 0.1, "primary_metric": "acc",
-                                                   "positive_label": None, "class_weights": None, "label_smoothing": 0.0}}
+                                                   "positive_label": None, "class_weights": None, "label_smoothing": 0.0,
+                                                   "pooler": True}}
     rebuilt = TrunkModule(**hparams)
     assert rebuilt.trunk_config == TINY and rebuilt.objectives["t"].pooling == "mean"
 

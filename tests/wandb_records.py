@@ -30,6 +30,8 @@ def records(run_dir: Path):
         if length == 0 and kind == 0:
             position += room
             continue
+        if position + 7 + length > len(data):  # W&B's process is still writing this chunk: the rest comes later
+            return
         chunk = data[position + 7 : position + 7 + length]
         position += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
