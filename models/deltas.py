@@ -1,6 +1,6 @@
 """Per-task deltas on a shared, frozen trunk (parameter-efficient fine-tuning): LoRA on the blocks' linear layers and
-bottleneck adapters after their feed-forward sublayers, one set per task, either with shifts of the trunk's LayerNorm
-gains and biases (LN tuning) if asked.
+bottleneck adapters after their feed-forward sublayers, one set per task. Either can also shift the trunk's LayerNorm
+gains and biases (LN tuning), and a LoRA can be a DoRA.
 
 A task's delta is a module of its own (``TaskDelta``), owned by the task like its head, so a task file is its head
 plus its delta, and the trunk's weights and state-dict keys never change. The trunk runs the deltas through forward
@@ -163,9 +163,10 @@ class TaskDelta(nn.Module):
         parts = {}
         for name, module in backbone.named_modules():
             leaf = name.rsplit(".", 1)[-1]
-            if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and (leaf == "final_norm" or block_of(name, n_layers) in layers):
+            in_layers = leaf == "final_norm" or block_of(name, n_layers) in layers  # the final norm sits above every block
+            if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and in_layers:
                 parts[name] = NormShift(module)
-            if not name.startswith("blocks.") or block_of(name, n_layers) not in layers:
+            if not name.startswith("blocks.") or not in_layers:
                 continue
             if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
                 parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout, config.dora)
@@ -181,7 +182,8 @@ class TaskDelta(nn.Module):
 
     def blocks(self) -> set[int]:
         """The blocks this delta (with its sources) changes."""
-        return {block_of(key.replace("__", "."), self.n_layers) for key in self.parts}.union(*(source.blocks() for source in self.sources.values()))
+        own = {block_of(key.replace("__", "."), self.n_layers) for key in self.parts}
+        return own.union(*(source.blocks() for source in self.sources.values()))
 
     def touches(self, layer: str) -> bool:
         return self.part(layer) is not None or any(source.touches(layer) for source in self.sources.values())
