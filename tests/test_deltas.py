@@ -83,7 +83,10 @@ def test_one_batch_of_several_tasks_equals_each_task_alone(kind, padded):
 
 def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_and_the_final_one():
     _, _, deltas = trunk_with({"all": DeltaConfig(r=4, norms=True), "top": DeltaConfig(r=4, norms=True, layers=(1,))})
-    shifted = lambda delta: sorted(key for key, part in delta.parts.items() if isinstance(part, NormShift))
+
+    def shifted(delta):
+        return sorted(key for key, part in delta.parts.items() if isinstance(part, NormShift))
+
     assert shifted(deltas["all"]) == ["blocks__0__norm_attn", "blocks__0__norm_ff", "blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
     assert shifted(deltas["top"]) == ["blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
     assert sum(p.numel() for part in deltas["all"].parts.values() if isinstance(part, NormShift) for p in part.parameters()) == 5 * 2 * 32
