@@ -16,8 +16,8 @@ depth, heads, FFN and vocabulary, with Trunk's own tokenizer, batch size 64 on b
 where the CPU computes bf16 natively (elsewhere it is emulated, 50-100x slower: no fair figure).
 
 Serving: ``trunk serve`` in its own process on 127.0.0.1; N client threads each send their share of the SST-2 dev
-sentences (so every level sends the same 872), one sentence a request and then ``--per-request`` sentences a
-request, and the table gives sentences/s and the latency percentiles, the throughput as a share of in-process
+sentences (so every level sends the same 872, or ``--passes`` times that), in requests of each ``--per-request``
+size (1: ``{"input": ...}``), and the table gives sentences/s and the latency percentiles, the throughput as a share of in-process
 ``predict``'s, and where the CPU went per sentence (the model's worker, the server's HTTP processes, the client
 threads; read from /proc, so Linux only).
 """
