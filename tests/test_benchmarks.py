@@ -234,12 +234,15 @@ def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new
         recipes += ["--recipe", str(tmp_path / f"{task}.yaml")]
         (tmp_path / f"{task}.yaml").write_text(yaml.safe_dump(recipe))
     command = [sys.executable, str(BENCHMARKS / "peft.py"), *recipes, "--trunk", str(tmp_path / "trunk"), "--method", "lora",
-               "--method", "full", "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
+               "--method", "full", "--method", "lora-small", "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     table = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")}
     assert set(table) == {("recipe", "method"), ("reviews", "lora"), ("moods", "lora"), ("moods", "lora composed of reviews"),
-                          ("reviews", "full"), ("moods", "full")}
+                          ("reviews", "full"), ("moods", "full"), ("reviews", "lora-small"), ("moods", "lora-small")}
+    config = yaml.safe_load(next((tmp_path / "runs" / "reviews" / "lora-small").rglob("config.yaml")).read_text())
+    assert config["model"]["tasks"]["reviews"]["init_args"]["pooler"] is False  # the head without its pooler
+    assert config["model"]["peft"]["reviews"]["norms"] is True
     assert float(table[("reviews", "full")][3].split("(")[1].rstrip("%) ")) == 100  # every weight trains
     lora = table[("reviews", "lora")]
     assert 0 < float(lora[3].split("(")[1].rstrip("%) ")) < 100  # a share of the model trains
