@@ -152,15 +152,13 @@ def main() -> None:
 
 def small_head(recipe: str, task: str) -> str:
     """The option that leaves the pooler out of the task's head, where its kind has one."""
-    import importlib
     import inspect
 
     import yaml
+    from trunk.tasks.module import objective_class
 
-    class_path = yaml.safe_load(Path(recipe).read_text())["model"]["tasks"][task]["class_path"]
-    module, name = class_path.rsplit(".", 1)
-    has_pooler = "pooler" in inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    return f"--model.tasks.{task}.init_args.pooler=false" if has_pooler else ""
+    objective = objective_class(yaml.safe_load(Path(recipe).read_text())["model"]["tasks"][task]["class_path"])
+    return f"--model.tasks.{task}.init_args.pooler=false" if "pooler" in inspect.signature(objective).parameters else ""
 
 
 def task_name(recipe: str) -> str:
