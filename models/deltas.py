@@ -125,8 +125,9 @@ class Bottleneck(nn.Module):
         nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.up(torch.nn.functional.gelu(self.down(h)))
+    def forward(self, x: torch.Tensor, layer: nn.Module, output: torch.Tensor) -> torch.Tensor:
+        """What it adds to its sublayer's ``output`` (read from the output, not the sublayer's input ``x``)."""
+        return self.up(torch.nn.functional.gelu(self.down(output)))
 
 
 class NormShift(nn.Module):
@@ -138,7 +139,8 @@ class NormShift(nn.Module):
         self.shape, self.eps = norm.normalized_shape, norm.eps
         self.gain, self.bias = nn.Parameter(torch.zeros(self.shape)), nn.Parameter(torch.zeros(self.shape))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: nn.LayerNorm, output: torch.Tensor) -> torch.Tensor:
+        """What it adds to the norm's ``output`` for its input ``x``."""
         return nn.functional.layer_norm(x, self.shape, self.gain, self.bias, self.eps)
 
 
@@ -191,12 +193,7 @@ class TaskDelta(nn.Module):
     def forward(self, layer: str, module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """What this delta adds to the output of ``layer`` (``module``; ``x``: its input; an adapter reads the output)."""
         part = self.part(layer)
-        if part is None:
-            added = 0
-        elif isinstance(part, LoRA):
-            added = part(x, module, output)
-        else:
-            added = part(output if isinstance(part, Bottleneck) else x)
+        added = part(x, module, output) if part is not None else 0  # every part: (input, layer, output) -> what it adds
         for i, source in enumerate(self.sources.values()):
             if source.touches(layer):
                 added = added + self.mix[i, block_of(layer, self.n_layers)] * source(layer, module, x, output)
