@@ -1,0 +1,29 @@
+"""Files written before the house was split by job (tests/fixtures/make_legacy.py, commit 88facbf) load with
+today's code and answer as they did then: a checkpoint, a trunk directory with its heads, a trunk with a task
+directory. Their stored class paths (``trunk.tasks.<Objective>``, ``trunk.datamodules.<Data>``) still resolve."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_task_files import assert_same_records
+
+LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy_v0_1"
+EXPECTED = json.loads((LEGACY / "records.json").read_text())
+
+
+@pytest.mark.parametrize("source", [["joint.ckpt"], ["trunk"]], ids=["checkpoint", "trunk directory"])
+def test_a_legacy_checkpoint_and_trunk_directory_answer_as_they_did(source):
+    from trunk.tasks import load
+
+    model = load([LEGACY / s for s in source] if len(source) > 1 else LEGACY / source[0], precision="32-true")
+    assert sorted(model.tasks) == ["ner", "sentiment"]
+    assert_same_records(model.predict(EXPECTED["texts"], task="sentiment"), EXPECTED["records"]["sentiment"])
+    assert_same_records(model.predict(EXPECTED["sentences"], task="ner"), EXPECTED["records"]["ner"])
+
+
+def test_a_legacy_task_directory_on_its_trunk_answers_as_it_did():
+    from trunk.tasks import load
+
+    model = load([LEGACY / "trunk_only", LEGACY / "task_ner"], precision="32-true")
+    assert_same_records(model.predict(EXPECTED["sentences"], task="ner"), EXPECTED["records"]["ner"])
