@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -124,7 +124,7 @@ def stream(args) -> None:
         first_batch = time.perf_counter() - start
         del data, batch
 
-        command = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/pretrain.yaml"),
+        command = [sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/pretrain.yaml"),
                    f"--data.tasks.mlm.init_args.train={corpus}", f"--data.tasks.mlm.init_args.validation={args.validation}",
                    "--data.tasks.mlm.init_args.streaming=true", f"--data.steps_per_epoch={args.steps}",
                    f"--model.init_from={args.trunk}", f"--trainer.max_steps={args.steps}", "--trainer.limit_val_batches=10",

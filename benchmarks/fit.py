@@ -13,8 +13,8 @@ import sys
 import time
 
 import torch
-from trunk.tasks.cli import run_cli
-from trunk.tasks.precision import cpu_info
+from trunk.cli import run_cli
+from trunk.training.precision import cpu_info
 
 
 def main(args: list[str]) -> None:

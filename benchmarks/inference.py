@@ -45,7 +45,7 @@ from unittest import mock
 import torch
 from trunk.models.kernels import Unpadded
 from trunk.tasks import load
-from trunk.tasks.precision import cpu_bf16_is_native, cpu_info
+from trunk.training.precision import cpu_bf16_is_native, cpu_info
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,13 +76,13 @@ def make_model(data: Path, directory: Path) -> Path:
     """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs."""
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
     paths = [f"--data.tasks.{task}.{split}={data / path}" for task, files in splits.items() for split, path in zip(("train", "validation"), files)]
-    run = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
+    run = [sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
            *paths, "--data.tasks.sst2.test=null", "--data.tasks.conll.test=null", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
            "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={directory / 'run'}",
            "--trainer.logger=false"]
     subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
     ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
-    subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(ckpt), str(directory / "model"), "--onnx"], check=True,
+    subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(ckpt), str(directory / "model"), "--onnx"], check=True,
                    stdout=subprocess.DEVNULL)
     return directory / "model"
 
@@ -97,14 +97,14 @@ def make_task_files(data: Path, directory: Path, layers: str = "null") -> list[P
             f"--data.tasks.trec.train={data / 'trec/train_5500.label'}", r"--data.tasks.trec.line_pattern=(?P<label>[A-Z]+):\S+ (?P<text>.+)",
             "--data.tasks.trec.encoding=latin-1", "--data.tasks.trec.max_length=64", "--data.weights={sst2: 1, conll: 1, trec: 1}"]
     lora = f"{{method: lora, r: 8, alpha: 16, targets: [q_proj, kv_proj], layers: {layers}}}"
-    run = [sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
+    run = [sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/joint_sst2_conll.yaml"), "--model.init_from=null",
            *paths, *trec, "--data.tasks.sst2.test=null", "--data.tasks.conll.test=null", "--trainer.max_steps=3",
            "--trainer.limit_val_batches=0", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
            f"--trainer.default_root_dir={directory / 'run'}", "--trainer.logger=false", "--model.task_weights=null",
            f"--model.peft={{sst2: {lora}, conll: {lora}, trec: {lora}}}"]
     subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
     ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
-    export = [sys.executable, "-m", "trunk.tasks.cli", "export", str(ckpt)]
+    export = [sys.executable, "-m", "trunk.cli", "export", str(ckpt)]
     subprocess.run([*export, str(directory / "trunk"), "--trunk-only"], check=True, stdout=subprocess.DEVNULL)
     for task in ("sst2", "conll", "trec"):
         subprocess.run([*export, str(directory / task), "--task", task], check=True, stdout=subprocess.DEVNULL)
@@ -255,7 +255,7 @@ def onnx_runtime(model: Path, inputs: dict, rounds: int) -> None:
 def optimisations(model: Path, inputs: dict, rounds: int) -> None:
     """Each of predict's optimisations turned off in turn, against all on."""
     import trunk.models.trunk as trunk_module
-    import trunk.tasks.api as api
+    import trunk.inference.predictor as api
 
     predictor = load(model, precision="32-true")
     switches = {"batches in input order (no length sorting)": mock.patch.object(api, "length_order", lambda lengths: list(range(len(lengths)))),
@@ -285,7 +285,7 @@ class Served:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.log, self.local = tempfile.TemporaryFile(), threading.local()
-        self.process = subprocess.Popen([sys.executable, "-m", "trunk.tasks.cli", "serve", str(model), f"--port={self.port}", *options],
+        self.process = subprocess.Popen([sys.executable, "-m", "trunk.cli", "serve", str(model), f"--port={self.port}", *options],
                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         for _ in range(240):
             with contextlib.suppress(OSError):

@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=["auto", "32-true", "bf16-mixed"], default="auto",
                         help="auto: bf16-mixed where bf16 is native, else 32-true (as trainer.precision: auto)")
     args = parser.parse_args()
-    from trunk.tasks.precision import choose_precision, cpu_info
+    from trunk.training.precision import choose_precision, cpu_info
 
     precision = choose_precision("cpu")[0] if args.precision == "auto" else args.precision
     dtype = torch.bfloat16 if precision.startswith("bf16") else None

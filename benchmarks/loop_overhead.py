@@ -27,9 +27,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from trunk.tasks.precision import cpu_info
-from trunk.tasks.cli import quiet_third_party, run_cli
-from trunk.tasks.optim import WarmupDecayLR
+from trunk.training.precision import cpu_info
+from trunk.cli.fit import quiet_third_party, run_cli
+from trunk.training.optim import WarmupDecayLR
 
 SIZE = ["--model.trunk.d_model=256", "--model.trunk.n_layers=4", "--model.trunk.n_heads=4", "--model.trunk.d_ff=1024"]
 WARMUP_STEPS = 5
@@ -104,9 +104,9 @@ def main() -> None:
                         help="the CLI's progress bar: rich (where installed) or tqdm (a plain install)")
     options = parser.parse_args()
     if options.bar == "tqdm":
-        import trunk.tasks.cli
+        import trunk.training.callbacks
 
-        trunk.tasks.cli._RICH_AVAILABLE = False  # as where rich is not installed
+        trunk.training.callbacks._RICH_AVAILABLE = False  # as where rich is not installed (run_callbacks reads it)
     quiet_third_party()
     os.chdir(Path(__file__).resolve().parent.parent)  # the recipe's relative paths
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "

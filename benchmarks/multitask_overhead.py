@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 from torch.utils.data import DataLoader
 from trunk.datamodules import MultiTaskData, TextClassificationData
 from trunk.datamodules.builtin import sentiment_example

@@ -70,9 +70,9 @@ def directory_bytes(path: Path) -> int:
 
 def one_run(recipe: str, method: str, arguments: list[str], root: Path) -> dict:
     """One `trunk fit` in this process, and what the table reports of it."""
-    from trunk.tasks.cli import run_cli
-    from trunk.tasks.pretrained import export_checkpoint, load_pretrained
-    from trunk.tasks.task_files import save_task
+    from trunk.cli import run_cli
+    from trunk.formats.trunk_dir import export_checkpoint, load_pretrained
+    from trunk.formats.task_dir import save_task
 
     clock = StepClock()
     start = time.perf_counter()
@@ -155,7 +155,7 @@ def small_head(recipe: str, task: str) -> str:
     import inspect
 
     import yaml
-    from trunk.tasks.module import objective_class
+    from trunk.training.module import objective_class
 
     objective = objective_class(yaml.safe_load(Path(recipe).read_text())["model"]["tasks"][task]["class_path"])
     return f"--model.tasks.{task}.init_args.pooler=false" if "pooler" in inspect.signature(objective).parameters else ""
@@ -172,7 +172,7 @@ def task_name(recipe: str) -> str:
 
 
 def print_table(rows: list[dict], trunk: str) -> None:
-    from trunk.tasks.precision import cpu_info
+    from trunk.training.precision import cpu_info
 
     trunk_bytes = directory_bytes(Path(trunk))
     print(f"\n{os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; trunk {trunk} ({trunk_bytes / 2**20:.1f} MiB)\n")

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 import yaml
 from loop_overhead import StepClock, median_step  # benchmarks/loop_overhead.py, beside this script
-from trunk.tasks.cli import quiet_third_party, run_cli
-from trunk.tasks.precision import choose_precision, cpu_info
+from trunk.cli.fit import quiet_third_party, run_cli
+from trunk.training.precision import choose_precision, cpu_info
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed")
 

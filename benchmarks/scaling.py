@@ -18,7 +18,7 @@ import statistics
 import time
 
 import torch
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 from throughput import matmul_peak  # benchmarks/throughput.py
 

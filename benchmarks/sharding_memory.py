@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 
 MIB = 2**20
 

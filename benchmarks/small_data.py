@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from baselines import BASELINES, task_data  # noqa: E402
 from ledger import Ledger  # noqa: E402
-from trunk.tasks.cli import run_cli  # noqa: E402
-from trunk.tasks.precision import cpu_info  # noqa: E402
+from trunk.cli import run_cli  # noqa: E402
+from trunk.training.precision import cpu_info  # noqa: E402
 
 
 def baseline(recipe: str) -> tuple[str, float]:

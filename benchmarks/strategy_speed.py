@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 
 GLOBAL_BATCH, LENGTH, WARMUP = 32, 128, 5
 
@@ -35,7 +35,7 @@ def run(mode: str, steps: int, precision: str, out: Path) -> None:
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.utils.data import DataLoader
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
-    from trunk.tasks.callbacks import ExportTrunk
+    from trunk.training.callbacks import ExportTrunk
 
     class NoExport(ExportTrunk):  # pretraining ends with an export (no tokenizer here): not what is timed
         def on_fit_end(self, trainer, pl_module) -> None:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from trunk.tasks.precision import cpu_info
+from trunk.training.precision import cpu_info
 from trunk.models import SpecialIds, TrunkConfig, beam_search, greedy_search
 from trunk.tasks import (
     ImageClassification,

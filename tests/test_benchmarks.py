@@ -213,7 +213,7 @@ def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_p
 
 def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new_task(tmp_path):
     import yaml
-    from trunk.tasks.cli import export_main, run_cli
+    from trunk.cli import export_main, run_cli
 
     files = review_files(tmp_path, {"train": 120, "test": 40})
     base = run_cli(["fit", "--model.tasks.base=trunk.tasks.SequenceClassification", "--data.tasks.base=trunk.datamodules.TextClassificationData",

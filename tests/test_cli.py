@@ -13,8 +13,8 @@ import yaml
 from conftest import REPO, single_task
 from kinds import DATA_FILES, recipe_task_args
 from trunk.tasks import TrunkModule
-from trunk.tasks.api import Predictor
-from trunk.tasks.cli import run_cli
+from trunk.inference.predictor import Predictor
+from trunk.cli import run_cli
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -102,7 +102,7 @@ def test_bf16_mixed_precision_run(tiny_cli_args):
 def test_two_process_ddp_run_on_cpu(tiny_cli_args, tmp_path):
     """The real command with Lightning's `ddp` launcher: 2 processes, gloo, one shared tokenizer."""
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
-    cmd = [sys.executable, "-m", "trunk.tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
+    cmd = [sys.executable, "-m", "trunk.cli", "fit", *args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
            "--trainer.max_epochs=2"]
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -160,7 +160,7 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
     from trunk.models import TrunkConfig, build_trunk
-    from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained
+    from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
 
     with sentiment_files["train"].open() as f:
         tokenizer = train_wordpiece([row["text"] for row in csv.DictReader(f)], vocab_size=300)
@@ -229,7 +229,7 @@ def test_installed_under_one_namespace_beside_a_users_own_models_package(tmp_pat
 
 
 def test_predictions_that_are_not_finite_are_an_error_not_invalid_json(tmp_path):
-    from trunk.tasks.callbacks import PredictionWriter
+    from trunk.training.callbacks import PredictionWriter
 
     writer = PredictionWriter(output=str(tmp_path / "p.jsonl"))
     trainer = type("T", (), {"global_rank": 0, "world_size": 1, "log_dir": str(tmp_path), "datamodule": None})()
@@ -298,7 +298,7 @@ def test_a_config_file_that_is_not_yaml_is_one_clear_line(tmp_path):
 
 
 def test_an_interrupted_predict_leaves_the_previous_predictions_whole(tmp_path):
-    from trunk.tasks.callbacks import PredictionWriter
+    from trunk.training.callbacks import PredictionWriter
 
     out = tmp_path / "p.jsonl"
     out.write_text('{"label": "old"}\n')
@@ -318,7 +318,7 @@ def test_an_interrupted_predict_leaves_the_previous_predictions_whole(tmp_path):
 def test_a_data_error_is_one_line_from_the_command(tmp_path):
     bad = tmp_path / "train.xml"
     bad.write_text("<rows/>")
-    result = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+    result = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
                              "--data.tasks.sentiment.dataset=null", f"--data.tasks.sentiment.train={bad}",
                              f"--trainer.default_root_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -337,12 +337,12 @@ def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_abou
 
 def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(tiny_cli_args, monkeypatch):
     """Redrawing after every step cost 6-8% of a step: the CLI's bar (rich where installed, else tqdm) draws at most every 0.5 s."""
-    from trunk.tasks.callbacks import ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
+    from trunk.training.callbacks import ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
 
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
     for rich in {_RICH_AVAILABLE, False}:
-        monkeypatch.setattr("trunk.tasks.callbacks._RICH_AVAILABLE", rich)
+        monkeypatch.setattr("trunk.training.callbacks._RICH_AVAILABLE", rich)
         cli = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true"], run=False)
         bars = [c for c in cli.trainer.callbacks if isinstance(c, ThrottledBar)]
         assert len(bars) == 1 and cli.trainer.progress_bar_callback is bars[0]
@@ -352,10 +352,10 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
                   run=False)  # a bar of the user's own is kept, alone
     assert type(own.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
     assert not any(isinstance(c, ThrottledBar) for c in own.trainer.callbacks)
-    from trunk.tasks.callbacks import Throttle
+    from trunk.training.callbacks import Throttle
 
     throttle, clock = Throttle(interval=0.5), [100.0]
-    monkeypatch.setattr("trunk.tasks.callbacks.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("trunk.training.callbacks.progress.time.monotonic", lambda: clock[0])
     drawn = []
     for step in range(10):  # 0.2 s per step, 10 steps in the epoch
         drawn.append(throttle.due(step, 10))
@@ -379,7 +379,7 @@ def test_two_nodes_through_torchrun_on_localhost(tiny_cli_args, tmp_path):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
-                               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "trunk.tasks.cli", "fit", *args],
+                               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "trunk.cli", "fit", *args],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for rank in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
@@ -404,9 +404,9 @@ def test_a_gpu_only_strategy_on_cpu_names_the_cpu_alternative(strategy, tiny_cli
 
 
 def test_help_lists_every_subcommand_with_a_one_line_summary():
-    from trunk.tasks.cli import SUBCOMMANDS
+    from trunk.cli import SUBCOMMANDS
 
-    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # the help text is reflowed
     for name, summary in SUBCOMMANDS.items():
@@ -422,8 +422,8 @@ def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms
 
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.default_root_dir")]
     cli = run_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}", "--trainer.log_every_n_steps=2",
-                   "--trainer.callbacks+=trunk.tasks.callbacks.Throughput", "--trainer.callbacks.peak_flops=1e12",
-                   "--trainer.callbacks+=trunk.tasks.callbacks.Norms", "--trainer.callbacks.every_n_steps=2"])
+                   "--trainer.callbacks+=trunk.training.callbacks.Throughput", "--trainer.callbacks.peak_flops=1e12",
+                   "--trainer.callbacks+=trunk.training.callbacks.Norms", "--trainer.callbacks.every_n_steps=2"])
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     series = lambda key: [float(r[key]) for r in rows if r.get(key)]  # noqa: E731
     groups = [g["name"] for g in cli.trainer.optimizers[0].param_groups]
@@ -442,7 +442,7 @@ def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms
 def test_validation_samples_are_written_as_json_lines_without_wandb(tiny_cli_args, tmp_path):
     """The same rows every epoch, capped (with one warning) at the validation split's size."""
     with pytest.warns(UserWarning, match="has 64 validation examples .* fewer than rows=100") as caught:
-        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2", "--trainer.callbacks+=trunk.tasks.callbacks.PredictionSamples",
+        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2", "--trainer.callbacks+=trunk.training.callbacks.PredictionSamples",
                        "--trainer.callbacks.rows=100"])
     assert sum("fewer than rows" in str(w.message) for w in caught) == 1
     lines = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.jsonl").read_text().splitlines()]

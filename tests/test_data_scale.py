@@ -157,7 +157,7 @@ def test_under_ddp_one_process_encodes_and_the_other_reads_the_cache(tiny_cli_ar
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
     args += ["--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=2", "--trainer.callbacks+=probes.CountEncodes",
              f"--trainer.callbacks.path={record}"]
-    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args], cwd=tmp_path, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = record.read_text().split("\n")[:-1]
@@ -234,7 +234,7 @@ def test_a_streamed_epoch_continues_where_the_last_one_stopped_and_a_resumed_run
 
 def test_streamed_pretraining_trains_through_the_cli(tmp_path, corpus_tokenizer):
     from conftest import TINY_MODEL, single_task
-    from trunk.tasks.cli import run_cli
+    from trunk.cli import run_cli
 
     path = corpus_file(tmp_path)
     tiny = [a.replace("SequenceClassification", "MaskedLanguageModeling") for a in TINY_MODEL]

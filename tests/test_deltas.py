@@ -1,4 +1,4 @@
-"""Per-task deltas (models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
+"""Per-task deltas (trunk/models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
 
 import contextlib
 import dataclasses
@@ -150,7 +150,7 @@ def test_a_route_to_a_task_without_a_delta_is_refused():
 @pytest.mark.parametrize("options", ["method: lora, r: 4", "method: lora, r: 4, norms: true, dora: true"])
 def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(options, tiny_cli_args, tmp_path):
     from trunk.tasks import load
-    from trunk.tasks.cli import export_main, run_cli
+    from trunk.cli import export_main, run_cli
 
     cli = run_cli([*tiny_cli_args, f"--model.peft={{sentiment: {{{options}}}}}", "--trainer.max_steps=4"], run=False)
     before = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
@@ -189,7 +189,7 @@ def test_a_delta_on_the_top_block_leaves_the_blocks_below_alone():
 def test_several_tasks_deltas_answer_from_one_forked_pass_as_each_task_alone(sentiment_files, tmp_path):
     from conftest import single_task
     from trunk.tasks import load
-    from trunk.tasks.cli import run_cli
+    from trunk.cli import run_cli
 
     args = []
     for task in ("a", "b"):

@@ -33,7 +33,7 @@ def fit_args(root: Path, sentiment_files, ner_files, epochs: int = 2) -> list[st
 
 def trunk(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=env)
 
 
@@ -98,7 +98,7 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(sign
 
 
 def test_the_resume_command_drops_the_old_ckpt_path_in_either_spelling():
-    from trunk.tasks.fault_tolerance import without_option
+    from trunk.training.fault_tolerance import without_option
 
     args = ["--config", "r.yaml", "--ckpt_path", "last", "--trainer.max_steps=9", "--ckpt_path=x.ckpt", "--ckpt_paths_x=1"]
     assert without_option(args, "--ckpt_path") == ["--config", "r.yaml", "--trainer.max_steps=9", "--ckpt_paths_x=1"]

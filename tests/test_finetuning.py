@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 from trunk.tasks import FinetuneConfig, SequenceClassification, TrunkModule
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 
 def fit(tiny_cli_args, *options, epochs: int = 1, callbacks=()):
@@ -139,7 +139,7 @@ def test_gradual_unfreezing_under_ddp_and_fsdp2_thaws_what_one_process_thaws(tin
                  f"--trainer.callbacks.path={record}", f"--trainer.default_root_dir={tmp_path / mode}"]
         args += {"one": ["--trainer.devices=1"], "ddp": ["--trainer.devices=2", "--trainer.strategy=ddp"],
                  "fsdp2": ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml")]}[mode]
-        done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args], cwd=tmp_path, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args], cwd=tmp_path, capture_output=True,
                               text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         records[mode] = json.loads(record.read_text())

@@ -3,7 +3,7 @@ a directory; without the network, an error that says how to download it elsewher
 
 import pytest
 from trunk.tasks import load
-from trunk.tasks.cli import export_main, run_cli
+from trunk.cli import export_main, run_cli
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from conftest import single_task
 from trunk.datamodules import ImageClassificationData
 from trunk.datamodules.images import read_idx
 from trunk.models import PatchStem, TrunkConfig, sinusoidal_positions_2d
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 
 def stem(positions: str = "learned", image_size: int = 28, patch_size: int = 4, channels: int = 1) -> PatchStem:
@@ -187,7 +187,7 @@ def test_a_text_trunk_initialises_the_vit_blocks(tmp_path):
     from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
     from trunk.models import build_trunk
-    from trunk.tasks.pretrained import PretrainedTrunk, save_pretrained
+    from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
 
     tokenizer = train_wordpiece(["some text to train a tokenizer on"] * 20, vocab_size=60)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)

@@ -27,3 +27,15 @@ def test_a_legacy_task_directory_on_its_trunk_answers_as_it_did():
 
     model = load([LEGACY / "trunk_only", LEGACY / "task_ner"], precision="32-true")
     assert_same_records(model.predict(EXPECTED["sentences"], task="ner"), EXPECTED["records"]["ner"])
+
+
+def test_class_paths_that_configs_stored_before_the_split_still_resolve(tiny_cli_args):
+    """``trunk.tasks.callbacks.*`` in a config, and ``trunk.tasks.load`` / ``TrunkModule`` in code, as the README named them."""
+    import trunk.tasks
+    from trunk.cli import run_cli
+    from trunk.training.callbacks import Throughput
+    from trunk.training.module import TrunkModule
+
+    cli = run_cli([*tiny_cli_args, "--trainer.callbacks=trunk.tasks.callbacks.Throughput"], run=False)
+    assert any(isinstance(c, Throughput) for c in cli.trainer.callbacks)
+    assert trunk.tasks.TrunkModule is TrunkModule and callable(trunk.tasks.load)

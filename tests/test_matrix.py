@@ -11,7 +11,7 @@ import torch
 from conftest import single_task
 from kinds import DATA_FILES, KINDS
 from trunk.tasks import load
-from trunk.tasks.cli import export_main, run_cli
+from trunk.cli import export_main, run_cli
 
 TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
          "--model.trunk.max_len=128", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0"]
@@ -40,7 +40,7 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
     if "test" in kind.splits:
         tested = run_cli(["test", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
         assert "test/score" in tested
-    if labels:  # the labels named in another order: the same answers (trunk.tasks.run matches them by name)
+    if labels:  # the labels named in another order: the same answers (trunk.assembly.run matches them by name)
         swapped = f"--data.tasks.t.{kind.label_option}={json.dumps(labels[::-1])}"
         again = run_cli(["validate", *args, f"--ckpt_path={ckpt}", swapped]).trainer.callback_metrics
         assert again["val/t/loss"].item() == pytest.approx(metrics["val/t/loss"].item(), rel=1e-5)
@@ -128,7 +128,7 @@ def onnx_matches_pytorch(directory, tolerance: float = 1e-4, with_delta: bool = 
     """ONNX Runtime's outputs equal PyTorch's (within ``tolerance``) for random token ids of several batch sizes and
     lengths, with padding: the graph's batch and sequence axes are dynamic and it honours the mask."""
     import onnxruntime
-    from trunk.tasks.onnx_export import TaskGraph
+    from trunk.formats.onnx import TaskGraph
 
     predictor = load(directory, precision="32-true")
     listing = json.loads((directory / "onnx" / "tasks.json").read_text())
@@ -158,11 +158,11 @@ def onnx_matches_pytorch(directory, tolerance: float = 1e-4, with_delta: bool = 
 def test_onnx_export_without_its_extra_says_how_to_install_it(monkeypatch, tmp_path):
     import sys
 
-    from trunk.tasks.onnx_export import export_onnx
+    from trunk.formats.onnx import export_onnx
 
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed
     with pytest.raises(ImportError, match=r"onnxscript is missing\): pip install 'trunk\[onnx\]'"):
-        export_onnx(tmp_path)
+        export_onnx(None, tmp_path)
 
 
 def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_path):

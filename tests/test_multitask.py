@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import REPO, write_rows
 from trunk.tasks import SequenceClassification, TrunkModule, load
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
          "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3"]
@@ -75,7 +75,7 @@ def test_per_task_metrics_equal_single_task_evaluation_on_the_same_weights(joint
 
 
 def test_multi_head_checkpoint_and_directory_predict_identically_for_every_task(joint, tmp_path):
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     cli, args = joint
     ckpt = cli.trainer.checkpoint_callback.best_model_path
@@ -113,7 +113,7 @@ def test_multi_head_checkpoint_and_directory_predict_identically_for_every_task(
 
 
 def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     cli, _ = joint
     export_main([cli.trainer.checkpoint_callback.best_model_path, str(tmp_path / "exported")])
@@ -190,13 +190,13 @@ def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_f
     args = [*TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files), *trainer(tmp_path / "run")]
     args = [a for a in args if not a.startswith("--trainer.devices")]
     ddp = ["--config", str(REPO / f"configs/trainer/{preset}.yaml")]
-    result = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True,
                             text=True, timeout=600, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))
     assert torch.load(ckpt, weights_only=True)["global_step"] == 8 + 13  # per rank: ceil(128/16) + ceil(100/8)
     one = run_cli(["validate", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
-    two = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
+    two = subprocess.run([sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})  # a rich table prints numbers whole
     assert two.returncode == 0, two.stderr[-3000:]
     for name in ("val/sentiment/acc", "val/ner/f1", "val/ner/acc"):  # 64 and 40 rows: no padding duplicates on 2 ranks

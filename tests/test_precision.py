@@ -10,9 +10,9 @@ import yaml
 from conftest import REPO
 from trunk.models import TrunkConfig
 from trunk.tasks import SequenceClassification, TrunkModule
-from trunk.tasks import precision as P
-from trunk.tasks.api import Predictor
-from trunk.tasks.cli import LIGHTNING_PRECISION, TrunkTrainer, run_cli
+from trunk.training import precision as P
+from trunk.inference.predictor import Predictor
+from trunk.cli.fit import LIGHTNING_PRECISION, TrunkTrainer, run_cli
 
 AVX2 = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c avx2 fma\n"
 AVX512 = "model name\t: Intel Xeon Platinum 8168\nflags\t\t: fpu sse avx avx2 avx512f avx512bw\n"

@@ -16,8 +16,8 @@ from trunk.core.codec import IGNORE_INDEX, SPECIAL_TOKENS
 from trunk.datamodules.tokenizer import train_wordpiece
 from trunk.models import TrunkConfig, build_trunk
 from trunk.tasks import MaskedLanguageModeling, ReplacedTokenDetection, SequenceClassification, TrunkModule
-from trunk.tasks.cli import export_main, run_cli
-from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, save_pretrained
+from trunk.cli import export_main, run_cli
+from trunk.formats.trunk_dir import PretrainedTrunk, load_pretrained, save_pretrained
 
 TINY = TrunkConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
 
@@ -463,7 +463,7 @@ def test_a_reader_never_finds_the_trunk_directory_missing_during_a_re_export(tmp
 
 
 def test_the_model_summary_counts_the_tied_decoder_once():
-    from trunk.tasks.callbacks.summary import _SharedOnceSummary
+    from trunk.training.callbacks.summary import _SharedOnceSummary
 
     model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=TrunkConfig(vocab_size=500, d_model=32, n_layers=1, n_heads=2,
                                                                             d_ff=64, max_len=16))
@@ -518,7 +518,7 @@ def test_pretraining_logs_its_trunk_directory_as_a_wandb_artifact_and_export_can
     # `trunk export --wandb-project`: the same, from a checkpoint, in a run of its own
     last = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     (tmp_path / "wandb-dir").mkdir()
-    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", last, str(tmp_path / "exported"), "--wandb-project", "trunk-test"],
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "export", last, str(tmp_path / "exported"), "--wandb-project", "trunk-test"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_DIR": str(tmp_path / "wandb-dir")})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "W&B artifact trunk-exported:latest (offline)" in done.stdout

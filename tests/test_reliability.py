@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_rows
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 
 def trunk(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The `trunk` command as a user runs it (its own process: exit status and stderr as the shell sees them)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -89,7 +89,7 @@ def test_options_out_of_range_are_named_where_they_are_declared(option, message,
 
 # -- files a run writes and reads --------------------------------------------------------------------------------------
 def test_exported_files_get_the_users_umask_and_an_unreadable_one_is_named(tiny_cli_args, tmp_path):
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
     ckpt = fit.trainer.checkpoint_callback.best_model_path or fit.trainer.checkpoint_callback.last_model_path
@@ -102,8 +102,8 @@ def test_exported_files_get_the_users_umask_and_an_unreadable_one_is_named(tiny_
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its mode")
 def test_a_file_this_user_cannot_read_is_named_with_the_fix(tiny_cli_args, tmp_path):
-    from trunk.tasks.cli import export_main
-    from trunk.tasks.pretrained import load_pretrained
+    from trunk.cli import export_main
+    from trunk.formats.trunk_dir import load_pretrained
 
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
     export_main([fit.trainer.checkpoint_callback.last_model_path, str(tmp_path / "trunk")])

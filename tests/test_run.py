@@ -1,4 +1,4 @@
-"""One owner for a run's facts (trunk.tasks.run.resolve): every entry path matches labels by name, reads a
+"""One owner for a run's facts (trunk.assembly.run.resolve): every entry path matches labels by name, reads a
 checkpoint once, and loads without the directory a model was fine-tuned from."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import single_task
 from trunk.tasks import SequenceClassification, load
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 SWAPPED = "--data.tasks.sentiment.label_names=[positive, negative]"
 
@@ -91,7 +91,7 @@ def test_the_resolved_config_records_what_ran(trained, tmp_path):
 
 
 def test_a_fine_tuned_checkpoint_loads_after_its_trunk_directory_is_gone(trained, tmp_path):
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     ckpt, args, _ = trained
     export_main([ckpt, str(tmp_path / "trunk")])
@@ -105,7 +105,7 @@ def test_a_fine_tuned_checkpoint_loads_after_its_trunk_directory_is_gone(trained
 
 
 def test_longer_lengths_are_lowered_to_trained_weights_and_refused_from_scratch(trained, tmp_path):
-    """The one length rule (trunk.tasks.run.fit_lengths): trained weights fix the position table."""
+    """The one length rule (trunk.assembly.run.fit_lengths): trained weights fix the position table."""
     ckpt, args, _ = trained
     cli = run_cli(["validate", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.max_length=100"])
     assert cli.datamodule.tasks["sentiment"].max_length == 64
@@ -136,7 +136,7 @@ def test_a_trunk_without_a_position_table_takes_longer_inputs_and_one_with_a_tab
 
 def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
     """Checkpoints and trunk directories of earlier versions name objectives by the files they lived in."""
-    from trunk.tasks.module import as_objective
+    from trunk.training.module import as_objective
 
     objective = as_objective({"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}})
     assert type(objective).__name__ == "SequenceClassification" and objective.pooling == "mean"
@@ -149,7 +149,7 @@ def test_a_stored_head_starts_a_task_of_another_name_with_its_labels_renamed(tra
     import csv
 
     from conftest import write_rows
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     ckpt, args, tmp = trained
     export_main([ckpt, str(tmp_path / "trunk")])
@@ -177,7 +177,7 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
     from trunk.core.codec import Codec
     from trunk.models import TrunkConfig
     from trunk.tasks import TokenClassification, TrunkModule
-    from trunk.tasks.pretrained import PretrainedTrunk
+    from trunk.formats.trunk_dir import PretrainedTrunk
 
     tiny = TrunkConfig(vocab_size=60, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=16)
     conll = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]

@@ -84,7 +84,7 @@ def test_tensor_parallel_gives_each_process_its_heads_position_bias(positions, t
 
 def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
     from trunk.tasks import SequenceClassification, TrunkModule
-    from trunk.tasks.sharding import tensor_parallel
+    from trunk.training.sharding import tensor_parallel
 
     class Mesh:
         def size(self):
@@ -104,13 +104,13 @@ def test_fsdp2_preset_trains_checkpoints_and_exports_through_the_cli(tiny_cli_ar
     that `trunk test` evaluates and `trunk export` turns into a trunk directory."""
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+    fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
                           "--trainer.max_epochs=2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert "test/sentiment/acc" in fit.stdout + fit.stderr
     checkpoints = sorted((tmp_path / "run").rglob("*.ckpt"))
     assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
-    export = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(checkpoints[0]), str(tmp_path / "trunk")],
+    export = subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(checkpoints[0]), str(tmp_path / "trunk")],
                             capture_output=True, text=True, timeout=300, env=env)
     assert export.returncode == 0, export.stderr[-3000:]
     assert (tmp_path / "trunk" / "config.json").is_file()
@@ -129,7 +129,7 @@ def test_fsdp2_pretraining_in_bf16_exports_a_trunk_equal_to_its_checkpoint(tmp_p
     corpus.write_text("\n".join(sentences(600)) + "\n")
     args = [a for a in pretrain_args(corpus, tmp_path / "run") if not a.startswith(("--trainer.devices", "--trainer.val_check"))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+    fit = subprocess.run([sys.executable, "-m", "trunk.cli", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
                           "--trainer.precision=bf16-mixed", "--trainer.val_check_interval=3",
                           "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
@@ -137,7 +137,7 @@ def test_fsdp2_pretraining_in_bf16_exports_a_trunk_equal_to_its_checkpoint(tmp_p
     exported = load_file(str(tmp_path / "run" / "trunk" / "model.safetensors"))
     last = next((tmp_path / "run").rglob("last.ckpt"))
     assert torch.load(last, weights_only=True)["global_step"] == 6
-    again = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(last), str(tmp_path / "from_ckpt")],
+    again = subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(last), str(tmp_path / "from_ckpt")],
                            capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     from_checkpoint = load_file(str(tmp_path / "from_ckpt" / "model.safetensors"))
@@ -160,14 +160,14 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
     exports = {}
     for sharded in (False, True):
         root = tmp_path / ("sharded" if sharded else "consolidated")
-        fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, *fsdp2, f"--trainer.default_root_dir={root}",
+        fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *fsdp2, f"--trainer.default_root_dir={root}",
                               f"--trainer.strategy.init_args.save_distributed_checkpoint={str(sharded).lower()}"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         assert fit.returncode == 0, fit.stderr[-3000:]
         last = next(root.rglob("last.ckpt"))
         assert last.is_dir() == sharded
         out = tmp_path / f"trunk_{root.name}"
-        export = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "export", str(last), str(out)], capture_output=True,
+        export = subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(last), str(out)], capture_output=True,
                                 text=True, timeout=300, env=env)
         assert export.returncode == 0, export.stderr[-3000:]
         exports[sharded] = load_file(str(out / "model.safetensors"))
@@ -176,18 +176,18 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
         torch.testing.assert_close(exports[True][key], exports[False][key], msg=key)
     # a run can start from the sharded checkpoint directly (model.init_from), its tokenizer included
     sharded_last = next((tmp_path / "sharded").rglob("last.ckpt"))
-    start = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, f"--model.init_from={sharded_last}",
+    start = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, f"--model.init_from={sharded_last}",
                             "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'from_sharded'}"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert start.returncode == 0, start.stderr[-3000:]
     # and be evaluated from it in one process (`trunk test --ckpt_path DIR`); a plain directory is refused
     test_split = next(a for a in tiny_cli_args if a.startswith("--data.tasks.sentiment.test="))
-    test = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "test", *args, test_split, f"--ckpt_path={sharded_last}",
+    test = subprocess.run([sys.executable, "-m", "trunk.cli", "test", *args, test_split, f"--ckpt_path={sharded_last}",
                            f"--trainer.default_root_dir={tmp_path / 'test'}"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env=env)
     assert test.returncode == 0, test.stderr[-3000:]
     assert "test/sentiment/acc" in test.stdout + test.stderr
-    plain = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
+    plain = subprocess.run([sys.executable, "-m", "trunk.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert plain.returncode != 0 and "is a directory but not a sharded checkpoint" in plain.stderr
 
@@ -230,7 +230,7 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
 
     config = yaml.safe_load((REPO / "configs" / "trainer" / f"{preset}.yaml").read_text())["trainer"]
     assert config["accelerator"] == "gpu" and config["precision"] == "auto"
-    from trunk.tasks.precision import resolve_precision
+    from trunk.training.precision import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))  # an A100

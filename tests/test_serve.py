@@ -23,7 +23,7 @@ from conftest import single_task
 from kinds import KINDS
 from test_matrix import TRUNK, same_records
 from trunk.tasks import load
-from trunk.tasks.cli import export_main, run_cli
+from trunk.cli import export_main, run_cli
 
 pytest.importorskip("litserve")
 
@@ -43,7 +43,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
-        self.process = subprocess.Popen([sys.executable, "-m", "trunk.tasks.cli", "serve", *args, f"--port={self.port}"],
+        self.process = subprocess.Popen([sys.executable, "-m", "trunk.cli", "serve", *args, f"--port={self.port}"],
                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy())
         deadline = time.monotonic() + startup
         while time.monotonic() < deadline:
@@ -222,6 +222,6 @@ def test_a_request_waiting_longer_than_the_timeout_gets_504_and_the_server_goes_
 
 
 def test_serve_names_a_model_that_is_not_there_before_starting(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "serve", str(tmp_path / "nothing.ckpt")], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "nothing.ckpt")], capture_output=True,
                           text=True, timeout=120, env=os.environ.copy())
     assert done.returncode != 0 and "nothing.ckpt" in done.stderr and "Traceback" not in done.stderr

@@ -7,7 +7,7 @@ import pytest
 import torch
 from trunk.core.masking import mask_tokens
 from trunk.tasks import load
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 
 def test_mask_tokens_masks_ordinary_tokens_only_and_labels_what_it_hid():
@@ -52,7 +52,7 @@ def test_aux_mlm_options_that_cannot_work_are_named(tiny_cli_args):
 
 
 def test_reinit_top_starts_the_top_blocks_afresh_and_keeps_the_rest_pretrained(tiny_cli_args, tmp_path):
-    from trunk.tasks.pretrained import export_checkpoint, load_pretrained
+    from trunk.formats.trunk_dir import export_checkpoint, load_pretrained
 
     fit = run_cli(["fit", *tiny_cli_args])
     trunk_dir = export_checkpoint(fit.trainer.checkpoint_callback.best_model_path, tmp_path / "trunk")

@@ -1,4 +1,4 @@
-"""Task directories (tasks/task_files.py) and mixed batches: one trunk, many tasks' deltas, each task a small file."""
+"""Task directories (trunk/formats/task_dir.py) and mixed batches: one trunk, many tasks' deltas, each task a small file."""
 
 import json
 import random
@@ -42,7 +42,7 @@ def last_checkpoint(cli) -> str:
 def runs(tmp_path_factory):
     """A trunk (directory), and a run on it training tasks a (LoRA), b (adapter), c (a head alone) and ner (LoRA), with
     each task exported as a task directory."""
-    from trunk.tasks.cli import export_main, run_cli
+    from trunk.cli import export_main, run_cli
 
     root = tmp_path_factory.mktemp("task_files")
     rng = random.Random(0)
@@ -99,7 +99,7 @@ def test_requests_for_different_tasks_share_one_trunk_pass_and_answer_as_each_ta
 
 def test_a_task_file_is_refused_on_another_trunk_or_twice_or_alone(runs, tmp_path):
     from trunk.tasks import load
-    from trunk.tasks.pretrained import load_pretrained, save_pretrained
+    from trunk.formats.trunk_dir import load_pretrained, save_pretrained
 
     other = load_pretrained(runs["trunk"])
     other.trunk_weights = {k: v + 1e-3 if k.endswith("q_proj.weight") else v for k, v in other.trunk_weights.items()}
@@ -128,7 +128,7 @@ def test_a_task_file_is_refused_on_another_trunk_or_twice_or_alone(runs, tmp_pat
 
 
 def test_export_task_refuses_what_it_cannot_write(runs, tmp_path):
-    from trunk.tasks.cli import export_main
+    from trunk.cli import export_main
 
     with pytest.raises(SystemExit, match=r"^error: .*has no task 'nosuch'; its tasks are \['a', 'b', 'c', 'ner'\]"):
         export_main([runs["ckpt"], str(tmp_path / "x"), "--task", "nosuch"])
@@ -152,7 +152,7 @@ def test_merged_lora_answers_as_unmerged_and_merge_needs_one_lora_task(runs):
 
 def test_init_from_a_trunk_and_task_files_goes_on_with_the_stored_delta(runs, tmp_path):
     from safetensors.torch import load_file
-    from trunk.tasks.cli import run_cli
+    from trunk.cli import run_cli
 
     args = [*classification("a", runs["sentiment"]), *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1"]
     cli = run_cli([*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]", "--model.peft={a: {method: lora, r: 4}}"], run=False)
@@ -168,7 +168,7 @@ def test_init_from_a_trunk_and_task_files_goes_on_with_the_stored_delta(runs, tm
 
 def test_serve_answers_each_task_file_on_one_trunk(runs):
     pytest.importorskip("litserve")
-    from trunk.tasks.serve import PredictRequest, TrunkAPI
+    from trunk.inference.serve import PredictRequest, TrunkAPI
     from trunk.tasks import load
 
     threads = torch.get_num_threads()  # setup sets the process's threads: keep this test process's
@@ -186,7 +186,7 @@ def test_serve_answers_each_task_file_on_one_trunk(runs):
 
 def test_a_new_task_composes_stored_deltas_and_its_task_file_holds_them(runs, tmp_path):
     from trunk.tasks import load
-    from trunk.tasks.cli import export_main, run_cli
+    from trunk.cli import export_main, run_cli
 
     args = [*classification("d", runs["sentiment"]), *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3",
             f"--model.init_from=[{runs['trunk']},{runs['a']},{runs['b']}]"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from trunk.models import TrunkConfig
 from trunk.datamodules import MultiLabelTextData
 from trunk.tasks import MultiLabelClassification, MultipleChoice, SequenceClassification, SequenceRegression, TrunkModule, load
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 LABELS = ["a", "b", "c"]
@@ -439,12 +439,12 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
             "--trainer.accelerator=cpu", "--trainer.max_steps=20", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0"]
     ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]
-    fit = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True, text=True,
+    fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True, text=True,
                          timeout=900, env=os.environ.copy())
     assert fit.returncode == 0, fit.stderr[-3000:]
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))
     one = run_cli(["validate", *args, "--trainer.devices=1", f"--ckpt_path={ckpt}"]).trainer.callback_metrics
-    two = subprocess.run([sys.executable, "-m", "trunk.tasks.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"], cwd=tmp_path,
+    two = subprocess.run([sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})  # a rich table prints numbers whole
     assert two.returncode == 0, two.stderr[-3000:]
     names = ["val/sentiment/acc", "val/ner/f1", "val/sim/pearson", "val/sim/mse", "val/topics/f1_micro", "val/quiz/acc", "val/qa/f1",

@@ -13,7 +13,7 @@ from trunk.tasks import (
     TokenClassification,
     TrunkModule,
 )
-from trunk.tasks.optim import Lamb, build_optimizer, lr_lambda
+from trunk.training.optim import Lamb, build_optimizer, lr_lambda
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 

@@ -22,7 +22,7 @@ from trunk.core.tagging import (
 )
 from trunk.datamodules.tokenizer import train_wordpiece
 from trunk.tasks import EntityF1
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 # -- tag schemes ------------------------------------------------------------------------------------
 
@@ -340,7 +340,7 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
     from trunk.core.codec import Codec
     from trunk.models import TrunkConfig, build_trunk
-    from trunk.tasks.pretrained import PretrainedTrunk, load_pretrained, save_pretrained
+    from trunk.formats.trunk_dir import PretrainedTrunk, load_pretrained, save_pretrained
 
     tokenizer = train_wordpiece((" ".join(s) for s in read_conll(ner_files["train"])["tokens"]), vocab_size=200, lowercase=False)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64)

@@ -11,7 +11,7 @@ from conftest import reversal_pairs, single_task, standalone
 from trunk.datamodules import TranslationData
 from trunk.datamodules.tokenizer import train_bpe
 from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
-from trunk.tasks.cli import run_cli
+from trunk.cli import run_cli
 
 IDS = SpecialIds(bos=2, eos=3, pad=0, banned=(0, 2, 4))
 

@@ -1,5 +1,5 @@
 """The run contract: what the model must know of each task's data, decided once per run by
-``trunk.tasks.run.resolve`` and saved with the model (a checkpoint's ``hyper_parameters.task_info``)."""
+``trunk.assembly.run.resolve`` and saved with the model (a checkpoint's ``hyper_parameters.task_info``)."""
 
 from __future__ import annotations
 

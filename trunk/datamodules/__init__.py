@@ -1,7 +1,7 @@
 """Data: raw rows (hub, local files, built-in) -> tokenized, dynamically padded batches, per task.
 
 ``MultiTaskData`` is the datamodule of every run; each of its tasks has a ``TaskData``. The batch
-contract shared by every objective is documented in ``datamodules/text.py`` and docs/configuration.md.
+contract shared by every objective is documented in ``trunk/datamodules/text.py`` and docs/configuration.md.
 """
 
 from trunk.datamodules.corpus import CorpusData, TokenMasker

@@ -213,7 +213,7 @@ class MultiTaskData(L.LightningDataModule):
         return {name: m for name, m in self.tasks.items() if isinstance(m, TextDataModule)}
 
     def build_codec(self) -> Codec:
-        """The run's tokenizers when nothing trained brings them (``trunk.tasks.run`` decides): ``tokenizer``
+        """The run's tokenizers when nothing trained brings them (``trunk.assembly.run`` decides): ``tokenizer``
         loaded, else trained once on every text task's training text (cached, keyed by all of it); a
         translation task with a vocabulary of its own adds its target tokenizer."""
         tokenizer = None
@@ -252,7 +252,7 @@ class MultiTaskData(L.LightningDataModule):
 
     @property
     def codec(self) -> Codec:
-        """The run's tokenizers: as connected, or built now (data used without ``trunk.tasks.run``)."""
+        """The run's tokenizers: as connected, or built now (data used without ``trunk.assembly.run``)."""
         if self._codec is None:
             self.connect(self.build_codec())
         return self._codec

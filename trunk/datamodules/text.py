@@ -1,6 +1,6 @@
 """What every task's data shares (``TaskData``), and the base of the text tasks (``TextDataModule``).
 
-A task's data turns rows into batches; ``MultiTaskData`` (``datamodules/multitask.py``) combines
+A task's data turns rows into batches; ``MultiTaskData`` (``trunk/datamodules/multitask.py``) combines
 one or more of them into the run's datamodule, builds the one tokenizer of the run and hands it to
 each (``connect``), and decides which task the next training batch comes from.
 
@@ -370,7 +370,7 @@ class TextDataModule(TaskData):
     Subclasses implement ``tokenizer_columns()``, ``encode(ds, role) -> list[dict]`` (one dict of
     python values per example, for any slice of the split's rows) and ``collate(examples) -> batch``.
 
-    Encoded splits live in an on-disk Arrow cache (``datamodules/encoded.py``), keyed by the rows,
+    Encoded splits live in an on-disk Arrow cache (``trunk/datamodules/encoded.py``), keyed by the rows,
     the tokenizer and every option of the task, and memory-mapped: the next run and every process
     of a distributed run read them instead of tokenizing again. They are built with
     ``datasets.map(batched=True)``, in ``num_proc`` processes.
@@ -557,7 +557,7 @@ class TextDataModule(TaskData):
         return {**super().info(), "max_length": self.max_length}
 
     def prepare(self, role: str) -> None:
-        """Encode one split into the cache, or map the cached encoding (``datamodules/encoded.py``)."""
+        """Encode one split into the cache, or map the cached encoding (``trunk/datamodules/encoded.py``)."""
         if role not in self._encoded:
             ds, notes = encoded_split(self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role))
             self.report_truncation(notes)

@@ -28,7 +28,7 @@ class TokenClassificationData(TextDataModule):
     be class ids: their names come from the dataset's features). The predict split needs words
     only (a one-column file works).
 
-    Tags of any input scheme are read as entity spans (see ``datamodules/tagging.py``) and
+    Tags of any input scheme are read as entity spans (see ``trunk/core/tagging.py``) and
     re-written in ``label_scheme`` for training. Words are split into sub-tokens; either the first
     sub-token of each word carries the word's label (the rest are ignored), or with
     ``label_all_subtokens`` every sub-token does (the entity is re-tagged over sub-tokens).

@@ -2,7 +2,7 @@
 2022: a fixed slope per head) and T5's relative positions (Raffel et al. 2020: a learned scalar per head and distance
 bucket, shared by every layer). Neither adds anything to the embeddings; both see only distances, so they apply to
 inputs longer than the training ones (the extrapolation ALiBi was made for). Rotary positions live in attention itself
-(``models/trunk.py``); learned and sinusoidal tables in the stems.
+(``trunk/models/trunk.py``); learned and sinusoidal tables in the stems.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class TokenStem(nn.Module):
             self.position = nn.Embedding(cfg.max_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.register_buffer("position_table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
-        # "rope": no absolute positions here; attention rotates queries and keys (models/trunk.py)
+        # "rope": no absolute positions here; attention rotates queries and keys (trunk/models/trunk.py)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
         self.token_dropout = cfg.token_dropout

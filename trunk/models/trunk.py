@@ -39,7 +39,7 @@ class TrunkConfig:
     token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
     max_len: int = 512
     # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
-    # attention scores from the query-key distance (models/positions.py), t5's in relative_buckets learned buckets
+    # attention scores from the query-key distance (trunk/models/positions.py), t5's in relative_buckets learned buckets
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] = "learned"
     norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "relu", "silu"] = "gelu"
@@ -47,7 +47,7 @@ class TrunkConfig:
     init_std: float = 0.02
     relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
     relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
-    # local attention (models/local_attention.py): each token sees the tokens at most local_window positions away (0:
+    # local attention (trunk/models/local_attention.py): each token sees the tokens at most local_window positions away (0:
     # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by all
     local_window: int = 0
     global_tokens: int = 1
@@ -144,7 +144,7 @@ class Attention(nn.Module):
     For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
     keys and values between calls: self-attention appends the new tokens' and attends to all of
     them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
-    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``models/positions.py``).
+    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions.py``).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
@@ -171,7 +171,7 @@ class Attention(nn.Module):
         local: SlidingWindow | tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
-        real keys. context: (B, S, C). ``local``: sliding-window self-attention (``models/local_attention.py``), whose
+        real keys. context: (B, S, C). ``local``: sliding-window self-attention (``trunk/models/local_attention.py``), whose
         layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens) instead,
         written out as a (T, T) mask."""
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
@@ -303,7 +303,7 @@ class Backbone(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
         self.position_bias = position_bias(cfg)  # alibi, t5: one for every block
         self.grad_checkpointing = False
-        self.replay = None  # set by whatever adds state-reading hooks (models/deltas.py): see run_block
+        self.replay = None  # set by whatever adds state-reading hooks (trunk/models/deltas.py): see run_block
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward (``run_block``)."""

@@ -1,8 +1,13 @@
-"""The model side: one LightningModule (``TrunkModule``) and an objective per task kind (``objectives/``)."""
+"""Task kinds: an objective per kind (``objectives/``, one file each).
 
-from trunk.tasks.api import Predictor, load
-from trunk.tasks.finetuning import FinetuneConfig
-from trunk.tasks.module import TrunkModule
+This face imports only the objectives. The names that checkpoints, configs and the README stored here before the
+house was split by job (``trunk.tasks.load``, ``Predictor``, ``TrunkModule``, ``OptimConfig``, ``FinetuneConfig``, and
+``trunk.tasks.callbacks.*``) still resolve, each imported from its floor only when asked for (PEP 562), so an
+objective importing ``trunk.tasks`` does not import the training and inference floors above it.
+"""
+
+import importlib
+
 from trunk.tasks.objectives import (
     EntityF1,
     ExtractiveQuestionAnswering,
@@ -17,7 +22,17 @@ from trunk.tasks.objectives import (
     TokenClassification,
     Translation,
 )
-from trunk.tasks.optim import OptimConfig
 
-__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "FinetuneConfig", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "OptimConfig", "Predictor",
-           "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation", "TrunkModule", "load"]
+_MOVED = {"load": "trunk.inference.predictor", "Predictor": "trunk.inference.predictor", "TrunkModule": "trunk.training.module",
+          "OptimConfig": "trunk.training.optim", "FinetuneConfig": "trunk.training.finetuning"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'trunk.tasks' has no attribute {name!r}")
+
+
+__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification",
+           "MultipleChoice", "Objective", "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression",
+           "TokenClassification", "Translation", *_MOVED]

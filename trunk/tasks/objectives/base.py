@@ -2,7 +2,7 @@
 predictions. Plain PyTorch: no Lightning, no datamodule. Whatever it needs from the data (label
 names, the tokenizer it decodes with) it is given in ``build``.
 
-``TrunkModule`` (``tasks/module.py``) owns the trunk and one objective per named task, and calls
+``TrunkModule`` (``trunk/training/module.py``) owns the trunk and one objective per named task, and calls
 ``loss`` / ``predict`` with the trunk and a batch of that task.
 """
 

@@ -18,7 +18,7 @@ class EntityF1(Metric):
     """Entity-level precision, recall and F1: a predicted entity counts only if its words and type
     both match a gold entity exactly (CoNLL's measure, as in conlleval and seqeval's default mode).
 
-    ``update`` takes tag strings per sentence, in any scheme (see ``datamodules/tagging.py`` for
+    ``update`` takes tag strings per sentence, in any scheme (see ``trunk/core/tagging.py`` for
     how ill-formed sequences are read). ``compute`` returns micro-averaged ``precision``,
     ``recall`` and ``f1``, and ``f1_<TYPE>`` per entity type. Counts are summed across processes.
     """

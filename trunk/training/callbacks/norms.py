@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import grad_norm
 class Norms(Callback):
     """Every ``every_n_steps`` optimizer steps, logs the gradient and weight norms (L2) of the whole model
     and of each part under ``norms/``: the stems, each trunk block, the final norm, each task's head.
-    Off unless added (``--trainer.callbacks+=trunk.tasks.callbacks.Norms``): it reads every gradient."""
+    Off unless added (``--trainer.callbacks+=trunk.training.callbacks.Norms``): it reads every gradient."""
 
     def __init__(self, every_n_steps: int = 50) -> None:
         if every_n_steps < 1:

@@ -25,12 +25,12 @@ from trunk.core.masking import mask_tokens
 from trunk.core.contract import TaskSpec
 from trunk.models import STEM_KINDS, Block, TrunkConfig, build_trunk, init_weights
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
-from trunk.tasks.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
+from trunk.training.finetuning import FinetuneConfig, GradualUnfreezing, apply_freezing, keep_frozen_in_eval
 from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.objectives.masked_lm import masked_token_nll, tied_mlm_head
-from trunk.tasks.optim import OptimConfig, build_optimizer, decay_groups, no_decay_ids
-from trunk.tasks.sharding import shard
-from trunk.tasks.pretrained import (
+from trunk.training.optim import OptimConfig, build_optimizer, decay_groups, no_decay_ids
+from trunk.training.sharding import shard
+from trunk.formats.trunk_dir import (
     architecture_fields,
     TEXT_STEM_FIELDS,
     PretrainedTrunk,
@@ -38,7 +38,7 @@ from trunk.tasks.pretrained import (
     pretrained_trunk_config,
     trunk_config,
 )
-from trunk.tasks.task_files import read_trunk
+from trunk.formats.task_dir import read_trunk
 
 
 def as_config(cls: type, value):
@@ -77,7 +77,7 @@ class TrunkModule(L.LightningModule):
         finetune: freezing, gradual unfreezing and layer-wise learning rates.
         task_weights: task -> weight of its loss (default 1 each).
         task_info: task -> its ``TaskSpec`` (or the spec's dict form): what the data says of it (objective
-            kinds, label names, lengths); decided by ``trunk.tasks.run.resolve``.
+            kinds, label names, lengths); decided by ``trunk.assembly.run.resolve``.
         codec: the run's tokenizers, for decoding; linked from the data, stored in checkpoints.
         activation_checkpointing: recompute each block's activations in backward instead of keeping
             them (trunk and translation decoder): less memory for about a third more compute.
@@ -128,7 +128,7 @@ class TrunkModule(L.LightningModule):
             for block in (m for m in self.modules() if isinstance(m, Block)):
                 block.compile()
         self._trained_tasks: set[str] = set()  # tasks with a batch since the last optimizer step
-        self._held: set[str] = set()  # names of parameters held frozen under DDP / FSDP2 (tasks/finetuning.py)
+        self._held: set[str] = set()  # names of parameters held frozen under DDP / FSDP2 (trunk/training/finetuning.py)
         self.connect(codec)
         apply_freezing(self.depth_groups(), self.finetune, self.trunk.backbone.final_norm)
 
@@ -469,7 +469,7 @@ class TrunkModule(L.LightningModule):
                                  f"(e.g. val/{next(iter(self.objectives))}/acc) or val/score (the mean of every task's primary metric).")
 
     def configure_model(self) -> None:
-        """Under Lightning's ``ModelParallelStrategy``: FSDP2 (``tasks/sharding.py``); a no-op otherwise."""
+        """Under Lightning's ``ModelParallelStrategy``: FSDP2 (``trunk/training/sharding.py``); a no-op otherwise."""
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None and not getattr(self, "_sharded", False):  # configure_model runs once per fit/test
             precision = str(getattr(self.trainer, "precision", "")) if self._trainer is not None else ""
@@ -483,7 +483,7 @@ class TrunkModule(L.LightningModule):
         return [*below, [*top, *self.objectives.values(), *([self.aux_mlm_head] if self.aux_mlm_head is not None else [])]]
 
     def train(self, mode: bool = True):
-        """Frozen trunk parts stay in eval mode (no dropout); see tasks/finetuning.py."""
+        """Frozen trunk parts stay in eval mode (no dropout); see trunk/training/finetuning.py."""
         super().train(mode)
         held = self._held_ids()
         keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm],
@@ -506,7 +506,7 @@ class TrunkModule(L.LightningModule):
 
     def hold(self, modules: list[nn.Module]) -> None:
         """Freeze ``modules`` without touching ``requires_grad``: for parts thawed later under DDP or FSDP2
-        (tasks/finetuning.py)."""
+        (trunk/training/finetuning.py)."""
         self._held |= self._names(modules)
         for m in modules:
             m.eval()
@@ -515,7 +515,7 @@ class TrunkModule(L.LightningModule):
         self._held -= self._names(modules)
 
     def configure_callbacks(self):
-        from trunk.tasks.callbacks import ExportTrunk
+        from trunk.training.callbacks import ExportTrunk
 
         callbacks = [GradualUnfreezing(self.finetune.unfreeze_every)] if self.finetune.unfreeze_every else []
         pretraining = any(o.exports_trunk for o in self.objectives.values())

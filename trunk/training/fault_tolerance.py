@@ -67,7 +67,7 @@ def slurm_job_id() -> str | None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that are never half-written and always verified when read (with ``weights_only=True``).
 
-    ``read_path`` / ``read``: a checkpoint already read (and verified) by ``trunk.tasks.run.resolve``;
+    ``read_path`` / ``read``: a checkpoint already read (and verified) by ``trunk.assembly.run.resolve``;
     Lightning's restore of that path takes these contents instead of reading the file a second time."""
 
     def __init__(self, read_path: str | Path | None = None, read: dict | None = None) -> None:

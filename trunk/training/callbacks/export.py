@@ -9,8 +9,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
-from trunk.tasks.artifacts import log_trunk_artifact
-from trunk.tasks.pretrained import check_writable, export_checkpoint
+from trunk.formats.artifacts import log_trunk_artifact
+from trunk.formats.trunk_dir import check_writable, export_checkpoint
 
 
 class ExportTrunk(Callback):

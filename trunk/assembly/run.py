@@ -31,10 +31,10 @@ from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
 from trunk.models import TrunkConfig
-from trunk.tasks.finetuning import FinetuneConfig
-from trunk.tasks.module import TrunkModule, as_objective
-from trunk.tasks.pretrained import PretrainedTrunk, pretrained_trunk_config, trunk_config
-from trunk.tasks.task_files import read_trunk
+from trunk.training.finetuning import FinetuneConfig
+from trunk.training.module import TrunkModule, as_objective
+from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.formats.task_dir import read_trunk
 
 # How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
 # checkpoint (else a beam size could never change).

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.codec import load_tokenizer
-from trunk.tasks.pretrained import (CONFIG_FILE, TARGET_TOKENIZER_FILE, WEIGHTS_FILE, PretrainedTrunk, _untie, check_writable,
+from trunk.formats.trunk_dir import (CONFIG_FILE, TARGET_TOKENIZER_FILE, WEIGHTS_FILE, PretrainedTrunk, _untie, check_writable,
                                     file_sha256, load_pretrained, verify_files)
 
 TASK_FORMAT_NAME, TASK_FORMAT_VERSION = "trunk-task", 1
@@ -99,7 +99,7 @@ def read_task(path: Path) -> tuple[str, dict, str, object | None]:
 def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
     """A trunk (directory or checkpoint) with the heads of any task directories given beside it, in any order
     (``model.init_from``, ``load``). References (hf://, wandb-artifact://) are fetched first."""
-    from trunk.tasks.artifacts import resolve_init_from
+    from trunk.formats.artifacts import resolve_init_from
 
     paths = [resolve_init_from(source) for source in (sources if isinstance(sources, (list, tuple)) else [sources])]
     if len(paths) == 1:

@@ -75,7 +75,7 @@ class TrunkAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         import torch
-        from trunk.tasks.api import load
+        from trunk.inference.predictor import load
 
         if device == "cpu":
             torch.set_num_threads(self.threads)  # the cores shared among the workers
@@ -173,7 +173,7 @@ def build_server(paths: str | list[str], precision: str = "auto", runtime: str =
     """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
     tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
     worker then loads its own."""
-    from trunk.tasks.api import load
+    from trunk.inference.predictor import load
 
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
     predictor = load(paths, precision=precision, runtime=runtime, merge=merge)

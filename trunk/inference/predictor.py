@@ -13,16 +13,16 @@ import importlib
 from pathlib import Path
 
 import torch
+from trunk.assembly.run import read_run_checkpoint, resolve
 from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.datamodules.text import length_order
-from trunk.tasks.artifacts import resolve_init_from
-from trunk.tasks.module import TrunkModule
-from trunk.tasks.onnx_export import OnnxGraphs
-from trunk.tasks.precision import resolve_precision
-from trunk.tasks.pretrained import without_splits
-from trunk.tasks.task_files import read_trunk
-from trunk.tasks.run import read_run_checkpoint, resolve
+from trunk.formats.artifacts import resolve_init_from
+from trunk.formats.task_dir import read_trunk
+from trunk.formats.trunk_dir import without_splits
+from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
+from trunk.training.module import TrunkModule
+from trunk.training.precision import resolve_precision
 
 
 INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
@@ -32,13 +32,13 @@ class Predictor:
     """A trained model and, per task, the data class that turns raw inputs into its batches.
 
     ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
-    (the rule of training runs, ``trunk.tasks.precision``); ``32-true`` or ``bf16-mixed`` force one."""
+    (the rule of training runs, ``trunk.training.precision``); ``32-true`` or ``bf16-mixed`` force one."""
 
-    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto", graphs: OnnxGraphs | None = None) -> None:
+    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto", runtime: Runtime | None = None) -> None:
         if precision not in INFERENCE_PRECISIONS:
             raise ValueError(f"precision={precision!r}: inference runs in one of {list(INFERENCE_PRECISIONS)}.")
-        self.model, self.data, self.graphs = model.eval(), data, graphs
-        self.precision = "32-true" if graphs else resolve_precision(precision, model.device.type)
+        self.model, self.data, self.runtime = model.eval(), data, runtime or TorchRuntime()
+        self.precision = self.runtime.precision or resolve_precision(precision, model.device.type)
 
     @property
     def tasks(self) -> list[str]:
@@ -113,133 +113,33 @@ class Predictor:
         unknown = [name for name in names if name not in self.data]
         if unknown or not names:
             raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
-        if self.graphs:
-            self.graphs.check(names)
+        self.runtime.check(names)
         return names
 
     def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
-        """Each task's records of its batch, from as few trunk passes as ``TrunkOnce`` needs."""
+        """Each task's records of its batch, computed by the runtime (torch: as few trunk passes as ``TrunkOnce`` needs)."""
         device = self.model.device
         batches = {name: {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
                    for name, batch in batches.items()}
-        if self.graphs:
-            return {name: self.model.objective(name).records(batch, self.graphs.run(name, batch)) for name, batch in batches.items()}
-        once = TrunkOnce(self.model, batches)
-        return {name: self.model.objective(name).predict(once.view(name), batch) for name, batch in batches.items()}
-
-
-class TrunkOnce:
-    """The trunk's outputs for one batch of several tasks, from one pass per stem.
-
-    The tasks' inputs (each objective reads ``batch[input_key]`` with its stem) are deduplicated and stacked, padded to
-    one length. Tasks without a delta that see the same inputs read one output. Tasks with a delta (``model.peft``) get
-    rows of their own from the lowest delta block on (``Backbone.forward``'s ``fork``), each routed through its
-    delta; the blocks below run once per distinct input. So ``predict(texts, task=[...])`` runs the shared blocks once,
-    and requests for different tasks (``trunk serve``) share one pass. ``view(task)`` is what that task's objective
-    calls as its trunk; a call with other inputs than its batch's (a translation's beam search) runs on its own."""
-
-    def __init__(self, model: torch.nn.Module, batches: dict[str, dict]) -> None:
-        self.model, self.outputs = model, {}
-        by_stem: dict[str, list] = {}
-        for name, batch in batches.items():
-            objective = model.objective(name)
-            if objective.input_key in batch:
-                by_stem.setdefault(objective.stem, []).append((name, batch[objective.input_key], batch.get("attention_mask")))
-        for stem, calls in by_stem.items():
-            self._run(stem, calls)
-
-    def view(self, task: str) -> "TaskTrunk":
-        return TaskTrunk(self, task)
-
-    def output(self, task: str, inputs: torch.Tensor, attention_mask: torch.Tensor | None, stem: str) -> torch.Tensor:
-        seen = self.outputs.get(task)
-        if seen is not None and seen[0] is inputs and seen[1] is attention_mask and seen[2] == stem:
-            return seen[3]
-        with self.model.route(task):
-            return self.model.trunk(inputs, attention_mask, stem=stem)
-
-    def _run(self, stem: str, calls: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
-        router = self.model.router
-        distinct: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        segments: list[tuple[str | None, int, list[str]]] = []  # (delta task or None, distinct input, tasks reading it)
-        own = {name: (inputs, mask) for name, inputs, mask in calls}  # what each objective will call the trunk with
-        for name, inputs, mask in calls:
-            which = next((i for i, (x, m) in enumerate(distinct) if _same(x, inputs) and _same(m, mask)), None)
-            if which is None:
-                which = len(distinct)
-                distinct.append((inputs, mask))
-            route = name if name in router.deltas else None
-            shared = next((seg for seg in segments if route is None and seg[0] is None and seg[1] == which), None)
-            if shared is None:
-                segments.append((route, which, [name]))
-            else:
-                shared[2].append(name)
-        unmasked = [x.shape[1:] for x, m in distinct if m is None]
-        if len({x.shape[2:] for x, _ in distinct}) > 1 or 0 < len(unmasked) < len(distinct) or len(set(unmasked)) > 1:
-            for route, which, names in segments:  # inputs that cannot stack (images of other sizes): one pass each
-                with router.route([(route, None)]) if route else contextlib.nullcontext():
-                    out = self.model.trunk(*distinct[which], stem=stem)
-                for name in names:
-                    self.outputs[name] = (*own[name], stem, out)
-            return
-        length = max(x.shape[1] for x, _ in distinct) if distinct[0][1] is not None else None  # masked: pad to one length
-        inputs = torch.cat([_pad_to(x, length) for x, _ in distinct])
-        mask = None if distinct[0][1] is None else torch.cat([_pad_to(m, length) for _, m in distinct])
-        starts = torch.tensor([0, *[len(x) for x, _ in distinct]]).cumsum(0).tolist()
-        rows = [torch.arange(starts[which], starts[which + 1]) for _, which, _ in segments]
-        fork = None
-        if sum(len(r) for r in rows) != len(inputs):  # an input read by several deltas: its rows repeat from the fork on
-            fork = (router.lowest_layer([route for route, _, _ in segments if route]), torch.cat(rows).to(inputs.device))
-        routed_mask = None if mask is None else mask.bool()[fork[1]] if fork else mask.bool()
-        routes = [(route, len(r)) for (route, _, _), r in zip(segments, rows)]
-        with router.route(routes, routed_mask) if any(route for route, _ in routes) else contextlib.nullcontext():
-            out = self.model.trunk(inputs, mask, stem=stem, fork=fork)
-        for (route, which, names), piece in zip(segments, out.split([len(r) for r in rows])):
-            for name in names:
-                self.outputs[name] = (*own[name], stem, piece[:, : own[name][0].shape[1]] if length else piece)
-
-
-def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    return a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
-
-
-def _pad_to(x: torch.Tensor, length: int | None) -> torch.Tensor:
-    """Token ids or a mask (B, T), padded with zeros to ``length`` (the padding is masked out)."""
-    return x if length is None or x.shape[1] == length else torch.nn.functional.pad(x, (0, length - x.shape[1]))
-
-
-class TaskTrunk:
-    """One task's view of a ``TrunkOnce``: called as the trunk is; everything else is the trunk's own."""
-
-    def __init__(self, once: TrunkOnce, task: str) -> None:
-        self.once, self.task = once, task
-
-    def __call__(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
-        return self.once.output(self.task, inputs, attention_mask, stem)
-
-    def __getattr__(self, name: str):
-        return getattr(self.once.model.trunk, name)
+        return self.runtime.predict(self.model, batches)
 
 
 def load(path: str | Path | list, data: dict | None = None, map_location: str = "cpu", precision: str = "auto",
          runtime: str = "torch", merge: bool = False) -> Predictor:
     """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
-    once (``trunk.tasks.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
+    once (``trunk.assembly.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
     ``path`` may be a list: a trunk (directory or checkpoint) and task directories (``trunk export CKPT DIR --task
     NAME``), each task answered on the one trunk.
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
     checkpoints store each task's data settings). ``precision``: see ``Predictor``. ``runtime="onnx"``: the
-    tasks' graphs run in ONNX Runtime (a trunk directory exported with ``trunk export CKPT DIR --onnx``).
+    tasks' graphs run in ONNX Runtime (a trunk directory exported with ``trunk export CKPT DIR --onnx``); the choices
+    are ``trunk.inference.runtimes.RUNTIMES``.
     ``merge``: a model of one task with a LoRA delta has the delta written into the trunk's weights, so a forward costs
     what the trunk's does."""
-    if runtime not in ("torch", "onnx"):
-        raise ValueError(f"runtime={runtime!r}: choose 'torch' or 'onnx'.")
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     path = resolve_init_from(paths[0]) if len(paths) == 1 else None  # one model; else a trunk and task directories
-    if runtime == "onnx" and path is None:
-        raise ValueError("runtime='onnx' runs the graphs of one exported trunk directory; task directories run in torch.")
-    graphs = OnnxGraphs(path) if runtime == "onnx" else None  # checks for the graphs before the model loads
+    runtime = open_runtime(runtime, path)  # before the model loads: a missing piece (graphs, a package) is said first
     if path is None or path.is_dir() and not is_sharded_checkpoint(path):
         pretrained = read_trunk(paths if path is None else path)
         if not pretrained.heads:
@@ -263,7 +163,7 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model.load_state_dict(ckpt["state_dict"])
     if merge:
         model.merge_delta()
-    return Predictor(model.to(map_location), run.tasks, precision, graphs)
+    return Predictor(model.to(map_location), run.tasks, precision, runtime)
 
 
 def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:

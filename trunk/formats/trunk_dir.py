@@ -340,7 +340,7 @@ def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool 
     if not heads:
         pretrained.heads = {}
     save_pretrained(directory, pretrained, overwrite)
-    from trunk.tasks.hub import write_model_card
+    from trunk.formats.hub import write_model_card
 
     write_model_card(directory, checkpoint_metrics(ckpt), repo_id, specs)
     return directory

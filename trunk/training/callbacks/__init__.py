@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
-from trunk.tasks.callbacks.config import LogConfigCallback
-from trunk.tasks.callbacks.export import ExportTrunk
-from trunk.tasks.callbacks.norms import Norms
-from trunk.tasks.callbacks.predictions import PredictionWriter
-from trunk.tasks.callbacks.progress import Throttle, ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
-from trunk.tasks.callbacks.samples import PredictionSamples
-from trunk.tasks.callbacks.summary import TrunkModelSummary
-from trunk.tasks.callbacks.throughput import Throughput
+from trunk.training.callbacks.config import LogConfigCallback
+from trunk.training.callbacks.export import ExportTrunk
+from trunk.training.callbacks.norms import Norms
+from trunk.training.callbacks.predictions import PredictionWriter
+from trunk.training.callbacks.progress import Throttle, ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
+from trunk.training.callbacks.samples import PredictionSamples
+from trunk.training.callbacks.summary import TrunkModelSummary
+from trunk.training.callbacks.throughput import Throughput
 
 
 def run_callbacks(trainer_options: dict, given: list) -> list:

@@ -32,19 +32,17 @@ class TaskGraph(nn.Module):
             return self.objective.export_forward(self.trunk, input_ids, attention_mask)
 
 
-def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
-    """Write ``directory/onnx/<task>.onnx`` for every exportable head of the trunk directory ``directory``
-    (written by ``trunk export``), and ``onnx/tasks.json`` naming each graph's inputs, output and labels."""
+def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dict[str, Path]:
+    """Write ``directory/onnx/<task>.onnx`` for every exportable head of ``model`` (a ``TrunkModule`` in fp32, as
+    loaded from the trunk directory ``directory``, written by ``trunk export``), and ``onnx/tasks.json`` naming each
+    graph's inputs, output and labels."""
     try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as err:
         raise ImportError(f"ONNX export needs the onnx extra ({err.name} is missing): pip install 'trunk[onnx]'.") from None
-    from trunk.tasks.api import load
-
     directory = Path(directory)
-    predictor = load(directory, precision="32-true")
-    model, tokenizer = predictor.model, predictor.model.codec.tokenizer
+    tokenizer = model.codec.tokenizer
     exportable = {name: o for name, o in model.objectives.items() if o.onnx_output is not None}
     if not exportable:
         raise ValueError(f"'{directory}' has no task that exports to ONNX (classification, multi-label, regression, NER); "
@@ -70,32 +68,3 @@ def export_onnx(directory: str | Path, opset: int = 18) -> dict[str, Path]:
                          "tokenizer": "../tokenizer.json"}
     (out / "tasks.json").write_text(json.dumps(listing, indent=2) + "\n")
     return written
-
-
-class OnnxGraphs:
-    """ONNX Runtime sessions for the graphs of a trunk directory (``DIR/onnx``), one per task. They stand in for the
-    trunk and head; each task's records still come from its ``Objective.records``."""
-
-    def __init__(self, directory: Path) -> None:
-        listing = Path(directory) / "onnx" / "tasks.json"
-        if not listing.is_file():
-            raise FileNotFoundError(f"'{directory}' holds no ONNX graphs ({listing} is missing): write them with "
-                                    f"`trunk export CKPT {directory} --onnx`, or use the torch runtime.")
-        try:
-            import onnxruntime
-        except ImportError:
-            raise ImportError("The onnx runtime needs onnxruntime: pip install 'trunk[onnx]'.") from None
-        self.listing = json.loads(listing.read_text())
-        self.sessions = {name: onnxruntime.InferenceSession(str(listing.parent / spec["file"]), providers=["CPUExecutionProvider"])
-                         for name, spec in self.listing.items()}
-
-    def check(self, tasks: list[str]) -> None:
-        missing = [task for task in tasks if task not in self.sessions]
-        if missing:
-            raise ValueError(f"The tasks {missing} have no ONNX graph (the exported tasks are {sorted(self.sessions)}; QA, multiple "
-                             "choice, translation, image and pretraining heads are not exported): use the torch runtime for them.")
-
-    def run(self, task: str, batch: dict) -> torch.Tensor:
-        self.check([task])
-        feeds = {"input_ids": batch["input_ids"].cpu().numpy(), "attention_mask": batch["attention_mask"].cpu().numpy()}
-        return torch.from_numpy(self.sessions[task].run(None, feeds)[0])

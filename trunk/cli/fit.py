@@ -1,4 +1,4 @@
-"""The ``trunk`` command: LightningCLI with Trunk's links, callbacks and checkpoint handling."""
+"""``trunk fit | validate | test | predict``: LightningCLI with Trunk's links, callbacks and checkpoint handling."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from typing import Literal, Optional, Union
 import torch
 import yaml
 from datasets.utils import disable_progress_bars, enable_progress_bars
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
@@ -33,13 +32,12 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
-from trunk.tasks.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
-from trunk.tasks.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
-from trunk.tasks.fault_tolerance import AtomicCheckpointIO, FaultTolerance, TrainingDiverged, slurm_job_id
-from trunk.tasks.module import TrunkModule
-from trunk.tasks.precision import resolve_precision
-from trunk.tasks.pretrained import export_checkpoint
-from trunk.tasks.run import RunSourceError, resolve, resume_changes
+from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
+from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
+from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
+from trunk.training.module import TrunkModule
+from trunk.training.precision import resolve_precision
+from trunk.assembly.run import RunSourceError, resolve, resume_changes
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -61,7 +59,7 @@ def quiet_third_party() -> None:
 
 class TrunkTrainer(Trainer):
     """Lightning's ``Trainer`` with one more precision, ``auto`` (the default): bf16-mixed where the device
-    multiplies bf16 natively, 32-true where it does not (``trunk.tasks.precision``). The run says which in one line."""
+    multiplies bf16 natively, 32-true where it does not (``trunk.training.precision``). The run says which in one line."""
 
     def __init__(self, *, precision: Union[Literal["auto"], LIGHTNING_PRECISION] = "auto", **kwargs) -> None:
         super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
@@ -80,7 +78,7 @@ class TrunkCLI(LightningCLI):
         """Lightning would read the checkpoint here to restore the model's options; ``resolve`` reads it once."""
 
     def add_core_arguments_to_parser(self, parser) -> None:
-        """The Trainer, the data, and the model's options: the model itself is built by ``trunk.tasks.run.resolve``
+        """The Trainer, the data, and the model's options: the model itself is built by ``trunk.assembly.run.resolve``
         (not by the parser), once the data and any checkpoint or trunk directory are known."""
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.add_class_arguments(TrunkModule, "model", fail_untyped=False, instantiate=False, sub_configs=True,
@@ -379,7 +377,7 @@ def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
     raise ValueError(
         f"trainer.num_nodes={num_nodes} but no multi-machine launcher started this process. On every machine run "
         f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> --master-addr=<first machine> "
-        "--master-port=29500 -m trunk.tasks.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; docs/scaling.md), "
+        "--master-port=29500 -m trunk.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; docs/scaling.md), "
         "or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, leave num_nodes at 1."
     )
 
@@ -467,156 +465,3 @@ SUBCOMMANDS = {
     "test": "Evaluate a checkpoint (--ckpt_path) on the test splits.",
     "predict": "Write each predict split's predictions as JSON lines (predictions.output).",
 }
-
-
-def export_main(args: list[str]) -> None:
-    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="trunk export",
-        description="Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a "
-                    "checkpoint written by `trunk fit`: the trunk and every task's head; start a run from it with "
-                    "--model.init_from=DIR.",
-    )
-    parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
-    parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
-    parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
-    parser.add_argument("--task", metavar="NAME", help="write only this task's head (and its model.peft delta) as a task directory, "
-                                                       "without the trunk: load it beside the trunk it was trained on")
-    parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
-    parser.add_argument("--push-to-hub", metavar="ORG/NAME", help="also upload DIR (with its model card, README.md) to this Hugging "
-                                                                   "Face Hub repository, created if missing (log in first: `hf auth login`)")
-    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
-    parser.add_argument("--onnx", action="store_true", help="also write DIR/onnx/<task>.onnx for each classification, "
-                                                             "multi-label, regression and NER head (pip install 'trunk[onnx]')")
-    parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
-                                                "offline without an API key (`wandb sync` uploads it)")
-    parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
-    options = parser.parse_args(args)
-    if options.task:
-        return export_task_main(options)
-    try:
-        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite,
-                                 repo_id=options.push_to_hub)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        sys.exit(f"error: {err}")
-    print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
-    if options.onnx:
-        from trunk.tasks.onnx_export import export_onnx
-
-        try:
-            graphs = export_onnx(path)
-        except (ImportError, ValueError) as err:
-            sys.exit(f"error: {err}")
-        print(f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see {path}/onnx/tasks.json)")
-    if options.push_to_hub:
-        from trunk.tasks.hub import push
-
-        try:
-            url = push(path, options.push_to_hub, private=options.private)
-        except ValueError as err:
-            sys.exit(f"error: {err}")
-        print(f"Uploaded {path} to https://huggingface.co/{options.push_to_hub} ({url}); fine-tune from it with "
-              f"--model.init_from=hf://{options.push_to_hub}")
-    if options.wandb_project:
-        import wandb
-
-        if not wandb_has_credentials() or not wandb_reachable():
-            os.environ.setdefault("WANDB_MODE", "offline")
-        name = options.artifact_name or f"trunk-{Path(path).name}"
-        with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
-            log_trunk_artifact(run, path, name, ["latest"])
-        print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
-
-
-def export_task_main(options) -> None:
-    """``trunk export CKPT DIR --task NAME``: one task's head and delta as a task directory."""
-    from trunk.tasks.pretrained import load_pretrained
-    from trunk.tasks.task_files import save_task
-
-    others = [flag for flag, given in (("--trunk-only", options.trunk_only), ("--onnx", options.onnx), ("--push-to-hub", options.push_to_hub),
-                                       ("--wandb-project", options.wandb_project)) if given]
-    if others:
-        sys.exit(f"error: --task writes a task directory without its trunk; {', '.join(others)} applies to trunk directories. "
-                 "Export the trunk separately (`trunk export CKPT DIR`).")
-    try:
-        pretrained = load_pretrained(options.ckpt)
-        path = save_task(options.dir, pretrained, options.task, options.overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        sys.exit(f"error: {err}")
-    size = sum(f.stat().st_size for f in path.iterdir())
-    peft = pretrained.heads[options.task]["meta"].get("peft")
-    print(f"Wrote {path}: task '{options.task}' ({'its head and ' + peft['method'] + ' delta' if peft else 'its head'}, "
-          f"{size / 1024:.0f} KiB). Load it with the trunk it was trained on: load([TRUNK, '{path}']), "
-          f"--model.init_from=[TRUNK,{path}] or `trunk serve TRUNK {path}`"
-          + ("." if peft else "; this head was trained with the whole trunk, so TRUNK is this run's (`trunk export CKPT DIR "
-                                "--trunk-only`)."))
-
-
-def serve_main(args: list[str]) -> None:
-    """``trunk serve CKPT_OR_DIR``: the model behind HTTP (trunk.tasks.serve, on LitServe)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="trunk serve", description="Serve a trained model over HTTP: POST /predict with "
-                                     '{"input": ...} or {"inputs": [...]} and an optional "task" (a name or a list of names); '
-                                     "GET /health, GET /info. Needs pip install 'trunk[serve]'.")
-    parser.add_argument("model", nargs="+", help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME; "
-                                                 "and any task directories (`trunk export CKPT DIR --task NAME`) to serve on it")
-    parser.add_argument("--merge", action="store_true", help="write a one-task model's LoRA into the trunk's weights (faster)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores")
-    parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    parser.add_argument("--precision", default="auto", choices=["auto", "32-true", "bf16-mixed"],
-                        help="auto: bf16 where the device computes it natively, else fp32")
-    parser.add_argument("--runtime", default="torch", choices=["torch", "onnx"],
-                        help="onnx: the graphs of `trunk export CKPT DIR --onnx` in ONNX Runtime (pass DIR)")
-    parser.add_argument("--max-batch-size", type=int, default=32, help="requests gathered into one batch")
-    parser.add_argument("--batch-timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
-    parser.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (a gathered batch is cut into these)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait in the queue before a 504")
-    options = parser.parse_args(args)
-    try:
-        from trunk.tasks.serve import build_server
-    except ImportError as err:
-        sys.exit(f"error: trunk serve needs LitServe ({err.name} is missing): pip install 'trunk[serve]'.")
-    if not 0 <= options.batch_timeout < options.timeout:
-        sys.exit(f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}.")
-    try:
-        server = build_server(options.model, options.precision, options.runtime, options.batch_size, options.max_batch_size,
-                              options.batch_timeout, options.timeout, options.workers, options.accelerator, options.merge)
-    except (FileNotFoundError, ValueError, ImportError) as err:
-        sys.exit(f"error: {err}")
-    server.run(port=options.port, generate_client_file=False)
-
-
-def is_collective_failure(err: BaseException) -> bool:
-    """A DDP collective that timed out or lost its peer (gloo and NCCL say so in RuntimeErrors)."""
-    text = str(err)
-    return isinstance(err, torch.distributed.DistError) or (isinstance(err, RuntimeError) and any(
-        marker in text for marker in ("gloo", "Connection closed by peer", "Timed out", "timed out", "NCCL", "ProcessGroup")))
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["export"]:
-        export_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["serve"]:
-        serve_main(sys.argv[2:])
-    else:
-        try:
-            run_cli()
-        except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
-            sys.exit("\nInterrupted.")
-        except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
-            unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
-            if os.environ.get("TRUNK_TRACEBACK") or unexpected:
-                raise
-            if is_collective_failure(err):
-                err = (f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): another process "
-                       "stopped responding or died. Its own output says why; a process that is only slow (a long save, a "
-                       "big evaluation) needs a longer --fault_tolerance.ddp_timeout_minutes.")
-            sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
-
-
-if __name__ == "__main__":
-    main()

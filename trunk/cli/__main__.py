@@ -1,0 +1,3 @@
+from trunk.cli import main
+
+main()

@@ -1,0 +1,97 @@
+"""``trunk export CKPT DIR``: a checkpoint as a pretrained-trunk directory (ONNX graphs, the Hub and W&B on request), or
+one task of it as a task directory. LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from trunk.formats.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
+from trunk.formats.trunk_dir import export_checkpoint
+
+
+def export_main(args: list[str]) -> None:
+    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="trunk export",
+        description="Write a pretrained-trunk directory (config.json, model.safetensors, tokenizer.json) from a "
+                    "checkpoint written by `trunk fit`: the trunk and every task's head; start a run from it with "
+                    "--model.init_from=DIR.",
+    )
+    parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
+    parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
+    parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
+    parser.add_argument("--task", metavar="NAME", help="write only this task's head (and its model.peft delta) as a task directory, "
+                                                       "without the trunk: load it beside the trunk it was trained on")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
+    parser.add_argument("--push-to-hub", metavar="ORG/NAME", help="also upload DIR (with its model card, README.md) to this Hugging "
+                                                                   "Face Hub repository, created if missing (log in first: `hf auth login`)")
+    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    parser.add_argument("--onnx", action="store_true", help="also write DIR/onnx/<task>.onnx for each classification, "
+                                                             "multi-label, regression and NER head (pip install 'trunk[onnx]')")
+    parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
+                                                "offline without an API key (`wandb sync` uploads it)")
+    parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
+    options = parser.parse_args(args)
+    if options.task:
+        return export_task_main(options)
+    try:
+        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite,
+                                 repo_id=options.push_to_hub)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
+    if options.onnx:
+        from trunk.formats.onnx import export_onnx
+        from trunk.inference.predictor import load
+
+        try:
+            graphs = export_onnx(load(path, precision="32-true").model, path)
+        except (ImportError, ValueError) as err:
+            sys.exit(f"error: {err}")
+        print(f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see {path}/onnx/tasks.json)")
+    if options.push_to_hub:
+        from trunk.formats.hub import push
+
+        try:
+            url = push(path, options.push_to_hub, private=options.private)
+        except ValueError as err:
+            sys.exit(f"error: {err}")
+        print(f"Uploaded {path} to https://huggingface.co/{options.push_to_hub} ({url}); fine-tune from it with "
+              f"--model.init_from=hf://{options.push_to_hub}")
+    if options.wandb_project:
+        import wandb
+
+        if not wandb_has_credentials() or not wandb_reachable():
+            os.environ.setdefault("WANDB_MODE", "offline")
+        name = options.artifact_name or f"trunk-{Path(path).name}"
+        with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
+            log_trunk_artifact(run, path, name, ["latest"])
+        print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
+
+
+def export_task_main(options) -> None:
+    """``trunk export CKPT DIR --task NAME``: one task's head and delta as a task directory."""
+    from trunk.formats.trunk_dir import load_pretrained
+    from trunk.formats.task_dir import save_task
+
+    others = [flag for flag, given in (("--trunk-only", options.trunk_only), ("--onnx", options.onnx), ("--push-to-hub", options.push_to_hub),
+                                       ("--wandb-project", options.wandb_project)) if given]
+    if others:
+        sys.exit(f"error: --task writes a task directory without its trunk; {', '.join(others)} applies to trunk directories. "
+                 "Export the trunk separately (`trunk export CKPT DIR`).")
+    try:
+        pretrained = load_pretrained(options.ckpt)
+        path = save_task(options.dir, pretrained, options.task, options.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    size = sum(f.stat().st_size for f in path.iterdir())
+    peft = pretrained.heads[options.task]["meta"].get("peft")
+    print(f"Wrote {path}: task '{options.task}' ({'its head and ' + peft['method'] + ' delta' if peft else 'its head'}, "
+          f"{size / 1024:.0f} KiB). Load it with the trunk it was trained on: load([TRUNK, '{path}']), "
+          f"--model.init_from=[TRUNK,{path}] or `trunk serve TRUNK {path}`"
+          + ("." if peft else "; this head was trained with the whole trunk, so TRUNK is this run's (`trunk export CKPT DIR "
+                                "--trunk-only`)."))
