@@ -155,7 +155,7 @@ def small_head(recipe: str, task: str) -> str:
     import inspect
 
     import yaml
-    from trunk.training.module import objective_class
+    from trunk.tasks.registry import objective_class
 
     objective = objective_class(yaml.safe_load(Path(recipe).read_text())["model"]["tasks"][task]["class_path"])
     return f"--model.tasks.{task}.init_args.pooler=false" if "pooler" in inspect.signature(objective).parameters else ""

@@ -1,16 +1,17 @@
-"""The registry of task kinds the tests run: each kind's objective, its data class and small generated data
-for it (from conftest's fixtures). A new task kind registers here once; tests/test_matrix.py runs every
-kind through every path, and tests/test_cli.py points every recipe's tasks at these data."""
+"""The task kinds as the tests run them: for each kind of Trunk's registry (``trunk.tasks.registry.KINDS``, which pairs
+its objective with its data class), small generated data (from conftest's fixtures) and options. A new task kind
+gets an entry here; tests/test_matrix.py runs every kind through every path (and checks that every kind of the
+registry is here), and tests/test_cli.py points every recipe's tasks at these data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from trunk.tasks import registry
 
 
 @dataclass(frozen=True)
 class Kind:
-    objective: str  # class path
-    data: str  # class path
     splits: tuple[str, ...]  # what the data options give: train, validation, test, predict
     labels: tuple[str, ...] | None = None  # the label names the data should yield, in order
     inputs: tuple = ()  # raw inputs for trunk.tasks.load(...).predict; none: the kind is not predicted from raw inputs
@@ -19,6 +20,17 @@ class Kind:
     recipe_resets: tuple[str, ...] = ()  # a recipe's own options these data do not fit (columns, label names)
     label_option: str = "label_names"  # the data option that names the labels (in the order the data carries them)
     onnx: bool = False  # `trunk export --onnx` writes its graph
+    name: str = ""  # the kind's name in the registry (set below)
+
+    @property
+    def objective(self) -> str:
+        """The objective's class path, as a config names it."""
+        return f"trunk.tasks.{registry.KINDS[self.name].objective.__name__}"
+
+    @property
+    def data(self) -> str:
+        """The data class's path, as a config names it."""
+        return f"trunk.datamodules.{registry.KINDS[self.name].data.__name__}"
 
     def data_args(self, files: dict) -> list[str]:
         """``--data.*`` options (single-task layout, see conftest.single_task) pointing at small generated data."""
@@ -45,50 +57,51 @@ DATA_FILES = {"TextClassificationData": "sentiment", "CorpusData": "sentiment", 
 
 KINDS = {
     "sequence_classification": Kind(
-        "trunk.tasks.SequenceClassification", "trunk.datamodules.TextClassificationData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         labels=("negative", "positive"), inputs=("the film was great", "the plot was not good but the acting was superb"),
         objective_args=("--model.class_weights=balanced", "--model.label_smoothing=0.1"),  # class weights: figures of the training split, which load() must not need
         recipe_resets=("--data.text_column=text", "--data.label_column=label", "--data.label_names=null", "--data.line_pattern=null",
                        "--data.encoding=utf-8"), onnx=True),
     "token_classification": Kind(
-        "trunk.tasks.TokenClassification", "trunk.datamodules.TokenClassificationData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         labels=("O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"),
         inputs=(["Anna", "Petrova", "said", "on", "Monday"], "Globex left Paris ."), onnx=True,
         objective_args=("--model.label_smoothing=0.1", "--model.trunk.local_window=3", "--model.trunk.global_tokens=2")),  # every path with local attention
     "masked_lm": Kind(
-        "trunk.tasks.MaskedLanguageModeling", "trunk.datamodules.CorpusData", ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
+        ("train",), extra=("--data.text_column=text", "--data.val_fraction=0.1"),
         objective_args=("--model.label_smoothing=0.1",),
         recipe_resets=("--data.validation=null",)),
     "replaced_token_detection": Kind(
-        "trunk.tasks.ReplacedTokenDetection", "trunk.datamodules.CorpusData", ("train",),
+        ("train",),
         extra=("--data.text_column=text", "--data.val_fraction=0.1"), recipe_resets=("--data.validation=null",)),
     "translation": Kind(
-        "trunk.tasks.Translation", "trunk.datamodules.TranslationData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         inputs=("cat dog egg", "bird hat"), objective_args=("--model.generation.beam_size=1",),
         extra=("--data.source_lang=src", "--data.target_lang=tgt")),
     "image_classification": Kind(
-        "trunk.tasks.ImageClassification", "trunk.datamodules.ImageClassificationData", ("train", "validation", "test"),
+        ("train", "validation", "test"),
         labels=("cross", "diagonal", "horizontal", "square", "vertical"), objective_args=("--model.image_size=16",),
         extra=("--data.dataset=trunk:shapes",)),
     "sequence_regression": Kind(
-        "trunk.tasks.SequenceRegression", "trunk.datamodules.TextRegressionData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         labels=("score", "length"), inputs=(("great film", "dull plot"), ("the plot was awful", "superb music")),
         objective_args=("--model.pooler=false",),  # every path (ONNX too) with a head that has no pooler
         extra=("--data.text_pair_column=pair", '--data.label_column=["score", "length"]'), label_option="label_column",
         recipe_resets=("--data.text_column=text", "--data.select=null", "--data.file_type=null"), onnx=True),
     "multi_label_classification": Kind(
-        "trunk.tasks.MultiLabelClassification", "trunk.datamodules.MultiLabelTextData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         labels=("animal", "food", "sport", "weather"), inputs=("the dog ate bread in the rain", "golf was very good"),
         recipe_resets=("--data.text_column=text", "--data.label_column=labels", "--data.label_names=null", "--data.column_names=null"),
         objective_args=("--model.label_smoothing=0.1",), onnx=True),
     "multiple_choice": Kind(
-        "trunk.tasks.MultipleChoice", "trunk.datamodules.MultipleChoiceData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         inputs=({"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]}, ("which is about sport ?", ["rain", "tennis"])),
         objective_args=("--model.label_smoothing=0.1", "--model.pooler=false"),  # smoothing over 2-3 candidates a row: the missing ones get none
         recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer")),
     "extractive_qa": Kind(
-        "trunk.tasks.ExtractiveQuestionAnswering", "trunk.datamodules.QuestionAnsweringData", ("train", "validation", "test", "predict"),
+        ("train", "validation", "test", "predict"),
         inputs=({"question": "where does Anna live ?", "context": "the deal was good . Anna lives in New York . Boris works at Hooli ."},
                 ("where does Boris work ?", "Boris works at Globex .")),
         objective_args=("--model.label_smoothing=0.1",), extra=("--data.max_length=48", "--data.doc_stride=8"), recipe_resets=("--data.val_fraction=0.0", "--data.hold_out_by=null")),
 }
+KINDS = {name: replace(kind, name=name) for name, kind in KINDS.items()}

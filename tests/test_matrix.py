@@ -25,6 +25,19 @@ def kind_args(kind, files, root) -> list[str]:
             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
 
 
+def test_the_matrix_runs_every_kind_of_the_registry_and_the_readme_lists_them():
+    """One table of kinds (``trunk.tasks.registry.KINDS``): every kind in it runs here, its data class says it feeds that
+    kind, and the README's table of kinds names its objective and data class."""
+    from conftest import REPO
+    from trunk.tasks.registry import KINDS as REGISTRY
+
+    assert set(KINDS) == set(REGISTRY)
+    readme = (REPO / "README.md").read_text()
+    for name, kind in REGISTRY.items():
+        assert name in kind.data.kinds and kind.objective.kind == name
+        assert f"`{kind.objective.__name__}`" in readme and f"`{kind.data.__name__}`" in readme, name
+
+
 @pytest.mark.parametrize("name", KINDS)
 def test_every_task_kind_on_every_path(name, request, tmp_path):
     kind = KINDS[name]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, write_rows
+from trunk.assembly.weights import HeadReuse, from_pretrained
 from trunk.tasks import SequenceClassification, TrunkModule, load
 from trunk.cli import run_cli
 
@@ -123,8 +124,8 @@ def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
     config = trained.model.trunk_config
 
     def reuse(labels, **options) -> TrunkModule:
-        return TrunkModule.from_pretrained(tmp_path / "exported", {"sentiment": SequenceClassification()}, trunk=config,
-                                           task_info={"sentiment": {"label_names": labels}}, **options)
+        return from_pretrained(tmp_path / "exported", {"sentiment": SequenceClassification()}, trunk=config,
+                               task_info={"sentiment": {"label_names": labels}}, reuse=HeadReuse(**options))
 
     swapped = reuse(["positive", "negative"]).eval()  # same labels, other order: rows follow the names
     batch = {"task": "sentiment", **trained.data["sentiment"].encode_inputs(texts)}

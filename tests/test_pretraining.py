@@ -15,6 +15,7 @@ from trunk.datamodules.builtin import sentiment_example
 from trunk.core.codec import IGNORE_INDEX, SPECIAL_TOKENS
 from trunk.datamodules.tokenizer import train_wordpiece
 from trunk.models import TrunkConfig, build_trunk
+from trunk.assembly.weights import from_pretrained
 from trunk.tasks import MaskedLanguageModeling, ReplacedTokenDetection, SequenceClassification, TrunkModule
 from trunk.cli import export_main, run_cli
 from trunk.formats.trunk_dir import PretrainedTrunk, load_pretrained, save_pretrained
@@ -359,7 +360,7 @@ def test_tokenizer_that_does_not_belong_to_the_weights(trunk_dir):
 def test_architecture_mismatch_names_both_sides(trunk_dir, tokenizer):
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=2, d_ff=32, max_len=16)
     with pytest.raises(ValueError) as err:
-        TrunkModule.from_pretrained(trunk_dir, {"t": SequenceClassification()}, trunk=config, task_info={"t": {"label_names": ["a", "b"]}})
+        from_pretrained(trunk_dir, {"t": SequenceClassification()}, trunk=config, task_info={"t": {"label_names": ["a", "b"]}})
     message = str(err.value)
     assert "d_model: model.trunk.d_model=32 but" in message and "has 16" in message
     assert "n_layers: model.trunk.n_layers=3" in message and "has 1" in message
@@ -533,4 +534,4 @@ def test_init_from_a_wandb_artifact_offline_is_refused_with_the_way_out(tiny_cli
     with pytest.raises(SystemExit, match=r"W&B artifact, but W&B is offline here.*wandb artifact get me/proj/trunk-pretrain:latest"):
         run_cli([*tiny_cli_args, "--model.init_from=wandb-artifact://me/proj/trunk-pretrain:latest"], run=False)
     with pytest.raises(ValueError, match="entity>/<project>/<name>:<alias"):
-        TrunkModule.from_pretrained("wandb-artifact://just-a-name", {"s": SequenceClassification()}, task_info={"s": {"label_names": ["a", "b"]}})
+        from_pretrained("wandb-artifact://just-a-name", {"s": SequenceClassification()}, task_info={"s": {"label_names": ["a", "b"]}})

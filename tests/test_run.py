@@ -136,7 +136,7 @@ def test_a_trunk_without_a_position_table_takes_longer_inputs_and_one_with_a_tab
 
 def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
     """Checkpoints and trunk directories of earlier versions name objectives by the files they lived in."""
-    from trunk.training.module import as_objective
+    from trunk.tasks.registry import as_objective
 
     objective = as_objective({"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}})
     assert type(objective).__name__ == "SequenceClassification" and objective.pooling == "mean"
@@ -176,6 +176,7 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
     """CoNLL-style types (PER/LOC/ORG/MISC) starting a WNUT-style task (person/location/corporation): tags map by type."""
     from trunk.core.codec import Codec
     from trunk.models import TrunkConfig
+    from trunk.assembly.weights import HeadReuse, from_pretrained
     from trunk.tasks import TokenClassification, TrunkModule
     from trunk.formats.trunk_dir import PretrainedTrunk
 
@@ -187,10 +188,11 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
                                  {"ner": {"meta": head.head_meta(), "state": head.head_state()}}, Codec())
     wnut = ["O", "B-corporation", "I-corporation", "B-location", "I-location", "B-person", "I-person"]
     with pytest.raises(ValueError, match="model.keep_shared_labels=true to keep the rows of the labels in both"):
-        TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"},
-                                    label_map={"wnut": {"person": "PER", "location": "LOC"}}, task_info={"wnut": {"label_names": wnut}})
-    model = TrunkModule.from_pretrained(pretrained, {"wnut": TokenClassification()}, heads_from={"wnut": "ner"}, keep_shared_labels=True,
-                                        label_map={"wnut": {"person": "PER", "location": "LOC"}}, task_info={"wnut": {"label_names": wnut}})
+        from_pretrained(pretrained, {"wnut": TokenClassification()}, task_info={"wnut": {"label_names": wnut}},
+                        reuse=HeadReuse(heads_from={"wnut": "ner"}, label_map={"wnut": {"person": "PER", "location": "LOC"}}))
+    model = from_pretrained(pretrained, {"wnut": TokenClassification()}, task_info={"wnut": {"label_names": wnut}},
+                            reuse=HeadReuse(heads_from={"wnut": "ner"}, keep_shared_labels=True,
+                                            label_map={"wnut": {"person": "PER", "location": "LOC"}}))
     fresh = TrunkModule({"wnut": TokenClassification()}, trunk=tiny, task_info={"wnut": {"label_names": wnut}})
     weight, stored = model.objectives["wnut"].head.classifier.weight, head.head.classifier.weight
     for name, row in zip(wnut, weight):
@@ -201,5 +203,5 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
             assert not any(torch.equal(row, s) for s in stored), name
     assert weight.shape == fresh.objectives["wnut"].head.classifier.weight.shape
     with pytest.raises(ValueError, match="is a token_classification head; task 'wnut' is sequence_classification"):
-        TrunkModule.from_pretrained(pretrained, {"wnut": SequenceClassification()}, heads_from={"wnut": "ner"},
-                                    task_info={"wnut": {"label_names": ["a", "b"]}})
+        from_pretrained(pretrained, {"wnut": SequenceClassification()}, reuse=HeadReuse(heads_from={"wnut": "ner"}),
+                        task_info={"wnut": {"label_names": ["a", "b"]}})

@@ -10,7 +10,7 @@ import torch
 from conftest import reversal_pairs, single_task, standalone
 from trunk.datamodules import TranslationData
 from trunk.datamodules.tokenizer import train_bpe
-from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search, init_weights
+from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search
 from trunk.cli import run_cli
 
 IDS = SpecialIds(bos=2, eos=3, pad=0, banned=(0, 2, 4))
@@ -20,9 +20,8 @@ def random_decoder(positions: str, vocab: int = 24, eos_bias: float = 0.0, seed:
     """An untrained decoder with spread-out logits; ``eos_bias`` makes hypotheses end at varied steps."""
     torch.manual_seed(seed)
     cfg = TrunkConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, d_ff=64, dropout=0.0, attn_dropout=0.0,
-                      max_len=64, positions=positions)
-    decoder = Decoder(cfg)
-    init_weights(decoder, 0.3)
+                      max_len=64, positions=positions, init_std=0.3)
+    decoder = Decoder(cfg)  # initialises itself with init_std
     with torch.no_grad():
         decoder.output_bias[IDS.eos] = eos_bias
     return decoder.eval()

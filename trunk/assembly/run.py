@@ -31,10 +31,12 @@ from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
 from trunk.models import TrunkConfig
-from trunk.training.finetuning import FinetuneConfig
-from trunk.training.module import TrunkModule, as_objective
-from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.assembly.weights import HeadReuse, load_weights
 from trunk.formats.task_dir import read_trunk
+from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.tasks.registry import as_objective
+from trunk.training.finetuning import FinetuneConfig
+from trunk.training.module import TrunkModule
 
 # How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
 # checkpoint (else a beam size could never change).
@@ -180,15 +182,13 @@ def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | No
 
 
 def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
-            reinit_mismatched_heads: bool = False, heads_from: dict[str, str] | None = None,
-            label_map: dict[str, dict[str, str]] | None = None, keep_shared_labels: bool = False,
-            checkpoint: dict | None = None) -> Resolved:
+            reuse: HeadReuse | None = None, checkpoint: dict | None = None) -> Resolved:
     """Decide a run's facts once and build its model (see the module's docstring).
 
     ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
     ``data``: the run's ``MultiTaskData``; ``init_from``: a path, or a trunk already read; ``checkpoint``:
-    ``ckpt_path``'s contents when already read; ``heads_from``, ``label_map``, ``keep_shared_labels``: how
-    ``init_from``'s heads start tasks of other names or labels (``TrunkModule.load_pretrained``)."""
+    ``ckpt_path``'s contents when already read; ``reuse``: how ``init_from``'s heads start tasks of other names or
+    labels (``trunk.assembly.weights``)."""
     report: list[str] = []
     check_task_names(data.tasks)
     if ckpt_path is not None:
@@ -243,7 +243,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
                             task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
-        carried = model.load_pretrained(pretrained, reinit_mismatched_heads, heads_from, label_map, keep_shared_labels)
+        carried = load_weights(model, pretrained, reuse)
         return Resolved(model, report=report + carried, tokenizer_source=source_tokenizer)
 
     codec = data.build_codec()

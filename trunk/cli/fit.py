@@ -38,6 +38,7 @@ from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, s
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
 from trunk.assembly.run import RunSourceError, resolve, resume_changes
+from trunk.assembly.weights import HeadReuse
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -110,12 +111,12 @@ class TrunkCLI(LightningCLI):
         self.datamodule = self._get(self.config_init, "data")
         config = self.config[self.subcommand] if self.subcommand else self.config
         options = dict(self._get(self.config_init, "model"))
-        init_from, reinit = options.pop("init_from"), options.pop("reinit_mismatched_heads")
-        reuse = {key: options.pop(key) for key in ("heads_from", "label_map", "keep_shared_labels")}
+        init_from = options.pop("init_from")
+        reuse = HeadReuse(**{key: options.pop(key) for key in ("reinit_mismatched_heads", "heads_from", "label_map", "keep_shared_labels")})
         ckpt_path = config.get("ckpt_path")  # "last" / "best" are paths by now (before_instantiate_classes)
         try:
             self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
-                               reinit_mismatched_heads=reinit, **reuse)
+                               reuse=reuse)
         except RunSourceError as err:
             sys.exit(f"error: {err}")
         if self.subcommand == "fit" and self.run.checkpoint is not None:

@@ -48,3 +48,31 @@ class TaskSpec:
     def to_dict(self) -> dict:
         """Plain values (lists, not tuples), as checkpoints store them."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def loss_weights(weights: dict[str, float], objectives: dict) -> dict[str, float]:
+    """Every task's loss weight (``model.task_weights``; 1 where not given), checked."""
+    unknown = sorted(set(weights) - set(objectives))
+    if unknown:
+        raise ValueError(f"model.task_weights names {unknown}, which are not tasks of this run {sorted(objectives)}.")
+    bad = {k: v for k, v in weights.items() if not v >= 0}
+    if bad:
+        raise ValueError(f"model.task_weights must be >= 0, got {bad}.")
+    return {name: float(weights.get(name, 1.0)) for name in objectives}
+
+
+def pair_specs(objectives: dict, task_info: dict[str, TaskSpec | dict] | None) -> dict[str, TaskSpec]:
+    """Each task's spec: the model's tasks (name -> objective) and the data's must be the same, each objective fed by
+    data of its kind (``objective.kind`` among the spec's ``kinds``)."""
+    if not objectives:
+        raise ValueError("model.tasks is empty: name at least one task and its objective.")
+    task_info = {name: TaskSpec.of(spec) for name, spec in (task_info or {name: None for name in objectives}).items()}
+    if set(task_info) != set(objectives):
+        raise ValueError(f"model.tasks names {sorted(objectives)} but data.tasks names {sorted(task_info)}: every task "
+                         "needs both an objective (model.tasks.<name>) and data (data.tasks.<name>), under the same name.")
+    for name, objective in objectives.items():
+        kinds = task_info[name].kinds
+        if kinds is not None and objective.kind not in kinds:
+            raise ValueError(f"Task '{name}': its data feeds {' or '.join(kinds)} objectives, but model.tasks.{name} is "
+                             f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind.")
+    return task_info

@@ -162,8 +162,19 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])
     if merge:
-        model.merge_delta()
+        merge_delta(model)
     return Predictor(model.to(map_location), run.tasks, precision, runtime)
+
+
+def merge_delta(model: TrunkModule) -> None:
+    """Write the LoRA of a one-task model into the trunk's weights, for inference: a forward then costs what the trunk's
+    does. With several tasks the trunk is shared, so it must stay as it is."""
+    lora = [name for name, delta in model.router.deltas.items() if delta.config.method == "lora"]
+    if len(model.objectives) != 1 or len(lora) != 1:
+        raise ValueError(f"merge writes one task's LoRA into the trunk, which needs a model of that one task; this model has "
+                         f"the tasks {list(model.objectives)}, with LoRA on {lora or 'none'}. Load it without merge (or load "
+                         "the trunk with only that task's directory).")
+    model.router.merge(model.trunk.backbone, lora[0])
 
 
 def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from trunk.models.stems import TokenStem
 from trunk.models.kernels import Unpadded
-from trunk.models.trunk import Attention, Block, TrunkConfig, position_bias, run_block
+from trunk.models.trunk import Attention, Block, TrunkConfig, init_weights, position_bias, run_block
 
 
 class KVCache:
@@ -79,6 +79,7 @@ class Decoder(nn.Module):
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.position_bias = position_bias(cfg, causal=True)  # alibi, t5: the decoder's own, for its self-attention
         self.grad_checkpointing = False
+        init_weights(self, cfg.init_std)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward when training (``run_block``)."""

@@ -7,7 +7,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 from trunk.models.kernels import Dropout
-from trunk.models.trunk import ACTIVATIONS
+from trunk.models.trunk import ACTIVATIONS, init_weights
 
 
 Pooling = Literal["cls", "mean", "max"]
@@ -37,15 +37,17 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Pooling
 class SequenceClassificationHead(nn.Module):
     """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier; without ``pooler`` the
     classifier reads the pooled vector itself (a d_model-times smaller head: what a delta on a frozen trunk
-    trains beside it)."""
+    trains beside it). Every head initialises itself (``init_std``: the trunk's)."""
 
-    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1, pooler: bool = True) -> None:
+    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1, pooler: bool = True,
+                 init_std: float = 0.02) -> None:
         super().__init__()
         check_pooling(pooling)
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model) if pooler else None
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
+        init_weights(self, init_std)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, num_labels)."""
@@ -59,7 +61,7 @@ class MaskedLMHead(nn.Module):
     """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
     weight is the token embedding (tied: one matrix for reading and writing tokens)."""
 
-    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5) -> None:
+    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5, init_std: float = 0.02) -> None:
         super().__init__()
         vocab_size, d_model = token_embedding.weight.shape
         self.dense = nn.Linear(d_model, d_model)
@@ -67,6 +69,7 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.decoder = nn.Linear(d_model, vocab_size)
         self.decoder.weight = token_embedding.weight
+        init_weights(self.dense, init_std)  # not the decoder: its weight is the embedding
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., C) at the positions to predict (the masked ones only) -> (..., vocab) logits."""
@@ -76,11 +79,12 @@ class MaskedLMHead(nn.Module):
 class ReplacedTokenHead(nn.Module):
     """ELECTRA's discriminator head: dense + activation, then one logit per token ("was this token replaced?")."""
 
-    def __init__(self, d_model: int, activation: str = "gelu") -> None:
+    def __init__(self, d_model: int, activation: str = "gelu", init_std: float = 0.02) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
         self.act = ACTIVATIONS[activation]()
         self.out = nn.Linear(d_model, 1)
+        init_weights(self, init_std)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, T)."""
@@ -90,11 +94,20 @@ class ReplacedTokenHead(nn.Module):
 class TokenClassificationHead(nn.Module):
     """Per-token labels: dropout and a linear classifier on every position's vector."""
 
-    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1) -> None:
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1, init_std: float = 0.02) -> None:
         super().__init__()
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
+        init_weights(self, init_std)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, T, num_labels)."""
         return self.classifier(self.drop(hidden))
+
+
+class SpanHead(nn.Linear):
+    """Extractive QA: a start and an end logit per token, (B, T, C) -> (B, T, 2)."""
+
+    def __init__(self, d_model: int, init_std: float = 0.02) -> None:
+        super().__init__(d_model, 2)
+        init_weights(self, init_std)

@@ -154,6 +154,4 @@ def build_trunk(cfg: TrunkConfig, stems: dict[str, dict] | None = None) -> Trunk
     """A freshly initialised trunk: ``stems`` maps each modality it reads to its options ({"text": {}} by default)."""
     stems = {"text": {}} if stems is None else stems
     built = {kind: build_stem(kind, cfg, options) for kind, options in stems.items()}
-    backbone = Backbone(cfg)
-    init_weights(backbone, cfg.init_std)
-    return Trunk(backbone, built)
+    return Trunk(Backbone(cfg), built)  # the backbone initialises itself

@@ -304,6 +304,7 @@ class Backbone(nn.Module):
         self.position_bias = position_bias(cfg)  # alibi, t5: one for every block
         self.grad_checkpointing = False
         self.replay = None  # set by whatever adds state-reading hooks (trunk/models/deltas.py): see run_block
+        init_weights(self, cfg.init_std)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward (``run_block``)."""

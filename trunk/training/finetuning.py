@@ -12,7 +12,7 @@ Two ways to freeze. In one process, a frozen parameter has ``requires_grad=False
 it. Under DDP that works only for parts frozen for the whole run, because DDP fixes the parameters it
 synchronises when it wraps the model: a part thawed later would never have its gradients averaged.
 FSDP2 likewise builds its gradient reduction when it shards the model. So with several processes,
-parts that gradual unfreezing will thaw are *held* instead (``TrunkModule.hold``): they keep
+parts that gradual unfreezing will thaw are *held* instead (``Freezer.hold``): they keep
 ``requires_grad``, DDP / FSDP2 reduce their gradients, and the module drops those gradients before
 each optimizer step; they are not in the optimizer and run in eval mode until thawed, which trains
 exactly as one process does (tested for both). The cost: backward runs through the held parts as in
@@ -27,6 +27,7 @@ import lightning as L
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.optim import Optimizer
+from trunk.training.optim import depth_param_groups
 
 
 @dataclass
@@ -89,6 +90,48 @@ def keep_frozen_in_eval(trunk_parts: list[nn.Module], trained) -> None:
             module.eval()
 
 
+class Freezer:
+    """Which parameters of ``model`` train: neither frozen (``requires_grad=False``) nor *held* (see above). The
+    module asks it; ``GradualUnfreezing`` holds and releases through it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.held: set[str] = set()  # by name: FSDP2 replaces the parameters when it shards the model
+
+    def trains(self, p: nn.Parameter, held: set[int] | None = None) -> bool:
+        """Whether the optimizer updates ``p``. ``held``: ``held_ids()``, when asking about many parameters."""
+        return p.requires_grad and id(p) not in (self.held_ids() if held is None else held)
+
+    def held_ids(self) -> set[int]:
+        """The held parameters' current objects."""
+        return {id(p) for name, p in self.model.named_parameters() if name in self.held} if self.held else set()
+
+    def _names(self, modules: list[nn.Module]) -> set[str]:
+        ids = {id(p) for m in modules for p in m.parameters()}
+        return {name for name, p in self.model.named_parameters() if id(p) in ids}
+
+    def hold(self, modules: list[nn.Module]) -> None:
+        """Freeze ``modules`` without touching ``requires_grad``: for parts thawed later under DDP or FSDP2."""
+        self.held |= self._names(modules)
+        for m in modules:
+            m.eval()
+
+    def release(self, modules: list[nn.Module]) -> None:
+        self.held -= self._names(modules)
+
+    def drop_held_gradients(self) -> None:
+        """Before an optimizer step: held parameters' (averaged) gradients are dropped."""
+        if self.held:
+            for name, p in self.model.named_parameters():
+                if name in self.held:
+                    p.grad = None
+
+    def keep_frozen_in_eval(self, trunk_parts: list[nn.Module]) -> None:
+        """After ``model.train()``: trunk parts with nothing that trains run in eval mode (no dropout)."""
+        held = self.held_ids()
+        keep_frozen_in_eval(trunk_parts, lambda p: self.trains(p, held))
+
+
 def set_trainable(modules, trainable: bool) -> None:
     """Freeze (and switch to eval mode) or thaw ``modules``. Eval mode is set here, not only in
     ``TrunkModule.train``: Lightning restores each submodule's own mode after validation."""
@@ -134,16 +177,16 @@ class GradualUnfreezing(BaseFinetuning):
 
     def freeze_before_training(self, pl_module) -> None:
         for _, modules in self.thaw_order(pl_module):
-            pl_module.hold(modules) if getattr(self, "hold", False) else set_trainable(modules, False)
+            pl_module.freezer.hold(modules) if getattr(self, "hold", False) else set_trainable(modules, False)
 
     def finetune_function(self, pl_module, epoch: int, optimizer: Optimizer) -> None:
         thawed = epoch // self.every
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for depth, modules in self.thaw_order(pl_module)[:thawed]:
-            pl_module.release(modules) if getattr(self, "hold", False) else set_trainable(modules, True)
+            pl_module.freezer.release(modules) if getattr(self, "hold", False) else set_trainable(modules, True)
             for module in modules:
                 module.train(pl_module.training)  # its dropout comes back
-            for group in pl_module.make_param_groups(modules, depth, exclude=in_optimizer):
+            for group in depth_param_groups(pl_module, modules, depth, exclude=in_optimizer):
                 group["initial_lr"] = group["lr"]  # the schedule scales this, like every other group
-                group["lr"] = group["lr"] * pl_module.lr_schedule_factor()
+                group["lr"] = group["lr"] * pl_module.lr_schedulers().factor(pl_module.trainer.global_step)
                 optimizer.add_param_group(group)

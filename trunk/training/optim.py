@@ -155,6 +155,19 @@ def _global_norm(t: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def depth_param_groups(model, modules: list[nn.Module], depth: int, exclude: set[int] | None = None) -> list[dict]:
+    """Optimizer groups for the trainable parameters of ``modules`` at ``depth`` of ``model.depth_groups()``, at the
+    layer-decayed learning rate (``finetune.layer_decay``); ``decay_groups``: vectors, position tables and [CLS] do not
+    decay; frozen and held parameters get no optimizer state. ``exclude``: ids already in a group (updated)."""
+    exclude = set() if exclude is None else exclude
+    held = model.freezer.held_ids()
+    params = [p for m in modules for p in m.parameters() if model.freezer.trains(p, held) and id(p) not in exclude]
+    params = list({id(p): p for p in params}.values())  # tied weights (MLM decoder) appear once
+    exclude.update(id(p) for p in params)
+    lr = model.optim_config.lr * model.finetune.layer_decay ** (len(model.depth_groups()) - 1 - depth)
+    return decay_groups(params, no_decay_ids(model), model.optim_config.weight_decay, lr, f"depth{depth}")
+
+
 def build_optimizer(groups: list[dict], cfg: OptimConfig, total_steps: int) -> dict:
     """AdamW (fused where it takes the parameters) or LAMB, and the per-step schedule, as ``configure_optimizers`` returns them."""
     if cfg.name == "lamb":

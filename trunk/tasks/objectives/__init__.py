@@ -1,5 +1,5 @@
 """Task kinds: one ``Objective`` per file, each a plain ``nn.Module`` with its head, loss, metrics and
-predictions. A new kind is a file here, a line in ``OBJECTIVES`` and one in the test matrix."""
+predictions. A new kind is a file here and a line in ``trunk/tasks/registry.py`` (docs/architecture.md)."""
 
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.image_classification import ImageClassification
@@ -13,9 +13,5 @@ from trunk.tasks.objectives.sequence_classification import SequenceClassificatio
 from trunk.tasks.objectives.token_classification import EntityF1, TokenClassification
 from trunk.tasks.objectives.translation import Translation
 
-OBJECTIVES: dict[str, type[Objective]] = {cls.kind: cls for cls in (
-    SequenceClassification, TokenClassification, MaskedLanguageModeling, ReplacedTokenDetection, Translation, ImageClassification,
-    SequenceRegression, MultiLabelClassification, MultipleChoice, ExtractiveQuestionAnswering)}
-
-__all__ = ["OBJECTIVES", "EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "ReplacedTokenDetection",
+__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "ReplacedTokenDetection",
            "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation"]

@@ -19,6 +19,7 @@ from torchmetrics import Metric
 from trunk.core.codec import IGNORE_INDEX, Codec
 from trunk.core.contract import TaskSpec
 from trunk.models import Trunk, TrunkConfig
+from trunk.models.deltas import DeltaConfig, TaskDelta
 
 STAGES = ("train", "val", "test")
 
@@ -56,6 +57,7 @@ class Objective(nn.Module):
         self.name = ""
         self.label_names: list[str] | None = None
         self.codec: Codec | None = None
+        self.delta: TaskDelta | None = None  # the task's delta on a frozen trunk (``add_delta``), kept with its head
         self._file: tuple[str, str] | None = None  # ("update" | "read", file) while one file's metrics are in play
         self._file_metrics: dict[tuple[str, str], dict[str, Metric]] = {}  # (stage, file) -> that file's metrics
 
@@ -82,6 +84,11 @@ class Objective(nn.Module):
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         raise NotImplementedError
+
+    def add_delta(self, backbone: nn.Module, config: DeltaConfig) -> TaskDelta:
+        """Give the task a delta on the frozen ``backbone`` (``model.peft.<task>``), trained and stored with its head."""
+        self.delta = TaskDelta(backbone, config)
+        return self.delta
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         raise NotImplementedError
@@ -190,11 +197,9 @@ class Objective(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not is_metric_state(k)}
 
     def head_meta(self) -> dict:
-        """What a trunk directory stores of this task beside its weights; ``peft``: its delta's options (``TrunkModule``
-        gives a task its ``delta``)."""
-        delta = getattr(self, "delta", None)
+        """What a trunk directory stores of this task beside its weights; ``peft``: its delta's options."""
         return {"kind": self.kind, "label_names": self.label_names, "objective": self.spec(),
-                **({"peft": dataclasses.asdict(delta.config)} if delta is not None else {})}
+                **({"peft": dataclasses.asdict(self.delta.config)} if self.delta is not None else {})}
 
     def load_head(self, state: dict[str, torch.Tensor], label_names: list[str] | None, reinit_mismatched: bool,
                   source: str, label_map: dict[str, str] | None = None, keep_shared_labels: bool = False) -> str | None:

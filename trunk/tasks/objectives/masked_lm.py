@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.contract import TaskSpec
-from trunk.core.codec import IGNORE_INDEX
-from trunk.models import MaskedLMHead, Trunk, TrunkConfig, init_weights
+from trunk.core.codec import IGNORE_INDEX, MASK, SPECIAL_TOKENS
+from trunk.core.masking import mask_tokens
+from trunk.models import MaskedLMHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective
 
 
@@ -45,9 +46,18 @@ def tied_mlm_head(trunk: Trunk) -> MaskedLMHead:
     cfg = trunk.cfg
     if "text" not in trunk.stems:
         raise ValueError("Masked-LM needs the trunk's text stem.")
-    head = MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps)
-    init_weights(head.dense, cfg.init_std)  # not the decoder: its weight is the embedding
-    return head
+    return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std)
+
+
+def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_ids: list[int]) -> torch.Tensor:
+    """``model.aux_mlm``: the masked-LM loss of a text task's own training batch, masked afresh as BERT does (the task's
+    loss saw it whole). ``special_ids``: the run's tokenizer's ids of ``SPECIAL_TOKENS`` (never masked)."""
+    ids, mask = batch["input_ids"], batch.get("attention_mask")
+    ids, mask = ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1])  # choices: rows
+    masked, targets = mask_tokens(ids, torch.tensor(special_ids, device=ids.device), special_ids[SPECIAL_TOKENS.index(MASK)],
+                                  trunk.cfg.vocab_size)
+    _, nll, _ = masked_token_nll(head, trunk(masked, mask), targets)
+    return nll.mean()
 
 
 class MaskedLanguageModeling(Objective):

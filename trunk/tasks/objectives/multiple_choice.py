@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import MeanMetric, Metric
 from trunk.core.contract import TaskSpec
-from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig, init_weights
+from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -32,8 +32,7 @@ class MultipleChoice(Objective):
         self.pooling, self.head_dropout, self.label_smoothing, self.pooler = pooling, head_dropout, label_smoothing, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler)
-        init_weights(self.head, cfg.init_std)
+        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler, cfg.init_std)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"acc": MeanMetric()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 from trunk.core.contract import TaskSpec
-from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig, init_weights
+from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective
 
 
@@ -31,8 +31,8 @@ class PooledObjective(Objective):
         self.pooling, self.head_dropout, self.pooler = pooling, head_dropout, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler)
-        init_weights(self.head, cfg.init_std)
+        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler,
+                                               cfg.init_std)
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, len(label_names)) outputs."""

@@ -7,11 +7,10 @@ import re
 import string
 
 import torch
-from torch import nn
 from torchmetrics import MeanMetric, Metric
 from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
-from trunk.models import Trunk, TrunkConfig, init_weights
+from trunk.models import SpanHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -41,8 +40,7 @@ class ExtractiveQuestionAnswering(Objective):
         self.max_answer_length, self.allow_unanswerable, self.label_smoothing = max_answer_length, allow_unanswerable, label_smoothing
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = nn.Linear(cfg.d_model, 2)
-        init_weights(self.head, cfg.init_std)
+        self.head = SpanHead(cfg.d_model, cfg.init_std)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"exact_match": MeanMetric(), "f1": MeanMetric()}

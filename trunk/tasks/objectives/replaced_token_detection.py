@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, MulticlassAccuracy
 from trunk.core.contract import TaskSpec
-from trunk.models import Backbone, ReplacedTokenHead, Trunk, TrunkConfig, init_weights
+from trunk.models import Backbone, ReplacedTokenHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
 from trunk.tasks.objectives.base import Objective
 
@@ -49,10 +49,8 @@ class ReplacedTokenDetection(Objective):
         if not 1 <= self.generator_layers <= cfg.n_layers:
             raise ValueError(f"generator_layers must be between 1 and the trunk's n_layers={cfg.n_layers}, got {self.generator_layers}.")
         self.generator = Backbone(dataclasses.replace(cfg, n_layers=self.generator_layers))
-        init_weights(self.generator, cfg.init_std)
         self.generator_head = tied_mlm_head(trunk)
-        self.head = ReplacedTokenHead(cfg.d_model, cfg.activation)
-        init_weights(self.head, cfg.init_std)
+        self.head = ReplacedTokenHead(cfg.d_model, cfg.activation, cfg.init_std)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {

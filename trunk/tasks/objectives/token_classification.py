@@ -10,7 +10,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trunk.core.contract import TaskSpec
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
 from trunk.core.codec import IGNORE_INDEX
-from trunk.models import TokenClassificationHead, Trunk, TrunkConfig, init_weights
+from trunk.models import TokenClassificationHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -94,8 +94,7 @@ class TokenClassification(Objective):
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         _, self.entity_types = parse_label_names(self.label_names)
-        self.head = TokenClassificationHead(cfg.d_model, len(self.label_names), self.head_dropout)
-        init_weights(self.head, cfg.init_std)
+        self.head = TokenClassificationHead(cfg.d_model, len(self.label_names), self.head_dropout, cfg.init_std)
         self.transitions = allowed_transitions(self.label_names)
         self.outside = self.label_names.index("O")
         weight = torch.ones(len(self.label_names))

@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 from trunk.core.contract import TaskSpec
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
-from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search, init_weights
+from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 # The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK].
@@ -60,7 +60,6 @@ class Translation(Objective):
                              f"{cfg.vocab_size} tokens and the target {self.target_vocab_size}. Set joint_vocabulary=true in "
                              "the task's data, or share_embeddings=false.")
         self.decoder = Decoder(replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers))
-        init_weights(self.decoder, cfg.init_std)
         if self.share_embeddings:
             self.decoder.stem.token = trunk.stems["text"].token
 

@@ -8,6 +8,18 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 
+def batch_work(trunk, batch: dict) -> tuple[int, torch.Tensor, int]:
+    """What the trunk computes on for ``batch``: (samples, real tokens as a 0-d tensor on the batch's device, the longest
+    sequence). Padding is not work; an image is its patches and [CLS]."""
+    if "pixel_values" in batch:
+        images = batch["pixel_values"]
+        patch = trunk.stems["image"].patch_size
+        length = (images.shape[-2] // patch) * (images.shape[-1] // patch) + 1
+        return images.shape[0], torch.tensor(images.shape[0] * length), length
+    mask = batch["attention_mask"]
+    return mask.shape[0], mask.sum(), mask.shape[1]
+
+
 class Throughput(Callback):
     """Training throughput, logged every ``trainer.log_every_n_steps`` batches under ``perf/``:
     ``samples_per_sec`` and ``tokens_per_sec`` (real tokens the trunk computes on, padding excluded;
@@ -33,7 +45,7 @@ class Throughput(Callback):
         return get_available_flops(trainer.strategy.root_device, dtype)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        samples, tokens, length = pl_module.batch_work(batch)
+        samples, tokens, length = batch_work(pl_module.trunk, batch)
         if self._start is None:
             self._start, self._samples, self._tokens, self._flops = time.perf_counter(), 0, 0, 0
         self._samples += samples

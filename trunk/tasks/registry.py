@@ -1,0 +1,88 @@
+"""The task kinds: each objective paired with the data class that feeds it, in one table that the run, the tests
+(tests/kinds.py) and the README's table of kinds (tests/test_architecture.py) read. A data class says which
+objective kinds it feeds (``TaskData.kinds``); this table is their index, so a new kind is its objective's file,
+its data class and one line here (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from trunk.datamodules import (
+    CorpusData,
+    ImageClassificationData,
+    MultiLabelTextData,
+    MultipleChoiceData,
+    QuestionAnsweringData,
+    TextClassificationData,
+    TextRegressionData,
+    TokenClassificationData,
+    TranslationData,
+)
+from trunk.datamodules.text import TaskData
+from trunk.models import STEM_KINDS
+from trunk.tasks.objectives import (
+    ExtractiveQuestionAnswering,
+    ImageClassification,
+    MaskedLanguageModeling,
+    MultiLabelClassification,
+    MultipleChoice,
+    Objective,
+    ReplacedTokenDetection,
+    SequenceClassification,
+    SequenceRegression,
+    TokenClassification,
+    Translation,
+)
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    objective: type[Objective]
+    data: type[TaskData]
+
+
+KINDS: dict[str, TaskKind] = {objective.kind: TaskKind(objective, data) for objective, data in (
+    (SequenceClassification, TextClassificationData),
+    (SequenceRegression, TextRegressionData),
+    (MultiLabelClassification, MultiLabelTextData),
+    (MultipleChoice, MultipleChoiceData),
+    (ExtractiveQuestionAnswering, QuestionAnsweringData),
+    (TokenClassification, TokenClassificationData),
+    (MaskedLanguageModeling, CorpusData),
+    (ReplacedTokenDetection, CorpusData),
+    (Translation, TranslationData),
+    (ImageClassification, ImageClassificationData),
+)}
+
+
+def stems_of(objectives: dict[str, Objective]) -> dict[str, dict]:
+    """The stems the tasks read, with their options: one text stem, one image stem (the tasks must agree on its
+    options), in ``STEM_KINDS`` order."""
+    stems: dict[str, dict] = {}
+    for name, objective in objectives.items():
+        options = objective.stem_options()
+        if objective.stem in stems and stems[objective.stem] != options:
+            raise ValueError(f"Task '{name}' needs an {objective.stem} stem with {options}, but another task of the run "
+                             f"needs {stems[objective.stem]}: the tasks share one stem, so give them the same options.")
+        stems[objective.stem] = options
+    return dict(sorted(stems.items(), key=lambda item: STEM_KINDS.index(item[0])))
+
+
+def objective_class(class_path: str) -> type[Objective]:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        if module.startswith("trunk.tasks."):  # stored by a version whose objectives lived in other files
+            return getattr(importlib.import_module("trunk.tasks"), name)
+        raise
+
+
+def as_objective(value) -> Objective:
+    """An objective from itself or from its stored ``{"class_path", "init_args"}`` form."""
+    if isinstance(value, Objective):
+        return value
+    if isinstance(value, dict) and "class_path" in value:
+        return objective_class(value["class_path"])(**value.get("init_args", {}))
+    raise TypeError(f"model.tasks entries must be objectives (class_path + init_args), got {value!r}.")
