@@ -444,3 +444,15 @@ def test_the_decoder_on_real_target_tokens_only_matches_the_padded_decoder():
     torch.testing.assert_close(decoder.logits(unpadded), decoder(ids, memory, memory_mask)[target_mask], atol=1e-5, rtol=1e-5)
     for name in padded_grads:
         torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_preset_names_a_shape_and_the_fields_given_win():
+    from trunk.models.trunk import PRESETS, SHAPE_DEFAULTS
+
+    base = TrunkConfig.from_name("base", dropout=0.2)
+    assert {k: getattr(base, k) for k in PRESETS["base"]} == PRESETS["base"] and base.dropout == 0.2
+    assert TrunkConfig(preset="small", n_layers=4).n_layers == 4 and TrunkConfig(preset="small").n_layers == 2
+    assert {k: getattr(TrunkConfig(), k) for k in SHAPE_DEFAULTS} == SHAPE_DEFAULTS  # no preset: the defaults
+    assert TrunkConfig.from_dict(base.to_dict()) == base  # stored configs hold every value, and rebuild the same
+    with pytest.raises(ValueError, match="preset='huge': the presets are tiny, small, base"):
+        TrunkConfig(preset="huge")

@@ -16,6 +16,7 @@ from typing import Literal, Optional, Union
 
 import torch
 import yaml
+from jsonargparse import Namespace
 from datasets.utils import disable_progress_bars, enable_progress_bars
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
@@ -143,6 +144,8 @@ class TrunkCLI(LightningCLI):
         config = self.config[sub] if sub else self.config
         if self.run.checkpoint_path is not None:
             config.model.init_from = None  # the checkpoint holds the weights
+        if config.model.trunk is None:  # no trunk options given: the defaults ran
+            config.model.trunk = Namespace()
         for key, value in model.trunk_config.to_dict().items():
             config.model.trunk[key] = value
         if self.run.tokenizer_source is not None:

@@ -25,24 +25,35 @@ from trunk.models.local_attention import SlidingWindow, local_mask, sliding_wind
 from trunk.models.positions import BIASES, PositionBias
 
 
+# Named architectures (litgpt's ``Config.from_name``): a recipe says ``trunk: {preset: base}`` instead of retyping the
+# shape; fields it gives itself win. Without a preset the unset shape fields take ``SHAPE_DEFAULTS``.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=128),
+    "small": dict(d_model=128, n_layers=2, n_heads=4, d_ff=512),
+    "base": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, positions="rope"),  # configs/pretrain.yaml's
+}
+SHAPE_DEFAULTS = dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512, positions="learned", norm="pre", activation="gelu")
+
+
 @dataclass
 class TrunkConfig:
-    """Architecture of the trunk. ``vocab_size`` and ``max_len`` size the text stem only."""
+    """Architecture of the trunk. ``vocab_size`` and ``max_len`` size the text stem only. The shape fields left unset
+    (None) take the ``preset``'s values, else ``SHAPE_DEFAULTS``; built, a config holds every value."""
 
     vocab_size: int = 8192
-    d_model: int = 256  # width
-    n_layers: int = 4  # depth
-    n_heads: int = 4
-    d_ff: int = 1024  # feed-forward width, usually 4 * d_model
+    d_model: int | None = None  # width
+    n_layers: int | None = None  # depth
+    n_heads: int | None = None
+    d_ff: int | None = None  # feed-forward width, usually 4 * d_model
     dropout: float = 0.1
     attn_dropout: float = 0.1
     token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
-    max_len: int = 512
+    max_len: int | None = None
     # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
     # attention scores from the query-key distance (trunk/models/positions.py), t5's in relative_buckets learned buckets
-    positions: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] = "learned"
-    norm: Literal["pre", "post"] = "pre"  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] | None = None
+    norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
+    activation: Literal["gelu", "relu", "silu"] | None = None
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
     relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
@@ -51,8 +62,14 @@ class TrunkConfig:
     # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by all
     local_window: int = 0
     global_tokens: int = 1
+    preset: Literal["tiny", "small", "base"] | None = None  # a named shape (PRESETS)
 
     def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"TrunkConfig.preset={self.preset!r}: the presets are {', '.join(PRESETS)}.")
+        for name, value in {**SHAPE_DEFAULTS, **PRESETS.get(self.preset, {})}.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
@@ -78,6 +95,11 @@ class TrunkConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "TrunkConfig":
+        """A preset's architecture (``PRESETS``), with ``overrides`` on top: ``TrunkConfig.from_name("base", dropout=0.2)``."""
+        return cls(preset=name, **overrides)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides) -> "TrunkConfig":

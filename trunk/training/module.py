@@ -66,7 +66,7 @@ class TrunkModule(L.LightningModule):
     def __init__(
         self,
         tasks: dict[str, Objective],
-        trunk: TrunkConfig = TrunkConfig(),
+        trunk: TrunkConfig | None = None,
         optimizer: OptimConfig = OptimConfig(),
         finetune: FinetuneConfig = FinetuneConfig(),
         task_weights: dict[str, float] | None = None,
@@ -81,7 +81,8 @@ class TrunkModule(L.LightningModule):
         self.save_hyperparameters(ignore=["codec"])
         objectives = {name: as_objective(o) for name, o in tasks.items()}
         self.hparams.update(tasks={name: o.spec() for name, o in objectives.items()})  # plain values, current class paths
-        self.trunk_config = trunk_config(trunk) if isinstance(trunk, dict) else trunk
+        self.trunk_config = trunk_config(trunk) if isinstance(trunk, dict) else trunk or TrunkConfig()
+        self.hparams.update(trunk=self.trunk_config)  # every value, a preset's and the defaults included
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights = loss_weights(task_weights or {}, objectives)
         task_info = pair_specs(objectives, task_info)
