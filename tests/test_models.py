@@ -12,6 +12,7 @@ from trunk.models import (
     TokenStem,
     Trunk,
     TrunkConfig,
+    build_trunk,
     init_weights,
     pool,
     sinusoidal_positions,
@@ -103,7 +104,7 @@ def test_sinusoidal_positions_follow_the_formula():
 
 
 def test_rotary_scores_depend_only_on_the_distance_between_positions():
-    from trunk.models.trunk import rotate
+    from trunk.models.positions import rotate
 
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
@@ -456,3 +457,33 @@ def test_a_preset_names_a_shape_and_the_fields_given_win():
     assert TrunkConfig.from_dict(base.to_dict()) == base  # stored configs hold every value, and rebuild the same
     with pytest.raises(ValueError, match="preset='huge': the presets are tiny, small, base"):
         TrunkConfig(preset="huge")
+
+
+def test_a_new_position_scheme_is_one_class_and_every_part_of_the_trunk_uses_it():
+    """A scheme (here: a fixed table that marks only the first token) plugs in by name: the stems add its table, the
+    config accepts it, and a pretrained trunk's max_len is checked only when the scheme fixes it."""
+    from trunk.formats.trunk_dir import architecture_fields
+    from trunk.models.positions import POSITIONS, PositionScheme
+
+    class FirstToken(PositionScheme):
+        name = "first_token"
+
+        @staticmethod
+        def add_token_table(stem, max_len, dim):
+            stem.register_buffer("position_table", torch.zeros(max_len, dim).index_fill_(0, torch.tensor([0]), 1.0), persistent=False)
+
+        @staticmethod
+        def token_table(stem, start, stop):
+            return stem.position_table[start:stop]
+
+    try:
+        cfg = TrunkConfig(vocab_size=20, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_len=8, positions="first_token", dropout=0.0)
+        stem = build_trunk(cfg).stems["text"]
+        ids = torch.tensor([[3, 3, 3]])
+        assert torch.allclose(stem(ids)[0, 0] - stem(ids)[0, 1], torch.ones(8))  # only the first position is marked
+        assert "max_len" not in architecture_fields(cfg) and "max_len" in architecture_fields(TrunkConfig(positions="learned"))
+    finally:
+        POSITIONS.pop("first_token")
+    with pytest.raises(ValueError, match="positions='first_token': choose ") as err:
+        TrunkConfig(positions="first_token")
+    assert all(name in str(err.value) for name in ("learned", "sinusoidal", "rope", "alibi", "t5"))

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.checkpoint import check_readable, is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
-from trunk.models import TrunkConfig, build_trunk
+from trunk.models import POSITIONS, TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import is_metric_state
 
 FORMAT_NAME, FORMAT_VERSION = "trunk", 2
@@ -44,7 +44,8 @@ def architecture_fields(pretrained: TrunkConfig) -> tuple[str, ...]:
     """The fields a run must share with these trained weights. ``max_len`` sizes a learned position table only: a trunk
     with rotary, ALiBi, T5 or sinusoidal positions reads other lengths with the same weights (how well beyond its
     training length is the extrapolation question; local attention keeps every query-key distance within it)."""
-    return ARCHITECTURE_FIELDS if pretrained.positions == "learned" else tuple(f for f in ARCHITECTURE_FIELDS if f != "max_len")
+    fixed = POSITIONS[pretrained.positions].fixes_max_len
+    return ARCHITECTURE_FIELDS if fixed else tuple(f for f in ARCHITECTURE_FIELDS if f != "max_len")
 
 
 @dataclass

@@ -18,11 +18,9 @@ from trunk.models.stems import (
     TokenStem,
     build_stem,
     build_trunk,
-    sinusoidal_positions,
-    sinusoidal_positions_2d,
 )
 from trunk.models.kernels import Dropout, Unpadded, dropout
-from trunk.models.positions import PositionBias, alibi_slopes
+from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, alibi_slopes, sinusoidal_positions, sinusoidal_positions_2d
 from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [
@@ -40,7 +38,9 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "PatchStem",
+    "POSITIONS",
     "PositionBias",
+    "PositionScheme",
     "Pooling",
     "STEM_KINDS",
     "build_stem",

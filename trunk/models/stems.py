@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from trunk.models.kernels import Dropout
+from trunk.models.positions import POSITIONS
 from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
-
-
-def sinusoidal_positions(n_positions: int, dim: int) -> torch.Tensor:
-    """The fixed sin/cos table of "Attention Is All You Need": (n_positions, dim)."""
-    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(n_positions, dim)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
-    return table
 
 
 class TokenStem(nn.Module):
@@ -33,11 +22,8 @@ class TokenStem(nn.Module):
         super().__init__()
         self.max_len = cfg.max_len
         self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        if cfg.positions == "learned":
-            self.position = nn.Embedding(cfg.max_len, cfg.d_model)
-        elif cfg.positions == "sinusoidal":
-            self.register_buffer("position_table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
-        # "rope": no absolute positions here; attention rotates queries and keys (trunk/models/trunk.py)
+        self.scheme = POSITIONS[cfg.positions]  # learned, sinusoidal: a table here; rope, alibi, t5: in attention
+        self.scheme.add_token_table(self, cfg.max_len, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
         self.token_dropout = cfg.token_dropout
@@ -57,20 +43,10 @@ class TokenStem(nn.Module):
         x = self.token(input_ids)
         if self.training and self.token_dropout > 0:
             x = x * (torch.rand(input_ids.shape, device=x.device) >= self.token_dropout).unsqueeze(-1).to(x.dtype)
-        if hasattr(self, "position"):
-            x = x + self.position.weight[offset:T]
-        elif hasattr(self, "position_table"):
-            x = x + self.position_table[offset:T]
+        table = self.scheme.token_table(self, offset, T)
+        if table is not None:
+            x = x + table
         return self.drop(self.norm(x))
-
-
-def sinusoidal_positions_2d(rows: int, cols: int, dim: int) -> torch.Tensor:
-    """Fixed 2-D positions (MAE / MoCo v3): half the channels encode the row, half the column. (rows * cols, dim)."""
-    if dim % 4:
-        raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {dim}.")
-    row = sinusoidal_positions(rows, dim // 2)[:, None, :].expand(rows, cols, dim // 2)
-    col = sinusoidal_positions(cols, dim // 2)[None, :, :].expand(rows, cols, dim // 2)
-    return torch.cat([row, col], dim=-1).reshape(rows * cols, dim)
 
 
 class PatchStem(nn.Module):
@@ -93,11 +69,8 @@ class PatchStem(nn.Module):
         self.proj = nn.Conv2d(channels, cfg.d_model, kernel_size=patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         nn.init.normal_(self.cls, std=cfg.init_std)
-        if cfg.positions == "learned":
-            self.position = nn.Parameter(torch.zeros(1, self.grid * self.grid, cfg.d_model))
-            nn.init.normal_(self.position, std=cfg.init_std)
-        elif cfg.positions == "sinusoidal":
-            self.register_buffer("position_table", sinusoidal_positions_2d(self.grid, self.grid, cfg.d_model)[None], persistent=False)
+        self.scheme = POSITIONS[cfg.positions]
+        self.scheme.add_grid_table(self, self.grid, cfg.d_model, cfg.init_std)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
         self.drop = Dropout(cfg.dropout)
 
@@ -105,18 +78,8 @@ class PatchStem(nn.Module):
         return {"cls", "position"} if hasattr(self, "position") else {"cls"}
 
     def positions(self, rows: int, cols: int) -> torch.Tensor | None:
-        """The (1, rows * cols, d_model) position table for a grid of patches; None for rope."""
-        if hasattr(self, "position_table"):
-            if (rows, cols) == (self.grid, self.grid):
-                return self.position_table
-            return sinusoidal_positions_2d(rows, cols, self.position_table.shape[-1]).to(self.position_table.device)[None]
-        if not hasattr(self, "position"):
-            return None
-        if (rows, cols) == (self.grid, self.grid):
-            return self.position
-        table = self.position.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2)  # (1, d, grid, grid)
-        table = F.interpolate(table.float(), size=(rows, cols), mode="bicubic", align_corners=False)
-        return table.permute(0, 2, 3, 1).reshape(1, rows * cols, -1).to(self.position.dtype)
+        """The (1, rows * cols, d_model) position table for a grid of patches; None where the scheme adds none."""
+        return self.scheme.grid_table(self, rows, cols)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         if pixels.ndim != 4 or pixels.shape[1] != self.channels:

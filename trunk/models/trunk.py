@@ -10,7 +10,6 @@ real-token layout of padded batches) are in ``kernels.py``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -22,7 +21,7 @@ from torch import nn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, attend, tracing
 from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
-from trunk.models.positions import BIASES, PositionBias
+from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, scheme
 
 
 # Named architectures (litgpt's ``Config.from_name``): a recipe says ``trunk: {preset: base}`` instead of retyping the
@@ -51,7 +50,7 @@ class TrunkConfig:
     max_len: int | None = None
     # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
     # attention scores from the query-key distance (trunk/models/positions.py), t5's in relative_buckets learned buckets
-    positions: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] | None = None
+    positions: str | None = None  # a name of trunk.models.positions.POSITIONS
     norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "relu", "silu"] | None = None
     layer_norm_eps: float = 1e-5
@@ -75,11 +74,7 @@ class TrunkConfig:
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 "choose n_heads so that each head gets d_model / n_heads channels."
             )
-        if self.positions not in ("learned", "sinusoidal", "rope", *BIASES):
-            raise ValueError(f"TrunkConfig.positions={self.positions!r}: choose learned, sinusoidal, rope, alibi or t5.")
-        if self.positions == "t5" and not 4 <= self.relative_buckets < 2 * self.relative_max_distance:
-            raise ValueError(f"TrunkConfig: relative_buckets={self.relative_buckets} must be at least 4 and below twice "
-                             f"relative_max_distance={self.relative_max_distance}.")
+        scheme(self.positions).check(self)
         for name in ("local_window", "global_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
@@ -122,46 +117,17 @@ class TrunkConfig:
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
-def position_bias(cfg: TrunkConfig, causal: bool = False) -> PositionBias | None:
+def position_bias(cfg: TrunkConfig, causal: bool = False) -> nn.Module | None:
     """The stack-wide attention bias of ``cfg.positions`` (alibi, t5); None for the others."""
-    if cfg.positions not in BIASES:
-        return None
-    return PositionBias(cfg.positions, cfg.n_heads, causal, cfg.relative_buckets, cfg.relative_max_distance)
-
-
-def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding (RoFormer; GPT-NeoX's half-split layout) of (B, H, T, D) queries or keys.
-
-    Channel pair i of position t turns by the angle t * base^(-2i/D), so a query-key dot product
-    depends on the two positions only through their distance. A model can attend "one word to the
-    left" from its first steps, which learned absolute positions must discover first.
-    """
-    T, D = x.shape[-2], x.shape[-1]
-    if tracing():  # computed in the graph, not read from a Python cache
-        cos, sin = rotary_table.__wrapped__(offset + T, D, x.device, x.dtype, base)
-    else:  # every layer and call of a length reuses one table (a power of two long, so decoding steps share it too)
-        cos, sin = rotary_table(1 << (offset + T - 1).bit_length(), D, x.device, x.dtype, base)
-    cos, sin = cos[offset : offset + T], sin[offset : offset + T]
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-@functools.lru_cache(maxsize=64)
-def rotary_table(length: int, dim: int, device: torch.device, dtype: torch.dtype, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles of positions 0 .. length-1: (length, dim/2) each. Made outside inference
-    mode even when first asked for there, so that training may use the same cached tensors afterwards."""
-    with torch.inference_mode(False), torch.no_grad():
-        inv_freq = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+    return POSITIONS[cfg.positions].bias(cfg, causal)
 
 
 class Attention(nn.Module):
     """Multi-head attention on ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
 
     Self-attention when ``context`` is None, cross-attention on ``context`` otherwise; the same
-    weights layout serves both, so the decoder reuses this class unchanged. With ``rotary``,
-    self-attention rotates queries and keys by their positions (``rotate``).
+    weights layout serves both, so the decoder reuses this class unchanged. Self-attention hands its queries and keys
+    to the position scheme's ``rotate`` when it ``rotates`` (rope).
 
     For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
     keys and values between calls: self-attention appends the new tokens' and attends to all of
@@ -169,14 +135,12 @@ class Attention(nn.Module):
     ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions.py``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, rotary: bool = False) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme) -> None:
         super().__init__()
-        if rotary and (d_model // n_heads) % 2:
-            raise ValueError(f"Rotary positions need an even head width; d_model / n_heads = {d_model // n_heads}.")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
-        self.rotary = rotary
+        self.positions = positions if positions.rotates else None
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
         self.out_proj = nn.Linear(d_model, d_model)
@@ -208,8 +172,8 @@ class Attention(nn.Module):
             k, v = kv.view(B, S, 2, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
             if context is None:
                 offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
-                if self.rotary:
-                    q, k = rotate(q, offset), rotate(k, offset)
+                if self.positions is not None:
+                    q, k = self.positions.rotate(q, offset), self.positions.rotate(k, offset)
                 if offset:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             if cache is not None:  # contiguous: else every later step's attention products copy them
@@ -264,7 +228,7 @@ class Block(nn.Module):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, rotary=cfg.positions == "rope")
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions])
         self.norm_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
         self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from trunk.models import Block
-from trunk.models.positions import PositionBias
 from trunk.models.trunk import Attention, FeedForward
 
 
@@ -46,11 +45,11 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
                          f"{trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's tensor_parallel_size).")
     if getattr(model, "router", None) is not None and model.router.deltas:
         raise ValueError("Tensor parallelism does not split model.peft's deltas: train them with DDP or FSDP2 (tensor_parallel_size: 1).")
-    KeyValueColwise, HeadsOfBias = _key_value_colwise(), _heads_of_bias()
+    KeyValueColwise, OwnHeads = _key_value_colwise(), _own_heads()
     plan = {}
     for name, module in model.named_modules():
-        if isinstance(module, PositionBias):
-            plan[name] = HeadsOfBias()
+        if hasattr(module, "keep_heads"):
+            plan[name] = OwnHeads()
         elif isinstance(module, Attention):
             plan.update({f"{name}.q_proj": ColwiseParallel(), f"{name}.kv_proj": KeyValueColwise(),
                          f"{name}.out_proj": RowwiseParallel()})
@@ -92,31 +91,17 @@ def _key_value_colwise() -> type:
     return KeyValueColwise
 
 
-def _heads_of_bias() -> type:
-    """A tensor-parallel style for an ALiBi or T5 ``PositionBias``: each process gets the bias of its own heads (those
-    of its share of the query and key/value projections, in order). ALiBi's slopes are a constant: each process keeps
-    its heads' slopes. T5's table (distance buckets x heads) stays whole on every process (replicated, as the fused
-    key/value projection's weights), and each reads its heads' columns; their gradients, each process's share, are
-    summed in backward."""
-    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+def _own_heads() -> type:
+    """A tensor-parallel style for a module that says itself how it splits by heads (``keep_heads``: a position
+    scheme's attention bias, trunk/models/positions/): each process keeps its share of the heads."""
     from torch.distributed.tensor.parallel.style import ParallelStyle
 
-    class HeadsOfBias(ParallelStyle):
-        def _apply(self, module: PositionBias, device_mesh) -> nn.Module:
-            mine = _own_share(module.n_heads, device_mesh)
-            if module.kind == "alibi":
-                module.slopes = module.slopes[mine]
-                return module
-            table = module.embedding
-            table.weight = nn.Parameter(distribute_tensor(table.weight, device_mesh, [Replicate()]))
-
-            def lookup(buckets: torch.Tensor) -> torch.Tensor:
-                return torch.nn.functional.embedding(buckets, table.weight.to_local(grad_placements=[Partial()])[:, mine])
-
-            table.forward = lookup
+    class OwnHeads(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            module.keep_heads(_own_share(module.n_heads, device_mesh), device_mesh)
             return module
 
-    return HeadsOfBias
+    return OwnHeads
 
 
 def _own_share(n: int, mesh) -> slice:

@@ -1,8 +1,8 @@
 """Positions as a bias on the attention scores, from the distance between a query and a key: ALiBi (Press et al.
 2022: a fixed slope per head) and T5's relative positions (Raffel et al. 2020: a learned scalar per head and distance
 bucket, shared by every layer). Neither adds anything to the embeddings; both see only distances, so they apply to
-inputs longer than the training ones (the extrapolation ALiBi was made for). Rotary positions live in attention itself
-(``trunk/models/trunk.py``); learned and sinusoidal tables in the stems.
+inputs longer than the training ones (the extrapolation ALiBi was made for). Under tensor parallelism each process
+keeps the bias of its own heads (``PositionBias.keep_heads``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Literal
 
 import torch
 from torch import nn
+from trunk.models.positions.base import PositionScheme
 
-BIASES = ("alibi", "t5")  # the TrunkConfig.positions that are a PositionBias
+BIASES = ("alibi", "t5")  # the schemes that are a PositionBias
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -76,3 +77,43 @@ class PositionBias(nn.Module):
             return -self.slopes[:, None, None] * relative.abs()[..., None, :, :]
         buckets = relative_buckets(relative, not self.causal, self.num_buckets, self.max_distance)
         return self.embedding(buckets).movedim(-1, -3)
+
+    def keep_heads(self, heads: slice, mesh) -> None:
+        """Tensor parallelism: keep the bias of this process's ``heads`` (those of its share of the query and key/value
+        projections, in order). ALiBi's slopes are a constant: each process keeps its heads'. T5's table (distance
+        buckets x heads) stays whole on every process (replicated, as the fused key/value projection's weights), and
+        each reads its heads' columns; their gradients, each process's share, are summed in backward."""
+        from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+
+        if self.kind == "alibi":
+            self.slopes = self.slopes[heads]
+            return
+        table = self.embedding
+        table.weight = nn.Parameter(distribute_tensor(table.weight, mesh, [Replicate()]))
+
+        def lookup(buckets: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding(buckets, table.weight.to_local(grad_placements=[Partial()])[:, heads])
+
+        table.forward = lookup
+
+
+class Alibi(PositionScheme):
+    name = "alibi"
+
+    @staticmethod
+    def bias(cfg, causal: bool = False) -> PositionBias:
+        return PositionBias("alibi", cfg.n_heads, causal)
+
+
+class T5(PositionScheme):
+    name = "t5"
+
+    @staticmethod
+    def check(cfg) -> None:
+        if not 4 <= cfg.relative_buckets < 2 * cfg.relative_max_distance:
+            raise ValueError(f"TrunkConfig: relative_buckets={cfg.relative_buckets} must be at least 4 and below twice "
+                             f"relative_max_distance={cfg.relative_max_distance}.")
+
+    @staticmethod
+    def bias(cfg, causal: bool = False) -> PositionBias:
+        return PositionBias("t5", cfg.n_heads, causal, cfg.relative_buckets, cfg.relative_max_distance)
