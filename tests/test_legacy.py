@@ -39,3 +39,18 @@ def test_class_paths_that_configs_stored_before_the_split_still_resolve(tiny_cli
     cli = run_cli([*tiny_cli_args, "--trainer.callbacks=trunk.tasks.callbacks.Throughput"], run=False)
     assert any(isinstance(c, Throughput) for c in cli.trainer.callbacks)
     assert trunk.tasks.TrunkModule is TrunkModule and callable(trunk.tasks.load)
+
+
+def test_load_of_a_checkpoint_builds_no_training_datamodule(monkeypatch):
+    """``load(ckpt)`` goes checkpoint -> model -> predictor (with its runtime), each task's data settings handing it a
+    preprocessor: a MultiTaskData built on the way would fail here."""
+    from trunk.datamodules import MultiTaskData
+    from trunk.tasks import load
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load() built a training datamodule")
+
+    monkeypatch.setattr(MultiTaskData, "__init__", refuse)
+    model = load(LEGACY / "joint.ckpt", precision="32-true")
+    assert_same_records(model.predict(EXPECTED["texts"], task="sentiment"), EXPECTED["records"]["sentiment"])
+    assert_same_records(model.predict(EXPECTED["sentences"], task="ner"), EXPECTED["records"]["ner"])

@@ -128,7 +128,8 @@ def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
                                task_info={"sentiment": {"label_names": labels}}, reuse=HeadReuse(**options))
 
     swapped = reuse(["positive", "negative"]).eval()  # same labels, other order: rows follow the names
-    batch = {"task": "sentiment", **trained.data["sentiment"].encode_inputs(texts)}
+    preprocessor = trained.preprocessors["sentiment"]
+    batch = {"task": "sentiment", **preprocessor.collate(preprocessor.encode(texts))}
     probs = [r["probs"] for r in swapped.predict_step(batch, 0)]
     assert [list(p) for p in probs] == [["positive", "negative"]] * 3  # the new order ...
     assert all(p[k] == pytest.approx(e[k], abs=1e-6) for p, e in zip(probs, expected) for k in e)  # ... the same model

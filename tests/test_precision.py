@@ -11,6 +11,7 @@ from conftest import REPO
 from trunk.models import TrunkConfig
 from trunk.tasks import SequenceClassification, TrunkModule
 from trunk.training import precision as P
+from trunk.datamodules.text import Preprocessor
 from trunk.inference.predictor import Predictor
 from trunk.cli.fit import LIGHTNING_PRECISION, TrunkTrainer, run_cli
 
@@ -122,6 +123,9 @@ def test_inference_uses_the_same_rule(cpu, monkeypatch):
                         task_info={"s": {"label_names": ["a", "b"]}})
 
     class Texts:
+        def preprocessor(self):
+            return Preprocessor(list, self.encode_inputs, lambda text: 0, "a text", "text")
+
         def encode_inputs(self, texts, ids=None):
             return {"input_ids": torch.ones(len(texts), 3, dtype=torch.long), "attention_mask": torch.ones(len(texts), 3, dtype=torch.long)}
 

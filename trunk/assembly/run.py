@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
+from trunk.datamodules.text import TextDataModule
 from trunk.models import TrunkConfig
 from trunk.assembly.weights import HeadReuse, load_weights
 from trunk.formats.task_dir import read_trunk
@@ -141,13 +142,13 @@ def resume_changes(ckpt: dict, model_options: dict, data_options: dict) -> tuple
     return [f"model.{line}" for line in model], data
 
 
-def fit_lengths(data, max_len: int, fixed_by: str | None) -> list[str]:
+def fit_lengths(tasks: dict, max_len: int, fixed_by: str | None) -> list[str]:
     """The one length rule: no task reads or writes more tokens than the trunk's position table holds.
     Trained weights fix the table (``fixed_by`` names them): longer lengths are lowered to it, and the
     report says so. A run that chooses the table itself (from scratch) is told to raise it or lower the
     length instead."""
     notes = []
-    for name, member in data.tasks.items():
+    for name, member in tasks.items():
         for key in ("max_length", "target_max_length"):
             value = getattr(member, key, None)
             if not value or value <= max_len:
@@ -181,6 +182,32 @@ def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | No
     return out or peft
 
 
+def restore(ckpt: dict, path: str | Path, tasks: dict) -> TrunkModule:
+    """A checkpoint's model as ``--ckpt_path`` rebuilds it, for inference (``trunk.tasks.load``): its own options, its
+    codec handed to ``tasks`` (name -> ``TaskData``: settings without sources, no datamodule), their labels in the
+    trained order and their lengths fitted. The weights are the caller's to load."""
+    check_task_names(tasks)
+    codec = Codec.from_state(ckpt.get("codec", {}))
+    for name, member in tasks.items():
+        member.name = name
+        if isinstance(member, TextDataModule):
+            member.connect(codec.tokenizer, False, codec.targets.get(name))  # as MultiTaskData.connect does
+    return _rebuild(ckpt, path, checkpoint_options(ckpt, {}), tasks, codec)[0]
+
+
+def _rebuild(ckpt: dict, path: str | Path, options: dict, tasks: dict, codec: Codec) -> tuple[TrunkModule, list[str]]:
+    """A checkpoint's model, and the notes of what its labels and lengths changed of ``tasks`` (connected to ``codec``)."""
+    report = []
+    for name, head in ckpt["trunk_meta"]["heads"].items():
+        if head.get("label_names") is not None:
+            note = tasks[name].use_labels_of(head["label_names"], f"--ckpt_path '{path}'")
+            report += [note] if note else []
+    trunk = trunk_config(options["trunk"])
+    report += fit_lengths(tasks, trunk.max_len, f"'{path}'")
+    task_info = {name: member.info() for name, member in tasks.items()}
+    return TrunkModule(**{**options, "trunk": trunk}, task_info=task_info, codec=codec), report
+
+
 def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
             reuse: HeadReuse | None = None, checkpoint: dict | None = None) -> Resolved:
     """Decide a run's facts once and build its model (see the module's docstring).
@@ -202,16 +229,9 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         ckpt = checkpoint
         if options.get("tasks"):  # trunk.tasks.load names none: it takes the checkpoint's
             check_checkpoint_tasks(ckpt, {name: as_objective(o) for name, o in options["tasks"].items()}, ckpt_path)
-        options = checkpoint_options(ckpt, options)
         codec = Codec.from_state(ckpt.get("codec", {}))
         data.connect(codec)
-        for name, head in ckpt["trunk_meta"]["heads"].items():
-            if head.get("label_names") is not None:
-                note = data.tasks[name].use_labels_of(head["label_names"], f"--ckpt_path '{ckpt_path}'")
-                report += [note] if note else []
-        trunk = trunk_config(options["trunk"])
-        report += fit_lengths(data, trunk.max_len, f"'{ckpt_path}'")
-        model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=codec)
+        model, report = _rebuild(ckpt, ckpt_path, checkpoint_options(ckpt, options), data.tasks, codec)
         report.insert(0, f"weights, tokenizer and labels from --ckpt_path '{ckpt_path}' (step {ckpt.get('global_step', 0)})")
         return Resolved(model, ckpt, Path(ckpt_path), report, str(ckpt_path))
 
@@ -239,7 +259,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
             data.connect(data.build_codec())
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
-        report += fit_lengths(data, trunk.max_len, f"'{source}'")  # the pretrained max_len, or a new one without a table
+        report += fit_lengths(data.tasks, trunk.max_len, f"'{source}'")  # the pretrained max_len, or a new one without a table
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
                             task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
@@ -255,7 +275,7 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
     trunk = trunk_config(options.get("trunk") or TrunkConfig())
     if codec.tokenizer is not None:
         trunk = dataclasses.replace(trunk, vocab_size=codec.tokenizer.get_vocab_size())
-    report += fit_lengths(data, trunk.max_len, None)
+    report += fit_lengths(data.tasks, trunk.max_len, None)
     layer_decay = (options.get("finetune") or FinetuneConfig())
     layer_decay = layer_decay["layer_decay"] if isinstance(layer_decay, dict) else layer_decay.layer_decay
     if layer_decay < 1.0:

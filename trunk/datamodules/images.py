@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from trunk.datamodules.text import TaskData, checked_label_names, hold_out
+from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, hold_out
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -297,6 +297,15 @@ class ImageClassificationData(TaskData):
         return self.make_batch("_inputs", list(range(len(inputs))), train=False)
 
     # -- TaskData --------------------------------------------------------------------------------
+    def preprocessor(self) -> Preprocessor:
+        """Images as they are, each with its record's id (a path's name, else its position), batched by
+        ``encode_inputs`` (decoded, resized, normalised as in training); one size: no order of length."""
+        def encode(inputs: list) -> list:
+            return [(x, str(x) if isinstance(x, (str, Path)) else i) for i, x in enumerate(inputs)]
+
+        return Preprocessor(encode, lambda examples: self.encode_inputs(*map(list, zip(*examples))), lambda example: 0,
+                            self.input_form, self.stem)
+
     def prepare(self, role: str) -> None:
         self.split(role)
         if role == "train":

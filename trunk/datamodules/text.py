@@ -21,7 +21,7 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -163,6 +163,20 @@ class TaggedCollate:
         return {**batch, "file": self.file} if self.file is not None else batch
 
 
+@dataclasses.dataclass(frozen=True)
+class Preprocessor:
+    """A task's data as inference needs it, without its file sources: raw inputs -> examples (``encode``: tokenized,
+    paired, windowed; images as they are), examples -> a batch (``collate``), and each example's token count
+    (``length``: batches go in order of length). ``input_form`` says what one raw input is (``trunk serve`` shows it);
+    ``stem``: the trunk stem it reads. Bad inputs raise ValueError (or TypeError, KeyError)."""
+
+    encode: Callable[[list], list]
+    collate: Callable[[list], dict]
+    length: Callable[[object], int]
+    input_form: str
+    stem: str
+
+
 class TaskData:
     """One task's data: its splits, how rows become batches, what the model must know about it.
 
@@ -266,6 +280,11 @@ class TaskData:
     def info(self) -> dict:
         """What the model must know about this task's data: ``kinds``, and ``label_names`` where there are labels."""
         return {"kinds": list(self.kinds), "stem": self.stem}
+
+    def preprocessor(self) -> Preprocessor:
+        """What ``trunk.tasks.load``'s predictor keeps of this task's data (its settings, connected to the run's codec)."""
+        return Preprocessor(self.input_examples, self.collate, lambda example: len(example["input_ids"]), self.input_form,
+                            self.stem)
 
     # -- labels: the names as the config or the data give them, the ids in the order the model uses -----
     _label_names: list[str] | None = None  # set by subclasses with labels: configured, or read from the data

@@ -13,10 +13,10 @@ import importlib
 from pathlib import Path
 
 import torch
-from trunk.assembly.run import read_run_checkpoint, resolve
+from trunk.assembly.run import read_run_checkpoint, resolve, restore
 from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
-from trunk.datamodules.text import length_order
+from trunk.datamodules.text import Preprocessor, TaskData, length_order
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import without_splits
@@ -29,15 +29,20 @@ INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
 
 
 class Predictor:
-    """A trained model and, per task, the data class that turns raw inputs into its batches.
+    """A trained model, the runtime that computes it, and per task the preprocessor that turns raw inputs into its
+    batches (``TaskData.preprocessor``).
 
     ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
     (the rule of training runs, ``trunk.training.precision``); ``32-true`` or ``bf16-mixed`` force one."""
 
-    def __init__(self, model: TrunkModule, data: dict, precision: str = "auto", runtime: Runtime | None = None) -> None:
+    def __init__(self, model: TrunkModule, preprocessors: dict[str, Preprocessor | TaskData], precision: str = "auto",
+                 runtime: Runtime | None = None) -> None:
+        """``preprocessors``: task -> its ``Preprocessor``, or its data (which hands one over)."""
         if precision not in INFERENCE_PRECISIONS:
             raise ValueError(f"precision={precision!r}: inference runs in one of {list(INFERENCE_PRECISIONS)}.")
-        self.model, self.data, self.runtime = model.eval(), data, runtime or TorchRuntime()
+        self.preprocessors = {name: p if isinstance(p, Preprocessor) else p.preprocessor()
+                              for name, p in preprocessors.items()}
+        self.model, self.runtime = model.eval(), runtime or TorchRuntime()
         self.precision = self.runtime.precision or resolve_precision(precision, model.device.type)
 
     @property
@@ -64,9 +69,7 @@ class Predictor:
     def encode(self, task: str, inputs: list) -> list:
         """One task's examples of raw inputs (``predict``'s): tokenized texts, or images as they are. Bad inputs
         raise ValueError (or TypeError, KeyError for a wrong type or a missing field)."""
-        if self._tokenized(task):
-            return self.data[task].input_examples(inputs)
-        return [(x, str(x) if isinstance(x, (str, Path)) else i) for i, x in enumerate(inputs)]  # an image and its record's id
+        return self.preprocessors[task].encode(inputs)
 
     @torch.inference_mode()
     def predict_encoded(self, examples: dict[str, list], batch_size: int = 64, shared: bool = True) -> dict[str, list[dict]]:
@@ -75,7 +78,7 @@ class Predictor:
         (requests for different tasks) and a batch mixes them. Batches follow the order of length, and each is one
         trunk pass for all its tasks (``TrunkOnce``)."""
         def length(name: str, i: int) -> int:
-            return len(examples[name][i]["input_ids"]) if self._tokenized(name) else 0  # images: one size
+            return self.preprocessors[name].length(examples[name][i])
 
         if shared:
             first = next(iter(examples))
@@ -92,25 +95,19 @@ class Predictor:
             for name, i in (pair for unit in units[start : start + batch_size] for pair in unit):
                 members.setdefault(name, []).append(i)
             with bf16:
-                records = self._predict_batch({name: self._collate(name, [examples[name][i] for i in rows]) for name, rows in members.items()})
+                records = self._predict_batch({name: self.preprocessors[name].collate([examples[name][i] for i in rows])
+                                               for name, rows in members.items()})
             for name, rows in members.items():
                 for i, record in zip(rows, records[name]):
-                    truncated = self._tokenized(name) and examples[name][i].get("truncated")
+                    truncated = isinstance(examples[name][i], dict) and examples[name][i].get("truncated")
                     answers[name][i] = {**record, "truncated": True} if truncated else record
         return answers
-
-    def _tokenized(self, task: str) -> bool:
-        return hasattr(self.data[task], "input_examples")
-
-    def _collate(self, task: str, examples: list) -> dict:
-        data = self.data[task]
-        return data.collate(examples) if self._tokenized(task) else data.encode_inputs(*map(list, zip(*examples)))
 
     def check_tasks(self, task: str | list[str] | None) -> list[str]:
         if task is None and len(self.tasks) != 1:
             raise ValueError(f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...].")
         names = self.tasks if task is None else [task] if isinstance(task, str) else list(task)
-        unknown = [name for name in names if name not in self.data]
+        unknown = [name for name in names if name not in self.preprocessors]
         if unknown or not names:
             raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
         self.runtime.check(names)
@@ -146,8 +143,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
             raise ValueError(f"'{pretrained.path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, "
                              "or export a fine-tuned checkpoint with `trunk export CKPT DIR`.")
         heads = {name: head["meta"] for name, head in pretrained.heads.items()}
-        run = _run_data(pretrained.path, {name: meta.get("data") for name, meta in heads.items()},
-                        {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
+        tasks = _task_data(pretrained.path, {name: meta.get("data") for name, meta in heads.items()},
+                           {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
+        run = MultiTaskData(tasks)  # resolve() decides the tokenizer of a trunk directory's heads with the run's data
         for name, meta in heads.items():
             if meta.get("label_names") is not None:
                 run.tasks[name].use_labels_of(meta["label_names"], f"'{pretrained.path}'")
@@ -157,13 +155,13 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     else:
         ckpt = read_run_checkpoint(path)
         specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
-        run = _run_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
-        model = resolve({}, run, ckpt_path=path, checkpoint=ckpt).model
+        tasks = _task_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
+        model = restore(ckpt, path, tasks)  # no datamodule: each task's settings hand the predictor a preprocessor
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])
     if merge:
         merge_delta(model)
-    return Predictor(model.to(map_location), run.tasks, precision, runtime)
+    return Predictor(model.to(map_location), {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime)
 
 
 def merge_delta(model: TrunkModule) -> None:
@@ -177,17 +175,18 @@ def merge_delta(model: TrunkModule) -> None:
     model.router.merge(model.trunk.backbone, lora[0])
 
 
-def _run_data(path: Path, specs: dict, states: dict, given: dict | None) -> MultiTaskData:
-    """The stored tasks' data (as the run configured it, without its splits), or the ``given`` ones."""
+def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dict[str, TaskData]:
+    """The stored tasks' data settings (as the run configured them, without their splits and sources), or the
+    ``given`` ones, with their stored state (label names, image statistics)."""
     tasks = {**{name: _instantiate(without_splits(spec)) for name, spec in specs.items() if spec}, **(given or {})}
     missing = sorted(set(specs) - set(tasks))
     if missing:
         raise ValueError(f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as "
                          "load(path, data={task: TextClassificationData(...), ...}).")
-    run = MultiTaskData(tasks)
-    for name, member in run.tasks.items():
+    for name, member in tasks.items():
+        member.name = name  # for its messages
         member.load_state_dict(states.get(name, {}))
-    return run
+    return tasks
 
 
 def _instantiate(spec: dict):

@@ -92,15 +92,15 @@ class TrunkAPI(ls.LitAPI):
         for i, x in enumerate(inputs):  # the JSON's shape, once for every task
             problem = _check_input(x)
             if problem:
-                takes = "; ".join(f"task '{name}' takes {self.predictor.data[name].input_form}" for name in tasks)
+                takes = "; ".join(f"task '{name}' takes {self.predictor.preprocessors[name].input_form}" for name in tasks)
                 return Refused(f"{'input' if single else f'inputs[{i}]'}: {problem}; {takes}.")
         examples = {}
         for name in tasks:
-            data = self.predictor.data[name]
+            preprocessor = self.predictor.preprocessors[name]
             try:
-                examples[name] = self.predictor.encode(name, [_image(x) for x in inputs] if data.stem == "image" else inputs)
+                examples[name] = self.predictor.encode(name, [_image(x) for x in inputs] if preprocessor.stem == "image" else inputs)
             except (ValueError, TypeError, KeyError, OSError) as err:
-                return Refused(f"{'input' if single else 'inputs'} for task '{name}' ({data.input_form}) could not be read: "
+                return Refused(f"{'input' if single else 'inputs'} for task '{name}' ({preprocessor.input_form}) could not be read: "
                                f"{type(err).__name__}: {err}")
         return {"tasks": tasks, "several": isinstance(request.task, list), "single": single, "examples": examples}
 
@@ -187,4 +187,4 @@ def build_server(paths: str | list[str], precision: str = "auto", runtime: str =
 def describe(predictor) -> dict:
     """Each task's kind, labels and input form."""
     return {name: {"kind": predictor.model.objective(name).kind, "labels": predictor.model.objective(name).label_names,
-                   "input": predictor.data[name].input_form} for name in predictor.tasks}
+                   "input": predictor.preprocessors[name].input_form} for name in predictor.tasks}
