@@ -1,7 +1,7 @@
 """The task kinds as the tests run them: for each kind of Trunk's registry (``trunk.tasks.registry.KINDS``, which pairs
 its objective with its data class), small generated data (from conftest's fixtures) and options. A new task kind
-gets an entry here; tests/test_matrix.py runs every kind through every path (and checks that every kind of the
-registry is here), and tests/test_cli.py points every recipe's tasks at these data."""
+gets an entry here; tests/tasks/test_matrix.py runs every kind through every path (and checks that every kind of the
+registry is here), and tests/cli/test_cli.py points every recipe's tasks at these data."""
 
 from __future__ import annotations
 

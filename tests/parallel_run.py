@@ -1,4 +1,4 @@
-"""One tiny fp32 training run under a given strategy, for tests/test_scaling.py (run as a script:
+"""One tiny fp32 training run under a given strategy, for tests/training/test_scaling.py (run as a script:
 Lightning's launcher re-runs it once per process).
 
     python tests/parallel_run.py {one,ddp,fsdp2,tp,tp_fsdp2} STEPS OUT.pt [--resume CKPT] [--save CKPT]

@@ -3,12 +3,12 @@ today's code and answer as they did then: a checkpoint, a trunk directory with i
 directory. Their stored class paths (``trunk.tasks.<Objective>``, ``trunk.datamodules.<Data>``) still resolve."""
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 from test_task_files import assert_same_records
 
-LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy_v0_1"
+LEGACY = REPO / "tests" / "fixtures" / "legacy_v0_1"
 EXPECTED = json.loads((LEGACY / "records.json").read_text())
 
 

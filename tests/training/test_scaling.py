@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 
-RUN = Path(__file__).parent / "parallel_run.py"
+RUN = REPO / "tests" / "parallel_run.py"
 
 
 def train(mode: str, steps: int, out: Path, *extra: str) -> dict[str, torch.Tensor]:
