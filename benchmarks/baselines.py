@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+from pathlib import Path
 
 import numpy as np
 import yaml
+
 from trunk.datamodules.sources import column
 
 
@@ -32,7 +34,7 @@ def task_data(configs: list[str]) -> tuple[dict, dict]:
     """Each task's data object and objective options, from the recipe(s) (later files override earlier ones)."""
     data, model = {}, {}
     for path in configs:
-        recipe = yaml.safe_load(open(path))
+        recipe = yaml.safe_load(Path(path).read_text())
         for name, spec in recipe.get("data", {}).get("tasks", {}).items():
             data[name] = spec
         for name, spec in recipe.get("model", {}).get("tasks", {}).items():
@@ -79,7 +81,9 @@ def regression(member, split: str, options: dict) -> dict:
     vectorizer = tfidf().fit(column(train, member.text_column) + column(train, member.text_pair_column))
 
     def sides(ds):
-        return vectorizer.transform(column(ds, member.text_column)), vectorizer.transform(column(ds, member.text_pair_column))
+        return vectorizer.transform(column(ds, member.text_column)), vectorizer.transform(
+            column(ds, member.text_pair_column)
+        )
 
     def cosine(ds):
         a, b = sides(ds)
@@ -111,18 +115,26 @@ def multi_label(member, split: str, options: dict) -> dict:
     if not prior.any():  # no label is that common: the most common one for every row
         prior[:, y_train.sum(0).argmax()] = 1
     vectorizer = tfidf()
-    model = OneVsRestClassifier(LogisticRegression(max_iter=2000, C=10.0)).fit(vectorizer.fit_transform(column(train, member.text_column)), y_train)
+    model = OneVsRestClassifier(LogisticRegression(max_iter=2000, C=10.0)).fit(
+        vectorizer.fit_transform(column(train, member.text_column)), y_train
+    )
     predicted = (model.predict_proba(vectorizer.transform(column(test, member.text_column))) >= threshold).astype(int)
     row = lambda p: {"f1_micro": f1_score(y_test, p, average="micro", zero_division=0),  # noqa: E731
                      "f1_macro": f1_score(y_test, p, average="macro", zero_division=0),
                      "exact_match": float(np.mean((p == y_test).all(1)))}
-    return {"label prior (the most common labels for every row)": row(prior), f"TF-IDF + logistic regression per label (threshold {threshold})": row(predicted)}
+    return {
+        "label prior (the most common labels for every row)": row(prior),
+        f"TF-IDF + logistic regression per label (threshold {threshold})": row(predicted),
+    }
 
 
 def multiple_choice(member, split: str, options: dict) -> dict:
     train, test = member.raw("train"), member.raw(split)
     train_rows, test_rows = member.candidates(train, "train"), member.candidates(test, split)
-    y_train, y_test = np.array(member.answers(train, "train", train_rows)), np.array(member.answers(test, split, test_rows))
+    y_train, y_test = (
+        np.array(member.answers(train, "train", train_rows)),
+        np.array(member.answers(test, split, test_rows)),
+    )
     position = np.bincount(y_train).argmax()
     contexts = column(test, member.context_column)
     vectorizer = tfidf().fit(column(train, member.context_column) + [c for texts, _ in train_rows for c in texts])
@@ -154,17 +166,29 @@ def question_answering(member, split: str, options: dict) -> dict:
         golds = list(answers["text"]) if isinstance(answers, dict) else [a["text"] for a in answers]
         scores["sentence"].append(best_scores(sentence, golds))
         scores["sentence, less the question's words,"].append(best_scores(rest, golds))
-    return {f"the {name} closest to the question (TF-IDF cosine)": {"exact_match": float(np.mean([em for em, _ in rows])),
-                                                                   "f1": float(np.mean([f1 for _, f1 in rows]))}
-            for name, rows in scores.items()}
+    return {
+        f"the {name} closest to the question (TF-IDF cosine)": {
+            "exact_match": float(np.mean([em for em, _ in rows])),
+            "f1": float(np.mean([f1 for _, f1 in rows])),
+        }
+        for name, rows in scores.items()
+    }
 
 
 def word_features(words: list[str], i: int) -> dict:
     """A linear tagger's view of one word: itself, its shape and affixes, and its neighbours (as in classic NER)."""
     word = words[i]
     shape = "".join("X" if c.isupper() else "x" if c.islower() else "d" if c.isdigit() else c for c in word)
-    features = {"w=" + word.lower(): 1, "shape=" + shape[:6]: 1, "pre=" + word[:3].lower(): 1, "suf=" + word[-3:].lower(): 1,
-                "title": word.istitle(), "upper": word.isupper(), "first": i == 0, "#@": word[:1] in "#@"}
+    features = {
+        "w=" + word.lower(): 1,
+        "shape=" + shape[:6]: 1,
+        "pre=" + word[:3].lower(): 1,
+        "suf=" + word[-3:].lower(): 1,
+        "title": word.istitle(),
+        "upper": word.isupper(),
+        "first": i == 0,
+        "#@": word[:1] in "#@",
+    }
     for offset in (-2, -1, 1, 2):
         j = i + offset
         features[f"w{offset:+d}=" + (words[j].lower() if 0 <= j < len(words) else "<pad>")] = 1
@@ -176,6 +200,7 @@ def word_features(words: list[str], i: int) -> dict:
 def token_classification(member, split: str, options: dict) -> dict:
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
+
     from trunk.tasks.objectives.token_classification import EntityF1
 
     train, test = member.raw("train"), member.raw(split)
@@ -190,7 +215,9 @@ def token_classification(member, split: str, options: dict) -> dict:
     vectorizer = DictVectorizer()
     x_train = vectorizer.fit_transform([word_features(words, i) for words in train_words for i in range(len(words))])
     model = LogisticRegression(max_iter=1000, C=1.0).fit(x_train, [t for tags in train_tags for t in tags])
-    flat = model.predict(vectorizer.transform([word_features(words, i) for words in test_words for i in range(len(words))]))
+    flat = model.predict(
+        vectorizer.transform([word_features(words, i) for words in test_words for i in range(len(words))])
+    )
     predicted, start = [], 0
     for words in test_words:
         predicted.append(list(flat[start:start + len(words)]))
@@ -203,12 +230,20 @@ def token_classification(member, split: str, options: dict) -> dict:
         scores = metric.compute()
         return {name: float(scores[name]) for name in ("f1", "precision", "recall")}
 
-    return {"each word's most common training tag": row(memorised), "logistic regression on word features": row(predicted)}
+    return {
+        "each word's most common training tag": row(memorised),
+        "logistic regression on word features": row(predicted),
+    }
 
 
-BASELINES = {"sequence_classification": classification, "token_classification": token_classification, "sequence_regression": regression,
-             "multi_label_classification": multi_label, "multiple_choice": multiple_choice,
-             "extractive_qa": question_answering}
+BASELINES = {
+    "sequence_classification": classification,
+    "token_classification": token_classification,
+    "sequence_regression": regression,
+    "multi_label_classification": multi_label,
+    "multiple_choice": multiple_choice,
+    "extractive_qa": question_answering,
+}
 
 
 def main() -> None:
@@ -227,7 +262,11 @@ def main() -> None:
         print(f"\n{name} ({kind}), {args.split} split, {len(member.raw(args.split))} rows\n")
         print("| baseline | " + " | ".join(metrics) + " |\n|---|" + "---|" * len(metrics))
         for baseline, values in results.items():
-            print(f"| {baseline} | " + " | ".join("-" if math.isnan(values[m]) else f"{values[m]:.4f}" for m in metrics) + " |")
+            print(
+                f"| {baseline} | "
+                + " | ".join("-" if math.isnan(values[m]) else f"{values[m]:.4f}" for m in metrics)
+                + " |"
+            )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 def passages(path: Path, words: int) -> list[str]:
-    """The book's text in consecutive passages of about ``words`` words (whole sentences; the last, short one dropped)."""
+    """The book's text in consecutive passages of about ``words`` words (whole sentences; the last, short one
+    dropped)."""
     out, current = [], []
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -45,8 +46,11 @@ def main() -> None:
         book, pieces = path.name.removesuffix(".txt.gz"), passages(path, args.words)
         cut = [round(len(pieces) * 0.8), round(len(pieces) * 0.9)]
         held = max(1, args.per_book // 5)
-        for split, chosen in (("train", pieces[: cut[0]][: args.per_book]), ("validation", pieces[cut[0] : cut[1]][:held]),
-                              ("test", pieces[cut[1] :][:held])):
+        for split, chosen in (
+            ("train", pieces[: cut[0]][: args.per_book]),
+            ("validation", pieces[cut[0] : cut[1]][:held]),
+            ("test", pieces[cut[1] :][:held]),
+        ):
             splits[split] += [(text, book) for text in chosen]
     args.out.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():

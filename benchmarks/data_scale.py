@@ -1,7 +1,9 @@
-"""Data at scale: how fast splits are encoded and read back, and streamed pretraining on a corpus larger than memory wants.
+"""Data at scale: how fast splits are encoded and read back, and streamed pretraining on a corpus larger than memory
+wants.
 
     python benchmarks/data_scale.py encode --sst2 ../shared/data/sst2/train.tsv \
-        --corpus ../shared/data/wikitext2/valid.txt ../shared/data/wikitext2/test.txt ../shared/data/tinyshakespeare/input.txt \
+        --corpus ../shared/data/wikitext2/valid.txt ../shared/data/wikitext2/test.txt
+        ../shared/data/tinyshakespeare/input.txt \
         --tokenizer runs/pretrain/trunk/tokenizer.json
     python benchmarks/data_scale.py stream --trunk runs/pretrain/trunk --source ../shared/data/wikitext2/valid.txt \
         --validation ../shared/data/wikitext2/test.txt --gigabytes 2 --steps 300
@@ -37,12 +39,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 def encode_rows(args) -> list[tuple]:
     import torch
+
     from trunk.datamodules import CorpusData, MultiTaskData, TextClassificationData
     from trunk.datamodules.corpus import _document_ids
 
     def member(kind: str, num_proc: int | None = None):
-        data = (TextClassificationData(train=args.sst2, text_column="sentence", num_proc=num_proc) if kind == "sst2" else
-                CorpusData(train=args.corpus, val_fraction=0.0, num_proc=num_proc))
+        data = (
+            TextClassificationData(train=args.sst2, text_column="sentence", num_proc=num_proc)
+            if kind == "sst2"
+            else CorpusData(train=args.corpus, val_fraction=0.0, num_proc=num_proc)
+        )
         run = MultiTaskData({kind: data}, tokenizer=args.tokenizer)
         run.tokenizer  # noqa: B018 (connects the task)
         data.raw("train")
@@ -54,7 +60,11 @@ def encode_rows(args) -> list[tuple]:
         raw = data.raw("train")
         if isinstance(data, CorpusData):
             data.tokenizer.no_truncation()
-            ids = (i for start in range(0, len(raw), 1000) for i in _document_ids(data.tokenizer, raw[start : start + 1000])["ids"])
+            ids = (
+                i
+                for start in range(0, len(raw), 1000)
+                for i in _document_ids(data.tokenizer, raw[start : start + 1000])["ids"]
+            )
             return len(torch.tensor(list(data.pack(ids, "train"))))
         return len(data.encode(raw, "train"))
 
@@ -124,11 +134,23 @@ def stream(args) -> None:
         first_batch = time.perf_counter() - start
         del data, batch
 
-        command = [sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/pretrain.yaml"),
-                   f"--data.tasks.mlm.init_args.train={corpus}", f"--data.tasks.mlm.init_args.validation={args.validation}",
-                   "--data.tasks.mlm.init_args.streaming=true", f"--data.steps_per_epoch={args.steps}",
-                   f"--model.init_from={args.trunk}", f"--trainer.max_steps={args.steps}", "--trainer.limit_val_batches=10",
-                   "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={folder / 'run'}"]
+        command = [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            "fit",
+            "--config",
+            str(REPO / "configs/pretrain.yaml"),
+            f"--data.tasks.mlm.init_args.train={corpus}",
+            f"--data.tasks.mlm.init_args.validation={args.validation}",
+            "--data.tasks.mlm.init_args.streaming=true",
+            f"--data.steps_per_epoch={args.steps}",
+            f"--model.init_from={args.trunk}",
+            f"--trainer.max_steps={args.steps}",
+            "--trainer.limit_val_batches=10",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={folder / 'run'}",
+        ]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -138,9 +160,15 @@ def stream(args) -> None:
     finally:
         corpus.unlink(missing_ok=True)
     print(f"machine: {cpu_info()}, {os.cpu_count()} cores")
-    print("| corpus | steps (batch 32 x 128 tokens, bf16) | time to the first batch | trunk fit wall time | peak RSS of the run |")
+    print(
+        "| corpus | steps (batch 32 x 128 tokens, bf16) | time to the first batch | trunk fit wall time | peak RSS of "
+        "the run |"
+    )
     print("|---|---|---|---|---|")
-    print(f"| {size / 2**30:.2f} GiB ({args.source} repeated) | {args.steps} | {first_batch:.1f} s | {wall:.0f} s | {peak:.2f} GiB |")
+    print(
+        f"| {size / 2**30:.2f} GiB ({args.source} repeated) | {args.steps} | {first_batch:.1f} s | {wall:.0f} s | "
+        f"{peak:.2f} GiB |"
+    )
 
 
 def main() -> None:
@@ -152,7 +180,9 @@ def main() -> None:
     p.add_argument("--tokenizer", required=True, help="a tokenizer.json (e.g. runs/pretrain/trunk/tokenizer.json)")
     p.add_argument("--rounds", type=int, default=3)
     p = commands.add_parser("stream", help="streamed pretraining on a generated corpus of --gigabytes")
-    p.add_argument("--trunk", required=True, help="a pretrained trunk directory: its tokenizer and weights start the run")
+    p.add_argument(
+        "--trunk", required=True, help="a pretrained trunk directory: its tokenizer and weights start the run"
+    )
     p.add_argument("--source", required=True, help="text repeated to make the corpus")
     p.add_argument("--validation", required=True, help="a small text file to validate on")
     p.add_argument("--gigabytes", type=float, default=2.0)

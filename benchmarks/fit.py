@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+
 from trunk.cli import run_cli
 from trunk.training.precision import cpu_info
 
@@ -28,7 +29,10 @@ def main(args: list[str]) -> None:
         ("machine", f"{os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}"),
         ("precision", str(trainer.precision)),
         ("epochs / steps", f"{trainer.current_epoch} / {trainer.global_step}"),
-        (f"best {ckpt.monitor}" if ckpt and ckpt.monitor else "best", f"{float(ckpt.best_model_score):.4f}" if ckpt and ckpt.best_model_score is not None else "-"),
+        (
+            f"best {ckpt.monitor}" if ckpt and ckpt.monitor else "best",
+            f"{float(ckpt.best_model_score):.4f}" if ckpt and ckpt.best_model_score is not None else "-",
+        ),
         *((name, f"{value:.4f}") for name, value in sorted(metrics.items())),
         ("wall time", f"{wall / 60:.1f} min"),
     ]

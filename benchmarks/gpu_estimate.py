@@ -70,8 +70,10 @@ def main() -> None:
         one = H100_BF16 * mfu / flops
         ddp = 16 * m.parameters / GIB
         fsdp = 16 * m.parameters / 8 / GIB + 2 * m.block_parameters() / GIB
-        print(f"| {m.name} | {m.parameters / 1e6:,.0f}M | {flops / 1e9:.3f} | {mfu:.0%} | {one:,.0f} | {8 * args.scaling * one:,.0f} "
-              f"| {ddp:,.2f} GiB | {fsdp:,.2f} GiB |")
+        print(
+            f"| {m.name} | {m.parameters / 1e6:,.0f}M | {flops / 1e9:.3f} | {mfu:.0%} | {one:,.0f} | "
+            f"{8 * args.scaling * one:,.0f} | {ddp:,.2f} GiB | {fsdp:,.2f} GiB |"
+        )
 
 
 if __name__ == "__main__":

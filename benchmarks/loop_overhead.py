@@ -27,9 +27,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from trunk.training.precision import cpu_info
+
 from trunk.cli.fit import quiet_third_party, run_cli
 from trunk.training.optim import WarmupDecayLR
+from trunk.training.precision import cpu_info
 
 SIZE = ["--model.trunk.d_model=256", "--model.trunk.n_layers=4", "--model.trunk.n_heads=4", "--model.trunk.d_ff=1024"]
 WARMUP_STEPS = 5
@@ -53,10 +54,11 @@ def trunk_fit(root: Path, steps: int, precision: str) -> tuple[float, object]:
     clock = StepClock()
     root.mkdir(parents=True)
     (root / "run.yaml").write_text(
-        f"trainer:\n  default_root_dir: {root}\n  max_steps: {steps}\n  max_epochs: -1\n  limit_val_batches: 0\n"
-        f"  num_sanity_val_steps: 0\n  precision: {precision}\n  logger:\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {root}, name: csv}}\n"
-        "data:\n  tasks:\n    sentiment:\n      init_args: {test: null, predict: null}\n")
+        f"trainer:\n  default_root_dir: {root}\n  max_steps: {steps}\n  max_epochs: -1\n  limit_val_batches: 0\n  "
+        f"num_sanity_val_steps: 0\n  precision: {precision}\n  logger:\n    - class_path: "
+        f"lightning.pytorch.loggers.CSVLogger\n      init_args: {{save_dir: {root}, name: csv}}\ndata:\n  tasks:\n    "
+        "sentiment:\n      init_args: {test: null, predict: null}\n"
+    )
     args = ["fit", "--config", "configs/quickstart.yaml", "--config", str(root / "run.yaml"), *SIZE]
     original_init = L.Trainer.__init__
 
@@ -117,13 +119,18 @@ def main() -> None:
             fit_time, cli = trunk_fit(Path(tmp) / f"round{r}", options.steps, options.precision)
             fit_times.append(fit_time)
             bare_times.append(bare_loop(cli, options.steps, options.precision))
-            print(f"round {r + 1}: trunk fit {1000 * fit_time:.1f} ms, bare loop {1000 * bare_times[-1]:.1f} ms", file=sys.stderr)
+            print(
+                f"round {r + 1}: trunk fit {1000 * fit_time:.1f} ms, bare loop {1000 * bare_times[-1]:.1f} ms",
+                file=sys.stderr,
+            )
     f, b = statistics.median(fit_times), statistics.median(bare_times)
     ratios = sorted(fit / bare for fit, bare in zip(fit_times, bare_times))  # each round's two sides ran back to back
     print("| side | ms per step | relative (median of the rounds' ratios) |\n|---|---|---|")
     print(f"| bare loop (loss, backward, fused AdamW, schedule) | {1000 * b:.1f} | 1.00 |")
-    print(f"| `trunk fit` (Lightning loop, logging, progress bar, callbacks) | {1000 * f:.1f} | {statistics.median(ratios):.3f} "
-          f"(rounds {ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+    print(
+        f"| `trunk fit` (Lightning loop, logging, progress bar, callbacks) | {1000 * f:.1f} | "
+        f"{statistics.median(ratios):.3f} (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}) |"
+    )
 
 
 if __name__ == "__main__":

@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
-from trunk.training.precision import cpu_info
 from torch.utils.data import DataLoader
+
 from trunk.datamodules import MultiTaskData, TextClassificationData
 from trunk.datamodules.builtin import sentiment_example
 from trunk.datamodules.text import rows
 from trunk.models import TrunkConfig
 from trunk.tasks import SequenceClassification, TokenClassification, TrunkModule
+from trunk.training.precision import cpu_info
 
 
 def model_step(module: TrunkModule, optimizer: torch.optim.Optimizer, batch: dict) -> None:
@@ -58,8 +59,12 @@ def build(side: str) -> tuple[TrunkModule, torch.optim.Optimizer, dict]:
         tasks["conll"] = TokenClassification()
         labels["conll"] = {"label_names": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]}
     module = TrunkModule(tasks, trunk=cfg, task_info=labels)
-    batch = {"task": "sst2", "input_ids": torch.randint(5, 8000, (64, 24)), "attention_mask": torch.ones(64, 24, dtype=torch.long),
-             "labels": torch.randint(0, 2, (64,))}
+    batch = {
+        "task": "sst2",
+        "input_ids": torch.randint(5, 8000, (64, 24)),
+        "attention_mask": torch.ones(64, 24, dtype=torch.long),
+        "labels": torch.randint(0, 2, (64,)),
+    }
     return module, torch.optim.AdamW(module.param_groups(), lr=1e-4), batch
 
 
@@ -106,7 +111,9 @@ def main() -> None:
     results = {(kind, side): [] for kind in ("model step", "batch") for side in modules}
     for _ in range(options.rounds):
         for side in ("single", "joint"):
-            results[("model step", side)].append(timed(lambda: model_step(modules[side], optimizers[side], batch), options.steps))
+            results[("model step", side)].append(
+                timed(lambda: model_step(modules[side], optimizers[side], batch), options.steps)
+            )
             results[("batch", side)].append(drain(loaders[side]))
 
     print(f"\nmachine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, "
@@ -114,12 +121,17 @@ def main() -> None:
     print("| what | single task (ms) | multi-task machinery (ms) | ratio |\n|---|---|---|---|")
     for kind in ("model step", "batch"):
         a, b = (statistics.median(results[(kind, side)]) for side in ("single", "joint"))
-        what = ("training step, batch 64 x 24 tokens, width 256, 4 blocks; joint: + a second (NER) head" if kind == "model step"
-                else "one training batch from 4,000 rows: plain DataLoader vs MultiTaskData's stream")
+        what = (
+            "training step, batch 64 x 24 tokens, width 256, 4 blocks; joint: + a second (NER) head"
+            if kind == "model step"
+            else "one training batch from 4,000 rows: plain DataLoader vs MultiTaskData's stream"
+        )
         print(f"| {what} | {a:.2f} | {b:.2f} | {b / a:.3f} |")
     memory = {side: in_fresh_process(peak_memory, side) for side in ("single", "joint")}
-    print(f"| peak resident memory of a process training that step (MiB) | {memory['single']:.0f} | {memory['joint']:.0f} | "
-          f"{memory['joint'] / memory['single']:.3f} |")
+    print(
+        f"| peak resident memory of a process training that step (MiB) | {memory['single']:.0f} | "
+        f"{memory['joint']:.0f} | {memory['joint'] / memory['single']:.3f} |"
+    )
 
 
 if __name__ == "__main__":

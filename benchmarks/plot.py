@@ -10,7 +10,8 @@ Face model (HF time / Trunk time), with 1.0 (as fast) marked.
 run writes), one panel per metric, one line per run:
 
     python benchmarks/plot.py curves runs.png --run scratch=runs/sst2/lightning_logs/version_0/metrics.csv \
-        --run pretrained=runs/sst2_finetune/lightning_logs/version_0/metrics.csv --metric val/sst2/acc train/loss --x epoch
+        --run pretrained=runs/sst2_finetune/lightning_logs/version_0/metrics.csv --metric val/sst2/acc train/loss --x
+        epoch
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def throughput_figure(table: Path, output: Path) -> None:
 
     rows = [r for r in read_markdown_table(table) if r.get("ratio HF / Trunk")]
     if not rows:
-        raise SystemExit(f"error: {table} has no 'ratio HF / Trunk' values: is it the output of benchmarks/throughput.py?")
+        raise SystemExit(
+            f"error: {table} has no 'ratio HF / Trunk' values: is it the output of benchmarks/throughput.py?"
+        )
     labels, ratios, colours = [], [], []
     for r in rows:
         what = r["row"].split(" (")[0].split(",")[0]
@@ -66,7 +69,9 @@ def throughput_figure(table: Path, output: Path) -> None:
 def read_series(path: Path, metric: str, x: str) -> tuple[list[float], list[float]]:
     """(x, value) of every row of a metrics.csv where ``metric`` was logged."""
     if not path.is_file():
-        raise SystemExit(f"error: {path} does not exist: give the metrics.csv of a run (in its CSV logger's version_N folder).")
+        raise SystemExit(
+            f"error: {path} does not exist: give the metrics.csv of a run (in its CSV logger's version_N folder)."
+        )
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(metric) not in (None, "")]
     xs = [float(r[x]) + (1 if x == "epoch" else 0) for r in rows if r.get(x) not in (None, "")]  # epochs counted from 1
@@ -94,7 +99,9 @@ def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, tit
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2, label=label)
                 drawn += 1
         if not drawn:
-            raise SystemExit(f"error: no run logged {metric!r}; the runs' columns are in the first line of their metrics.csv.")
+            raise SystemExit(
+                f"error: no run logged {metric!r}; the runs' columns are in the first line of their metrics.csv."
+            )
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel(x, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -111,13 +118,19 @@ def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, tit
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="figure", required=True)
-    throughput = commands.add_parser("throughput", help="speed-ups over Hugging Face from benchmarks/throughput.py's table")
+    throughput = commands.add_parser(
+        "throughput", help="speed-ups over Hugging Face from benchmarks/throughput.py's table"
+    )
     throughput.add_argument("table", type=Path)
     throughput.add_argument("output", type=Path)
     curves = commands.add_parser("curves", help="learning curves from runs' metrics.csv files")
     curves.add_argument("output", type=Path)
-    curves.add_argument("--run", action="append", required=True, help="LABEL=PATH/metrics.csv (repeat for several runs)")
-    curves.add_argument("--metric", nargs="+", required=True, help="columns to draw, one panel each (e.g. train/loss val/sst2/acc)")
+    curves.add_argument(
+        "--run", action="append", required=True, help="LABEL=PATH/metrics.csv (repeat for several runs)"
+    )
+    curves.add_argument(
+        "--metric", nargs="+", required=True, help="columns to draw, one panel each (e.g. train/loss val/sst2/acc)"
+    )
     curves.add_argument("--x", choices=["step", "epoch"], default="step")
     curves.add_argument("--title")
     options = parser.parse_args()

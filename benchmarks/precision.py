@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 from loop_overhead import StepClock, median_step  # benchmarks/loop_overhead.py, beside this script
+
 from trunk.cli.fit import quiet_third_party, run_cli
 from trunk.training.precision import choose_precision, cpu_info
 
@@ -29,11 +30,25 @@ PRECISIONS = ("auto", "32-true", "bf16-mixed")
 def step_time(recipe: Path, precision: str, steps: int, root: Path) -> float:
     tasks = yaml.safe_load(recipe.read_text())["data"]["tasks"]
     overrides = {
-        "trainer": {"default_root_dir": str(root), "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0,
-                    "num_sanity_val_steps": 0, "logger": False, "enable_checkpointing": False, "callbacks": [],
-                    "enable_progress_bar": False, "enable_model_summary": False, "precision": precision},
-        "data": {"tasks": {name: {"init_args": {k: None for k in ("test", "predict") if k in (spec.get("init_args") or {})}}
-                           for name, spec in tasks.items()}},
+        "trainer": {
+            "default_root_dir": str(root),
+            "max_steps": steps,
+            "max_epochs": -1,
+            "limit_val_batches": 0,
+            "num_sanity_val_steps": 0,
+            "logger": False,
+            "enable_checkpointing": False,
+            "callbacks": [],
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "precision": precision,
+        },
+        "data": {
+            "tasks": {
+                name: {"init_args": {k: None for k in ("test", "predict") if k in (spec.get("init_args") or {})}}
+                for name, spec in tasks.items()
+            }
+        },
         "model": {"init_from": None},
     }
     root.mkdir(parents=True)
@@ -53,8 +68,10 @@ def main() -> None:
     options = parser.parse_args()
     quiet_third_party()
     chosen, why = choose_precision("cpu")
-    print(f"machine: {cpu_info()}, {torch.get_num_threads()} threads, torch {torch.__version__}; auto chose {chosen} ({why}); "
-          f"median step of {options.steps} steps, median of {options.rounds} alternating rounds\n")
+    print(
+        f"machine: {cpu_info()}, {torch.get_num_threads()} threads, torch {torch.__version__}; auto chose {chosen} "
+        f"({why}); median step of {options.steps} steps, median of {options.rounds} alternating rounds\n"
+    )
     print("| recipe | auto (ms) | 32-true (ms) | bf16-mixed (ms) | bf16-mixed / auto |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,10 +79,15 @@ def main() -> None:
             times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
             for r in range(options.rounds):
                 for p in PRECISIONS:
-                    times[p].append(step_time(Path("configs") / f"{recipe}.yaml", p, options.steps, Path(tmp) / f"{recipe}-{r}-{p}"))
+                    times[p].append(
+                        step_time(Path("configs") / f"{recipe}.yaml", p, options.steps, Path(tmp) / f"{recipe}-{r}-{p}")
+                    )
             ms = {p: 1000 * statistics.median(t) for p, t in times.items()}
-            print(f"| {recipe} | {ms['auto']:.0f} | {ms['32-true']:.0f} | {ms['bf16-mixed']:.0f} | {ms['bf16-mixed'] / ms['auto']:.2f} |",
-                  flush=True)
+            print(
+                f"| {recipe} | {ms['auto']:.0f} | {ms['32-true']:.0f} | {ms['bf16-mixed']:.0f} | "
+                f"{ms['bf16-mixed'] / ms['auto']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ledger import Ledger  # noqa: E402
+
 from trunk.cli import run_cli  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
@@ -48,13 +49,31 @@ def pretrain(recipe: str, variant: str, arguments: list[str], ledger: Ledger, ro
     return record["checkpoint"], record
 
 
-def perplexity(recipe: str, variant: str, arguments: list[str], checkpoint: str, length: int, task: str, ledger: Ledger) -> float:
+def perplexity(
+    recipe: str, variant: str, arguments: list[str], checkpoint: str, length: int, task: str, ledger: Ledger
+) -> float:
     """Held-out masked-LM perplexity of ``checkpoint`` on blocks of ``length`` tokens."""
-    key = {"recipe": Path(recipe).stem, "variant": variant, "arguments": arguments, "stage": "validate", "length": length}
+    key = {
+        "recipe": Path(recipe).stem,
+        "variant": variant,
+        "arguments": arguments,
+        "stage": "validate",
+        "length": length,
+    }
     record = ledger.find(key)
     if record is None:
-        cli = run_cli(["validate", "--config", recipe, *arguments, f"--ckpt_path={checkpoint}", f"--data.tasks.{task}.max_length={length}",
-                       *QUIET, f"--trainer.default_root_dir={Path(checkpoint).parent.parent}"])
+        cli = run_cli(
+            [
+                "validate",
+                "--config",
+                recipe,
+                *arguments,
+                f"--ckpt_path={checkpoint}",
+                f"--data.tasks.{task}.max_length={length}",
+                *QUIET,
+                f"--trainer.default_root_dir={Path(checkpoint).parent.parent}",
+            ]
+        )
         record = ledger.add({**key, "ppl": float(cli.trainer.callback_metrics[f"val/{task}/ppl"])})
     return record["ppl"]
 
@@ -63,7 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", required=True, help="a pretraining recipe (one masked-LM task)")
     parser.add_argument("--variant", action="append", required=True, help="NAME=ARGUMENTS (repeat)")
-    parser.add_argument("--common", default="", help="`trunk fit` arguments for every variant (--common=\"...\": they start with --)")
+    parser.add_argument(
+        "--common", default="", help='`trunk fit` arguments for every variant (--common="...": they start with --)'
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[128])
     parser.add_argument("--task", default="mlm", help="the recipe's masked-LM task name")
     parser.add_argument("--root", default="runs/pretraining_variants")
@@ -74,7 +95,9 @@ def main() -> None:
         arguments = shlex.split(args.common) + shlex.split(arguments)
         print(f"{name} ...", file=sys.stderr, flush=True)
         checkpoint, record = pretrain(args.recipe, name, arguments, ledger, root)
-        ppl = [perplexity(args.recipe, name, arguments, checkpoint, length, args.task, ledger) for length in args.lengths]
+        ppl = [
+            perplexity(args.recipe, name, arguments, checkpoint, length, args.task, ledger) for length in args.lengths
+        ]
         rows.append((name, *(f"{p:.1f}" for p in ppl), str(record["steps"]), f"{record['minutes']:.1f}"))
     print(f"\n{os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; {args.recipe} {args.common}\n")
     print("| variant | " + " | ".join(f"ppl @ {n}" for n in args.lengths) + " | steps | min |")

@@ -18,9 +18,10 @@ import statistics
 import time
 
 import torch
-from trunk.training.precision import cpu_info
 from processes import in_fresh_process, resident_mib  # benchmarks/processes.py
 from throughput import matmul_peak  # benchmarks/throughput.py
+
+from trunk.training.precision import cpu_info
 
 TOKENS_PER_BATCH, DEPTH, VOCAB = 4096, 4, 8000
 
@@ -39,7 +40,9 @@ def measure(width: int, length: int, steps: int, precision: str, queue) -> None:
         queue.put((0.0, 0, resident_mib()))
         return
     torch.manual_seed(0)
-    cfg = TrunkConfig(vocab_size=VOCAB, d_model=width, n_layers=DEPTH, n_heads=width // 64, d_ff=4 * width, max_len=length)
+    cfg = TrunkConfig(
+        vocab_size=VOCAB, d_model=width, n_layers=DEPTH, n_heads=width // 64, d_ff=4 * width, max_len=length
+    )
     module = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=cfg, task_info={"mlm": {}}).train()
     optimizer = torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True)
     batch_size = TOKENS_PER_BATCH // length
@@ -67,18 +70,27 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     options = parser.parse_args()
     peak = matmul_peak(options.precision)
-    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"{options.precision}; torch.mm peak {peak / 1e9:.0f} GFLOP/s; batches of {TOKENS_PER_BATCH} tokens, medians of {options.steps} steps")
+    print(
+        f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"{options.precision}; torch.mm peak {peak / 1e9:.0f} GFLOP/s; batches of {TOKENS_PER_BATCH} tokens, medians "
+        f"of {options.steps} steps"
+    )
     baseline = in_fresh_process(measure, 0, 0, 0, options.precision)[2]
     print(f"A process that imported torch and Trunk and built nothing peaks at {baseline:.0f} MiB.")
-    print("| width | parameters | length | ms per step | tokens/s | MFU | peak memory (MiB) |\n|---|---|---|---|---|---|---|")
+    print(
+        "| width | parameters | length | ms per step | tokens/s | MFU | peak memory (MiB) "
+        "|\n|---|---|---|---|---|---|---|"
+    )
     for width in options.widths:
         params = DEPTH * 12 * width * width + VOCAB * width
         for length in options.lengths:
             seconds, masked, memory = in_fresh_process(measure, width, length, options.steps, options.precision)
             mfu = flops_per_step(width, length, masked) / seconds / peak
-            print(f"| {width} | {params / 1e6:.1f}M | {length} | {1000 * seconds:.0f} | {TOKENS_PER_BATCH / seconds:,.0f} | "
-                  f"{mfu:.1%} | {memory:.0f} |", flush=True)
+            print(
+                f"| {width} | {params / 1e6:.1f}M | {length} | {1000 * seconds:.0f} | "
+                f"{TOKENS_PER_BATCH / seconds:,.0f} | {mfu:.1%} | {memory:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from trunk.training.precision import cpu_info
 
 GLOBAL_BATCH, LENGTH, WARMUP = 32, 128, 5
@@ -34,6 +35,7 @@ def run(mode: str, steps: int, precision: str, out: Path) -> None:
     import lightning as L
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.utils.data import DataLoader
+
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
     from trunk.training.callbacks import ExportTrunk
 
@@ -57,22 +59,46 @@ def run(mode: str, steps: int, precision: str, out: Path) -> None:
                 (out / "times.json").write_text(json.dumps(self.times[WARMUP:]))
 
     torch.manual_seed(0)
-    trunk = {"vocab_size": 12000, "d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 1024, "max_len": LENGTH, "dropout": 0.0,
-             "attn_dropout": 0.0, "positions": "rope"}
+    trunk = {
+        "vocab_size": 12000,
+        "d_model": 256,
+        "n_layers": 4,
+        "n_heads": 4,
+        "d_ff": 1024,
+        "max_len": LENGTH,
+        "dropout": 0.0,
+        "attn_dropout": 0.0,
+        "positions": "rope",
+    }
     model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=trunk, task_info={"mlm": {}})
     g = torch.Generator().manual_seed(0)
-    per_process = GLOBAL_BATCH if mode == "tp" else GLOBAL_BATCH // processes  # tensor-parallel processes share the batch
+    per_process = (
+        GLOBAL_BATCH if mode == "tp" else GLOBAL_BATCH // processes
+    )  # tensor-parallel processes share the batch
     batches = []
     for _ in range(steps):
         ids = torch.randint(5, 12000, (per_process, LENGTH), generator=g)
         labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
         batches.append({"task": "mlm", "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    strategy = {"one": "auto", "ddp": "ddp",
-                "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
-                "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False)}[mode]
-    trainer = L.Trainer(accelerator="cpu", devices=processes, strategy=strategy, max_steps=steps, precision=precision, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False, callbacks=[Clock(), NoExport()])
+    strategy = {
+        "one": "auto",
+        "ddp": "ddp",
+        "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
+        "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False),
+    }[mode]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=processes,
+        strategy=strategy,
+        max_steps=steps,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=[Clock(), NoExport()],
+    )
     trainer.fit(model, DataLoader(batches, batch_size=None))
 
 
@@ -89,17 +115,37 @@ def main() -> None:
     medians = {}
     for mode in ("one", "ddp", "fsdp2", "tp"):
         out = Path(tempfile.mkdtemp(prefix=f"trunk-{mode}-"))
-        subprocess.run([sys.executable, __file__, "--run", mode, "--out", str(out), "--steps", str(options.steps),
-                        "--precision", options.precision], check=True, env={**os.environ, "OMP_NUM_THREADS": "1" if mode != "one" else "2"})
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--run",
+                mode,
+                "--out",
+                str(out),
+                "--steps",
+                str(options.steps),
+                "--precision",
+                options.precision,
+            ],
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1" if mode != "one" else "2"},
+        )
         medians[mode] = statistics.median(json.loads((out / "times.json").read_text()))
-    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; masked-LM, width 256, 4 blocks, {options.precision}, "
-          f"global batch {GLOBAL_BATCH} x {LENGTH} tokens; median of {options.steps - WARMUP} steps after {WARMUP} warm-up")
+    print(
+        f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}; masked-LM, width 256, 4 blocks, "
+        f"{options.precision}, global batch {GLOBAL_BATCH} x {LENGTH} tokens; median of {options.steps - WARMUP} steps "
+        f"after {WARMUP} warm-up"
+    )
     print("| run | processes x threads | step time (ms) | tokens/s | relative to 1 process |")
     print("|---|---|---|---|---|")
     for mode, label, layout in (("one", "1 process", "1 x 2"), ("ddp", "DDP", "2 x 1"), ("fsdp2", "FSDP2", "2 x 1"),
                                 ("tp", "tensor parallel", "2 x 1")):
         seconds = medians[mode]
-        print(f"| {label} | {layout} | {1000 * seconds:.0f} | {GLOBAL_BATCH * LENGTH / seconds:,.0f} | {medians['one'] / seconds:.2f}x |")
+        print(
+            f"| {label} | {layout} | {1000 * seconds:.0f} | {GLOBAL_BATCH * LENGTH / seconds:,.0f} | "
+            f"{medians['one'] / seconds:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ import contextlib
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from trunk.training.precision import cpu_info
+
 from trunk.models import SpecialIds, TrunkConfig, beam_search, greedy_search
 from trunk.tasks import (
     ImageClassification,
@@ -36,6 +36,7 @@ from trunk.tasks import (
     Translation,
     TrunkModule,
 )
+from trunk.training.precision import cpu_info
 
 WIDTH, DEPTH, HEADS, FFN, VOCAB = 256, 4, 4, 1024, 8000
 
@@ -88,7 +89,9 @@ def trunk_side(tasks: dict, info: dict, train: bool, cfg: TrunkConfig | None = N
     module.train(train)
     name = next(iter(tasks))
     if train:
-        return Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True))
+        return Side(
+            module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True)
+        )
     return Side(module, lambda b: module.objectives[name](module.trunk, b), None)
 
 
@@ -131,19 +134,37 @@ def mlm_rows(train: bool):
         return F.cross_entropy(masked_only.cls(hidden[selected]).float(), b["labels"][selected])
 
     yield "masked-LM", "BertForMaskedLM", trunk, hf_side(stock, stock_loss, train), batches
-    yield "masked-LM", "BertForMaskedLM, decoder at masked positions only", trunk, hf_side(masked_only, masked_only_loss, train), batches
+    yield (
+        "masked-LM",
+        "BertForMaskedLM, decoder at masked positions only",
+        trunk,
+        hf_side(masked_only, masked_only_loss, train),
+        batches,
+    )
 
 
 def seqcls_rows(train: bool):
     from transformers import BertForSequenceClassification
 
     g = torch.Generator().manual_seed(2)
-    batches = [{**b, "task": "sst2", "labels": torch.randint(0, 2, (32,), generator=g)} for b in text_batches(8, 32, (6, 56))]
-    trunk = trunk_side({"sst2": SequenceClassification(pooling="cls")}, {"sst2": {"label_names": ["negative", "positive"]}}, train)
+    batches = [
+        {**b, "task": "sst2", "labels": torch.randint(0, 2, (32,), generator=g)} for b in text_batches(8, 32, (6, 56))
+    ]
+    trunk = trunk_side(
+        {"sst2": SequenceClassification(pooling="cls")}, {"sst2": {"label_names": ["negative", "positive"]}}, train
+    )
     hf = BertForSequenceClassification(bert_config(num_labels=2))
-    yield ("sequence classification (SST-2 lengths 6-56, dynamic padding)", "BertForSequenceClassification", trunk,
-           hf_side(hf, lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss, train),
-           batches)
+    yield (
+        "sequence classification (SST-2 lengths 6-56, dynamic padding)",
+        "BertForSequenceClassification",
+        trunk,
+        hf_side(
+            hf,
+            lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss,
+            train,
+        ),
+        batches,
+    )
 
 
 def tokcls_rows(train: bool):
@@ -153,13 +174,23 @@ def tokcls_rows(train: bool):
     g = torch.Generator().manual_seed(3)
     batches = []
     for b in text_batches(8, 32, (8, 48)):
-        labels = torch.where(b["attention_mask"].bool(), torch.randint(0, len(names), b["input_ids"].shape, generator=g), -100)
+        labels = torch.where(
+            b["attention_mask"].bool(), torch.randint(0, len(names), b["input_ids"].shape, generator=g), -100
+        )
         batches.append({**b, "task": "ner", "labels": labels})
     trunk = trunk_side({"ner": TokenClassification()}, {"ner": {"label_names": names}}, train)
     hf = BertForTokenClassification(bert_config(num_labels=len(names)))
-    yield ("token classification (CoNLL lengths 8-48)", "BertForTokenClassification", trunk,
-           hf_side(hf, lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss, train),
-           batches)
+    yield (
+        "token classification (CoNLL lengths 8-48)",
+        "BertForTokenClassification",
+        trunk,
+        hf_side(
+            hf,
+            lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss,
+            train,
+        ),
+        batches,
+    )
 
 
 def vit_rows(train: bool):
@@ -170,9 +201,20 @@ def vit_rows(train: bool):
                 "labels": torch.randint(0, 10, (64,), generator=g)} for _ in range(4)]
     trunk = trunk_side({"images": ImageClassification(image_size=32, patch_size=4, channels=3, pooling="cls")},
                        {"images": {"label_names": [str(i) for i in range(10)]}}, train)
-    hf = ViTForImageClassification(ViTConfig(image_size=32, patch_size=4, num_channels=3, hidden_size=WIDTH, num_hidden_layers=DEPTH,
-                                             num_attention_heads=HEADS, intermediate_size=FFN, num_labels=10,
-                                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    hf = ViTForImageClassification(
+        ViTConfig(
+            image_size=32,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=WIDTH,
+            num_hidden_layers=DEPTH,
+            num_attention_heads=HEADS,
+            intermediate_size=FFN,
+            num_labels=10,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+        )
+    )
     yield ("ViT image classification (32x32, patches of 4: 64 + [CLS])", "ViTForImageClassification", trunk,
            hf_side(hf, lambda b: hf(pixel_values=b["pixel_values"], labels=b["labels"]).loss, train), batches)
 
@@ -180,11 +222,30 @@ def vit_rows(train: bool):
 def bart(**extra):
     from transformers import BartConfig, BartForConditionalGeneration
 
-    return BartForConditionalGeneration(BartConfig(
-        vocab_size=VOCAB, d_model=WIDTH, encoder_layers=DEPTH, decoder_layers=DEPTH, encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, max_position_embeddings=128, dropout=0.1,
-        attention_dropout=0.1, activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        forced_bos_token_id=None, forced_eos_token_id=None, tie_word_embeddings=True, **extra))
+    return BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=VOCAB,
+            d_model=WIDTH,
+            encoder_layers=DEPTH,
+            decoder_layers=DEPTH,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=FFN,
+            decoder_ffn_dim=FFN,
+            max_position_embeddings=128,
+            dropout=0.1,
+            attention_dropout=0.1,
+            activation_dropout=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            tie_word_embeddings=True,
+            **extra,
+        )
+    )
 
 
 TARGET_TOKENS = 24  # decoding: every side writes exactly this many tokens per sentence (the end token is banned)
@@ -197,8 +258,17 @@ def translation_batches(n: int, batch: int, seed: int = 5) -> list[dict]:
     for source, target in zip(text_batches(n, batch, (8, 32), seed), text_batches(n, batch, (8, 32), seed + 1)):
         labels = torch.where(target["attention_mask"].bool(), target["input_ids"], -100)
         decoder_inputs = torch.cat([torch.ones(batch, 1, dtype=torch.long), target["input_ids"][:, :-1]], dim=1)
-        out.append({**source, "task": "mt", "decoder_input_ids": decoder_inputs, "labels": labels,
-                    "decoder_attention_mask": torch.cat([torch.ones(batch, 1, dtype=torch.long), target["attention_mask"][:, :-1]], 1)})
+        out.append(
+            {
+                **source,
+                "task": "mt",
+                "decoder_input_ids": decoder_inputs,
+                "labels": labels,
+                "decoder_attention_mask": torch.cat(
+                    [torch.ones(batch, 1, dtype=torch.long), target["attention_mask"][:, :-1]], 1
+                ),
+            }
+        )
     del g
     return out
 
@@ -209,13 +279,27 @@ def translation_rows(train: bool):
     hf = bart()
     if train:
         def hf_loss(b):
-            logits = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], decoder_input_ids=b["decoder_input_ids"],
-                        decoder_attention_mask=b["decoder_attention_mask"]).logits
-            return F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100, label_smoothing=0.1)
+            logits = hf(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                decoder_input_ids=b["decoder_input_ids"],
+                decoder_attention_mask=b["decoder_attention_mask"],
+            ).logits
+            return F.cross_entropy(
+                logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100, label_smoothing=0.1
+            )
 
         module.train()
-        trunk = Side(module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True))
-        yield "translation (sources and targets of 8-32 tokens)", "BartForConditionalGeneration", trunk, hf_side(hf, hf_loss, True), batches
+        trunk = Side(
+            module, lambda b: module.training_step(b, 0), torch.optim.AdamW(module.param_groups(), lr=1e-4, fused=True)
+        )
+        yield (
+            "translation (sources and targets of 8-32 tokens)",
+            "BartForConditionalGeneration",
+            trunk,
+            hf_side(hf, hf_loss, True),
+            batches,
+        )
         return
     module.eval()
     objective = module.objectives["mt"]
@@ -229,9 +313,18 @@ def translation_rows(train: bool):
             return beam_search(objective.decoder, memory, b["attention_mask"].bool(), ids, TARGET_TOKENS, beams, 1.0)
 
         def hf_generate(b, beams=beams):
-            return hf.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], num_beams=beams, do_sample=False,
-                               max_new_tokens=TARGET_TOKENS, min_new_tokens=TARGET_TOKENS, early_stopping=False,
-                               length_penalty=1.0, suppress_tokens=[0, 1, 4], use_cache=True)
+            return hf.generate(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                num_beams=beams,
+                do_sample=False,
+                max_new_tokens=TARGET_TOKENS,
+                min_new_tokens=TARGET_TOKENS,
+                early_stopping=False,
+                length_penalty=1.0,
+                suppress_tokens=[0, 1, 4],
+                use_cache=True,
+            )
 
         name = "beam-4 decoding" if beams > 1 else "greedy decoding"
         yield (f"translation: {name}, {TARGET_TOKENS} tokens per sentence", "BartForConditionalGeneration.generate",
@@ -258,7 +351,9 @@ def model_flops(batch: dict, train: bool) -> float:
         total += 2 * int((batch["labels"] != -100).sum()) * (WIDTH * WIDTH + WIDTH * VOCAB)
     if "decoder_input_ids" in batch:
         targets = batch["decoder_attention_mask"].sum(1).double()
-        decoder = 2 * DEPTH * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + 2 * WIDTH * VOCAB  # self + cross q/out, FFN, output
+        decoder = (
+            2 * DEPTH * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + 2 * WIDTH * VOCAB
+        )  # self + cross q/out, FFN, output
         total += float(targets.sum()) * decoder + float(lengths.sum()) * DEPTH * 4 * WIDTH * WIDTH  # cross keys/values
         total += DEPTH * (float((targets ** 2).sum()) * 2 * WIDTH + float((targets * lengths).sum()) * 4 * WIDTH)
     return (3 if train else 1) * total
@@ -270,7 +365,9 @@ def work(batch: dict, train: bool) -> tuple[float, str]:
         return batch["pixel_values"].shape[0], "images"
     if "decoder_input_ids" in batch and not train:
         return batch["input_ids"].shape[0], "sentences"
-    tokens = batch["attention_mask"].sum() + (batch["decoder_attention_mask"].sum() if "decoder_input_ids" in batch else 0)
+    tokens = batch["attention_mask"].sum() + (
+        batch["decoder_attention_mask"].sum() if "decoder_input_ids" in batch else 0
+    )
     return float(tokens), "tokens"
 
 
@@ -305,7 +402,9 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"{options.rounds} rounds of {options.steps} steps per side, medians")
     peaks = {p: matmul_peak(p) for p in options.precision}
-    print("| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |")
+    print(
+        "| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for p in options.precision:
         print(f"| roofline: torch.mm 2048^3 | | {p} | | | | | {peaks[p] / 1e9:.0f} GFLOP/s | |")
@@ -326,8 +425,11 @@ def main() -> None:
                         times["hf"].append(timed(hf, batches, precision, options.steps))
                     t, h = statistics.median(times["trunk"]), statistics.median(times["hf"])
                     mfu = "" if decoding else f"{flops / t / peaks[precision]:.1%}"
-                    print(f"| {what} | {'training' if train else 'inference'} | {precision} | {1000 * t:.1f} | {hf_name} | "
-                          f"{1000 * h:.1f} | {h / t:.2f} | {amount / t:,.0f} {unit}/s | {mfu} |", flush=True)
+                    print(
+                        f"| {what} | {'training' if train else 'inference'} | {precision} | {1000 * t:.1f} | {hf_name} "
+                        f"| {1000 * h:.1f} | {h / t:.2f} | {amount / t:,.0f} {unit}/s | {mfu} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

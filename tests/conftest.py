@@ -18,7 +18,9 @@ os.environ.update(
     TRUNK_CACHE=os.path.join(_TMP, "trunk-cache"),
 )
 os.environ.pop("WANDB_API_KEY", None)
-if os.environ.get("PYTEST_XDIST_WORKER"):  # tests run two at a time (make test): one thread each, in their subprocesses too
+if os.environ.get(
+    "PYTEST_XDIST_WORKER"
+):  # tests run two at a time (make test): one thread each, in their subprocesses too
     os.environ["OMP_NUM_THREADS"] = "1"
 
 import csv  # noqa: E402
@@ -27,6 +29,7 @@ import random  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
 from trunk.datamodules.builtin import sentiment_example  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,12 +54,27 @@ def sentiment_files(tmp_path: Path) -> dict[str, Path]:
     """Small train / validation / test csv files of generated sentiment sentences."""
     rng = random.Random(0)
     sizes = {"train": 256, "validation": 64, "test": 64}
-    return {split: write_rows(tmp_path / f"{split}.csv", [sentiment_example(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_rows(tmp_path / f"{split}.csv", [sentiment_example(rng) for _ in range(n)])
+        for split, n in sizes.items()
+    }
 
 
-RUN_OPTIONS = {"model": ("trunk", "optimizer", "finetune", "init_from", "task_weights", "reinit_mismatched_heads"),
-               "data": ("tokenizer", "tokenizer_vocab_size", "lowercase", "sampling", "temperature", "weights", "anneal_to",
-                        "steps_per_epoch", "seed", "predict_task")}
+RUN_OPTIONS = {
+    "model": ("trunk", "optimizer", "finetune", "init_from", "task_weights", "reinit_mismatched_heads"),
+    "data": (
+        "tokenizer",
+        "tokenizer_vocab_size",
+        "lowercase",
+        "sampling",
+        "temperature",
+        "weights",
+        "anneal_to",
+        "steps_per_epoch",
+        "seed",
+        "predict_task",
+    ),
+}
 
 
 def single_task(args: list[str], task: str = "sentiment") -> list[str]:
@@ -139,7 +157,16 @@ def write_conll(path: Path, sentences: list[list[tuple[str, str]]]) -> Path:
     return path
 
 
-SCORED_WORDS = {"superb": 2.0, "great": 1.5, "good": 1.0, "fine": 0.5, "plain": 0.0, "dull": -0.5, "bad": -1.0, "awful": -2.0}
+SCORED_WORDS = {
+    "superb": 2.0,
+    "great": 1.5,
+    "good": 1.0,
+    "fine": 0.5,
+    "plain": 0.0,
+    "dull": -0.5,
+    "bad": -1.0,
+    "awful": -2.0,
+}
 FILLER_WORDS = ["the", "film", "plot", "was", "and", "acting", "music", "very"]
 
 
@@ -154,7 +181,12 @@ def scored_pair(rng: random.Random) -> dict:
         return words, SCORED_WORDS[scored]
 
     (first, a), (second, b) = side(), side()
-    return {"text": " ".join(first), "pair": " ".join(second), "score": 2.5 + a - 0.5 * b, "length": len(first) + len(second)}
+    return {
+        "text": " ".join(first),
+        "pair": " ".join(second),
+        "score": 2.5 + a - 0.5 * b,
+        "length": len(first) + len(second),
+    }
 
 
 @pytest.fixture
@@ -162,7 +194,10 @@ def scores_files(tmp_path: Path) -> dict[str, Path]:
     """Small train / validation / test tsv files of text pairs with two real-valued targets (``scored_pair``)."""
     rng = random.Random(0)
     sizes = {"train": 400, "validation": 64, "test": 64}
-    return {split: write_rows(tmp_path / f"scores_{split}.tsv", [scored_pair(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_rows(tmp_path / f"scores_{split}.tsv", [scored_pair(rng) for _ in range(n)])
+        for split, n in sizes.items()
+    }
 
 
 TOPIC_WORDS = {"animal": ["dog", "cat", "horse", "owl"], "food": ["bread", "apple", "soup", "cheese"],
@@ -182,13 +217,18 @@ def topics_files(tmp_path: Path) -> dict[str, Path]:
     """Small train / validation / test csv files of texts with a set of topics each (``tagged_text``)."""
     rng = random.Random(0)
     sizes = {"train": 400, "validation": 64, "test": 64}
-    return {split: write_rows(tmp_path / f"topics_{split}.csv", [tagged_text(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_rows(tmp_path / f"topics_{split}.csv", [tagged_text(rng) for _ in range(n)])
+        for split, n in sizes.items()
+    }
 
 
 def quiz_question(rng: random.Random) -> dict:
     """"Which of these is a kind of <topic>?" with 3 or 4 candidates, one of that topic; the answer as a letter."""
     topic = rng.choice(list(TOPIC_WORDS))
-    others = [rng.choice(TOPIC_WORDS[t]) for t in rng.sample([t for t in TOPIC_WORDS if t != topic], rng.choice([2, 3]))]
+    others = [
+        rng.choice(TOPIC_WORDS[t]) for t in rng.sample([t for t in TOPIC_WORDS if t != topic], rng.choice([2, 3]))
+    ]
     choices = [rng.choice(TOPIC_WORDS[topic]), *others]
     rng.shuffle(choices)
     answer = next(i for i, c in enumerate(choices) if c in TOPIC_WORDS[topic])
@@ -200,7 +240,10 @@ def quiz_files(tmp_path: Path) -> dict[str, Path]:
     """Small train / validation / test jsonl files of multiple-choice questions (``quiz_question``)."""
     rng = random.Random(0)
     sizes = {"train": 600, "validation": 48, "test": 48}
-    return {split: write_rows(tmp_path / f"quiz_{split}.jsonl", [quiz_question(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_rows(tmp_path / f"quiz_{split}.jsonl", [quiz_question(rng) for _ in range(n)])
+        for split, n in sizes.items()
+    }
 
 
 QA_FACTS = {  # relation -> (the fact's words, the question's words, the answers it draws from)
@@ -217,7 +260,9 @@ def squad_article(rng: random.Random, n_paragraphs: int = 4) -> dict:
     paragraphs = []
     for _ in range(n_paragraphs):
         context, qas = "", []
-        for person, (words, question, answers) in zip(rng.sample(FIRST_NAMES, 4), rng.sample(list(QA_FACTS.values()), 4)):
+        for person, (words, question, answers) in zip(
+            rng.sample(FIRST_NAMES, 4), rng.sample(list(QA_FACTS.values()), 4)
+        ):
             answer = rng.choice(answers)
             context += " ".join(rng.sample(FILLERS, 3)) + f" . {person} {words} "
             qas.append({"id": f"q{rng.getrandbits(40)}", "question": question.format(person),
@@ -244,7 +289,10 @@ def squad_files(tmp_path: Path) -> dict[str, Path]:
 def ner_files(tmp_path: Path) -> dict[str, Path]:
     rng = random.Random(0)
     sizes = {"train": 200, "validation": 40, "test": 40}
-    return {split: write_conll(tmp_path / f"ner_{split}.txt", [ner_sentence(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_conll(tmp_path / f"ner_{split}.txt", [ner_sentence(rng) for _ in range(n)])
+        for split, n in sizes.items()
+    }
 
 
 def reversal_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:

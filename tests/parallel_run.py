@@ -3,9 +3,9 @@ Lightning's launcher re-runs it once per process).
 
     python tests/parallel_run.py {one,ddp,fsdp2,tp,tp_fsdp2} STEPS OUT.pt [--resume CKPT] [--save CKPT]
 
-Every step's global batch is the same 16 rows whatever the number of processes: with 2 data-parallel
-ones, each takes its half; tensor-parallel processes (tp: 2 processes splitting every block; tp_fsdp2: 4, two
-tensor-parallel pairs sharded by FSDP2) share theirs. Dropout is off, so 1 process, DDP-2 and FSDP2-2 must end with the same weights.
+Every step's global batch is the same 16 rows whatever the number of processes: with 2 data-parallel ones, each takes
+its half; tensor-parallel processes (tp: 2 processes splitting every block; tp_fsdp2: 4, two tensor-parallel pairs
+sharded by FSDP2) share theirs. Dropout is off, so 1 process, DDP-2 and FSDP2-2 must end with the same weights.
 """
 
 import argparse
@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader
+
 from trunk.datamodules.multitask import data_parallel_replica
 from trunk.tasks import SequenceClassification, TrunkModule
 
@@ -27,8 +28,17 @@ def global_batches(n: int) -> list[dict]:
     out = []
     for _ in range(n):
         ids = torch.randint(5, 100, (16, 12), generator=g)
-        mask = (torch.arange(12) < torch.randint(4, 13, (16, 1), generator=g)).long()  # padded rows: the unpadded path too
-        out.append({"task": "s", "input_ids": ids * mask, "attention_mask": mask, "labels": torch.randint(0, 3, (16,), generator=g)})
+        mask = (
+            torch.arange(12) < torch.randint(4, 13, (16, 1), generator=g)
+        ).long()  # padded rows: the unpadded path too
+        out.append(
+            {
+                "task": "s",
+                "input_ids": ids * mask,
+                "attention_mask": mask,
+                "labels": torch.randint(0, 3, (16,), generator=g),
+            }
+        )
     return out
 
 
@@ -68,22 +78,41 @@ def main() -> None:
     parser.add_argument("--checkpointing-and-layer-decay", action="store_true",
                         help="activation checkpointing and layer-wise learning rates (0.8 per depth)")
     parser.add_argument("--peft", action="store_true", help="a LoRA delta on the frozen trunk (model.peft)")
-    parser.add_argument("--lamb", action="store_true", help="LAMB and the inverse-square-root schedule (model.optimizer)")
-    parser.add_argument("--local", action="store_true", help="local attention: a window of 3 tokens each way, [CLS] global")
+    parser.add_argument(
+        "--lamb", action="store_true", help="LAMB and the inverse-square-root schedule (model.optimizer)"
+    )
+    parser.add_argument(
+        "--local", action="store_true", help="local attention: a window of 3 tokens each way, [CLS] global"
+    )
     parser.add_argument("--positions", help="model.trunk.positions (the trunk's own by default)")
     options = parser.parse_args()
     torch.manual_seed(0)
-    extra = {"activation_checkpointing": True, "finetune": {"layer_decay": 0.8}} if options.checkpointing_and_layer_decay else {}
+    extra = (
+        {"activation_checkpointing": True, "finetune": {"layer_decay": 0.8}}
+        if options.checkpointing_and_layer_decay
+        else {}
+    )
     extra.update({"peft": {"s": {"method": "lora", "r": 4, "dropout": 0.0}}} if options.peft else {})
-    extra.update({"optimizer": {"name": "lamb", "lr": 2e-2, "schedule": "inverse_sqrt", "warmup": 4}} if options.lamb else {})
+    extra.update(
+        {"optimizer": {"name": "lamb", "lr": 2e-2, "schedule": "inverse_sqrt", "warmup": 4}} if options.lamb else {}
+    )
     trunk = {**TRUNK, "local_window": 3, "global_tokens": 1} if options.local else TRUNK
     trunk = {**trunk, "positions": options.positions} if options.positions else trunk
-    model = TrunkModule({"s": SequenceClassification(head_dropout=0.0)}, trunk=trunk, task_info={"s": {"label_names": ["a", "b", "c"]}},
-                        **extra)
-    strategy = {"one": "auto", "ddp": "ddp",
-                "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
-                "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False),
-                "tp_fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2, save_distributed_checkpoint=False)}
+    model = TrunkModule(
+        {"s": SequenceClassification(head_dropout=0.0)},
+        trunk=trunk,
+        task_info={"s": {"label_names": ["a", "b", "c"]}},
+        **extra,
+    )
+    strategy = {
+        "one": "auto",
+        "ddp": "ddp",
+        "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
+        "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False),
+        "tp_fsdp2": ModelParallelStrategy(
+            data_parallel_size=2, tensor_parallel_size=2, save_distributed_checkpoint=False
+        ),
+    }
     devices = {"one": 1, "tp_fsdp2": 4}.get(options.mode, 2)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy[options.mode],
                         max_steps=options.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,

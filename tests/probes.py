@@ -17,7 +17,10 @@ class RecordChanges(Callback):
     @staticmethod
     def weights(pl_module) -> dict:
         """Whole tensors, also under FSDP2 (gathering a DTensor is a collective: every process calls this)."""
-        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in pl_module.trunk.named_parameters()}
+        return {
+            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in pl_module.trunk.named_parameters()
+        }
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._before = self.weights(pl_module)

@@ -45,8 +45,14 @@ def graph() -> dict[str, set[str]]:
     files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
     modules = set(files)
     # A module's own packages are not counted: Python runs a package's face before any file in it, whatever it imports.
-    return {name: {m for m in (known(i, modules) for i in trunk_imports(path)) if m and not (name == m or name.startswith(m + "."))}
-            for name, path in files.items()}
+    return {
+        name: {
+            m
+            for m in (known(i, modules) for i in trunk_imports(path))
+            if m and not (name == m or name.startswith(m + "."))
+        }
+        for name, path in files.items()
+    }
 
 
 def test_every_module_is_on_a_floor():

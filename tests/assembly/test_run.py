@@ -8,30 +8,48 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import single_task
-from trunk.tasks import SequenceClassification, load
+
 from trunk.cli import run_cli
+from trunk.tasks import SequenceClassification, load
 
 SWAPPED = "--data.tasks.sentiment.label_names=[positive, negative]"
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny sentiment run's best checkpoint and the arguments it was trained with (module-wide: several tests reuse it)."""
+    """A tiny sentiment run's best checkpoint and the arguments it was trained with (module-wide: several tests reuse
+    it)."""
     import random
 
     from conftest import TINY_MODEL, write_rows
+
     from trunk.datamodules.builtin import sentiment_example
 
     tmp = tmp_path_factory.mktemp("trained")
     rng = random.Random(0)
     files = {split: write_rows(tmp / f"{split}.csv", [sentiment_example(rng) for _ in range(n)])
              for split, n in {"train": 1024, "validation": 64, "test": 64}.items()}
-    args = single_task([*TINY_MODEL, "--data=trunk.datamodules.TextClassificationData", f"--data.train={files['train']}",
-                        f"--data.validation={files['validation']}", f"--data.test={files['test']}", f"--data.predict={files['test']}",
-                        "--data.tokenizer_vocab_size=300", "--data.max_length=64", "--data.batch_size=32",
-                        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=4", "--trainer.precision=32-true",
-                        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-                        f"--trainer.default_root_dir={tmp / 'run'}", "--seed_everything=0"])
+    args = single_task(
+        [
+            *TINY_MODEL,
+            "--data=trunk.datamodules.TextClassificationData",
+            f"--data.train={files['train']}",
+            f"--data.validation={files['validation']}",
+            f"--data.test={files['test']}",
+            f"--data.predict={files['test']}",
+            "--data.tokenizer_vocab_size=300",
+            "--data.max_length=64",
+            "--data.batch_size=32",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.max_epochs=4",
+            "--trainer.precision=32-true",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp / 'run'}",
+            "--seed_everything=0",
+        ]
+    )
     cli = run_cli(["fit", *args])
     return cli.trainer.checkpoint_callback.best_model_path, args, tmp
 
@@ -44,7 +62,9 @@ def test_labels_given_in_another_order_give_the_same_answers_on_every_ckpt_path(
         swapped = run_cli([command, *args, f"--ckpt_path={ckpt}", SWAPPED]).trainer.callback_metrics
         assert stage == "test" or abs(plain["val/sentiment/acc"] - 0.5) > 0.05  # not even: swapped ids would show
         for metric in ("acc", "loss"):
-            assert swapped[f"{stage}/sentiment/{metric}"].item() == pytest.approx(plain[f"{stage}/sentiment/{metric}"].item()), command
+            assert swapped[f"{stage}/sentiment/{metric}"].item() == pytest.approx(
+                plain[f"{stage}/sentiment/{metric}"].item()
+            ), command
     outputs = []
     for extra in ([], [SWAPPED]):
         out = tmp_path / f"predictions{len(extra)}.jsonl"
@@ -55,8 +75,19 @@ def test_labels_given_in_another_order_give_the_same_answers_on_every_ckpt_path(
 
 def test_a_resumed_run_keeps_the_trained_label_order(trained, tmp_path):
     ckpt, args, _ = trained
-    resumed = [run_cli(["fit", *args, f"--ckpt_path={ckpt}", "--trainer.max_epochs=5", f"--trainer.default_root_dir={tmp_path / str(i)}",
-                        *extra]) for i, extra in enumerate(([], [SWAPPED]))]
+    resumed = [
+        run_cli(
+            [
+                "fit",
+                *args,
+                f"--ckpt_path={ckpt}",
+                "--trainer.max_epochs=5",
+                f"--trainer.default_root_dir={tmp_path / str(i)}",
+                *extra,
+            ]
+        )
+        for i, extra in enumerate(([], [SWAPPED]))
+    ]
     assert resumed[1].model.objectives["sentiment"].label_names == ["negative", "positive"]
     for (name, a), b in zip(resumed[0].model.state_dict().items(), resumed[1].model.state_dict().values()):
         assert torch.equal(a, b), name  # the same batches, the same labels: the same weights
@@ -64,8 +95,11 @@ def test_a_resumed_run_keeps_the_trained_label_order(trained, tmp_path):
 
 def test_another_label_set_is_a_clear_error_naming_both(trained):
     ckpt, args, _ = trained
-    with pytest.raises(ValueError, match=r"was trained on the labels \['negative', 'positive'\], but data.tasks.sentiment.label_names "
-                                         r"is \['good', 'bad'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"was trained on the labels \['negative', 'positive'\], but data.tasks.sentiment.label_names "
+        r"is \['good', 'bad'\]",
+    ):
         run_cli(["test", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.label_names=[good, bad]"])
 
 
@@ -80,13 +114,25 @@ def test_test_reads_its_checkpoint_once(trained, monkeypatch):
 
 def test_the_resolved_config_records_what_ran(trained, tmp_path):
     ckpt, args, _ = trained
-    cli = run_cli(["fit", *args, f"--ckpt_path={ckpt}", "--trainer.max_epochs=5", f"--trainer.default_root_dir={tmp_path}",
-                   "--model.trunk.max_len=512", SWAPPED])
+    cli = run_cli(
+        [
+            "fit",
+            *args,
+            f"--ckpt_path={ckpt}",
+            "--trainer.max_epochs=5",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.trunk.max_len=512",
+            SWAPPED,
+        ]
+    )
     saved = next(tmp_path.rglob("config.yaml")).read_text()
     import yaml
 
     config = yaml.safe_load(saved)
-    assert config["model"]["trunk"]["max_len"] == 64 and config["model"]["trunk"]["vocab_size"] == cli.model.trunk_config.vocab_size
+    assert (
+        config["model"]["trunk"]["max_len"] == 64
+        and config["model"]["trunk"]["vocab_size"] == cli.model.trunk_config.vocab_size
+    )
     assert config["data"]["tasks"]["sentiment"]["init_args"]["label_names"] == ["negative", "positive"]
 
 
@@ -95,8 +141,15 @@ def test_a_fine_tuned_checkpoint_loads_after_its_trunk_directory_is_gone(trained
 
     ckpt, args, _ = trained
     export_main([ckpt, str(tmp_path / "trunk")])
-    tuned = run_cli(["fit", *[a for a in args if not a.startswith(("--model.trunk.", "--trainer.default_root_dir"))],
-                     f"--model.init_from={tmp_path / 'trunk'}", "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path / 'tuned'}"])
+    tuned = run_cli(
+        [
+            "fit",
+            *[a for a in args if not a.startswith(("--model.trunk.", "--trainer.default_root_dir"))],
+            f"--model.init_from={tmp_path / 'trunk'}",
+            "--trainer.max_epochs=1",
+            f"--trainer.default_root_dir={tmp_path / 'tuned'}",
+        ]
+    )
     best = tuned.trainer.checkpoint_callback.best_model_path
     texts = ["the film was great", "the plot was not good"]
     before = load(best).predict(texts)
@@ -122,15 +175,30 @@ def test_a_trunk_without_a_position_table_takes_longer_inputs_and_one_with_a_tab
               "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path / 'longer'}"]
     with pytest.raises(ValueError, match="max_len: model.trunk.max_len=128 but .* has 64"):
         run_cli(["fit", *args, f"--model.init_from={ckpt}", *longer])
-    rope = run_cli(["fit", *args, "--model.trunk.positions=rope", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
-                    f"--trainer.default_root_dir={tmp_path / 'rope'}"])
+    rope = run_cli(
+        [
+            "fit",
+            *args,
+            "--model.trunk.positions=rope",
+            "--trainer.max_steps=2",
+            "--trainer.limit_val_batches=1",
+            f"--trainer.default_root_dir={tmp_path / 'rope'}",
+        ]
+    )
     rope_ckpt = rope.trainer.checkpoint_callback.last_model_path or rope.trainer.checkpoint_callback.best_model_path
     cli = run_cli(["fit", *args, f"--model.init_from={rope_ckpt}", *longer, "--model.trunk.local_window=16"])
     assert cli.model.trunk.cfg.max_len == 128 and cli.model.trunk.cfg.positions == "rope"
     assert cli.datamodule.tasks["sentiment"].max_length == 100  # not lowered to the pretrained 64
     # max_len at its default (512, as when a user sets it to 512) is not replaced by the trained 64 either
-    default = run_cli(["fit", *args, f"--model.init_from={rope_ckpt}", *[a for a in longer if not a.startswith("--model.trunk.max_len")],
-                       "--model.trunk.max_len=512"])
+    default = run_cli(
+        [
+            "fit",
+            *args,
+            f"--model.init_from={rope_ckpt}",
+            *[a for a in longer if not a.startswith("--model.trunk.max_len")],
+            "--model.trunk.max_len=512",
+        ]
+    )
     assert default.model.trunk.cfg.max_len == 512 and default.datamodule.tasks["sentiment"].max_length == 100
 
 
@@ -138,47 +206,72 @@ def test_objectives_stored_under_an_earlier_layouts_module_paths_still_load():
     """Checkpoints and trunk directories of earlier versions name objectives by the files they lived in."""
     from trunk.tasks.registry import as_objective
 
-    objective = as_objective({"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}})
+    objective = as_objective(
+        {"class_path": "trunk.tasks.sequence_classification.SequenceClassification", "init_args": {"pooling": "mean"}}
+    )
     assert type(objective).__name__ == "SequenceClassification" and objective.pooling == "mean"
     assert objective.spec()["class_path"] == "trunk.tasks.SequenceClassification"
 
 
 def test_a_stored_head_starts_a_task_of_another_name_with_its_labels_renamed(trained, tmp_path):
-    """model.heads_from: a new review task from the 'sentiment' head; model.label_map pairs its names (bad / good) with the
-    stored ones (negative / positive)."""
+    """model.heads_from: a new review task from the 'sentiment' head; model.label_map pairs its names (bad / good) with
+    the stored ones (negative / positive)."""
     import csv
 
     from conftest import write_rows
+
     from trunk.cli import export_main
 
     ckpt, args, tmp = trained
     export_main([ckpt, str(tmp_path / "trunk")])
     with (tmp / "train.csv").open() as f:
-        rows = [{"review": r["text"], "verdict": {"negative": "bad", "positive": "good"}[r["label"]]} for r in csv.DictReader(f)]
+        rows = [
+            {"review": r["text"], "verdict": {"negative": "bad", "positive": "good"}[r["label"]]}
+            for r in csv.DictReader(f)
+        ]
     reviews = write_rows(tmp_path / "reviews.csv", rows[:200])
     base = [a for a in args if a.startswith("--trainer.") and "default_root_dir" not in a]
-    new_task = ["--model.tasks.reviews=trunk.tasks.SequenceClassification", "--data.tasks.reviews=trunk.datamodules.TextClassificationData",
-                f"--data.tasks.reviews.train={reviews}", "--data.tasks.reviews.text_column=review", "--data.tasks.reviews.label_column=verdict",
-                "--data.tasks.reviews.max_length=64", *base, f"--model.init_from={tmp_path / 'trunk'}", f"--trainer.default_root_dir={tmp_path / 'r'}"]
-    cli = run_cli([*new_task, "--model.heads_from={reviews: sentiment}", "--model.label_map={reviews: {bad: negative, good: positive}}"],
-                  run=False)
+    new_task = [
+        "--model.tasks.reviews=trunk.tasks.SequenceClassification",
+        "--data.tasks.reviews=trunk.datamodules.TextClassificationData",
+        f"--data.tasks.reviews.train={reviews}",
+        "--data.tasks.reviews.text_column=review",
+        "--data.tasks.reviews.label_column=verdict",
+        "--data.tasks.reviews.max_length=64",
+        *base,
+        f"--model.init_from={tmp_path / 'trunk'}",
+        f"--trainer.default_root_dir={tmp_path / 'r'}",
+    ]
+    cli = run_cli(
+        [
+            *new_task,
+            "--model.heads_from={reviews: sentiment}",
+            "--model.label_map={reviews: {bad: negative, good: positive}}",
+        ],
+        run=False,
+    )
     stored = torch.load(ckpt, weights_only=False)["state_dict"]
     for key, value in cli.model.objectives["reviews"].head_state().items():
         assert torch.equal(value, stored[f"objectives.sentiment.{key}"]), key
     assert any("the head 'sentiment'" in note for note in cli.run.report)
-    with pytest.raises(ValueError, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"):
-        run_cli([*new_task, "--model.heads_from={reviews: sentiment}"], run=False)  # other names, and no map: never silent
+    with pytest.raises(
+        ValueError, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"
+    ):
+        run_cli(
+            [*new_task, "--model.heads_from={reviews: sentiment}"], run=False
+        )  # other names, and no map: never silent
     with pytest.raises(ValueError, match=r"should start from the head 'sst2', but .* stores the heads \['sentiment'\]"):
         run_cli([*new_task, "--model.heads_from={reviews: sst2}"], run=False)
 
 
 def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones_are_dropped():
-    """CoNLL-style types (PER/LOC/ORG/MISC) starting a WNUT-style task (person/location/corporation): tags map by type."""
-    from trunk.core.codec import Codec
-    from trunk.models import TrunkConfig
+    """CoNLL-style types (PER/LOC/ORG/MISC) starting a WNUT-style task (person/location/corporation): tags map by
+    type."""
     from trunk.assembly.weights import HeadReuse, from_pretrained
-    from trunk.tasks import TokenClassification, TrunkModule
+    from trunk.core.codec import Codec
     from trunk.formats.trunk_dir import PretrainedTrunk
+    from trunk.models import TrunkConfig
+    from trunk.tasks import TokenClassification, TrunkModule
 
     tiny = TrunkConfig(vocab_size=60, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=16)
     conll = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
@@ -188,8 +281,12 @@ def test_shared_labels_keep_their_rows_new_ones_start_fresh_and_stored_only_ones
                                  {"ner": {"meta": head.head_meta(), "state": head.head_state()}}, Codec())
     wnut = ["O", "B-corporation", "I-corporation", "B-location", "I-location", "B-person", "I-person"]
     with pytest.raises(ValueError, match="model.keep_shared_labels=true to keep the rows of the labels in both"):
-        from_pretrained(pretrained, {"wnut": TokenClassification()}, task_info={"wnut": {"label_names": wnut}},
-                        reuse=HeadReuse(heads_from={"wnut": "ner"}, label_map={"wnut": {"person": "PER", "location": "LOC"}}))
+        from_pretrained(
+            pretrained,
+            {"wnut": TokenClassification()},
+            task_info={"wnut": {"label_names": wnut}},
+            reuse=HeadReuse(heads_from={"wnut": "ner"}, label_map={"wnut": {"person": "PER", "location": "LOC"}}),
+        )
     model = from_pretrained(pretrained, {"wnut": TokenClassification()}, task_info={"wnut": {"label_names": wnut}},
                             reuse=HeadReuse(heads_from={"wnut": "ner"}, keep_shared_labels=True,
                                             label_map={"wnut": {"person": "PER", "location": "LOC"}}))

@@ -29,19 +29,26 @@ def test_the_figure_script_draws_the_throughput_table(tmp_path):
     pytest.importorskip("matplotlib")
     table = tmp_path / "throughput.md"
     table.write_text(
-        "machine: test\n"
-        "| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk throughput | Trunk MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
-        "| roofline: torch.mm 2048^3 | | fp32 | | | | | 177 GFLOP/s | |\n"
-        "| masked-LM | training | fp32 | 700 | BertForMaskedLM | 1400 | 2.00 | 5,000 tokens/s | 60% |\n"
-        "| masked-LM | training | bf16 | 400 | BertForMaskedLM, decoder at masked positions only | 500 | 1.25 | 9,000 tokens/s | 50% |\n")
+        "machine: test\n| row | mode | precision | Trunk (ms) | HF model | HF (ms) | ratio HF / Trunk | Trunk "
+        "throughput | Trunk MFU |\n|---|---|---|---|---|---|---|---|---|\n| roofline: torch.mm 2048^3 | | fp32 | | | "
+        "| | 177 GFLOP/s | |\n| masked-LM | training | fp32 | 700 | BertForMaskedLM | 1400 | 2.00 | 5,000 tokens/s | "
+        "60% |\n| masked-LM | training | bf16 | 400 | BertForMaskedLM, decoder at masked positions only | 500 | 1.25 "
+        "| 9,000 tokens/s | 50% |\n"
+    )
     out = tmp_path / "figure.png"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(table), str(out)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(table), str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size < 200_000
     (tmp_path / "empty.md").write_text("no table here\n")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(tmp_path / "empty.md"), str(out)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "plot.py"), "throughput", str(tmp_path / "empty.md"), str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0 and "holds no markdown table" in done.stderr
 
 
@@ -76,7 +83,18 @@ def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
                     writer.writerow({"epoch": step // 10, "step": step, "val/t/acc": slope * step / 20})
         logs.append(f"{name}={path}")
     out = tmp_path / "curves.png"
-    run = [sys.executable, str(BENCHMARKS / "plot.py"), "curves", str(out), "--run", logs[0], "--run", logs[1], "--metric", "train/loss"]
+    run = [
+        sys.executable,
+        str(BENCHMARKS / "plot.py"),
+        "curves",
+        str(out),
+        "--run",
+        logs[0],
+        "--run",
+        logs[1],
+        "--metric",
+        "train/loss",
+    ]
     done = subprocess.run([*run, "val/t/acc"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size < 200_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -84,29 +102,56 @@ def test_the_figure_script_draws_learning_curves_from_csv_logs(tmp_path):
     assert missing.returncode != 0 and "no run logged 'val/other/f1'" in missing.stderr
 
 
-def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(sentiment_files, scores_files, topics_files, quiz_files,
-                                                                      squad_files, ner_files, tmp_path):
+def test_the_baselines_script_scores_every_kind_it_knows_from_a_recipe(
+    sentiment_files, scores_files, topics_files, quiz_files, squad_files, ner_files, tmp_path
+):
     import yaml
 
     def task(data_class: str, files: dict, **options) -> dict:
-        return {"class_path": f"trunk.datamodules.{data_class}", "init_args": {"train": str(files["train"]), "test": str(files["test"]), **options}}
+        return {
+            "class_path": f"trunk.datamodules.{data_class}",
+            "init_args": {"train": str(files["train"]), "test": str(files["test"]), **options},
+        }
 
-    recipe = {"model": {"tasks": {"topics": {"class_path": "trunk.tasks.MultiLabelClassification", "init_args": {"threshold": 0.4}}}},
-              "data": {"tasks": {"sentiment": task("TextClassificationData", sentiment_files),
-                                 "sim": task("TextRegressionData", scores_files, text_pair_column="pair", label_column="score"),
-                                 "topics": task("MultiLabelTextData", topics_files), "quiz": task("MultipleChoiceData", quiz_files),
-                                 "qa": task("QuestionAnsweringData", squad_files), "ner": task("TokenClassificationData", ner_files)}}}
+    recipe = {
+        "model": {
+            "tasks": {"topics": {"class_path": "trunk.tasks.MultiLabelClassification", "init_args": {"threshold": 0.4}}}
+        },
+        "data": {
+            "tasks": {
+                "sentiment": task("TextClassificationData", sentiment_files),
+                "sim": task("TextRegressionData", scores_files, text_pair_column="pair", label_column="score"),
+                "topics": task("MultiLabelTextData", topics_files),
+                "quiz": task("MultipleChoiceData", quiz_files),
+                "qa": task("QuestionAnsweringData", squad_files),
+                "ner": task("TokenClassificationData", ner_files),
+            }
+        },
+    }
     config = tmp_path / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe))
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--config", str(config)], capture_output=True, text=True, check=True).stdout
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "baselines.py"), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in out.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     accuracy = {name: float(rows[name].split(" | ")[1]) for name in ("TF-IDF + logistic regression", "majority class")}
     assert accuracy["TF-IDF + logistic regression"] > accuracy["majority class"] + 0.05
     assert "TF-IDF + logistic regression per label (threshold 0.4)" in rows and "TF-IDF cosine of the two texts" in rows
     assert any(name.startswith("most common answer position") for name in rows)
-    # templated contexts: each fact is its own sentence, so the closest sentence less the question's words is often the answer
+    # templated contexts: each fact is its own sentence, so the closest sentence less the question's words is often the
+    # answer
     # generated names and places from short lists: both taggers find them (entity F1, not word accuracy)
-    ner = {name: float(rows[name].split(" | ")[1]) for name in ("logistic regression on word features", "each word's most common training tag")}
+    ner = {
+        name: float(rows[name].split(" | ")[1])
+        for name in ("logistic regression on word features", "each word's most common training tag")
+    }
     assert min(ner.values()) > 0.8
     qa = {name: float(rows[name].split(" | ")[2].rstrip(" |")) for name in rows if "closest to the question" in name}
     assert qa["the sentence, less the question's words, closest to the question (TF-IDF cosine)"] > qa[
@@ -134,26 +179,56 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
 
     files = review_files(tmp_path, {"train": 200, "test": 60})
 
-    recipe = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification", "init_args": {"pooling": "mean"}}},
-                        "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64}, "optimizer": {"lr": 3e-3}},
-              "data": {"tasks": {"reviews": {"class_path": "trunk.datamodules.TextClassificationData",
-                                             "init_args": {"train": str(files["train"]), "test": str(files["test"]),
-                                                           "val_fraction": 0.2, "max_length": 64, "batch_size": 16}}},
-                       "tokenizer_vocab_size": 300},
-              "trainer": {"max_epochs": 8, "accelerator": "cpu",
-                          "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+    recipe = {
+        "model": {
+            "tasks": {
+                "reviews": {"class_path": "trunk.tasks.SequenceClassification", "init_args": {"pooling": "mean"}}
+            },
+            "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64},
+            "optimizer": {"lr": 3e-3},
+        },
+        "data": {
+            "tasks": {
+                "reviews": {
+                    "class_path": "trunk.datamodules.TextClassificationData",
+                    "init_args": {
+                        "train": str(files["train"]),
+                        "test": str(files["test"]),
+                        "val_fraction": 0.2,
+                        "max_length": 64,
+                        "batch_size": 16,
+                    },
+                }
+            },
+            "tokenizer_vocab_size": 300,
+        },
+        "trainer": {
+            "max_epochs": 8,
+            "accelerator": "cpu",
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"monitor": "val/score", "mode": "max"},
+                }
+            ],
+        },
+    }
     config = tmp_path / "reviews.yaml"
     config.write_text(yaml.safe_dump(recipe))
     command = [sys.executable, str(BENCHMARKS / "small_data.py"), "--recipe", str(config), "--seeds", "0", "1",
                "--variant", "eight=", "--variant", "one=--trainer.max_epochs=1", "--root", str(tmp_path / "runs")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split(" | ")[1]: line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| reviews")}
+    rows = {
+        line.split(" | ")[1]: line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| reviews")
+    }
     assert set(rows) == {"baseline: TF-IDF + logistic regression", "eight", "one"}
     mean, spread = (float(x) for x in rows["eight"][2].split(" ± "))
     seeds = [float(x) for x in rows["eight"][3].split()]
     assert len(seeds) == 2 and abs(mean - sum(seeds) / 2) < 1e-3 and mean > 0.9  # learned, and the mean is of the seeds
-    assert rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"  # epochs: the variant's arguments applied
+    assert (
+        rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"
+    )  # epochs: the variant's arguments applied
     assert sorted(p.name for p in (tmp_path / "runs" / "reviews" / "eight").iterdir()) == ["seed0", "seed1"]
     # run again (as after a stop): the finished runs are read from results.jsonl, none is trained again
     assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
@@ -161,91 +236,203 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
     assert again.returncode == 0, again.stderr[-3000:]
     assert [line for line in again.stdout.splitlines() if line.startswith("| reviews")] == \
         [line for line in done.stdout.splitlines() if line.startswith("| reviews")]
-    assert not list((tmp_path / "runs").rglob("version_1")) and len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
+    assert (
+        not list((tmp_path / "runs").rglob("version_1"))
+        and len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
+    )
 
 
 def test_the_pretraining_variants_benchmark_reads_each_trunk_at_every_length_and_resumes(tmp_path):
     import random
 
     import yaml
+
     from trunk.datamodules.builtin import sentiment_example
 
     rng = random.Random(0)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(sentiment_example(rng)["text"] for _ in range(600)) + "\n")
-    recipe = {"model": {"tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}},
-                        "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 32}},
-              "data": {"tasks": {"mlm": {"class_path": "trunk.datamodules.CorpusData",
-                                         "init_args": {"train": str(corpus), "val_fraction": 0.1, "max_length": 16, "batch_size": 16}}},
-                       "tokenizer_vocab_size": 200},
-              "trainer": {"max_steps": 6, "accelerator": "cpu"}}
+    recipe = {
+        "model": {
+            "tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}},
+            "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 32},
+        },
+        "data": {
+            "tasks": {
+                "mlm": {
+                    "class_path": "trunk.datamodules.CorpusData",
+                    "init_args": {"train": str(corpus), "val_fraction": 0.1, "max_length": 16, "batch_size": 16},
+                }
+            },
+            "tokenizer_vocab_size": 200,
+        },
+        "trainer": {"max_steps": 6, "accelerator": "cpu"},
+    }
     config = tmp_path / "pretrain.yaml"
     config.write_text(yaml.safe_dump(recipe))
-    command = [sys.executable, str(BENCHMARKS / "pretraining_variants.py"), "--recipe", str(config), "--lengths", "16", "32",
-               "--variant", "learned=--model.trunk.positions=learned", "--variant", "alibi=--model.trunk.positions=alibi",
-               "--common=--seed_everything=0", "--root", str(tmp_path / "runs")]
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "pretraining_variants.py"),
+        "--recipe",
+        str(config),
+        "--lengths",
+        "16",
+        "32",
+        "--variant",
+        "learned=--model.trunk.positions=learned",
+        "--variant",
+        "alibi=--model.trunk.positions=alibi",
+        "--common=--seed_everything=0",
+        "--root",
+        str(tmp_path / "runs"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     assert set(rows) == {"variant", "learned", "alibi"} and rows["variant"][1:3] == ["ppl @ 16", "ppl @ 32"]
     for name in ("learned", "alibi"):
-        assert all(1 < float(rows[name][i]) < 1000 for i in (1, 2)) and rows[name][3] == "6"  # 6 steps, a perplexity per length
+        assert (
+            all(1 < float(rows[name][i]) < 1000 for i in (1, 2)) and rows[name][3] == "6"
+        )  # 6 steps, a perplexity per length
     assert rows["learned"][1:3] != rows["alibi"][1:3]
     lines = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6  # 2 trainings, 4 evaluations
     again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0 and again.stdout.splitlines()[-3:] == done.stdout.splitlines()[-3:]
-    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 6  # nothing trained or evaluated again:
-    assert not list((tmp_path / "runs").glob("*/lightning_logs/version_1")) and len(list((tmp_path / "runs").rglob("validate/version_*"))) == 4
+    assert (
+        len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 6
+    )  # nothing trained or evaluated again:
+    assert (
+        not list((tmp_path / "runs").glob("*/lightning_logs/version_1"))
+        and len(list((tmp_path / "runs").rglob("validate/version_*"))) == 4
+    )
 
 
 def test_the_inference_benchmark_reads_the_sentences_as_the_data_ship_them(tmp_path):
     import inference
 
     (tmp_path / "sst2").mkdir()
-    (tmp_path / "sst2" / "dev.tsv").write_text("sentence\tlabel\nit 's a charming , often affecting journey . \t1\nunflinchingly bleak\t0\n")
+    (tmp_path / "sst2" / "dev.tsv").write_text(
+        "sentence\tlabel\nit 's a charming , often affecting journey . \t1\nunflinchingly bleak\t0\n"
+    )
     (tmp_path / "conll2003").mkdir()
-    (tmp_path / "conll2003" / "test.txt").write_text("-DOCSTART- -X- -X- O\n\nSOCCER NN B-NP O\n- : O O\nJAPAN NNP B-NP B-LOC\n\n"
-                                                      "Nadim NNP B-NP B-PER\nLadki NNP I-NP I-PER\n")
-    assert inference.sst2_sentences(tmp_path) == ["it 's a charming , often affecting journey . ", "unflinchingly bleak"]
+    (tmp_path / "conll2003" / "test.txt").write_text(
+        "-DOCSTART- -X- -X- O\n\nSOCCER NN B-NP O\n- : O O\nJAPAN NNP B-NP B-LOC\n\nNadim NNP B-NP B-PER\nLadki NNP "
+        "I-NP I-PER\n"
+    )
+    assert inference.sst2_sentences(tmp_path) == [
+        "it 's a charming , often affecting journey . ",
+        "unflinchingly bleak",
+    ]
     assert inference.conll_sentences(tmp_path) == [["SOCCER", "-", "JAPAN"], ["Nadim", "Ladki"]]
 
 
 def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new_task(tmp_path):
     import yaml
+
     from trunk.cli import export_main, run_cli
 
     files = review_files(tmp_path, {"train": 120, "test": 40})
-    base = run_cli(["fit", "--model.tasks.base=trunk.tasks.SequenceClassification", "--data.tasks.base=trunk.datamodules.TextClassificationData",
-                    f"--data.tasks.base.train={files['train']}", "--data.tasks.base.max_length=32", "--model.trunk.d_model=32",
-                    "--model.trunk.n_layers=2", "--model.trunk.n_heads=2", "--model.trunk.d_ff=64", "--model.trunk.max_len=32",
-                    "--data.tokenizer_vocab_size=200", "--trainer.max_steps=2", "--trainer.accelerator=cpu",
-                    "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / 'base'}"])
+    base = run_cli(
+        [
+            "fit",
+            "--model.tasks.base=trunk.tasks.SequenceClassification",
+            "--data.tasks.base=trunk.datamodules.TextClassificationData",
+            f"--data.tasks.base.train={files['train']}",
+            "--data.tasks.base.max_length=32",
+            "--model.trunk.d_model=32",
+            "--model.trunk.n_layers=2",
+            "--model.trunk.n_heads=2",
+            "--model.trunk.d_ff=64",
+            "--model.trunk.max_len=32",
+            "--data.tokenizer_vocab_size=200",
+            "--trainer.max_steps=2",
+            "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path / 'base'}",
+        ]
+    )
     export_main([base.trainer.checkpoint_callback.last_model_path or base.trainer.checkpoint_callback.best_model_path,
                  str(tmp_path / "trunk"), "--trunk-only"])
     recipes = []
     for task in ("reviews", "moods"):
-        recipe = {"model": {"tasks": {task: {"class_path": "trunk.tasks.SequenceClassification"}}},
-                  "data": {"tasks": {task: {"class_path": "trunk.datamodules.TextClassificationData",
-                                            "init_args": {"train": str(files["train"]), "test": str(files["test"]), "val_fraction": 0.2,
-                                                          "max_length": 32, "batch_size": 16}}}},
-                  "trainer": {"max_epochs": 1, "accelerator": "cpu",
-                              "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+        recipe = {
+            "model": {"tasks": {task: {"class_path": "trunk.tasks.SequenceClassification"}}},
+            "data": {
+                "tasks": {
+                    task: {
+                        "class_path": "trunk.datamodules.TextClassificationData",
+                        "init_args": {
+                            "train": str(files["train"]),
+                            "test": str(files["test"]),
+                            "val_fraction": 0.2,
+                            "max_length": 32,
+                            "batch_size": 16,
+                        },
+                    }
+                }
+            },
+            "trainer": {
+                "max_epochs": 1,
+                "accelerator": "cpu",
+                "callbacks": [
+                    {
+                        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                        "init_args": {"monitor": "val/score", "mode": "max"},
+                    }
+                ],
+            },
+        }
         recipes += ["--recipe", str(tmp_path / f"{task}.yaml")]
         (tmp_path / f"{task}.yaml").write_text(yaml.safe_dump(recipe))
-    command = [sys.executable, str(BENCHMARKS / "peft.py"), *recipes, "--trunk", str(tmp_path / "trunk"), "--method", "lora",
-               "--method", "full", "--method", "lora-small", "--compose", "moods=reviews", "--root", str(tmp_path / "runs")]
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "peft.py"),
+        *recipes,
+        "--trunk",
+        str(tmp_path / "trunk"),
+        "--method",
+        "lora",
+        "--method",
+        "full",
+        "--method",
+        "lora-small",
+        "--compose",
+        "moods=reviews",
+        "--root",
+        str(tmp_path / "runs"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    table = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")}
-    assert set(table) == {("recipe", "method"), ("reviews", "lora"), ("moods", "lora"), ("moods", "lora composed of reviews"),
-                          ("reviews", "full"), ("moods", "full"), ("reviews", "lora-small"), ("moods", "lora-small")}
+    table = {
+        tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")
+        for line in done.stdout.splitlines()
+        if line.startswith("| ")
+    }
+    assert set(table) == {
+        ("recipe", "method"),
+        ("reviews", "lora"),
+        ("moods", "lora"),
+        ("moods", "lora composed of reviews"),
+        ("reviews", "full"),
+        ("moods", "full"),
+        ("reviews", "lora-small"),
+        ("moods", "lora-small"),
+    }
     config = yaml.safe_load(next((tmp_path / "runs" / "reviews" / "lora-small").rglob("config.yaml")).read_text())
     assert config["model"]["tasks"]["reviews"]["init_args"]["pooler"] is False  # the head without its pooler
     assert config["model"]["peft"]["reviews"]["norms"] is True
     assert float(table[("reviews", "full")][3].split("(")[1].rstrip("%) ")) == 100  # every weight trains
     lora = table[("reviews", "lora")]
     assert 0 < float(lora[3].split("(")[1].rstrip("%) ")) < 100  # a share of the model trains
-    assert float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1  # a task file, smaller than the trunk; a score
-    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)  # every run is on record: none runs
+    assert (
+        float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1
+    )  # a task file, smaller than the trunk; a score
+    again = subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )  # every run is on record: none runs
     assert again.returncode == 0 and " ... " not in again.stderr and again.stdout == done.stdout

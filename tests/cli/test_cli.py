@@ -12,9 +12,10 @@ import torch
 import yaml
 from conftest import REPO, single_task
 from kinds import DATA_FILES, recipe_task_args
-from trunk.tasks import TrunkModule
-from trunk.inference.predictor import Predictor
+
 from trunk.cli import run_cli
+from trunk.inference.predictor import Predictor
+from trunk.tasks import TrunkModule
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -61,25 +62,48 @@ def test_predict_needs_only_the_checkpoint_and_the_inputs(tiny_cli_args, sentime
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"text": "the film was great"}\n{"text": "the plot was not good"}\n')
     out = tmp_path / "out.jsonl"
-    run_cli(["predict", *single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
-             f"--data.predict={texts}"]), f"--ckpt_path={ckpt}", f"--predictions.output={out}",
-             "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
+    run_cli(
+        [
+            "predict",
+            *single_task(
+                [
+                    "--model=trunk.tasks.SequenceClassification",
+                    "--data=trunk.datamodules.TextClassificationData",
+                    f"--data.predict={texts}",
+                ]
+            ),
+            f"--ckpt_path={ckpt}",
+            f"--predictions.output={out}",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
     assert [r["text"] for r in read_jsonl(out)] == ["the film was great", "the plot was not good"]
 
 
 def test_predict_batches_by_length_and_writes_in_the_inputs_order(tiny_cli_args, tmp_path):
-    """A predict file of mixed lengths: the batches hold rows of like length (less padding), the file lists them as given,
-    and the records equal the Python API's on the same inputs."""
+    """A predict file of mixed lengths: the batches hold rows of like length (less padding), the file lists them as
+    given, and the records equal the Python API's on the same inputs."""
     cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
     ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
-    words = "the film was great but the plot was not good at all".split()
+    words = ["the", "film", "was", "great", "but", "the", "plot", "was", "not", "good", "at", "all"]
     inputs = [" ".join(words[: 1 + (7 * i) % len(words)]) for i in range(40)]  # lengths 1 .. 12, shuffled
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in inputs))
     out = tmp_path / "out.jsonl"
-    args = [*single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
-                          f"--data.predict={texts}", "--data.eval_batch_size=8"]), f"--ckpt_path={ckpt}",
-            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    args = [
+        *single_task(
+            [
+                "--model=trunk.tasks.SequenceClassification",
+                "--data=trunk.datamodules.TextClassificationData",
+                f"--data.predict={texts}",
+                "--data.eval_batch_size=8",
+            ]
+        ),
+        f"--ckpt_path={ckpt}",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
     predicted = run_cli(["predict", *args, f"--predictions.output={out}"])
     written = read_jsonl(out)
     assert [r["text"] for r in written] == inputs
@@ -87,7 +111,9 @@ def test_predict_batches_by_length_and_writes_in_the_inputs_order(tiny_cli_args,
     batches = list(loader)
     assert sorted(i for b in batches for i in b["index"]) == list(range(40))
     widths = [b["input_ids"].shape[1] for b in batches]
-    assert widths == sorted(widths) and sum(widths) < 5 * max(widths)  # in row order every batch would be about the widest
+    assert widths == sorted(widths) and sum(widths) < 5 * max(
+        widths
+    )  # in row order every batch would be about the widest
     from trunk.tasks import load
 
     assert load(ckpt).predict(inputs, batch_size=8) == written
@@ -119,12 +145,22 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with W&B credentials
     monkeypatch.chdir(tmp_path)
-    cli = run_cli(["fit", *tiny_cli_args, "--config", str(REPO / "configs/trainer/wandb.yaml"), "--trainer.max_epochs=2",
-                   "--trainer.log_every_n_steps=2"])
+    cli = run_cli(
+        [
+            "fit",
+            *tiny_cli_args,
+            "--config",
+            str(REPO / "configs/trainer/wandb.yaml"),
+            "--trainer.max_epochs=2",
+            "--trainer.log_every_n_steps=2",
+        ]
+    )
     assert os.environ["WANDB_MODE"] == "offline"
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))  # the preset logs into the run folder
     assert runs, "no offline W&B run directory was written"
-    version = tmp_path / "run" / "lightning_logs" / "version_0"  # metrics.csv and checkpoints where they are without W&B
+    version = (
+        tmp_path / "run" / "lightning_logs" / "version_0"
+    )  # metrics.csv and checkpoints where they are without W&B
     assert (version / "metrics.csv").is_file() and list((version / "checkpoints").glob("*.ckpt"))
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
     # What `wandb sync` would upload: learning rates, throughput, and a prediction table per validation.
@@ -132,8 +168,11 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     from wandb_records import history, settled
 
     wandb.finish()
-    rows = settled(history, runs[0], lambda rows: sum("confusion/sentiment_table/path" in r or "confusion/sentiment/path" in r
-                                                          for r in rows) == 2)
+    rows = settled(
+        history,
+        runs[0],
+        lambda rows: sum("confusion/sentiment_table/path" in r or "confusion/sentiment/path" in r for r in rows) == 2,
+    )
     logged = {key for row in rows for key in row}
     assert {f"lr-AdamW/{g['name']}" for g in cli.trainer.optimizers[0].param_groups} <= logged
     assert {"perf/samples_per_sec", "perf/tokens_per_sec", "val/sentiment/acc"} <= logged
@@ -141,11 +180,17 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert len(tables) == 2 and all(row["samples/sentiment/nrows"] == 16 for row in tables)  # one per validation
     contents = [json.loads((runs[0] / "files" / row["samples/sentiment/path"]).read_text()) for row in tables]
     assert all(c["columns"] == ["epoch", "id", "text", "gold", "predicted", "probability"] for c in contents)
-    assert [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))  # the same rows
+    assert (
+        [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))
+    )  # the same rows
     assert [r[0] for r in contents[1]["data"]] == [1] * 16
-    assert sum("confusion/sentiment_table/path" in row or "confusion/sentiment/path" in row for row in rows) == 2, logged
+    assert sum("confusion/sentiment_table/path" in row or "confusion/sentiment/path" in row for row in rows) == 2, (
+        logged
+    )
     csv_dir = next(Path(lg.log_dir) for lg in cli.trainer.loggers if type(lg).__name__ == "CSVLogger")
-    assert len((csv_dir / "samples" / "sentiment.jsonl").read_text().splitlines()) == 32  # the JSON lines too, in the run's own folder
+    assert (
+        len((csv_dir / "samples" / "sentiment.jsonl").read_text().splitlines()) == 32
+    )  # the JSON lines too, in the run's own folder
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -159,15 +204,17 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
 
     from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
-    from trunk.models import TrunkConfig, build_trunk
     from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
+    from trunk.models import TrunkConfig, build_trunk
 
     with sentiment_files["train"].open() as f:
         tokenizer = train_wordpiece([row["text"] for row in csv.DictReader(f)], vocab_size=300)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=128,
                          positions="rope")
     trunk = build_trunk(config)
-    return save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer)))
+    return save_pretrained(
+        tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer))
+    )
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda p: p.name)
@@ -179,7 +226,9 @@ def test_every_recipe_config_instantiates(config, request, tiny_trunk_dir, tmp_p
     for name, spec in recipe["data"]["tasks"].items():
         task_args, expected[name] = recipe_task_args(name, spec["class_path"], files)
         args += task_args
-    args.append(f"--model.init_from={tiny_trunk_dir}" if recipe["model"].get("init_from") else "--data.tokenizer_vocab_size=300")
+    args.append(
+        f"--model.init_from={tiny_trunk_dir}" if recipe["model"].get("init_from") else "--data.tokenizer_vocab_size=300"
+    )
     cli = run_cli(["--config", str(config), *args, f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert set(cli.model.objectives) == set(recipe["model"]["tasks"])
     if "text" in cli.model.trunk.stems:
@@ -191,7 +240,9 @@ def test_every_recipe_config_instantiates(config, request, tiny_trunk_dir, tmp_p
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_preset_config_merges_onto_a_recipe(preset, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        base = "configs/sst2.yaml" if preset.parent.name == "data" else "configs/quickstart.yaml"  # data presets name sst2
+        base = (
+            "configs/sst2.yaml" if preset.parent.name == "data" else "configs/quickstart.yaml"
+        )  # data presets name sst2
         run_cli(["fit", "--config", str(REPO / base), "--config", str(preset), "--print_config"])
     assert exit_info.value.code == 0
     merged = yaml.safe_load(capsys.readouterr().out)
@@ -222,7 +273,8 @@ def test_installed_under_one_namespace_beside_a_users_own_models_package(tmp_pat
     `models` package imports both without a clash."""
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "__init__.py").write_text("MINE = True\n")
-    code = "import models, trunk.tasks, trunk.models, trunk.datamodules; assert models.MINE; print(trunk.models.Backbone.__module__)"
+    code = ("import models, trunk.tasks, trunk.models, trunk.datamodules; assert models.MINE; "
+            "print(trunk.models.Backbone.__module__)")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "trunk.models.trunk"
@@ -234,7 +286,9 @@ def test_predictions_that_are_not_finite_are_an_error_not_invalid_json(tmp_path)
     writer = PredictionWriter(output=str(tmp_path / "p.jsonl"))
     trainer = type("T", (), {"global_rank": 0, "world_size": 1, "log_dir": str(tmp_path), "datamodule": None})()
     writer.on_predict_start(trainer, None)
-    with pytest.raises(ValueError, match="Task 'sst2': a prediction holds NaN or infinity .* Predict with an earlier checkpoint"):
+    with pytest.raises(
+        ValueError, match="Task 'sst2': a prediction holds NaN or infinity .* Predict with an earlier checkpoint"
+    ):
         writer.write_on_batch_end(trainer, None, [{"label": "positive", "probs": {"positive": float("nan")}}], None,
                                   {"task": "sst2"}, 0, 0)
 
@@ -257,8 +311,11 @@ def test_unreadable_and_foreign_checkpoints_are_clear_errors(tiny_cli_args, tmp_
     with pytest.raises(ValueError, match="The checkpoint has NaN or infinite weights in"):
         run_cli(["test", *tiny_cli_args, f"--ckpt_path={nan}"])
     others = [a for a in tiny_cli_args if "sentiment" not in a]
-    with pytest.raises(SystemExit, match=r"was trained for the tasks \{'sentiment': 'sequence_classification'\}, but this config "
-                                         r"has \{'shapes': 'image_classification'\}.*--model.init_from="):
+    with pytest.raises(
+        SystemExit,
+        match=r"was trained for the tasks \{'sentiment': 'sequence_classification'\}, but this config "
+        r"has \{'shapes': 'image_classification'\}.*--model.init_from=",
+    ):
         run_cli(["test", *others, *image, f"--ckpt_path={ckpt}"])
 
 
@@ -277,7 +334,9 @@ def test_an_unreachable_wandb_server_means_offline_logging_at_once(tiny_cli_args
 
 
 def test_bad_optimizer_settings_are_named(tiny_cli_args):
-    with pytest.raises(ValueError, match=r"model.optimizer: lr=-0.001 \(must be > 0\), betas=\(0.9, 1.5\) \(each in \[0, 1\)\)"):
+    with pytest.raises(
+        ValueError, match=r"model.optimizer: lr=-0.001 \(must be > 0\), betas=\(0.9, 1.5\) \(each in \[0, 1\)\)"
+    ):
         run_cli([*tiny_cli_args, "--model.optimizer.lr=-1e-3", "--model.optimizer.betas=[0.9, 1.5]"], run=False)
 
 
@@ -318,17 +377,36 @@ def test_an_interrupted_predict_leaves_the_previous_predictions_whole(tmp_path):
 def test_a_data_error_is_one_line_from_the_command(tmp_path):
     bad = tmp_path / "train.xml"
     bad.write_text("<rows/>")
-    result = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
-                             "--data.tasks.sentiment.dataset=null", f"--data.tasks.sentiment.train={bad}",
-                             f"--trainer.default_root_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            "fit",
+            "--config",
+            str(REPO / "configs/quickstart.yaml"),
+            "--data.tasks.sentiment.dataset=null",
+            f"--data.tasks.sentiment.train={bad}",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"error: data.tasks.sentiment.train: cannot read '{bad}': unknown file type '.xml'" in result.stderr
 
 
 def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_about_layer_decay(ner_files, tmp_path):
-    args = ["--config", str(REPO / "configs/conll2003.yaml"), "--model.init_from=null", f"--trainer.default_root_dir={tmp_path}",
-            *(f"--data.tasks.conll.{split}={ner_files[split]}" for split in ("train", "validation", "test")),
-            "--data.tokenizer_vocab_size=300"]
+    args = [
+        "--config",
+        str(REPO / "configs/conll2003.yaml"),
+        "--model.init_from=null",
+        f"--trainer.default_root_dir={tmp_path}",
+        *(f"--data.tasks.conll.{split}={ner_files[split]}" for split in ("train", "validation", "test")),
+        "--data.tokenizer_vocab_size=300",
+    ]
     with pytest.warns(UserWarning, match="layer_decay=0.8 without model.init_from"):
         cli = run_cli(args, run=False)
     config = cli.model.trunk_config
@@ -336,10 +414,11 @@ def test_a_fine_tuning_recipe_from_scratch_keeps_its_architecture_and_warns_abou
 
 
 def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(tiny_cli_args, monkeypatch):
-    """Redrawing after every step cost 6-8% of a step: the CLI's bar (rich where installed, else tqdm) draws at most every 0.5 s."""
-    from trunk.training.callbacks import ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
-
+    """Redrawing after every step cost 6-8% of a step: the CLI's bar (rich where installed, else tqdm) draws at most
+    every 0.5 s."""
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
+    from trunk.training.callbacks import ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
 
     for rich in {_RICH_AVAILABLE, False}:
         monkeypatch.setattr("trunk.training.callbacks._RICH_AVAILABLE", rich)
@@ -348,8 +427,14 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
         assert len(bars) == 1 and cli.trainer.progress_bar_callback is bars[0]
         assert isinstance(bars[0], TrunkProgressBar if rich else TrunkTQDMProgressBar)
     assert not any(isinstance(c, ThrottledBar) for c in run_cli(tiny_cli_args, run=False).trainer.callbacks)  # bar off
-    own = run_cli([*tiny_cli_args, "--trainer.enable_progress_bar=true", "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar"],
-                  run=False)  # a bar of the user's own is kept, alone
+    own = run_cli(
+        [
+            *tiny_cli_args,
+            "--trainer.enable_progress_bar=true",
+            "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar",
+        ],
+        run=False,
+    )  # a bar of the user's own is kept, alone
     assert type(own.trainer.progress_bar_callback).__name__ == "TQDMProgressBar"
     assert not any(isinstance(c, ThrottledBar) for c in own.trainer.callbacks)
     from trunk.training.callbacks import Throttle
@@ -360,7 +445,18 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     for step in range(10):  # 0.2 s per step, 10 steps in the epoch
         drawn.append(throttle.due(step, 10))
         clock[0] += 0.2
-    assert drawn == [True, False, False, True, False, False, True, False, False, True]  # every 0.6 s, and the last batch
+    assert drawn == [
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+    ]  # every 0.6 s, and the last batch
 
 
 def free_port() -> int:
@@ -378,10 +474,30 @@ def test_two_nodes_through_torchrun_on_localhost(tiny_cli_args, tmp_path):
     args += ["--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp", "--trainer.max_epochs=2"]
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
-                               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "trunk.cli", "fit", *args],
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={rank}",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "trunk.cli",
+                "fit",
+                *args,
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
     assert "GLOBAL_RANK: 0" in outputs[0] and "GLOBAL_RANK: 1" in outputs[1]
@@ -424,7 +540,8 @@ def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms
     cli = run_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}", "--trainer.log_every_n_steps=2",
                    "--trainer.callbacks+=trunk.training.callbacks.Throughput", "--trainer.callbacks.peak_flops=1e12",
                    "--trainer.callbacks+=trunk.training.callbacks.Norms", "--trainer.callbacks.every_n_steps=2"])
-    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    with open(next(tmp_path.rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
     series = lambda key: [float(r[key]) for r in rows if r.get(key)]  # noqa: E731
     groups = [g["name"] for g in cli.trainer.optimizers[0].param_groups]
     for name in groups:
@@ -442,20 +559,37 @@ def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms
 def test_validation_samples_are_written_as_json_lines_without_wandb(tiny_cli_args, tmp_path):
     """The same rows every epoch, capped (with one warning) at the validation split's size."""
     with pytest.warns(UserWarning, match="has 64 validation examples .* fewer than rows=100") as caught:
-        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2", "--trainer.callbacks+=trunk.training.callbacks.PredictionSamples",
-                       "--trainer.callbacks.rows=100"])
+        cli = run_cli(
+            [
+                "fit",
+                *tiny_cli_args,
+                "--trainer.max_epochs=2",
+                "--trainer.callbacks+=trunk.training.callbacks.PredictionSamples",
+                "--trainer.callbacks.rows=100",
+            ]
+        )
     assert sum("fewer than rows" in str(w.message) for w in caught) == 1
-    lines = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.jsonl").read_text().splitlines()
+    ]
     assert len(lines) == 2 * 64 and set(lines[0]) == {"epoch", "step", "id", "text", "gold", "predicted", "probability"}
     epochs = [[r["id"] for r in lines if r["epoch"] == e] for e in (0, 1)]
     assert epochs[0] == epochs[1] == list(range(64))
     assert all(r["gold"] in ("negative", "positive") and 0.5 <= r["probability"] <= 1 for r in lines)
-    confusion = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.confusion.jsonl").read_text().splitlines()]
+    confusion = [
+        json.loads(line)
+        for line in (Path(cli.trainer.log_dir) / "samples" / "sentiment.confusion.jsonl").read_text().splitlines()
+    ]
     assert [c["epoch"] for c in confusion] == [0, 1] and confusion[0]["labels"] == ["negative", "positive"]
     matrix = confusion[1]["rows_gold_columns_predicted"]
     assert sum(map(sum, matrix)) == 64  # the whole validation split
     correct = sum(matrix[i][i] for i in range(2)) / 64
     import csv
 
-    logged = [float(r["val/sentiment/acc"]) for r in csv.DictReader(open(Path(cli.trainer.log_dir) / "metrics.csv")) if r.get("val/sentiment/acc")]
+    logged = [
+        float(r["val/sentiment/acc"])
+        for r in csv.DictReader((Path(cli.trainer.log_dir) / "metrics.csv").read_text().splitlines())
+        if r.get("val/sentiment/acc")
+    ]
     assert correct == pytest.approx(logged[-1], abs=1e-6)  # the matrix of the same predictions as the logged accuracy

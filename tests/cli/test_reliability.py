@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_rows
+
 from trunk.cli import run_cli
 
 
 def trunk(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The `trunk` command as a user runs it (its own process: exit status and stderr as the shell sees them)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -27,7 +30,8 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     return line
 
 
-# -- labels -------------------------------------------------------------------------------------------------------------
+# -- labels
+# -------------------------------------------------------------------------------------------------------------
 def test_labels_that_differ_only_by_surrounding_spaces_are_one_class(tmp_path):
     from trunk.datamodules import MultiLabelTextData, TextClassificationData
 
@@ -55,7 +59,9 @@ def test_repeated_or_empty_label_names_are_refused(names, message):
 
 
 def test_repeated_label_names_are_refused_from_the_config(tiny_cli_args):
-    with pytest.raises(ValueError, match=r"label_names lists \['negative'\] more than once"):  # an `error:` line from the command
+    with pytest.raises(
+        ValueError, match=r"label_names lists \['negative'\] more than once"
+    ):  # an `error:` line from the command
         run_cli([*tiny_cli_args, "--data.tasks.sentiment.label_names=[negative,negative]"], run=False)
 
 
@@ -64,24 +70,40 @@ def test_repeated_label_names_are_refused_from_the_config(tiny_cli_args):
 def test_a_task_name_that_is_not_an_identifier_is_refused_before_anything_is_written(name, sentiment_files, tmp_path):
     import yaml
 
-    config = {"model": {"tasks": {name: {"class_path": "trunk.tasks.SequenceClassification"}}, "trunk": {"d_model": 32, "n_layers": 1,
-                                                                                                         "n_heads": 2, "d_ff": 64}},
-              "data": {"tasks": {name: {"class_path": "trunk.datamodules.TextClassificationData",
-                                        "init_args": {"train": str(sentiment_files["train"]), "val_fraction": 0.2}}},
-                       "tokenizer_vocab_size": 300},
-              "trainer": {"max_steps": 1, "default_root_dir": str(tmp_path / "run"), "accelerator": "cpu"}}
+    config = {
+        "model": {
+            "tasks": {name: {"class_path": "trunk.tasks.SequenceClassification"}},
+            "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
+        },
+        "data": {
+            "tasks": {
+                name: {
+                    "class_path": "trunk.datamodules.TextClassificationData",
+                    "init_args": {"train": str(sentiment_files["train"]), "val_fraction": 0.2},
+                }
+            },
+            "tokenizer_vocab_size": 300,
+        },
+        "trainer": {"max_steps": 1, "default_root_dir": str(tmp_path / "run"), "accelerator": "cpu"},
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match=rf"Task names \[{name!r}\] are not identifiers"):
         run_cli(["fit", "--config", str(tmp_path / "run.yaml")])
     assert not (tmp_path / "run").exists() and not Path("/tmp/elsewhere").exists()
 
 
-@pytest.mark.parametrize("option, message", [
-    ("--model.trunk.dropout=1.5", r"TrunkConfig.dropout must be a probability in \[0, 1\), got 1.5"),
-    ("--model.trunk.attn_dropout=-0.1", r"TrunkConfig.attn_dropout must be a probability in \[0, 1\), got -0.1"),
-    ("--model.trunk.layer_norm_eps=0", r"TrunkConfig.layer_norm_eps must be > 0"),
-    ("--model.tasks.sentiment.init_args.head_dropout=2", r"SequenceClassification: head_dropout=2.0 must be a probability in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("--model.trunk.dropout=1.5", r"TrunkConfig.dropout must be a probability in \[0, 1\), got 1.5"),
+        ("--model.trunk.attn_dropout=-0.1", r"TrunkConfig.attn_dropout must be a probability in \[0, 1\), got -0.1"),
+        ("--model.trunk.layer_norm_eps=0", r"TrunkConfig.layer_norm_eps must be > 0"),
+        (
+            "--model.tasks.sentiment.init_args.head_dropout=2",
+            r"SequenceClassification: head_dropout=2.0 must be a probability in \[0, 1\)",
+        ),
+    ],
+)
 def test_options_out_of_range_are_named_where_they_are_declared(option, message, tiny_cli_args):
     with pytest.raises(ValueError, match=message):
         run_cli([*tiny_cli_args, option], run=False)
@@ -109,11 +131,14 @@ def test_a_file_this_user_cannot_read_is_named_with_the_fix(tiny_cli_args, tmp_p
     export_main([fit.trainer.checkpoint_callback.last_model_path, str(tmp_path / "trunk")])
     weights = tmp_path / "trunk" / "model.safetensors"
     weights.chmod(0)
-    with pytest.raises(PermissionError, match=r"is there but this user cannot read it \(its mode is ----------\).*chmod a\+r"):
+    with pytest.raises(
+        PermissionError, match=r"is there but this user cannot read it \(its mode is ----------\).*chmod a\+r"
+    ):
         load_pretrained(tmp_path / "trunk")
 
 
-# -- which weights a command evaluates ----------------------------------------------------------------------------------
+# -- which weights a command evaluates
+# ----------------------------------------------------------------------------------
 def test_last_and_best_name_the_runs_own_checkpoints_for_every_subcommand(tiny_cli_args, tmp_path):
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_epochs=2"])
     [last] = (tmp_path / "run").rglob("last.ckpt")
@@ -126,23 +151,32 @@ def test_last_and_best_name_the_runs_own_checkpoints_for_every_subcommand(tiny_c
         assert named.trainer.callback_metrics["val/sentiment/acc"] == explicit["val/sentiment/acc"]
     predicted = run_cli(["predict", *tiny_cli_args, "--ckpt_path=best", f"--predictions.output={tmp_path / 'out'}"])
     assert predicted.config.predict.ckpt_path == best
-    elsewhere = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={tmp_path / 'none'}"]
+    elsewhere = [a for a in tiny_cli_args if "default_root_dir" not in a] + [
+        f"--trainer.default_root_dir={tmp_path / 'none'}"
+    ]
     for subcommand in ("test", "predict"):
         with pytest.raises(SystemExit, match=r"--ckpt_path last: no last.ckpt under .*none'"):
             run_cli([subcommand, *elsewhere, "--ckpt_path=last"])
 
 
-def test_with_weight_averaging_the_test_after_fit_scores_the_averaged_weights_the_checkpoint_holds(tiny_cli_args, tmp_path):
+def test_with_weight_averaging_the_test_after_fit_scores_the_averaged_weights_the_checkpoint_holds(
+    tiny_cli_args, tmp_path
+):
     """Lightning's EMA callback restores a checkpoint's raw weights when it loads one; `trunk fit`'s own test must score
     what the checkpoint stands for (its state_dict: the average), as `trunk test --ckpt_path` does in a new process."""
     ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay=0.9"]
     fit = run_cli(["fit", *tiny_cli_args, *ema, "--trainer.max_epochs=2"])
     best = fit.trainer.checkpoint_callback.best_model_path
     after_fit = {k: float(v) for k, v in fit.trainer.callback_metrics.items() if k.startswith("test/")}
-    alone = {k: float(v) for k, v in run_cli(["test", *tiny_cli_args, f"--ckpt_path={best}"]).trainer.callback_metrics.items()}
+    alone = {
+        k: float(v)
+        for k, v in run_cli(["test", *tiny_cli_args, f"--ckpt_path={best}"]).trainer.callback_metrics.items()
+    }
     assert after_fit and all(alone[k] == pytest.approx(v, abs=1e-6) for k, v in after_fit.items())
     raw = torch.load(best, weights_only=True)
-    assert any(not torch.equal(raw["state_dict"][k], raw["current_model_state"][k]) for k in raw["state_dict"])  # they differ
+    assert any(
+        not torch.equal(raw["state_dict"][k], raw["current_model_state"][k]) for k in raw["state_dict"]
+    )  # they differ
 
 
 def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
@@ -151,28 +185,42 @@ def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
     assert not any(key.startswith("test/") for key in fit.trainer.callback_metrics)
 
 
-# -- what a run prints ------------------------------------------------------------------------------------------------------
+# -- what a run prints
+# ------------------------------------------------------------------------------------------------------
 def test_one_switch_turns_off_every_progress_bar_and_no_library_notice_is_printed(tiny_cli_args, tmp_path):
     """trainer.enable_progress_bar=false silences datasets' bars (reading, tokenizing) and the tokenizer trainer's too;
     no deprecation notice of a library Trunk uses reaches the user."""
     bars = ("examples/s]", "it/s]", "━")
     quiet = trunk("fit", *tiny_cli_args, "--trainer.max_steps=2", cwd=tmp_path)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
-    lines = [line for line in (quiet.stderr + quiet.stdout).splitlines() if not line.startswith(("┏", "┡", "└"))]  # rich's tables
+    lines = [
+        line for line in (quiet.stderr + quiet.stdout).splitlines() if not line.startswith(("┏", "┡", "└"))
+    ]  # rich's tables
     assert not [bar for bar in bars for line in lines if bar in line], quiet.stderr[-3000:]
     assert "Deprecat" not in quiet.stderr, quiet.stderr
     shown = [a for a in tiny_cli_args if "enable_progress_bar" not in a and "default_root_dir" not in a]
     # another tokenizer, so that the text is encoded again (bars shown): smaller than the text's 296 pieces, not larger
-    loud = trunk("fit", *shown, "--trainer.max_steps=2", "--data.tokenizer_vocab_size=250", f"--trainer.default_root_dir={tmp_path / 'b'}",
-                 cwd=tmp_path)
+    loud = trunk(
+        "fit",
+        *shown,
+        "--trainer.max_steps=2",
+        "--data.tokenizer_vocab_size=250",
+        f"--trainer.default_root_dir={tmp_path / 'b'}",
+        cwd=tmp_path,
+    )
     assert loud.returncode == 0 and "examples/s]" in loud.stderr, loud.stderr[-2000:]
 
 
 def test_evaluating_with_the_training_config_leaves_the_training_run_alone(tiny_cli_args, tmp_path):
     """test / validate / predict with the training config: no new training version, no checkpoint warnings; test and
     validate metrics in folders of their own, predict in none."""
-    args = [*tiny_cli_args, "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
-            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true"]
+    args = [
+        *tiny_cli_args,
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=val/score",
+        "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.save_last=true",
+    ]
     run_cli(["fit", *args])
     run = tmp_path / "run"
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
@@ -180,16 +228,23 @@ def test_evaluating_with_the_training_config_leaves_the_training_run_alone(tiny_
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             run_cli([subcommand, *args, "--ckpt_path=best", f"--predictions.output={tmp_path / 'out'}"])
-        noise = [str(w.message) for w in caught if "dirpath has changed" in str(w.message) or "won't be reloaded" in str(w.message)]
+        noise = [
+            str(w.message)
+            for w in caught
+            if "dirpath has changed" in str(w.message) or "won't be reloaded" in str(w.message)
+        ]
         assert not noise, noise
-    after = sorted(p.relative_to(run) for p in run.rglob("*") if p.relative_to(run).parts[0] not in ("test", "validate"))
+    after = sorted(
+        p.relative_to(run) for p in run.rglob("*") if p.relative_to(run).parts[0] not in ("test", "validate")
+    )
     assert after == before  # the training run's folder as it was
     assert "test/sentiment/acc" in (run / "test" / "version_0" / "metrics.csv").read_text()
     assert "val/sentiment/acc" in (run / "validate" / "version_0" / "metrics.csv").read_text()
     assert not (run / "predict").exists()
 
 
-# -- files as they ship -----------------------------------------------------------------------------------------------------
+# -- files as they ship
+# -----------------------------------------------------------------------------------------------------
 def test_an_unlabelled_test_file_gets_one_message_and_predicts_as_it_is(tiny_cli_args, sentiment_files, tmp_path):
     """GLUE-style test files: labels -1, or no label column at all (with an index column). Evaluating them is one
     message, the same for files and the hub; `trunk predict` takes them unchanged."""
@@ -201,18 +256,27 @@ def test_an_unlabelled_test_file_gets_one_message_and_predicts_as_it_is(tiny_cli
     no_column = write_rows(tmp_path / "no_column.tsv", [{"index": i, "text": t} for i, t in enumerate(texts)])
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
     ckpt = fit.trainer.checkpoint_callback.best_model_path
-    for hidden, why in ((minus_one, "has no labels: every row's 'label' is -1 or empty"), (no_column, "has no column 'label'")):
-        with pytest.raises(ValueError) as raised:  # printed as one `error:` line by the command (test_cli: a data error is one line)
+    for hidden, why in (
+        (minus_one, "has no labels: every row's 'label' is -1 or empty"),
+        (no_column, "has no column 'label'"),
+    ):
+        with pytest.raises(
+            ValueError
+        ) as raised:  # printed as one `error:` line by the command (test_cli: a data error is one line)
             run_cli(["test", *tiny_cli_args, f"--data.tasks.sentiment.test={hidden}", f"--ckpt_path={ckpt}"])
         assert why in str(raised.value)
-        assert f"predict this one with `trunk predict --ckpt_path CKPT --data.tasks.sentiment.predict={hidden}`" in str(raised.value)
+        assert f"predict this one with `trunk predict --ckpt_path CKPT --data.tasks.sentiment.predict={hidden}`" in str(
+            raised.value
+        )
         out = tmp_path / f"{hidden.stem}.jsonl"
         run_cli(["predict", *tiny_cli_args, f"--data.tasks.sentiment.predict={hidden}", f"--ckpt_path={ckpt}",
                  f"--predictions.output={out}"])
         assert len(out.read_text().splitlines()) == len(texts)
 
 
-@pytest.mark.parametrize("truncation, first, second", [("longest_first", 10, 11), ("only_first", 1, 20), ("only_second", 20, 1)])
+@pytest.mark.parametrize(
+    "truncation, first, second", [("longest_first", 10, 11), ("only_first", 1, 20), ("only_second", 20, 1)]
+)
 def test_the_side_of_a_pair_that_is_cut_is_chosen_and_reported(truncation, first, second, tmp_path):
     from trunk.datamodules import MultiTaskData, TextClassificationData
 
@@ -220,7 +284,10 @@ def test_the_side_of_a_pair_that_is_cut_is_chosen_and_reported(truncation, first
     member = TextClassificationData(train=str(write_rows(tmp_path / "pairs.csv", rows)), text_column="premise",
                                     text_pair_column="hypothesis", max_length=24, truncation=truncation)
     data = MultiTaskData({"nli": member}, tokenizer_vocab_size=300)
-    with pytest.warns(UserWarning, match=rf"8 of 8 examples .* truncated \(pairs lose tokens from .*data.tasks.nli.truncation={truncation}\)"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"8 of 8 examples .* truncated \(pairs lose tokens from .*data.tasks.nli.truncation={truncation}\)",
+    ):
         data.setup("fit")
     ids = member._encoded["train"]["input_ids"][0]
     a, b = member.tokenizer.token_to_id("a"), member.tokenizer.token_to_id("b")
@@ -233,7 +300,9 @@ def test_a_pair_whose_kept_side_alone_is_too_long_is_named(tmp_path):
     rows = [{"premise": "a " * 30, "hypothesis": "b", "label": i % 2} for i in range(8)]
     member = TextClassificationData(train=str(write_rows(tmp_path / "pairs.csv", rows)), text_column="premise",
                                     text_pair_column="hypothesis", max_length=24, truncation="only_second")
-    with pytest.raises(ValueError, match=r"data.tasks.nli.train: with data.tasks.nli.truncation=only_second, a pair's other text alone"):
+    with pytest.raises(
+        ValueError, match=r"data.tasks.nli.train: with data.tasks.nli.truncation=only_second, a pair's other text alone"
+    ):
         MultiTaskData({"nli": member}, tokenizer_vocab_size=300).setup("fit")
 
 
@@ -242,48 +311,85 @@ def test_a_recipe_names_its_task_once_and_its_run_folder_follows_the_file_name(s
     file's name, so renaming the task is the only edit."""
     import yaml
 
-    config = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification"}},
-                        "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64}},
-              "data": {"tasks": {"reviews": {"class_path": "trunk.datamodules.TextClassificationData",
-                                             "init_args": {"train": str(sentiment_files["train"]), "val_fraction": 0.2, "max_length": 64}}},
-                       "tokenizer_vocab_size": 300},
-              "trainer": {"max_epochs": 2, "accelerator": "cpu", "enable_progress_bar": False, "enable_model_summary": False,
-                          "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/score", "mode": "max",
-                                                                                                     "save_last": True}}]}}
+    config = {
+        "model": {
+            "tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification"}},
+            "trunk": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64},
+        },
+        "data": {
+            "tasks": {
+                "reviews": {
+                    "class_path": "trunk.datamodules.TextClassificationData",
+                    "init_args": {"train": str(sentiment_files["train"]), "val_fraction": 0.2, "max_length": 64},
+                }
+            },
+            "tokenizer_vocab_size": 300,
+        },
+        "trainer": {
+            "max_epochs": 2,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"monitor": "val/score", "mode": "max", "save_last": True},
+                }
+            ],
+        },
+    }
     (tmp_path / "movie_reviews.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "short.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))  # a preset after the recipe
     monkeypatch.chdir(tmp_path)
     fit = run_cli(["fit", "--config", "movie_reviews.yaml", "--config", "short.yaml"])
     callback = fit.trainer.checkpoint_callback
     assert Path(callback.best_model_path).resolve().is_relative_to((tmp_path / "runs" / "movie_reviews").resolve())
-    assert (tmp_path / "runs" / "movie_reviews" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert (
+        tmp_path / "runs" / "movie_reviews" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    ).is_file()
 
 
-# -- resuming --------------------------------------------------------------------------------------------------------------
+# -- resuming
+# --------------------------------------------------------------------------------------------------------------
 def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the_first_config(tiny_cli_args, tmp_path):
     run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=3"])
-    with pytest.raises(SystemExit, match=r"other batches .*data.data_tasks.sentiment.init_args.batch_size: 32 -> 16.* --model.init_from="):
-        run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=6", "--data.tasks.sentiment.batch_size=16", "--ckpt_path=last"])
+    with pytest.raises(
+        SystemExit,
+        match=r"other batches .*data.data_tasks.sentiment.init_args.batch_size: 32 -> 16.* --model.init_from=",
+    ):
+        run_cli(
+            ["fit", *tiny_cli_args, "--trainer.max_steps=6", "--data.tasks.sentiment.batch_size=16", "--ckpt_path=last"]
+        )
     with pytest.warns(UserWarning, match=r"changes to them are not used: model.optimizer.lr: 0.0005 -> 0.01"):
         run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=5", "--model.optimizer.lr=0.01", "--ckpt_path=last"])
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*changes to them are not used.*")
-        resumed = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=7", "--ckpt_path=last"])  # the same config: no note
+        resumed = run_cli(
+            ["fit", *tiny_cli_args, "--trainer.max_steps=7", "--ckpt_path=last"]
+        )  # the same config: no note
     assert resumed.trainer.global_step == 7
     version = tmp_path / "run" / "lightning_logs" / "version_0"
-    assert sorted(p.name for p in version.glob("config*.yaml")) == ["config.resume1.yaml", "config.resume2.yaml", "config.yaml"]
+    assert sorted(p.name for p in version.glob("config*.yaml")) == [
+        "config.resume1.yaml",
+        "config.resume2.yaml",
+        "config.yaml",
+    ]
     assert "max_steps: 3" in (version / "config.yaml").read_text()  # the first run's, as written
     lines = (version / "metrics.csv").read_text().splitlines()
     assert len(lines) > 2 and lines[0].startswith(("epoch", "lr-", "perf", "step", "train", "val"))  # the history, kept
 
 
-# -- faults -------------------------------------------------------------------------------------------------------------------
+# -- faults
+# -------------------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def small_disk(tmp_path):
     """A 6 MiB tmpfs: a real disk that fills up (needs the right to mount, as root in a container)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
@@ -292,8 +398,10 @@ def small_disk(tmp_path):
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tiny_cli_args, small_disk, tmp_path):
     from trunk.core.checkpoint import load_checkpoint
 
-    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={small_disk / 'run'}",
-                                                                       "--fault_tolerance.save_every_steps=2"]
+    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [
+        f"--trainer.default_root_dir={small_disk / 'run'}",
+        "--fault_tolerance.save_every_steps=2",
+    ]
     assert trunk("fit", *args, "--trainer.max_steps=2", cwd=tmp_path).returncode == 0
     [last] = (small_disk / "run").rglob("last.ckpt")
     before = last.read_bytes()
@@ -301,7 +409,10 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 64 * 1024))  # the disk as good as full
     result = trunk("fit", *args, "--trainer.max_steps=6", "--ckpt_path=last", cwd=tmp_path)
     line = one_line_error(result)
-    assert f"The disk holding '{last.parent}' is full" in line and "the previous 'last.ckpt' there is kept as it was" in line, line
+    assert (
+        f"The disk holding '{last.parent}' is full" in line
+        and "the previous 'last.ckpt' there is kept as it was" in line
+    ), line
     assert last.read_bytes() == before and load_checkpoint(last)["global_step"] == 2
     assert not [p for p in last.parent.iterdir() if ".tmp" in p.name]  # no partial file left taking the space
 
@@ -312,6 +423,7 @@ def test_a_split_shipped_as_several_files_is_read_as_one_from_a_list_or_a_patter
     import random
 
     from conftest import ner_sentence, write_conll
+
     from trunk.datamodules import MultiTaskData, TextClassificationData, TokenClassificationData
 
     rows = [{"text": f"text {i}", "label": ["a", "b"][i % 2]} for i in range(30)]
@@ -320,14 +432,18 @@ def test_a_split_shipped_as_several_files_is_read_as_one_from_a_list_or_a_patter
     pattern = TextClassificationData(train=str(tmp_path / "dev_*.csv"))
     assert len(listed.raw("train")) == len(pattern.raw("train")) == 30
     assert listed.raw("train")["text"][:10] == [r["text"] for r in rows[0::3]]  # the list's order
-    assert pattern.raw("train")["text"][10:20] == [r["text"] for r in rows[2::3]]  # the pattern's matches sorted: in, more, out
+    assert pattern.raw("train")["text"][10:20] == [
+        r["text"] for r in rows[2::3]
+    ]  # the pattern's matches sorted: in, more, out
     rng = random.Random(0)
     conll = [str(write_conll(tmp_path / f"ner_{i}.txt", [ner_sentence(rng) for _ in range(5)])) for i in range(2)]
     tagged = TokenClassificationData(train=conll, validation=str(tmp_path / "ner_*.txt"))
     MultiTaskData({"ner": tagged}, tokenizer_vocab_size=200).setup("fit")
     assert tagged.size("train") == tagged.size("validation") == 10
     write_rows(tmp_path / "dev_odd.csv", [{"sentence": "x", "label": "a"}])
-    with pytest.raises(ValueError, match=r"'.*dev_odd.csv' has the columns \['sentence', 'label'\], but .* the files of one split"):
+    with pytest.raises(
+        ValueError, match=r"'.*dev_odd.csv' has the columns \['sentence', 'label'\], but .* the files of one split"
+    ):
         TextClassificationData(train=str(tmp_path / "dev_*.csv")).raw("train")
     with pytest.raises(FileNotFoundError, match=r"no file matches the pattern '.*nothing_\*.csv'"):
         TextClassificationData(train=str(tmp_path / "nothing_*.csv")).raw("train")
@@ -366,12 +482,28 @@ def test_a_config_file_that_would_silently_drop_the_recipes_tasks_is_refused(tin
     """jsonargparse replaces a dict given by a later config file: a preset adding a task must not drop the recipe's."""
     import yaml
 
-    recipe = {"model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification"}}},
-              "data": {"tasks": {"reviews": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {"train": "x.csv"}}}}}
+    recipe = {
+        "model": {"tasks": {"reviews": {"class_path": "trunk.tasks.SequenceClassification"}}},
+        "data": {
+            "tasks": {
+                "reviews": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {"train": "x.csv"}}
+            }
+        },
+    }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    (tmp_path / "aux.yaml").write_text(yaml.safe_dump({"model": {"tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}}},
-                                                       "data": {"tasks": {"mlm": {"class_path": "trunk.datamodules.CorpusData",
-                                                                                  "init_args": {"train": "x.txt"}}}}}))
-    with pytest.raises(SystemExit, match=r"aux.yaml sets model.tasks, which replaces the model.tasks of .*recipe.yaml whole .* so "
-                                         r"\['reviews'\] would not be trained"):
+    (tmp_path / "aux.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": {"tasks": {"mlm": {"class_path": "trunk.tasks.MaskedLanguageModeling"}}},
+                "data": {
+                    "tasks": {"mlm": {"class_path": "trunk.datamodules.CorpusData", "init_args": {"train": "x.txt"}}}
+                },
+            }
+        )
+    )
+    with pytest.raises(
+        SystemExit,
+        match=r"aux.yaml sets model.tasks, which replaces the model.tasks of .*recipe.yaml whole .* so "
+        r"\['reviews'\] would not be trained",
+    ):
         run_cli(["--config", str(tmp_path / "recipe.yaml"), "--config", str(tmp_path / "aux.yaml")], run=False)

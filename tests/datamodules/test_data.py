@@ -1,4 +1,5 @@
-"""Datamodules: sources, labels, the run's tokenizer, padding, bucketing, task sampling, and clear errors on bad input."""
+"""Datamodules: sources, labels, the run's tokenizer, padding, bucketing, task sampling, and clear errors on bad
+input."""
 
 import collections
 import os
@@ -9,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_rows
+from tokenizers import Tokenizer
+
+from trunk.core.codec import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer
 from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassificationData, TokenClassificationData
 from trunk.datamodules.builtin import sentiment_example
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import hold_out, length_buckets
-from tokenizers import Tokenizer
-from trunk.core.codec import CLS, PAD, SEP, SPECIAL_TOKENS, load_tokenizer
 from trunk.datamodules.tokenizer import train_wordpiece
 
 
@@ -23,14 +25,22 @@ def run_data(member, name: str = "sst", **options) -> MultiTaskData:
 
 
 def make_data(files, **kwargs) -> MultiTaskData:
-    args = {"train": str(files["train"]), "validation": str(files["validation"]), "test": str(files["test"]), "batch_size": 16}
+    args = {
+        "train": str(files["train"]),
+        "validation": str(files["validation"]),
+        "test": str(files["test"]),
+        "batch_size": 16,
+    }
     return run_data(TextClassificationData(**{**args, **kwargs}))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
 def test_local_formats_and_string_labels(tmp_path, suffix):
     rng = random.Random(1)
-    files = {s: write_rows(tmp_path / f"{s}{suffix}", [sentiment_example(rng) for _ in range(40)]) for s in ("train", "validation", "test")}
+    files = {
+        s: write_rows(tmp_path / f"{s}{suffix}", [sentiment_example(rng) for _ in range(40)])
+        for s in ("train", "validation", "test")
+    }
     data = make_data(files)
     assert data.tasks["sst"].label_names == ["negative", "positive"]
     data.setup("fit")
@@ -45,8 +55,16 @@ def test_parquet_and_sentence_pairs(tmp_path):
     rows = [{"premise": f"a man plays {i}", "hypothesis": f"someone plays {i % 3}", "label": i % 3} for i in range(30)]
     for split in ("train", "validation"):
         datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
-    data = run_data(TextClassificationData(train=str(tmp_path / "train.parquet"), validation=str(tmp_path / "validation.parquet"),
-                                           text_column="premise", text_pair_column="hypothesis", batch_size=4), tokenizer_vocab_size=100)
+    data = run_data(
+        TextClassificationData(
+            train=str(tmp_path / "train.parquet"),
+            validation=str(tmp_path / "validation.parquet"),
+            text_column="premise",
+            text_pair_column="hypothesis",
+            batch_size=4,
+        ),
+        tokenizer_vocab_size=100,
+    )
     assert data.tasks["sst"].label_names == ["0", "1", "2"]
     data.setup("fit")
     ids = next(iter(data.train_dataloader()))["input_ids"][0].tolist()
@@ -84,7 +102,9 @@ def test_held_out_validation_is_random_stratified_and_seeded(tmp_path):
     assert collections.Counter(validation["label"]) == {"common": 18, "rare": 2}  # each label keeps its share
     tail = [r["text"] for r in rows[-20:]]
     assert set(validation["text"]) != set(tail)  # not simply the last rows
-    assert hold_out(200, 0.1, strata=[r["label"] for r in rows]) == hold_out(200, 0.1, strata=[r["label"] for r in rows])
+    assert hold_out(200, 0.1, strata=[r["label"] for r in rows]) == hold_out(
+        200, 0.1, strata=[r["label"] for r in rows]
+    )
 
 
 def test_dynamic_padding_pads_to_the_longest_in_batch(sentiment_files):
@@ -117,7 +137,9 @@ def test_trained_tokenizer_is_cached_so_every_process_gets_the_same_ids(sentimen
 
 def test_a_damaged_cached_tokenizer_is_trained_again(sentiment_files):
     first = make_data(sentiment_files).tokenizer
-    cached = sorted((Path(os.environ["TRUNK_CACHE"]) / "tokenizers").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
+    cached = sorted((Path(os.environ["TRUNK_CACHE"]) / "tokenizers").glob("*.json"), key=lambda p: p.stat().st_mtime)[
+        -1
+    ]
     cached.write_text('{"truncated": ')
     with pytest.warns(UserWarning, match="is unreadable .* training it again"):
         again = make_data(sentiment_files).tokenizer
@@ -127,9 +149,13 @@ def test_a_damaged_cached_tokenizer_is_trained_again(sentiment_files):
 def test_editing_a_file_of_a_dataset_folder_retrains_the_tokenizer(tmp_path):
     folder = tmp_path / "ds"
     folder.mkdir()
-    write_rows(folder / "train.csv", [{"text": "alpha beta gamma", "label": "a"}, {"text": "alpha beta", "label": "b"}] * 20)
+    write_rows(
+        folder / "train.csv", [{"text": "alpha beta gamma", "label": "a"}, {"text": "alpha beta", "label": "b"}] * 20
+    )
     first = run_data(TextClassificationData(dataset=str(folder), train="train"), tokenizer_vocab_size=60).tokenizer
-    write_rows(folder / "train.csv", [{"text": "zeta omega kappa", "label": "a"}, {"text": "zeta omega", "label": "b"}] * 20)
+    write_rows(
+        folder / "train.csv", [{"text": "zeta omega kappa", "label": "a"}, {"text": "zeta omega", "label": "b"}] * 20
+    )
     second = run_data(TextClassificationData(dataset=str(folder), train="train"), tokenizer_vocab_size=60).tokenizer
     assert "alpha" in first.get_vocab() and "alpha" not in second.get_vocab() and "zeta" in second.get_vocab()
 
@@ -153,8 +179,8 @@ def test_tokenizer_round_trips_through_files(tmp_path):
 
 
 def test_wordpiece_training_gives_the_same_vocabulary_in_every_process():
-    """The tokenizers library's WordPiece trainer numbers its ## pieces in hash-map order, which differs per process and,
-    through tie breaks between equally frequent pairs, changes the vocabulary itself; Trunk's training does not."""
+    """The tokenizers library's WordPiece trainer numbers its ## pieces in hash-map order, which differs per process
+    and, through tie breaks between equally frequent pairs, changes the vocabulary itself; Trunk's training does not."""
     import subprocess
     import sys
 
@@ -165,15 +191,24 @@ def test_wordpiece_training_gives_the_same_vocabulary_in_every_process():
     processes = [subprocess.Popen([sys.executable, "-c", train], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     here = {}
     exec(train.replace("sys.stdout.write", "here['out'] = "), {"here": here})
-    runs = [here["out"], *(process.communicate(timeout=300)[0].strip() for process in processes)]  # strip: the trainer's bar
+    runs = [
+        here["out"],
+        *(process.communicate(timeout=300)[0].strip() for process in processes),
+    ]  # strip: the trainer's bar
     assert runs[0] == runs[1] == runs[2]
     tokenizer = Tokenizer.from_str(runs[0])
-    assert [token.content for token in tokenizer.get_added_tokens_decoder().values()] == SPECIAL_TOKENS  # ## pieces stay plain
+    assert [
+        token.content for token in tokenizer.get_added_tokens_decoder().values()
+    ] == SPECIAL_TOKENS  # ## pieces stay plain
     assert "##n" in tokenizer.get_vocab() and tokenizer.encode("señor", add_special_tokens=False).tokens[0] == "senor"
 
 
 def test_long_texts_are_truncated_with_one_warning(tmp_path):
-    rows = [{"text": "word " * 200, "label": "a"}, {"text": "short", "label": "b"}, {"text": "word " * 300, "label": "a"}]
+    rows = [
+        {"text": "word " * 200, "label": "a"},
+        {"text": "short", "label": "b"},
+        {"text": "word " * 300, "label": "a"},
+    ]
     f = write_rows(tmp_path / "train.csv", rows)
     data = run_data(TextClassificationData(train=str(f), max_length=16), tokenizer_vocab_size=50)
     with warnings.catch_warnings(record=True) as caught:
@@ -184,7 +219,9 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
     assert "may not exceed model.trunk.max_len" in messages[0]  # the second knob is named
     assert max(len(ids) for ids in data.tasks["sst"]._encoded["train"]["input_ids"]) == 16
     vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
-    assert len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0]  # a warning, with its reason
+    assert (
+        len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0]
+    )  # a warning, with its reason
 
 
 def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):
@@ -192,7 +229,9 @@ def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):
 
     words = [(f"w{i}", "B-PER" if i == 0 else "O") for i in range(30)]
     train = write_conll(tmp_path / "train.txt", [words, words[:3]])
-    data = run_data(TokenClassificationData(train=str(train), max_length=12, context_length=0), name="ner", tokenizer_vocab_size=60)
+    data = run_data(
+        TokenClassificationData(train=str(train), max_length=12, context_length=0), name="ner", tokenizer_vocab_size=60
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data.setup("fit")
@@ -227,7 +266,9 @@ def test_temperature_and_annealed_sampling_follow_their_formulas():
     assert t2 == pytest.approx({k: v / sum(root.values()) for k, v in root.items()})  # p ∝ n^(1/T), exactly
     annealed = TaskSampler(SIZES, "annealed", anneal_to=0.0)
     assert annealed.probabilities(0.0) == pytest.approx(TaskSampler(SIZES).probabilities())  # proportional at the start
-    assert annealed.probabilities(1.0) == pytest.approx(TaskSampler(SIZES, "uniform").probabilities())  # uniform at the end
+    assert annealed.probabilities(1.0) == pytest.approx(
+        TaskSampler(SIZES, "uniform").probabilities()
+    )  # uniform at the end
     half = {k: v ** 0.5 for k, v in SIZES.items()}
     assert annealed.probabilities(0.5) == pytest.approx({k: v / sum(half.values()) for k, v in half.items()})
 
@@ -288,12 +329,14 @@ def test_missing_file(tmp_path):
     member = TextClassificationData(train=str(tmp_path / "nope.csv"))
     run_data(member, tokenizer="unused")
     with pytest.raises(FileNotFoundError, match=r"data.tasks.sst.train: file .*nope.csv' does not exist"):
-        member.label_names
+        member.label_names  # noqa: B018 (reading it raises)
 
 
 def test_wrong_column_names_the_option_and_the_choices(sentiment_files):
     data = make_data(sentiment_files, text_column="sentence")
-    with pytest.raises(ValueError, match=r"no column 'sentence' \(set by data.tasks.sst.text_column\).*\['text', 'label'\]"):
+    with pytest.raises(
+        ValueError, match=r"no column 'sentence' \(set by data.tasks.sst.text_column\).*\['text', 'label'\]"
+    ):
         data.setup("fit")
 
 
@@ -305,13 +348,19 @@ def test_empty_split(tmp_path, sentiment_files):
         data.setup("fit")
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"", r"is empty: it has no rows"),
-    (b"\n  \n", r"is empty: it has no rows"),
-    (bytes(range(256)) * 8, r"is a binary file \(NUL bytes at line 1\), not csv text"),
-    ("text,label\ngood film,positive\ncaf\u00e9 cr\u00e8me,negative\n".encode("latin-1"),
-     r"bad.csv, line 3: byte 0xe9 at column 4 is not utf-8. Set the file.s encoding \(data.tasks.sst.encoding: latin-1, cp1252, ...\) or save it as UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"", r"is empty: it has no rows"),
+        (b"\n  \n", r"is empty: it has no rows"),
+        (bytes(range(256)) * 8, r"is a binary file \(NUL bytes at line 1\), not csv text"),
+        (
+            "text,label\ngood film,positive\ncaf\u00e9 cr\u00e8me,negative\n".encode("latin-1"),
+            r"bad.csv, line 3: byte 0xe9 at column 4 is not utf-8. Set the file.s encoding \(data.tasks.sst.encoding: "
+            r"latin-1, cp1252, ...\) or save it as UTF-8",
+        ),
+    ],
+)
 def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment_files, content, problem):
     bad = tmp_path / "bad.csv"
     bad.write_bytes(content)
@@ -322,14 +371,22 @@ def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment
 def test_a_non_utf8_conll_file_names_its_line(tmp_path):
     bad = tmp_path / "train.txt"
     bad.write_bytes("Paris NN O B-LOC\n\nM\u00fcnchen NN O B-LOC\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"train.txt, line 3: byte 0xfc at column 2 is not utf-8. Set the file.s encoding"):
+    with pytest.raises(
+        ValueError, match=r"train.txt, line 3: byte 0xfc at column 2 is not utf-8. Set the file.s encoding"
+    ):
         run_data(TokenClassificationData(train=str(bad)), name="ner").setup("fit")
 
 
-@pytest.mark.parametrize("labels, problem", [
-    ([0.12, 0.5, 0.97, 0.33], r"column 'label' holds real numbers \(0.12, 0.33, 0.5, ...\), not class labels"),
-    ([0, 1, "negative", "positive"], r"column 'label' mixes numbers \['0', '1'\] and names \['negative', 'positive'\] as labels"),
-])
+@pytest.mark.parametrize(
+    "labels, problem",
+    [
+        ([0.12, 0.5, 0.97, 0.33], r"column 'label' holds real numbers \(0.12, 0.33, 0.5, ...\), not class labels"),
+        (
+            [0, 1, "negative", "positive"],
+            r"column 'label' mixes numbers \['0', '1'\] and names \['negative', 'positive'\] as labels",
+        ),
+    ],
+)
 def test_labels_that_are_not_classes_are_refused(tmp_path, sentiment_files, labels, problem):
     rows = [{"text": f"review {i}", "label": labels[i % len(labels)]} for i in range(40)]
     train = write_rows(tmp_path / "odd.jsonl", rows)
@@ -350,28 +407,32 @@ def test_unseen_label_at_test_time(tmp_path, sentiment_files):
     bad = write_rows(tmp_path / "bad_test.csv", [{"text": "meh", "label": "neutral"}])
     data = make_data(sentiment_files, test=str(bad))
     data.setup("fit")
-    with pytest.raises(ValueError, match=r"data.tasks.sst.test has labels \['neutral'\] that the training split never has"):
+    with pytest.raises(
+        ValueError, match=r"data.tasks.sst.test has labels \['neutral'\] that the training split never has"
+    ):
         data.setup("test")
 
 
 def test_configured_label_names_that_miss_the_data_say_so(tmp_path, sentiment_files):
     data = make_data(sentiment_files, label_names=["bad", "good"])
-    with pytest.raises(ValueError, match=r"not in the configured label_names \['bad', 'good'\]. Remove data.tasks.sst.label_names"):
+    with pytest.raises(
+        ValueError, match=r"not in the configured label_names \['bad', 'good'\]. Remove data.tasks.sst.label_names"
+    ):
         data.setup("fit")
 
 
 def test_unknown_file_type_and_bad_tokenizer_path(tmp_path):
     (tmp_path / "train.xml").write_text("<x/>")
     with pytest.raises(ValueError, match="unknown file type '.xml'"):
-        TextClassificationData(train=str(tmp_path / "train.xml")).label_names
+        TextClassificationData(train=str(tmp_path / "train.xml")).label_names  # noqa: B018 (reading it raises)
     with pytest.raises(FileNotFoundError, match="Tokenizer not found"):
-        run_data(TextClassificationData(), tokenizer=str(tmp_path / "missing.json")).vocab_size
+        run_data(TextClassificationData(), tokenizer=str(tmp_path / "missing.json")).vocab_size  # noqa: B018 (it raises)
 
 
 def test_hub_dataset_offline_gives_a_clear_error():
     dm = TextClassificationData(dataset="glue", dataset_config="sst2", train="train")
     with pytest.raises(ValueError, match="Could not load split 'train'.*dataset 'glue'"):
-        dm.label_names
+        dm.label_names  # noqa: B018 (reading it raises)
 
 
 def test_dataset_directory_with_classlabel_features(tmp_path):
@@ -379,7 +440,9 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
     parquet files carry a ClassLabel feature, like glue/sst2 on the hub."""
     import datasets
 
-    features = datasets.Features({"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])})
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
+    )
     rows = {"sentence": ["a bad film", "a good film"] * 8, "label": [0, 1] * 8}
     (tmp_path / "sst").mkdir()
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "sst/train.parquet"))
@@ -390,7 +453,10 @@ def test_dataset_directory_with_classlabel_features(tmp_path):
     assert member.label_names == ["negative", "positive"]  # from the ClassLabel, not from the values
     data.setup("fit")
     assert member._encoded["train"]["label"][:2] == [0, 1]
-    with pytest.raises(ValueError, match=r"test has no labels: every row's 'label' is -1 .* `trunk predict .*--data.tasks.sst.predict=test`"):
+    with pytest.raises(
+        ValueError,
+        match=r"test has no labels: every row's 'label' is -1 .* `trunk predict .*--data.tasks.sst.predict=test`",
+    ):
         data.setup("test")
 
 
@@ -399,12 +465,21 @@ def test_corpus_data_feeds_pretraining_objectives_only():
 
 
 def test_select_keeps_the_rows_of_one_split_from_a_file_that_holds_several(tmp_path):
-    rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "set": ["TRAIN", "TRIAL", "TEST"][i % 3]} for i in range(30)]
+    rows = [
+        {"text": f"text {i}", "label": "a" if i % 2 else "b", "set": ["TRAIN", "TRIAL", "TEST"][i % 3]}
+        for i in range(30)
+    ]
     path = write_rows(tmp_path / "all.tsv", rows)
-    member = TextClassificationData(train=str(path), validation=str(path), select={"train": {"set": "TRAIN"}, "validation": {"set": ["TRIAL"]}})
+    member = TextClassificationData(
+        train=str(path), validation=str(path), select={"train": {"set": "TRAIN"}, "validation": {"set": ["TRIAL"]}}
+    )
     assert column(member.raw("train"), "text") == [r["text"] for r in rows if r["set"] == "TRAIN"]
     assert len(member.raw("validation")) == 10
-    with pytest.raises(ValueError, match=r"select.train: no row of '.*all.tsv' has set in \['DEV'\]; the column holds \['TEST', 'TRAIN', 'TRIAL'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"select.train: no row of '.*all.tsv' has set in \['DEV'\]; "
+        r"the column holds \['TEST', 'TRAIN', 'TRIAL'\]",
+    ):
         TextClassificationData(train=str(path), select={"train": {"set": "DEV"}}).raw("train")
     with pytest.raises(ValueError, match=r"has no column 'split'; its columns are \['text', 'label', 'set'\]"):
         TextClassificationData(train=str(path), select={"train": {"split": "TRAIN"}}).raw("train")
@@ -415,23 +490,36 @@ def test_select_keeps_the_rows_of_one_split_from_a_file_that_holds_several(tmp_p
 def test_a_file_without_a_header_is_read_by_column_names_and_its_data_row_is_not_taken_for_one(tmp_path):
     path = tmp_path / "no_header.tsv"
     path.write_text("a gripping film from start to end\t1\tid1\nthe plot was dull\t0\tid2\nsuperb\t1\tid3\n")
-    with pytest.raises(ValueError, match=r"looks like data rather than a header: if the file has no header row, name its columns "
-                                         r"with data.tasks.task.column_names"):
+    with pytest.raises(
+        ValueError,
+        match=r"looks like data rather than a header: if the file has no header row, name its columns "
+        r"with data.tasks.task.column_names",
+    ):
         TextClassificationData(train=str(path)).raw("train")
     member = TextClassificationData(train=str(path), column_names=["sentence", "label", "id"], text_column="sentence")
-    assert column(member.raw("train"), "sentence") == ["a gripping film from start to end", "the plot was dull", "superb"]  # no row lost
+    assert column(member.raw("train"), "sentence") == [
+        "a gripping film from start to end",
+        "the plot was dull",
+        "superb",
+    ]  # no row lost
     assert member.label_names == ["0", "1"]
     with pytest.raises(ValueError, match="column_names is for csv / tsv files without a header"):
-        TextClassificationData(train=str(write_rows(tmp_path / "rows.jsonl", [{"text": "a", "label": 1}])), column_names=["t", "l"]).raw("train")
+        TextClassificationData(
+            train=str(write_rows(tmp_path / "rows.jsonl", [{"text": "a", "label": 1}])), column_names=["t", "l"]
+        ).raw("train")
 
 
 def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):
     rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "article": f"article {i // 5}"} for i in range(50)]
-    member = TextClassificationData(train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="article")
+    member = TextClassificationData(
+        train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="article"
+    )
     train, validation = (set(column(member.raw(role), "article")) for role in ("train", "validation"))
     assert len(validation) == 2 and not train & validation and len(train | validation) == 10
     assert len(member.raw("validation")) == 10
-    missing = TextClassificationData(train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="title")
+    missing = TextClassificationData(
+        train=str(write_rows(tmp_path / "rows.csv", rows)), val_fraction=0.2, hold_out_by="title"
+    )
     with pytest.raises(ValueError, match=r"has no column 'title' \(set by data.tasks.task.hold_out_by\)"):
         missing.raw("train")
 
@@ -442,10 +530,23 @@ TREC_PATTERN = r"(?P<label>[A-Z]+):\S+ (?P<text>.+)"
 def test_one_example_per_line_in_its_own_shape_and_encoding_is_read_by_line_pattern(tmp_path):
     """TREC as it ships: ``COARSE:fine question`` per line, latin-1. No conversion: the config reads it."""
     rng = random.Random(0)
-    lines = [f"{label}:{fine} {question} {i} ?" for i in range(40) for label, fine, question in
-             [rng.choice([("LOC", "city", "Where is Besançon"), ("HUM", "ind", "Who wrote Señor Presidente"), ("NUM", "date", "When was it")])]]
+    lines = [
+        f"{label}:{fine} {question} {i} ?"
+        for i in range(40)
+        for label, fine, question in [
+            rng.choice(
+                [
+                    ("LOC", "city", "Where is Besançon"),
+                    ("HUM", "ind", "Who wrote Señor Presidente"),
+                    ("NUM", "date", "When was it"),
+                ]
+            )
+        ]
+    ]
     path = tmp_path / "train_5500.label"
-    path.write_bytes(("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n").encode("latin-1"))  # a blank line is skipped
+    path.write_bytes(
+        ("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n").encode("latin-1")
+    )  # a blank line is skipped
     member = TextClassificationData(train=str(path), line_pattern=TREC_PATTERN, encoding="latin-1", val_fraction=0.25)
     data = run_data(member, "trec")
     rows = member.raw("train")
@@ -454,7 +555,9 @@ def test_one_example_per_line_in_its_own_shape_and_encoding_is_read_by_line_patt
     data.setup("fit")
     assert next(iter(data.train_dataloader()))["labels"].shape[0] > 0
     # the fine class instead: another pattern is other rows, not the first pattern's cached encoding
-    fine = TextClassificationData(train=str(path), line_pattern=r"[A-Z]+:(?P<label>\S+) (?P<text>.+)", encoding="latin-1", val_fraction=0.25)
+    fine = TextClassificationData(
+        train=str(path), line_pattern=r"[A-Z]+:(?P<label>\S+) (?P<text>.+)", encoding="latin-1", val_fraction=0.25
+    )
     run_data(fine, "trec").setup("fit")
     assert sorted(fine.label_names) == ["city", "date", "ind"]
 
@@ -468,10 +571,15 @@ def test_line_pattern_and_encoding_errors_name_the_option_the_line_and_the_fix(t
         member.name = "trec"
         return member.raw("train")
 
-    with pytest.raises(ValueError, match=r"data.tasks.trec.train: .*q.label, line 1: byte 0xe7 at column 24 is not utf-8. Set the "
-                                         r"file's encoding \(data.tasks.trec.encoding: latin-1"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.tasks.trec.train: .*q.label, line 1: byte 0xe7 at column 24 is not utf-8. Set the "
+        r"file's encoding \(data.tasks.trec.encoding: latin-1",
+    ):
         read(line_pattern=TREC_PATTERN)
-    with pytest.raises(ValueError, match=r"q.label, line 2 does not match data.tasks.trec.line_pattern .* 'no label on this line'"):
+    with pytest.raises(
+        ValueError, match=r"q.label, line 2 does not match data.tasks.trec.line_pattern .* 'no label on this line'"
+    ):
         read(line_pattern=TREC_PATTERN, encoding="latin-1")
     with pytest.raises(ValueError, match=r"data.tasks.trec.encoding='latin-9x' is not an encoding"):
         read(encoding="latin-9x")
@@ -501,14 +609,17 @@ def test_encoding_reads_latin1_conll_and_corpus_files(tmp_path):
 
 
 def test_tokenizer_min_frequency_keeps_a_small_texts_vocabulary_to_pieces_seen_often(tmp_path):
-    """Each piece of the vocabulary occurs at least that often in the training text: rare words are spelled in pieces."""
+    """Each piece of the vocabulary occurs at least that often in the training text: rare words are spelled in
+    pieces."""
     rng = random.Random(0)
     common, rare = ["what", "who", "where", "city", "river"], [f"name{i}x" for i in range(60)]
     rows = [{"text": " ".join(rng.choices(common, k=4) + [rng.choice(rare)]), "label": "a"} for _ in range(120)]
     path = write_rows(tmp_path / "train.csv", rows)
     sizes = {}
     for frequency in (2, 8):
-        data = run_data(TextClassificationData(train=str(path)), tokenizer_vocab_size=2000, tokenizer_min_frequency=frequency)
+        data = run_data(
+            TextClassificationData(train=str(path)), tokenizer_vocab_size=2000, tokenizer_min_frequency=frequency
+        )
         vocabulary = data.codec.tokenizer.get_vocab()
         sizes[frequency] = len(vocabulary)
         assert all(word in vocabulary for word in common)
@@ -528,9 +639,13 @@ def test_byte_level_bpe_never_produces_unk_for_text_it_has_not_seen(tmp_path):
     unseen = "Ünïcødé 🙂 #wnut17 lookin gr8 ☕"
     byte = run_data(TextClassificationData(train=str(path)), tokenizer_model="byte_bpe").codec.tokenizer
     word = run_data(TextClassificationData(train=str(path)), tokenizer_model="wordpiece").codec.tokenizer
-    assert byte.token_to_id(UNK) not in byte.encode(unseen).ids and byte.decode(byte.encode(unseen).ids).strip() == unseen
+    assert (
+        byte.token_to_id(UNK) not in byte.encode(unseen).ids and byte.decode(byte.encode(unseen).ids).strip() == unseen
+    )
     assert word.token_to_id(UNK) in word.encode(unseen).ids  # what byte level avoids
-    with pytest.raises(ValueError, match="data.tokenizer_model='sentencepiece': choose auto, wordpiece, bpe, byte_bpe or word"):
+    with pytest.raises(
+        ValueError, match="data.tokenizer_model='sentencepiece': choose auto, wordpiece, bpe, byte_bpe or word"
+    ):
         run_data(TextClassificationData(train=str(path)), tokenizer_model="sentencepiece")
 
 
@@ -540,7 +655,16 @@ def test_a_word_vocabulary_keeps_words_seen_often_enough_and_reads_the_others_as
     rows = [{"text": f"What is {w} ?", "label": "def"} for w in ("autism", "gravity", "a cat")] * 3
     rows += [{"text": "What is acetaminophen ?", "label": "def"}]  # once: below min_frequency
     path = write_rows(tmp_path / "train.csv", rows)
-    tokenizer = run_data(TextClassificationData(train=str(path)), tokenizer_model="word", tokenizer_min_frequency=2).codec.tokenizer
+    tokenizer = run_data(
+        TextClassificationData(train=str(path)), tokenizer_model="word", tokenizer_min_frequency=2
+    ).codec.tokenizer
     assert tokenizer.encode("What is gravity ?").tokens == ["[CLS]", "What", "is", "gravity", "?", "[SEP]"]
-    assert tokenizer.encode("What is acetaminophen ?").tokens == ["[CLS]", "What", "is", UNK, "?", "[SEP]"]  # one slot, not pieces
+    assert tokenizer.encode("What is acetaminophen ?").tokens == [
+        "[CLS]",
+        "What",
+        "is",
+        UNK,
+        "?",
+        "[SEP]",
+    ]  # one slot, not pieces
     assert tokenizer.decode(tokenizer.encode("What is autism ?").ids) == "What is autism?"  # BERT's detokenization

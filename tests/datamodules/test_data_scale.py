@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, sentiment_example, write_rows
+
+from trunk.core.codec import cache_dir
 from trunk.datamodules import CorpusData, MultiTaskData, TextClassificationData
 from trunk.datamodules.text import TextDataModule
-from trunk.core.codec import cache_dir
 from trunk.datamodules.tokenizer import train_wordpiece
 
 
@@ -58,7 +59,9 @@ def test_the_second_run_maps_the_cache_instead_of_encoding(rows_file, count_enco
 
 def test_the_cache_is_rebuilt_when_the_tokenizer_the_data_or_an_option_changes(rows_file, count_encodes, tmp_path):
     sentiment_run(rows_file).setup("fit")
-    run = MultiTaskData({"sst": TextClassificationData(train=str(rows_file))}, tokenizer_vocab_size=200)  # another tokenizer
+    run = MultiTaskData(
+        {"sst": TextClassificationData(train=str(rows_file))}, tokenizer_vocab_size=200
+    )  # another tokenizer
     run.setup("fit")
     assert len(count_encodes) == 2
     sentiment_run(rows_file, max_length=8).setup("fit")  # an encoding option
@@ -117,9 +120,12 @@ def test_a_killed_build_leaves_no_entry_and_its_leftovers_are_removed(rows_file,
         run.setup("fit")
     assert not list(folder.parent.glob(f"*{folder.name}*")), "an interrupted build must leave nothing behind"
     monkeypatch.undo()
-    # A build killed for real (SIGKILL) leaves its temporary directory: it is not an entry, and the next build removes it.
+    # A build killed for real (SIGKILL) leaves its temporary directory: it is not an entry, and the next build removes
+    # it.
     run, digest = sentiment_run(rows_file), folder.name
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     leftover = cache_dir() / "encoded" / f".{digest}.{socket.gethostname()}.{dead}.abcd1234.tmp"
     leftover.mkdir(parents=True)
     (leftover / "encoded.arrow").write_bytes(b"half")
@@ -138,7 +144,10 @@ def test_encoding_in_several_processes_gives_the_same_rows_and_one_truncation_wa
         one.setup("fit")
     one.tokenizer.save(str(tmp_path / "tokenizer.json"))
     monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cold-cache"))
-    two = MultiTaskData({"sst": TextClassificationData(train=str(path), max_length=12, num_proc=2)}, tokenizer=str(tmp_path / "tokenizer.json"))
+    two = MultiTaskData(
+        {"sst": TextClassificationData(train=str(path), max_length=12, num_proc=2)},
+        tokenizer=str(tmp_path / "tokenizer.json"),
+    )
     with pytest.warns(UserWarning) as two_warnings:
         two.setup("fit")
     a, b = one.tasks["sst"]._encoded["train"], two.tasks["sst"]._encoded["train"]
@@ -155,14 +164,27 @@ def test_under_ddp_one_process_encodes_and_the_other_reads_the_cache(tiny_cli_ar
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
            "TRUNK_CACHE": str(tmp_path / "cache")}
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
-    args += ["--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=2", "--trainer.callbacks+=probes.CountEncodes",
-             f"--trainer.callbacks.path={record}"]
-    done = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env=env)
+    args += [
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--trainer.max_steps=2",
+        "--trainer.callbacks+=probes.CountEncodes",
+        f"--trainer.callbacks.path={record}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "trunk.cli", "fit", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = record.read_text().split("\n")[:-1]
     assert {line.split()[0] for line in lines} == {"0"}, lines  # the other process only read the cache
-    assert sorted(line.split()[1] for line in lines) == sorted(set(line.split()[1] for line in lines)), lines  # each split once
+    assert sorted(line.split()[1] for line in lines) == sorted(set(line.split()[1] for line in lines)), (
+        lines
+    )  # each split once
     assert {"train", "validation"} <= {line.split()[1] for line in lines}
 
 
@@ -218,7 +240,9 @@ def test_streaming_shards_documents_across_processes_and_shuffles_in_a_buffer(tm
     assert first_pass != blocks and sorted(first_pass) == sorted(blocks)  # the same blocks, shuffled
 
 
-def test_a_streamed_epoch_continues_where_the_last_one_stopped_and_a_resumed_run_finds_its_place(tmp_path, corpus_tokenizer):
+def test_a_streamed_epoch_continues_where_the_last_one_stopped_and_a_resumed_run_finds_its_place(
+    tmp_path, corpus_tokenizer
+):
     path = corpus_file(tmp_path)
     data = corpus_run(path, corpus_tokenizer, streaming=True, shuffle_buffer=0).tasks["mlm"]
     epoch0 = data.train_items("0/0", 0, 0, 1, before=0)
@@ -234,15 +258,35 @@ def test_a_streamed_epoch_continues_where_the_last_one_stopped_and_a_resumed_run
 
 def test_streamed_pretraining_trains_through_the_cli(tmp_path, corpus_tokenizer):
     from conftest import TINY_MODEL, single_task
+
     from trunk.cli import run_cli
 
     path = corpus_file(tmp_path)
     tiny = [a.replace("SequenceClassification", "MaskedLanguageModeling") for a in TINY_MODEL]
-    cli = run_cli(["fit", *single_task([*tiny, "--model.trunk.max_len=32", "--data=trunk.datamodules.CorpusData", f"--data.train={path}",
-                                        f"--data.validation={path}", "--data.streaming=true", "--data.max_length=16"], "mlm"),
-                   f"--data.tokenizer={corpus_tokenizer}", "--data.steps_per_epoch=4", "--trainer.max_epochs=2",
-                   "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false",
-                   f"--trainer.default_root_dir={tmp_path / 'run'}"])
+    cli = run_cli(
+        [
+            "fit",
+            *single_task(
+                [
+                    *tiny,
+                    "--model.trunk.max_len=32",
+                    "--data=trunk.datamodules.CorpusData",
+                    f"--data.train={path}",
+                    f"--data.validation={path}",
+                    "--data.streaming=true",
+                    "--data.max_length=16",
+                ],
+                "mlm",
+            ),
+            f"--data.tokenizer={corpus_tokenizer}",
+            "--data.steps_per_epoch=4",
+            "--trainer.max_epochs=2",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ]
+    )
     assert cli.trainer.global_step == 8 and torch.isfinite(cli.trainer.callback_metrics["val/mlm/loss"])
 
 
@@ -255,14 +299,19 @@ def test_streaming_bad_input_is_refused_clearly(tmp_path, corpus_tokenizer):
     no_tokenizer = MultiTaskData({"mlm": CorpusData(train=str(path), streaming=True)}, steps_per_epoch=3)
     with pytest.raises(ValueError, match="data.tokenizer"):
         no_tokenizer.setup("fit")
-    mixed = MultiTaskData({"mlm": CorpusData(train=str(path), streaming=True), "sst": TextClassificationData(train=str(path))},
-                          tokenizer=str(corpus_tokenizer), steps_per_epoch=3)
+    mixed = MultiTaskData(
+        {"mlm": CorpusData(train=str(path), streaming=True), "sst": TextClassificationData(train=str(path))},
+        tokenizer=str(corpus_tokenizer),
+        steps_per_epoch=3,
+    )
     with pytest.raises(ValueError, match="sampling"):
         mixed.sampler()
     empty = tmp_path / "empty.txt"
     empty.write_text("\n \n")
     with pytest.raises(ValueError, match="is empty"):
-        MultiTaskData({"mlm": CorpusData(train=str(empty), streaming=True)}, tokenizer=str(corpus_tokenizer), steps_per_epoch=3).setup("fit")
+        MultiTaskData(
+            {"mlm": CorpusData(train=str(empty), streaming=True)}, tokenizer=str(corpus_tokenizer), steps_per_epoch=3
+        ).setup("fit")
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"fine line\n\x00\x01 binary\n")
     data = CorpusData(train=str(binary), streaming=True)

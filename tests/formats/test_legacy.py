@@ -30,7 +30,8 @@ def test_a_legacy_task_directory_on_its_trunk_answers_as_it_did():
 
 
 def test_class_paths_that_configs_stored_before_the_split_still_resolve(tiny_cli_args):
-    """``trunk.tasks.callbacks.*`` in a config, and ``trunk.tasks.load`` / ``TrunkModule`` in code, as the README named them."""
+    """``trunk.tasks.callbacks.*`` in a config, and ``trunk.tasks.load`` / ``TrunkModule`` in code, as the README named
+    them."""
     import trunk.tasks
     from trunk.cli import run_cli
     from trunk.training.callbacks import Throughput

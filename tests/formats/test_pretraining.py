@@ -9,16 +9,16 @@ import pytest
 import torch
 from conftest import TINY_MODEL, single_task
 from safetensors.torch import load_file
-from trunk.core.codec import Codec
+
+from trunk.assembly.weights import from_pretrained
+from trunk.cli import export_main, run_cli
+from trunk.core.codec import IGNORE_INDEX, SPECIAL_TOKENS, Codec
 from trunk.datamodules import CorpusData, MultiTaskData, TokenMasker
 from trunk.datamodules.builtin import sentiment_example
-from trunk.core.codec import IGNORE_INDEX, SPECIAL_TOKENS
 from trunk.datamodules.tokenizer import train_wordpiece
-from trunk.models import TrunkConfig, build_trunk
-from trunk.assembly.weights import from_pretrained
-from trunk.tasks import MaskedLanguageModeling, ReplacedTokenDetection, SequenceClassification, TrunkModule
-from trunk.cli import export_main, run_cli
 from trunk.formats.trunk_dir import PretrainedTrunk, load_pretrained, save_pretrained
+from trunk.models import TrunkConfig, build_trunk
+from trunk.tasks import MaskedLanguageModeling, ReplacedTokenDetection, SequenceClassification, TrunkModule
 
 TINY = TrunkConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
 
@@ -95,8 +95,10 @@ def test_corpus_packs_full_blocks_and_holds_out_documents(tmp_path):
     packed = tmp_path / "b.txt.gz"
     with gzip.open(packed, "wt") as f:
         f.write("\n".join(docs[200:]))
-    run = MultiTaskData({"mlm": CorpusData(train=[str(plain), str(packed)], val_fraction=0.1, max_length=16, batch_size=8)},
-                        tokenizer_vocab_size=200)
+    run = MultiTaskData(
+        {"mlm": CorpusData(train=[str(plain), str(packed)], val_fraction=0.1, max_length=16, batch_size=8)},
+        tokenizer_vocab_size=200,
+    )
     run.setup("fit")
     data = run.tasks["mlm"]
     train, val = data.raw("train")["text"], data.raw("validation")["text"]
@@ -120,7 +122,11 @@ def test_blank_line_documents(tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("first line of doc one\nsecond line of doc one\n\n\nthe only line of doc two\n  \ndoc three\n")
     data = CorpusData(train=str(path), documents="blank_line", val_fraction=0.0)
-    assert data.raw("train")["text"] == ["first line of doc one second line of doc one", "the only line of doc two", "doc three"]
+    assert data.raw("train")["text"] == [
+        "first line of doc one second line of doc one",
+        "the only line of doc two",
+        "doc three",
+    ]
     lines = CorpusData(train=str(path), val_fraction=0.0)
     assert len(lines.raw("train")) == 4
 
@@ -128,7 +134,9 @@ def test_blank_line_documents(tmp_path):
 def test_conll_column_files_give_their_sentences(tmp_path):
     from conftest import write_conll
 
-    conll = write_conll(tmp_path / "ner.txt", [[("EU", "B-ORG"), ("rejects", "O")], [("Peter", "B-PER"), ("left", "O")]])
+    conll = write_conll(
+        tmp_path / "ner.txt", [[("EU", "B-ORG"), ("rejects", "O")], [("Peter", "B-PER"), ("left", "O")]]
+    )
     data = CorpusData(train=[str(conll), str(conll)], val_fraction=0.0)
     assert data.raw("train")["text"] == ["EU rejects", "Peter left"] * 2  # words only: no tags, no DOCSTART
 
@@ -163,11 +171,29 @@ def test_mlm_head_is_tied_and_scores_only_masked_positions():
 
 def pretrain_args(corpus: Path, root: Path, objective: str = "MaskedLanguageModeling", task: str = "mlm") -> list[str]:
     tiny = [a.replace("SequenceClassification", objective) for a in TINY_MODEL]
-    return ["fit", *single_task([*tiny, "--model.trunk.max_len=32", "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}",
-            "--data.tokenizer_vocab_size=200", "--data.max_length=32", "--data.batch_size=8"], task), "--trainer.max_steps=6",
-            "--trainer.val_check_interval=6",
-            "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+    return [
+        "fit",
+        *single_task(
+            [
+                *tiny,
+                "--model.trunk.max_len=32",
+                "--data=trunk.datamodules.CorpusData",
+                f"--data.train={corpus}",
+                "--data.tokenizer_vocab_size=200",
+                "--data.max_length=32",
+                "--data.batch_size=8",
+            ],
+            task,
+        ),
+        "--trainer.max_steps=6",
+        "--trainer.val_check_interval=6",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        "--seed_everything=0",
+    ]
 
 
 def finetune_args(trunk_dir: Path, sentiment_files: dict, root: Path, *extra: str) -> list[str]:
@@ -187,7 +213,12 @@ def pretrained(corpus_file, tmp_path):
 
 def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pretrained, sentiment_files, tmp_path):
     cli, trunk_dir = pretrained
-    assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json", "README.md"}  # README.md: the model card
+    assert {p.name for p in trunk_dir.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+    }  # README.md: the model card
     assert {"val/mlm/ppl", "val/mlm/acc", "val/mlm/loss", "val/score"} <= cli.trainer.callback_metrics.keys()
     assert cli.trainer.callback_metrics["val/mlm/ppl"] > 1.0
     meta = json.loads((trunk_dir / "config.json").read_text())
@@ -195,7 +226,9 @@ def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pre
     assert meta["stems"] == {"text": {}} and meta["heads"]["mlm"]["kind"] == "masked_lm"
     pretrained_state = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
 
-    finetune = run_cli(finetune_args(trunk_dir, sentiment_files, tmp_path / "finetune", "--data.max_length=64"), run=False)
+    finetune = run_cli(
+        finetune_args(trunk_dir, sentiment_files, tmp_path / "finetune", "--data.max_length=64"), run=False
+    )
     model = finetune.model
     assert model.trunk_config.d_model == 32 and model.trunk_config.n_layers == 2  # architecture from the directory
     for name, tensor in model.trunk.state_dict().items():
@@ -212,10 +245,13 @@ def test_export_command_matches_the_end_of_pretraining_export(pretrained, tmp_pa
     assert "--model.init_from=" in capsys.readouterr().out
     a, b = load_file(str(trunk_dir / "model.safetensors")), load_file(str(tmp_path / "exported" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert {k for k in b if k.startswith("heads.")} == {f"heads.mlm.head.{k}" for k in ("dense.weight", "dense.bias", "norm.weight",
-                                                                                       "norm.bias", "decoder.bias")}  # decoder weight is tied
+    assert {k for k in b if k.startswith("heads.")} == {
+        f"heads.mlm.head.{k}" for k in ("dense.weight", "dense.bias", "norm.weight", "norm.bias", "decoder.bias")
+    }  # decoder weight is tied
     exported = load_pretrained(tmp_path / "exported")
-    assert torch.equal(exported.heads["mlm"]["state"]["head.decoder.weight"], exported.trunk_weights["stems.text.token.weight"])
+    assert torch.equal(
+        exported.heads["mlm"]["state"]["head.decoder.weight"], exported.trunk_weights["stems.text.token.weight"]
+    )
     export_main([str(last), str(tmp_path / "trunk_only"), "--trunk-only"])
     assert all(k.startswith("trunk.") for k in load_file(str(tmp_path / "trunk_only" / "model.safetensors")))
     with pytest.raises(SystemExit, match="does not exist"):
@@ -296,16 +332,26 @@ def test_export_refuses_a_checkpoint_that_would_run_code(tmp_path):
 
 def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
     """Checkpoints of models built in Python (not by the CLI) also load with weights_only=True."""
-    model = TrunkModule({"t": SequenceClassification(pooling="mean")}, trunk=TINY, task_info={"t": {"label_names": ["a", "b"]}})
+    model = TrunkModule(
+        {"t": SequenceClassification(pooling="mean")}, trunk=TINY, task_info={"t": {"label_names": ["a", "b"]}}
+    )
     checkpoint = {"hyper_parameters": dict(model.hparams)}
     model.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "c.ckpt")
     hparams = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["trunk"]["d_model"] == 32
-    assert hparams["tasks"]["t"] == {"class_path": "trunk.tasks.SequenceClassification",
-                                     "init_args": {"pooling": "mean", "head_dropout": 0.1, "primary_metric": "acc",
-                                                   "positive_label": None, "class_weights": None, "label_smoothing": 0.0,
-                                                   "pooler": True}}
+    assert hparams["tasks"]["t"] == {
+        "class_path": "trunk.tasks.SequenceClassification",
+        "init_args": {
+            "pooling": "mean",
+            "head_dropout": 0.1,
+            "primary_metric": "acc",
+            "positive_label": None,
+            "class_weights": None,
+            "label_smoothing": 0.0,
+            "pooler": True,
+        },
+    }
     rebuilt = TrunkModule(**hparams)
     assert rebuilt.trunk_config == TINY and rebuilt.objectives["t"].pooling == "mean"
 
@@ -353,14 +399,18 @@ def test_tokenizer_that_does_not_belong_to_the_weights(trunk_dir):
     with pytest.raises(ValueError, match="tokenizer.json' does not match the checksum"):
         load_pretrained(trunk_dir)
     without_checksums(trunk_dir)
-    with pytest.raises(ValueError, match=r"tokenizer.json has \d+ tokens but the weights were trained with vocab_size=1\d\d"):
+    with pytest.raises(
+        ValueError, match=r"tokenizer.json has \d+ tokens but the weights were trained with vocab_size=1\d\d"
+    ):
         load_pretrained(trunk_dir)
 
 
 def test_architecture_mismatch_names_both_sides(trunk_dir, tokenizer):
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=2, d_ff=32, max_len=16)
     with pytest.raises(ValueError) as err:
-        from_pretrained(trunk_dir, {"t": SequenceClassification()}, trunk=config, task_info={"t": {"label_names": ["a", "b"]}})
+        from_pretrained(
+            trunk_dir, {"t": SequenceClassification()}, trunk=config, task_info={"t": {"label_names": ["a", "b"]}}
+        )
     message = str(err.value)
     assert "d_model: model.trunk.d_model=32 but" in message and "has 16" in message
     assert "n_layers: model.trunk.n_layers=3" in message and "has 1" in message
@@ -418,14 +468,17 @@ def test_electra_pretraining_exports_a_trunk_that_fine_tunes(corpus_file, sentim
 
 
 def test_a_trunk_directory_whose_weights_changed_after_export_is_refused(tmp_path, tokenizer):
-    """config.json records each file's sha256: a flipped bit in the tensor data (which safetensors does not check) is caught."""
+    """config.json records each file's sha256: a flipped bit in the tensor data (which safetensors does not check) is
+    caught."""
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16)
     trunk_dir = save_pretrained(tmp_path / "t", text_trunk(config, tokenizer))
     weights = trunk_dir / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-100] ^= 0x01  # inside the last tensor's bytes, past the header
     weights.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=r"model.safetensors' does not match the checksum in .*config.json: the file was corrupted"):
+    with pytest.raises(
+        ValueError, match=r"model.safetensors' does not match the checksum in .*config.json: the file was corrupted"
+    ):
         load_pretrained(trunk_dir)
 
 
@@ -466,18 +519,24 @@ def test_a_reader_never_finds_the_trunk_directory_missing_during_a_re_export(tmp
 def test_the_model_summary_counts_the_tied_decoder_once():
     from trunk.training.callbacks.summary import _SharedOnceSummary
 
-    model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=TrunkConfig(vocab_size=500, d_model=32, n_layers=1, n_heads=2,
-                                                                            d_ff=64, max_len=16))
+    model = TrunkModule(
+        {"mlm": MaskedLanguageModeling()},
+        trunk=TrunkConfig(vocab_size=500, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=16),
+    )
     for depth in (1, 3):
         summary = _SharedOnceSummary(model, max_depth=depth)
         rows = dict(zip(summary.layer_names, summary.param_nums))
-        assert rows["trunk"] + rows["objectives"] == summary.total_parameters == sum(p.numel() for p in model.parameters())
+        assert (
+            rows["trunk"] + rows["objectives"] == summary.total_parameters == sum(p.numel() for p in model.parameters())
+        )
 
 
 def test_a_file_inside_a_trunk_directory_is_refused_naming_the_directory(pretrained):
     _, trunk_dir = pretrained
     for name in ("model.safetensors", "config.json"):
-        with pytest.raises(ValueError, match=f"one file of the trunk directory '{trunk_dir}': give the directory itself"):
+        with pytest.raises(
+            ValueError, match=f"one file of the trunk directory '{trunk_dir}': give the directory itself"
+        ):
             load_pretrained(trunk_dir / name)
 
 
@@ -494,7 +553,11 @@ def trunk_artifacts(run_dir: Path) -> list:
     from wandb_records import records, settled
 
     def read(folder):
-        return [r.artifact for r in records(folder) if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "trunk"]
+        return [
+            r.artifact
+            for r in records(folder)
+            if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "trunk"
+        ]
 
     return settled(read, run_dir, bool)
 
@@ -515,23 +578,52 @@ def test_pretraining_logs_its_trunk_directory_as_a_wandb_artifact_and_export_can
     run_dir = next((tmp_path / "pretrain" / "wandb").glob("offline-run-*"))
     (artifact,) = trunk_artifacts(run_dir)
     assert artifact.name == "trunk-pretrain" and list(artifact.aliases) == ["latest"]
-    assert {c.path for c in artifact.manifest.contents} == {"config.json", "model.safetensors", "tokenizer.json", "README.md"}
+    assert {c.path for c in artifact.manifest.contents} == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+    }
     # `trunk export --wandb-project`: the same, from a checkpoint, in a run of its own
     last = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     (tmp_path / "wandb-dir").mkdir()
-    done = subprocess.run([sys.executable, "-m", "trunk.cli", "export", last, str(tmp_path / "exported"), "--wandb-project", "trunk-test"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_DIR": str(tmp_path / "wandb-dir")})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            "export",
+            last,
+            str(tmp_path / "exported"),
+            "--wandb-project",
+            "trunk-test",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_DIR": str(tmp_path / "wandb-dir")},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "W&B artifact trunk-exported:latest (offline)" in done.stdout
     export_run = next((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
     (exported,) = trunk_artifacts(export_run)
-    assert exported.name == "trunk-exported" and {c.path for c in exported.manifest.contents} >= {"config.json", "model.safetensors"}
+    assert exported.name == "trunk-exported" and {c.path for c in exported.manifest.contents} >= {
+        "config.json",
+        "model.safetensors",
+    }
 
 
 def test_init_from_a_wandb_artifact_offline_is_refused_with_the_way_out(tiny_cli_args, tmp_path, monkeypatch):
     wandb_offline(monkeypatch, tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    with pytest.raises(SystemExit, match=r"W&B artifact, but W&B is offline here.*wandb artifact get me/proj/trunk-pretrain:latest"):
+    with pytest.raises(
+        SystemExit, match=r"W&B artifact, but W&B is offline here.*wandb artifact get me/proj/trunk-pretrain:latest"
+    ):
         run_cli([*tiny_cli_args, "--model.init_from=wandb-artifact://me/proj/trunk-pretrain:latest"], run=False)
     with pytest.raises(ValueError, match="entity>/<project>/<name>:<alias"):
-        from_pretrained("wandb-artifact://just-a-name", {"s": SequenceClassification()}, task_info={"s": {"label_names": ["a", "b"]}})
+        from_pretrained(
+            "wandb-artifact://just-a-name",
+            {"s": SequenceClassification()},
+            task_info={"s": {"label_names": ["a", "b"]}},
+        )

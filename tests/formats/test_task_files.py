@@ -1,4 +1,5 @@
-"""Task directories (trunk/formats/task_dir.py) and mixed batches: one trunk, many tasks' deltas, each task a small file."""
+"""Task directories (trunk/formats/task_dir.py) and mixed batches: one trunk, many tasks' deltas, each task a small
+file."""
 
 import json
 import random
@@ -7,6 +8,7 @@ import shutil
 import pytest
 import torch
 from conftest import ner_sentence, single_task, write_conll, write_rows
+
 from trunk.datamodules.builtin import sentiment_example
 
 TEXTS = ["the film was great", "a dull and tedious plot", "superb acting", "the plot was bad and slow", "fine"]
@@ -17,20 +19,43 @@ TINY = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n
 
 
 def classification(task, files):
-    return single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
-                        f"--data.train={files['train']}", f"--data.validation={files['validation']}", "--data.max_length=64"], task)
+    return single_task(
+        [
+            "--model=trunk.tasks.SequenceClassification",
+            "--data=trunk.datamodules.TextClassificationData",
+            f"--data.train={files['train']}",
+            f"--data.validation={files['validation']}",
+            "--data.max_length=64",
+        ],
+        task,
+    )
 
 
 def ner(task, files):
-    return single_task(["--model=trunk.tasks.TokenClassification", "--data=trunk.datamodules.TokenClassificationData",
-                        f"--data.train={files['train']}", f"--data.validation={files['validation']}", "--data.max_length=64"], task)
+    return single_task(
+        [
+            "--model=trunk.tasks.TokenClassification",
+            "--data=trunk.datamodules.TokenClassificationData",
+            f"--data.train={files['train']}",
+            f"--data.validation={files['validation']}",
+            "--data.max_length=64",
+        ],
+        task,
+    )
 
 
 def assert_same_records(got, expected):
     """Records equal in everything but the last float bits of their scores."""
     def scores(value):
-        return pytest.approx(value, abs=1e-5) if isinstance(value, float) else {k: scores(v) for k, v in value.items()} \
-            if isinstance(value, dict) else [scores(v) for v in value] if isinstance(value, list) else value
+        return (
+            pytest.approx(value, abs=1e-5)
+            if isinstance(value, float)
+            else {k: scores(v) for k, v in value.items()}
+            if isinstance(value, dict)
+            else [scores(v) for v in value]
+            if isinstance(value, list)
+            else value
+        )
     assert got == scores(expected)
 
 
@@ -48,14 +73,40 @@ def runs(tmp_path_factory):
     rng = random.Random(0)
     sentiment = {split: write_rows(root / f"{split}.csv", [sentiment_example(rng) for _ in range(n)])
                  for split, n in (("train", 128), ("validation", 32))}
-    tags = {split: write_conll(root / f"{split}.conll", [ner_sentence(rng) for _ in range(n)]) for split, n in (("train", 128), ("validation", 32))}
-    base = run_cli(["fit", *classification("base", sentiment), *TINY, "--data.tokenizer_vocab_size=300", "--trainer.max_steps=4",
-                    f"--trainer.default_root_dir={root / 'base'}"])
+    tags = {
+        split: write_conll(root / f"{split}.conll", [ner_sentence(rng) for _ in range(n)])
+        for split, n in (("train", 128), ("validation", 32))
+    }
+    base = run_cli(
+        [
+            "fit",
+            *classification("base", sentiment),
+            *TINY,
+            "--data.tokenizer_vocab_size=300",
+            "--trainer.max_steps=4",
+            f"--trainer.default_root_dir={root / 'base'}",
+        ]
+    )
     export_main([last_checkpoint(base), str(root / "trunk"), "--trunk-only"])
-    args = [*classification("a", sentiment), *classification("b", sentiment), *classification("c", sentiment), *ner("ner", tags)]
-    fit = run_cli(["fit", *args, *TINY, f"--model.init_from={root / 'trunk'}", "--model.optimizer.lr=0.03", "--trainer.max_steps=12",
-                   "--model.peft={a: {method: lora, r: 4}, b: {method: adapter, r: 8}, ner: {method: lora, r: 2, targets: [q_proj, fc_in]}}",
-                   f"--trainer.default_root_dir={root / 'peft'}"])
+    args = [
+        *classification("a", sentiment),
+        *classification("b", sentiment),
+        *classification("c", sentiment),
+        *ner("ner", tags),
+    ]
+    fit = run_cli(
+        [
+            "fit",
+            *args,
+            *TINY,
+            f"--model.init_from={root / 'trunk'}",
+            "--model.optimizer.lr=0.03",
+            "--trainer.max_steps=12",
+            "--model.peft={a: {method: lora, r: 4}, b: {method: adapter, r: 8}, ner: {method: lora, r: 2, "
+            "targets: [q_proj, fc_in]}}",
+            f"--trainer.default_root_dir={root / 'peft'}",
+        ]
+    )
     ckpt = last_checkpoint(fit)
     for task in ("a", "b", "c", "ner"):
         export_main([ckpt, str(root / f"task_{task}"), "--task", task])
@@ -77,9 +128,13 @@ def test_task_files_are_small_and_answer_as_the_run_did(runs):
     for task in ("a", "b", "c"):
         assert files.predict(TEXTS, task=task) == run.predict(TEXTS, task=task)
     assert files.predict(SENTENCES, task="ner") == run.predict(SENTENCES, task="ner")
-    assert load([runs["b"], runs["trunk"]], precision="32-true").predict(TEXTS, task="b") == run.predict(TEXTS, task="b")  # any order
+    assert load([runs["b"], runs["trunk"]], precision="32-true").predict(TEXTS, task="b") == run.predict(
+        TEXTS, task="b"
+    )  # any order
     a, b, c = (files.predict(TEXTS, task=t) for t in "abc")
-    assert [r["probs"] for r in a] != [r["probs"] for r in c] != [r["probs"] for r in b]  # each task's delta and head answer
+    assert (
+        [r["probs"] for r in a] != [r["probs"] for r in c] != [r["probs"] for r in b]
+    )  # each task's delta and head answer
 
 
 def test_requests_for_different_tasks_share_one_trunk_pass_and_answer_as_each_task_alone(runs):
@@ -89,17 +144,21 @@ def test_requests_for_different_tasks_share_one_trunk_pass_and_answer_as_each_ta
     examples = {"a": TEXTS[:2], "b": TEXTS[1:], "c": TEXTS[3:], "ner": SENTENCES}
     alone = {task: model.predict(inputs, task=task) for task, inputs in examples.items()}
     passes = []
-    model.model.trunk.backbone.blocks[0].register_forward_hook(lambda module, inputs, output: passes.append(output.shape[0]))
+    model.model.trunk.backbone.blocks[0].register_forward_hook(
+        lambda module, inputs, output: passes.append(output.shape[0])
+    )
     mixed = model.predict_encoded({task: model.encode(task, inputs) for task, inputs in examples.items()}, shared=False)
     assert_same_records(mixed, alone)  # equal up to float rounding: the rows share a batch of another shape
     assert len(passes) == 1  # one trunk pass for the four tasks' different inputs
     truth = {"b": model.predict(TEXTS[1:], task="b")}
-    assert model.predict_encoded({"b": model.encode("b", TEXTS[1:])}, shared=False) == truth  # one task alone: the same path
+    assert (
+        model.predict_encoded({"b": model.encode("b", TEXTS[1:])}, shared=False) == truth
+    )  # one task alone: the same path
 
 
 def test_a_task_file_is_refused_on_another_trunk_or_twice_or_alone(runs, tmp_path):
-    from trunk.tasks import load
     from trunk.formats.trunk_dir import load_pretrained, save_pretrained
+    from trunk.tasks import load
 
     other = load_pretrained(runs["trunk"])
     other.trunk_weights = {k: v + 1e-3 if k.endswith("q_proj.weight") else v for k, v in other.trunk_weights.items()}
@@ -132,7 +191,10 @@ def test_export_task_refuses_what_it_cannot_write(runs, tmp_path):
 
     with pytest.raises(SystemExit, match=r"^error: .*has no task 'nosuch'; its tasks are \['a', 'b', 'c', 'ner'\]"):
         export_main([runs["ckpt"], str(tmp_path / "x"), "--task", "nosuch"])
-    with pytest.raises(SystemExit, match=r"^error: --task writes a task directory without its trunk; --onnx applies to trunk directories"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: --task writes a task directory without its trunk; --onnx applies to trunk directories",
+    ):
         export_main([runs["ckpt"], str(tmp_path / "y"), "--task", "a", "--onnx"])
     with pytest.raises(SystemExit, match=r"^error: .*already holds a trunk. Pass --overwrite"):
         export_main([runs["ckpt"], str(runs["a"]), "--task", "a"])
@@ -144,7 +206,9 @@ def test_merged_lora_answers_as_unmerged_and_merge_needs_one_lora_task(runs):
     merged, unmerged = (load([runs["trunk"], runs["a"]], precision="32-true", merge=m) for m in (True, False))
     for x, y in zip(merged.predict(TEXTS, task="a"), unmerged.predict(TEXTS, task="a")):
         assert x["label"] == y["label"] and x["probs"] == pytest.approx(y["probs"], abs=1e-4)
-    with pytest.raises(ValueError, match=r"merge writes one task's LoRA into the trunk.*the tasks \['a', 'c'\], with LoRA on \['a'\]"):
+    with pytest.raises(
+        ValueError, match=r"merge writes one task's LoRA into the trunk.*the tasks \['a', 'c'\], with LoRA on \['a'\]"
+    ):
         load([runs["trunk"], runs["a"], runs["c"]], merge=True)
     with pytest.raises(ValueError, match=r"with LoRA on none"):
         load([runs["trunk"], runs["b"]], merge=True)
@@ -152,18 +216,34 @@ def test_merged_lora_answers_as_unmerged_and_merge_needs_one_lora_task(runs):
 
 def test_init_from_a_trunk_and_task_files_goes_on_with_the_stored_delta(runs, tmp_path):
     from safetensors.torch import load_file
+
     from trunk.cli import run_cli
 
-    args = [*classification("a", runs["sentiment"]), *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1"]
-    cli = run_cli([*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]", "--model.peft={a: {method: lora, r: 4}}"], run=False)
+    args = [
+        *classification("a", runs["sentiment"]),
+        *TINY,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=1",
+    ]
+    cli = run_cli(
+        [*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]", "--model.peft={a: {method: lora, r: 4}}"], run=False
+    )
     stored = load_file(str(runs["a"] / "model.safetensors"))
     state = cli.model.objectives["a"].state_dict()
     assert all(torch.equal(state[k], v) for k, v in stored.items() if k.startswith("delta."))
-    with pytest.raises(ValueError, match=r"Task 'a': the head in .*task_a' was trained with a lora delta on a frozen trunk\. Give "
-                                         r"the task that delta to go on with it: --model.peft='\{a: \{\"method\": \"lora\""):
+    with pytest.raises(
+        ValueError,
+        match=r"Task 'a': the head in .*task_a' was trained with a lora delta on a frozen trunk\. Give "
+        r"the task that delta to go on with it: --model.peft='\{a: \{\"method\": \"lora\"",
+    ):
         run_cli([*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]"], run=False)
-    with pytest.raises(ValueError, match=r"the delta in .*task_a' was trained with .*'r': 4.*but model.peft.a is .*'r': 8"):
-        run_cli([*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]", "--model.peft={a: {method: lora, r: 8}}"], run=False)
+    with pytest.raises(
+        ValueError, match=r"the delta in .*task_a' was trained with .*'r': 4.*but model.peft.a is .*'r': 8"
+    ):
+        run_cli(
+            [*args, f"--model.init_from=[{runs['trunk']},{runs['a']}]", "--model.peft={a: {method: lora, r: 8}}"],
+            run=False,
+        )
 
 
 def test_serve_answers_each_task_file_on_one_trunk(runs):
@@ -172,31 +252,53 @@ def test_serve_answers_each_task_file_on_one_trunk(runs):
     from trunk.tasks import load
 
     threads = torch.get_num_threads()  # setup sets the process's threads: keep this test process's
-    api = TrunkAPI([str(runs["trunk"]), str(runs["a"]), str(runs["b"]), str(runs["ner"])], "32-true", "torch", 64, threads, False)
+    api = TrunkAPI(
+        [str(runs["trunk"]), str(runs["a"]), str(runs["b"]), str(runs["ner"])], "32-true", "torch", 64, threads, False
+    )
     api.setup("cpu")
-    bodies = [{"input": TEXTS[0], "task": "a"}, {"inputs": TEXTS[1:3], "task": "b"}, {"inputs": SENTENCES, "task": "ner"},
-              {"input": TEXTS[3], "task": ["a", "b"]}, {"input": "", "task": "a"}]
+    bodies = [
+        {"input": TEXTS[0], "task": "a"},
+        {"inputs": TEXTS[1:3], "task": "b"},
+        {"inputs": SENTENCES, "task": "ner"},
+        {"input": TEXTS[3], "task": ["a", "b"]},
+        {"input": "", "task": "a"},
+    ]
     answers = api.predict([api.decode_request(PredictRequest(**body)) for body in bodies])
     model = load([runs["trunk"], runs["a"], runs["b"], runs["ner"]], precision="32-true")
-    expected = [model.predict(TEXTS[:1], task="a")[0], model.predict(TEXTS[1:3], task="b"), model.predict(SENTENCES, task="ner"),
-                model.predict(TEXTS[3:4], task=["a", "b"])[0]]
+    expected = [
+        model.predict(TEXTS[:1], task="a")[0],
+        model.predict(TEXTS[1:3], task="b"),
+        model.predict(SENTENCES, task="ner"),
+        model.predict(TEXTS[3:4], task=["a", "b"])[0],
+    ]
     assert_same_records(answers[:4], expected)  # the first three shared one trunk pass
     assert "an empty text" in answers[4].message
 
 
 def test_a_new_task_composes_stored_deltas_and_its_task_file_holds_them(runs, tmp_path):
-    from trunk.tasks import load
     from trunk.cli import export_main, run_cli
+    from trunk.tasks import load
 
-    args = [*classification("d", runs["sentiment"]), *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3",
-            f"--model.init_from=[{runs['trunk']},{runs['a']},{runs['b']}]"]
+    args = [
+        *classification("d", runs["sentiment"]),
+        *TINY,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=3",
+        f"--model.init_from=[{runs['trunk']},{runs['a']},{runs['b']}]",
+    ]
     fit = run_cli(["fit", *args, "--model.peft={d: {method: lora, r: 2, compose: [a, b]}}"])
     delta = fit.model.objectives["d"].delta
     a = load([runs["trunk"], runs["a"]]).model.objectives["a"].delta
-    assert all(torch.equal(v, a.state_dict()[k]) for k, v in delta.sources["a"].state_dict().items())  # frozen: as stored
-    assert list(delta.sources) == ["a", "b"] and not torch.equal(delta.mix, torch.full_like(delta.mix, 0.5))  # the mix learned
+    assert all(
+        torch.equal(v, a.state_dict()[k]) for k, v in delta.sources["a"].state_dict().items()
+    )  # frozen: as stored
+    assert list(delta.sources) == ["a", "b"] and not torch.equal(
+        delta.mix, torch.full_like(delta.mix, 0.5)
+    )  # the mix learned
     export_main([last_checkpoint(fit), str(tmp_path / "task_d_only"), "--task", "d"])
     alone = load([runs["trunk"], tmp_path / "task_d_only"], precision="32-true")  # the sources travel in d's own file
     assert alone.predict(TEXTS, task="d") == load(last_checkpoint(fit), precision="32-true").predict(TEXTS)
-    with pytest.raises(SystemExit, match=r"model.peft.d.compose names \['nosuch'\], but model.init_from brings deltas for \['a', 'b'\]"):
+    with pytest.raises(
+        SystemExit, match=r"model.peft.d.compose names \['nosuch'\], but model.init_from brings deltas for \['a', 'b'\]"
+    ):
         run_cli([*args, "--model.peft={d: {method: lora, compose: [nosuch]}}"], run=False)

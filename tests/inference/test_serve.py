@@ -22,8 +22,9 @@ import torch
 from conftest import single_task
 from kinds import KINDS
 from test_matrix import TRUNK, same_records
-from trunk.tasks import load
+
 from trunk.cli import export_main, run_cli
+from trunk.tasks import load
 
 pytest.importorskip("litserve")
 
@@ -42,9 +43,14 @@ class Server:
     def __init__(self, *args: str, startup: float = 120.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
-        self.process = subprocess.Popen([sys.executable, "-m", "trunk.cli", "serve", *args, f"--port={self.port}"],
-                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy())
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (a file, not a pipe: a full pipe would stall the server)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trunk.cli", "serve", *args, f"--port={self.port}"],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
         deadline = time.monotonic() + startup
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -116,12 +122,26 @@ def every_kind(request, tmp_path):
     args = []
     for name in SERVED:
         kind = KINDS[name]
-        files = {kind_source: request.getfixturevalue(f"{kind_source}_files") for kind_source in ("sentiment", "ner", "reversal", "scores",
-                                                                                                  "topics", "quiz", "squad")}
-        args += single_task([f"--model={kind.objective}", *kind.objective_args, f"--data={kind.data}", *kind.data_args(files)], name)
-    args += [*TRUNK, "--data.tokenizer_vocab_size=300", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=2",
-             "--trainer.limit_val_batches=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-             "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0"]
+        files = {
+            kind_source: request.getfixturevalue(f"{kind_source}_files")
+            for kind_source in ("sentiment", "ner", "reversal", "scores", "topics", "quiz", "squad")
+        }
+        args += single_task(
+            [f"--model={kind.objective}", *kind.objective_args, f"--data={kind.data}", *kind.data_args(files)], name
+        )
+    args += [
+        *TRUNK,
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        "--seed_everything=0",
+    ]
     fit = run_cli(["fit", *args])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "exported"), "--onnx"])
@@ -130,7 +150,11 @@ def every_kind(request, tmp_path):
 
 def inputs_of(name: str) -> list:
     kind = KINDS[name]
-    return [png_base64(0), png_base64(1)] if name == "image_classification" else [list(x) if isinstance(x, tuple) else x for x in kind.inputs]
+    return (
+        [png_base64(0), png_base64(1)]
+        if name == "image_classification"
+        else [list(x) if isinstance(x, tuple) else x for x in kind.inputs]
+    )
 
 
 def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without_dying(every_kind):
@@ -147,13 +171,19 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             status, records = server.post({"inputs": inputs, "task": name})
             assert status == 200, records
             assert same_records(records, expected, 1e-5), (name, records, expected)
-            status, record = server.post({"input": inputs[1], "task": name})  # alone (generation's length follows its batch)
-            assert status == 200 and same_records(record, model.predict([decoded(inputs[1], name)], task=name)[0], 1e-5), name
+            status, record = server.post(
+                {"input": inputs[1], "task": name}
+            )  # alone (generation's length follows its batch)
+            assert status == 200 and same_records(
+                record, model.predict([decoded(inputs[1], name)], task=name)[0], 1e-5
+            ), name
 
         # JSON sent as `curl -d` sends it (form data): read as the JSON it is
         status, record = server.post({"input": "the film was great", "task": "sequence_classification"},
                                      content_type="application/x-www-form-urlencoded")
-        assert status == 200 and same_records(record, model.predict(["the film was great"], task="sequence_classification")[0], 1e-5)
+        assert status == 200 and same_records(
+            record, model.predict(["the film was great"], task="sequence_classification")[0], 1e-5
+        )
 
         # several tasks in one request: {task: record}, as predict(task=[...]) gives
         texts = ["the film was great", "Anna Petrova left Paris on Monday ."]
@@ -174,24 +204,39 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             b"{not json": "JSON decode error",
             json.dumps({"task": "sequence_classification"}).encode(): 'exactly one of "input"',
             json.dumps({"input": "x", "inputs": ["y"]}).encode(): 'exactly one of "input"',
-            json.dumps({"text": "a film", "task": "sequence_classification"}).encode(): "Extra inputs are not permitted",
+            json.dumps(
+                {"text": "a film", "task": "sequence_classification"}
+            ).encode(): "Extra inputs are not permitted",
             json.dumps({"inputs": [], "task": "sequence_classification"}).encode(): "at least 1 item",
             json.dumps({"input": "a film", "task": "no_such_task"}).encode(): "No task named 'no_such_task'",
             json.dumps({"input": "a film"}).encode(): "name one with task=",
             json.dumps({"input": "   ", "task": "sequence_classification"}).encode(): "input: an empty text",
-            json.dumps({"inputs": ["fine", 7], "task": "sequence_classification"}).encode(): "inputs[1]: int is not a text",
+            json.dumps(
+                {"inputs": ["fine", 7], "task": "sequence_classification"}
+            ).encode(): "inputs[1]: int is not a text",
             json.dumps({"input": {"question": "who ?"}, "task": "extractive_qa"}).encode(): "KeyError: 'context'",
-            json.dumps({"input": {"context": "which ?", "choices": ["one"]}, "task": "multiple_choice"}).encode(): "at least 2 choices",
-            json.dumps({"input": "bm90IGFuIGltYWdl", "task": "image_classification"}).encode(): "not a base64-encoded image file",
-            json.dumps({"input": "/etc/passwd", "task": "image_classification"}).encode(): "not a base64-encoded image file",
+            json.dumps(
+                {"input": {"context": "which ?", "choices": ["one"]}, "task": "multiple_choice"}
+            ).encode(): "at least 2 choices",
+            json.dumps(
+                {"input": "bm90IGFuIGltYWdl", "task": "image_classification"}
+            ).encode(): "not a base64-encoded image file",
+            json.dumps(
+                {"input": "/etc/passwd", "task": "image_classification"}
+            ).encode(): "not a base64-encoded image file",
         }
         with ThreadPoolExecutor(16) as pool:
-            good = pool.submit(lambda: [server.post({"input": s, "task": "sequence_classification"}) for s in sentences[:20]])
+            good = pool.submit(
+                lambda: [server.post({"input": s, "task": "sequence_classification"}) for s in sentences[:20]]
+            )
             answers = dict(zip(bad, pool.map(server.post, bad)))
         for body, (status, answer) in answers.items():
             assert status == 422, (body, status, answer)
             detail = answer["detail"]  # the worker's sentence, or FastAPI's list of the fields at fault
-            assert bad[body] in (detail if isinstance(detail, str) else " ".join(error["msg"] for error in detail)), (body, answer)
+            assert bad[body] in (detail if isinstance(detail, str) else " ".join(error["msg"] for error in detail)), (
+                body,
+                answer,
+            )
         assert [status for status, _ in good.result()] == [200] * 20
         assert server.get("/health") == (200, "ok")
 
@@ -202,7 +247,12 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
 
     # the ONNX runtime: the same records for the exported kinds
     with Server(str(every_kind), "--runtime=onnx") as server:
-        for name in ("sequence_classification", "token_classification", "sequence_regression", "multi_label_classification"):
+        for name in (
+            "sequence_classification",
+            "token_classification",
+            "sequence_regression",
+            "multi_label_classification",
+        ):
             status, records = server.post({"inputs": inputs_of(name), "task": name})
             assert status == 200 and same_records(records, model.predict(inputs_of(name), task=name), 1e-4), name
         status, answer = server.post({"input": inputs_of("extractive_qa")[0], "task": "extractive_qa"})
@@ -222,6 +272,11 @@ def test_a_request_waiting_longer_than_the_timeout_gets_504_and_the_server_goes_
 
 
 def test_serve_names_a_model_that_is_not_there_before_starting(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "nothing.ckpt")], capture_output=True,
-                          text=True, timeout=120, env=os.environ.copy())
+    done = subprocess.run(
+        [sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "nothing.ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
     assert done.returncode != 0 and "nothing.ckpt" in done.stderr and "Traceback" not in done.stderr

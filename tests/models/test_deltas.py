@@ -1,10 +1,12 @@
-"""Per-task deltas (trunk/models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the batch."""
+"""Per-task deltas (trunk/models/deltas.py): LoRA and bottleneck adapters on a frozen trunk, routed by slices of the
+batch."""
 
 import contextlib
 import dataclasses
 
 import pytest
 import torch
+
 from trunk.models import TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, LoRA, NormShift, TaskDelta
 
@@ -37,7 +39,12 @@ def randomise(delta):
             p.normal_(0, 0.2)
 
 
-KINDS_OF_DELTA = [{"method": "lora"}, {"method": "adapter"}, {"method": "lora", "norms": True}, {"method": "lora", "dora": True}]
+KINDS_OF_DELTA = [
+    {"method": "lora"},
+    {"method": "adapter"},
+    {"method": "lora", "norms": True},
+    {"method": "lora", "dora": True},
+]
 
 
 @pytest.mark.parametrize("kind", KINDS_OF_DELTA)
@@ -78,7 +85,9 @@ def test_one_batch_of_several_tasks_equals_each_task_alone(kind, padded):
                 alone.append(trunk(ids[rows], mask[rows]))
     real = mask.bool()
     torch.testing.assert_close(mixed[real], torch.cat(alone)[real], atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3)  # the deltas do something
+    assert not torch.allclose(
+        alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3
+    )  # the deltas do something
 
 
 def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_and_the_final_one():
@@ -87,9 +96,20 @@ def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_an
     def shifted(delta):
         return sorted(key for key, part in delta.parts.items() if isinstance(part, NormShift))
 
-    assert shifted(deltas["all"]) == ["blocks__0__norm_attn", "blocks__0__norm_ff", "blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
+    assert shifted(deltas["all"]) == [
+        "blocks__0__norm_attn",
+        "blocks__0__norm_ff",
+        "blocks__1__norm_attn",
+        "blocks__1__norm_ff",
+        "final_norm",
+    ]
     assert shifted(deltas["top"]) == ["blocks__1__norm_attn", "blocks__1__norm_ff", "final_norm"]
-    assert sum(p.numel() for part in deltas["all"].parts.values() if isinstance(part, NormShift) for p in part.parameters()) == 5 * 2 * 32
+    assert (
+        sum(
+            p.numel() for part in deltas["all"].parts.values() if isinstance(part, NormShift) for p in part.parameters()
+        )
+        == 5 * 2 * 32
+    )
     assert deltas["top"].blocks() == {1}  # the final norm counts as the top block's: the blocks below stay shared
 
 
@@ -118,23 +138,30 @@ def test_merged_lora_gives_the_unmerged_outputs_and_unmerging_restores_the_trunk
         merged = trunk(ids, mask)
     torch.testing.assert_close(merged[mask.bool()], unmerged[mask.bool()], atol=1e-5, rtol=1e-4)
     for routes in ([("b", 4)], [("a", 2), (None, 2)], None):  # another task's rows, or the trunk alone, would be wrong
-        with pytest.raises(RuntimeError, match=r"Task 'a' is merged into the trunk: a forward of other tasks \(or of the trunk alone\)"):
-            with torch.no_grad(), router.route(routes, mask.bool()) if routes else contextlib.nullcontext():
-                trunk(ids, mask)
+        with pytest.raises(
+            RuntimeError, match=r"Task 'a' is merged into the trunk: a forward of other tasks \(or of the trunk alone\)"
+        ), torch.no_grad(), router.route(routes, mask.bool()) if routes else contextlib.nullcontext():
+            trunk(ids, mask)
     router.unmerge(trunk.backbone)
     assert all(torch.allclose(v, original[k], atol=1e-6) for k, v in trunk.state_dict().items())
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"r": 0}, r"peft r=0: the rank \(or bottleneck width\) must be a positive integer"),
-    ({"r": 40}, r"peft r=40 is larger than the layer it adapts \(32 -> 32\): use at most 32"),
-    ({"method": "adapter", "r": 40}, r"peft r=40 is wider than the model \(32\)"),
-    ({"targets": ("query",)}, r"peft targets \['query'\] match no layer of a block; the layers are \['q_proj', 'kv_proj'"),
-    ({"method": "prefix"}, r"peft method 'prefix': choose one of \['lora', 'adapter'\]"),
-    ({"dropout": 1.0}, r"peft dropout=1.0 must be a probability in \[0, 1\)"),
-    ({"layers": (1, 2)}, r"peft layers \[2\]: this trunk's blocks are 0 .. 1"),
-    ({"method": "adapter", "dora": True}, r"peft dora=true is a form of LoRA; method 'adapter' cannot take it"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"r": 0}, r"peft r=0: the rank \(or bottleneck width\) must be a positive integer"),
+        ({"r": 40}, r"peft r=40 is larger than the layer it adapts \(32 -> 32\): use at most 32"),
+        ({"method": "adapter", "r": 40}, r"peft r=40 is wider than the model \(32\)"),
+        (
+            {"targets": ("query",)},
+            r"peft targets \['query'\] match no layer of a block; the layers are \['q_proj', 'kv_proj'",
+        ),
+        ({"method": "prefix"}, r"peft method 'prefix': choose one of \['lora', 'adapter'\]"),
+        ({"dropout": 1.0}, r"peft dropout=1.0 must be a probability in \[0, 1\)"),
+        ({"layers": (1, 2)}, r"peft layers \[2\]: this trunk's blocks are 0 .. 1"),
+        ({"method": "adapter", "dora": True}, r"peft dora=true is a form of LoRA; method 'adapter' cannot take it"),
+    ],
+)
 def test_bad_delta_options_say_what_is_wrong(options, message):
     with pytest.raises(ValueError, match=message):
         TaskDelta(build_trunk(CFG).backbone, DeltaConfig(**options))
@@ -142,22 +169,26 @@ def test_bad_delta_options_say_what_is_wrong(options, message):
 
 def test_a_route_to_a_task_without_a_delta_is_refused():
     trunk, router, _ = trunk_with({"a": DeltaConfig()})
-    with pytest.raises(KeyError, match=r"No delta for the tasks \['c'\]; the tasks with deltas are \['a'\]"):
-        with router.route([("c", 4)]):
-            pass
+    with pytest.raises(KeyError, match=r"No delta for the tasks \['c'\]; the tasks with deltas are \['a'\]"), \
+            router.route([("c", 4)]):
+        pass
 
 
 @pytest.mark.parametrize("options", ["method: lora, r: 4", "method: lora, r: 4, norms: true, dora: true"])
 def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(options, tiny_cli_args, tmp_path):
-    from trunk.tasks import load
     from trunk.cli import export_main, run_cli
+    from trunk.tasks import load
 
     cli = run_cli([*tiny_cli_args, f"--model.peft={{sentiment: {{{options}}}}}", "--trainer.max_steps=4"], run=False)
     before = {k: v.clone() for k, v in cli.model.trunk.state_dict().items()}
     delta_before = {k: v.clone() for k, v in cli.model.objectives["sentiment"].delta.state_dict().items()}
     cli.trainer.fit(cli.model, cli.datamodule)
     assert all(torch.equal(v, before[k]) for k, v in cli.model.trunk.state_dict().items())  # the trunk: bit-identical
-    changed = [k for k, v in cli.model.objectives["sentiment"].delta.state_dict().items() if not torch.equal(v, delta_before[k])]
+    changed = [
+        k
+        for k, v in cli.model.objectives["sentiment"].delta.state_dict().items()
+        if not torch.equal(v, delta_before[k])
+    ]
     learned = (".B", ".A", *((".gain", ".bias", ".magnitude") if "norms" in options else ()))
     assert changed and all(k.endswith(learned) for k in changed)
     assert "norms" not in options or {k.rsplit(".", 1)[1] for k in changed} == {"A", "B", "gain", "bias", "magnitude"}
@@ -165,7 +196,9 @@ def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(o
     model = load(ckpt, precision="32-true")
     texts = ["the film was great", "a dull and tedious plot"]
     with_delta = model.predict(texts)
-    export_main([ckpt, str(tmp_path / "exported")])  # the trunk directory keeps the delta with the head, and says how it was made
+    export_main(
+        [ckpt, str(tmp_path / "exported")]
+    )  # the trunk directory keeps the delta with the head, and says how it was made
     assert load(tmp_path / "exported", precision="32-true").predict(texts) == with_delta
     model.model.router.deltas.clear()  # the same weights without the delta: other answers
     assert [r["probs"] for r in model.predict(texts)] != [r["probs"] for r in with_delta]
@@ -188,20 +221,41 @@ def test_a_delta_on_the_top_block_leaves_the_blocks_below_alone():
 
 def test_several_tasks_deltas_answer_from_one_forked_pass_as_each_task_alone(sentiment_files, tmp_path):
     from conftest import single_task
-    from trunk.tasks import load
+
     from trunk.cli import run_cli
+    from trunk.tasks import load
 
     args = []
     for task in ("a", "b"):
-        args += single_task(["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
-                             f"--data.train={sentiment_files['train']}", f"--data.validation={sentiment_files['validation']}",
-                             "--data.max_length=64"], task)
-    args += ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
-             "--model.trunk.max_len=64", "--data.tokenizer_vocab_size=300", "--trainer.max_steps=4", "--trainer.accelerator=cpu",
-             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}",
-             "--model.peft={a: {method: lora, r: 4, layers: [1]}, b: {method: adapter, r: 4, layers: [1]}}"]
+        args += single_task(
+            [
+                "--model=trunk.tasks.SequenceClassification",
+                "--data=trunk.datamodules.TextClassificationData",
+                f"--data.train={sentiment_files['train']}",
+                f"--data.validation={sentiment_files['validation']}",
+                "--data.max_length=64",
+            ],
+            task,
+        )
+    args += [
+        "--model.trunk.d_model=32",
+        "--model.trunk.n_layers=2",
+        "--model.trunk.n_heads=4",
+        "--model.trunk.d_ff=64",
+        "--model.trunk.max_len=64",
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.max_steps=4",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--model.peft={a: {method: lora, r: 4, layers: [1]}, b: {method: adapter, r: 4, layers: [1]}}",
+    ]
     fit = run_cli(["fit", *args])
-    model = load(fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path, precision="32-true")
+    model = load(
+        fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path,
+        precision="32-true",
+    )
     for delta in model.model.router.deltas.values():
         randomise(delta)  # four steps leave them near zero: make each task's answers its own
     texts = ["the film was great", "a dull and tedious plot", "superb acting"]
@@ -211,7 +265,9 @@ def test_several_tasks_deltas_answer_from_one_forked_pass_as_each_task_alone(sen
     for i, block in enumerate(model.model.trunk.backbone.blocks):
         block.register_forward_hook(lambda module, inputs, output, i=i: rows.append((i, output.shape[0])))
     together = model.predict(texts, task=["a", "b"])
-    assert [{t: r[t] for t in ("a", "b")} for r in together] == [{"a": x, "b": y} for x, y in zip(alone["a"], alone["b"])]
+    assert [{t: r[t] for t in ("a", "b")} for r in together] == [
+        {"a": x, "b": y} for x, y in zip(alone["a"], alone["b"])
+    ]
     tokens = sum(n for i, n in rows if i == 0)
     assert rows == [(0, tokens), (1, 2 * tokens)]  # block 0 once for both tasks, block 1 once per task's copy
 
@@ -226,7 +282,12 @@ def test_deltas_train_under_ddp_and_fsdp2_as_in_one_process_and_resume_exactly(t
     assert max_difference(one, train("ddp", 12, tmp_path / "ddp.pt", "--peft")) < 1e-5
     assert max_difference(one, train("fsdp2", 12, tmp_path / "fsdp2.pt", "--peft")) < 1e-5
     train("one", 12, tmp_path / "half.pt", "--peft", "--stop-at", "6", "--save", str(tmp_path / "half.ckpt"))
-    assert max_difference(one, train("one", 12, tmp_path / "resumed.pt", "--peft", "--resume", str(tmp_path / "half.ckpt"))) == 0.0
+    assert (
+        max_difference(
+            one, train("one", 12, tmp_path / "resumed.pt", "--peft", "--resume", str(tmp_path / "half.ckpt"))
+        )
+        == 0.0
+    )
 
 
 def test_a_composed_delta_adds_its_sources_deltas_weighted_per_block():

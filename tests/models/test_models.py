@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from torch import nn
+
 from trunk.models import (
     Attention,
     Backbone,
@@ -81,7 +82,9 @@ def test_attention_matches_torch_multihead_attention(attn):
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "t5"])
 def test_padding_does_not_change_real_token_outputs(norm, positions):
     torch.manual_seed(0)
-    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions)
+    cfg = TrunkConfig(
+        vocab_size=50, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=32, norm=norm, positions=positions
+    )
     trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
     init_weights(trunk)
     ids = torch.randint(5, 50, (2, 9))
@@ -135,19 +138,33 @@ def t5_bucket(relative: int, bidirectional: bool, buckets: int = 32, max_distanc
     exact = buckets // 2
     if distance < exact:
         return start + distance
-    return start + min(buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (buckets - exact)))
+    return start + min(
+        buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (buckets - exact))
+    )
 
 
 def test_alibi_slopes_and_t5_buckets_follow_their_papers():
     from trunk.models.positions import alibi_slopes, relative_buckets
 
     assert alibi_slopes(8).tolist() == [2.0 ** -k for k in range(1, 9)]
-    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]  # 4 heads', then 8's odd ones
+    assert alibi_slopes(6).tolist() == [
+        2.0**-2,
+        2.0**-4,
+        2.0**-6,
+        2.0**-8,
+        2.0**-1,
+        2.0**-3,
+    ]  # 4 heads', then 8's odd ones
     relative = torch.arange(-300, 301)
     for bidirectional in (True, False):
         expected = [t5_bucket(r, bidirectional) for r in relative.tolist()]
         assert relative_buckets(relative, bidirectional, 32, 128).tolist() == expected
-    assert t5_bucket(-1, True) == 1 and t5_bucket(1, True) == 17 and t5_bucket(-500, True) == 15 and t5_bucket(5, False) == 0
+    assert (
+        t5_bucket(-1, True) == 1
+        and t5_bucket(1, True) == 17
+        and t5_bucket(-500, True) == 15
+        and t5_bucket(5, False) == 0
+    )
 
 
 @pytest.mark.parametrize("positions", ["alibi", "t5"])
@@ -155,8 +172,19 @@ def test_position_biased_attention_matches_the_written_out_bias(positions):
     """Every block's attention adds -slope * |i - j| (ALiBi) or the learned value of the distance's bucket (T5, one
     table for all blocks) to its scores; the stack equals blocks run on naive attention with that bias."""
     torch.manual_seed(0)
-    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, positions=positions, dropout=0.0,
-                      attn_dropout=0.0, relative_buckets=8, relative_max_distance=16)
+    cfg = TrunkConfig(
+        vocab_size=50,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_ff=64,
+        max_len=64,
+        positions=positions,
+        dropout=0.0,
+        attn_dropout=0.0,
+        relative_buckets=8,
+        relative_max_distance=16,
+    )
     trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
     init_weights(trunk)
     if positions == "t5":
@@ -202,7 +230,11 @@ def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(
     real = torch.ones(B, T, dtype=torch.bool)
     real[1, 15:] = False
     real[2, 3:] = False  # example 2: its padding queries far on have no real key in reach without globals
-    bias = None if positions is None else PositionBias(positions, H, causal=causal, num_buckets=8, max_distance=16).double()
+    bias = (
+        None
+        if positions is None
+        else PositionBias(positions, H, causal=causal, num_buckets=8, max_distance=16).double()
+    )
     if positions == "t5":
         nn.init.normal_(bias.embedding.weight, std=1.0)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -219,7 +251,9 @@ def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(
         got = sliding_window_attention(q, k, v, window)
         seen = allowed.expand(B, H, T, T).any(-1)  # queries with a key in reach; the others: finite, whatever they hold
         torch.testing.assert_close(got[seen], expected[seen], atol=1e-12, rtol=1e-12)
-        assert torch.isfinite(got).all() and (n_global > 0 or not seen.all())  # without globals, example 2 has such queries
+        assert torch.isfinite(got).all() and (
+            n_global > 0 or not seen.all()
+        )  # without globals, example 2 has such queries
         got.square().sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
@@ -247,7 +281,10 @@ def test_local_attention_in_the_trunk_equals_full_attention_when_its_window_cove
         before, after = windowed(ids), windowed(changed)
         moved = (before - after).abs().amax(-1) > 1e-6  # (B, T): the positions the change reached
         assert moved[:, 22:39].all() and not moved[:, :22].any()  # 2 layers x radius 4 = 8 positions each way
-        padded = windowed(torch.cat([ids, torch.zeros(2, 9, dtype=torch.long)], 1), torch.cat([torch.ones(2, 40), torch.zeros(2, 9)], 1))
+        padded = windowed(
+            torch.cat([ids, torch.zeros(2, 9, dtype=torch.long)], 1),
+            torch.cat([torch.ones(2, 40), torch.zeros(2, 9)], 1),
+        )
         torch.testing.assert_close(padded[:, :40], before, atol=1e-5, rtol=1e-5)
 
 
@@ -376,15 +413,20 @@ def test_fast_dropout_drops_the_right_fraction_and_scales_the_rest():
 def test_written_out_attention_is_attention_when_nothing_is_dropped():
     """The written-out path that CPU training and decoding steps (one query) take computes what SDPA computes."""
     import torch.nn.functional as F
+
     from trunk.models.kernels import attention_written_out
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
     mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
     mask[1, ..., 4:] = False
-    torch.testing.assert_close(attention_written_out(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        attention_written_out(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    )
     one = q[:, :, -1:]
-    torch.testing.assert_close(attention_written_out(one, k, v, mask, 0.0), F.scaled_dot_product_attention(one, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        attention_written_out(one, k, v, mask, 0.0), F.scaled_dot_product_attention(one, k, v, attn_mask=mask)
+    )
     out = attention_written_out(q, k, v, mask, 0.5)
     assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_written_out(q, k, v, mask, 0.0))
 
@@ -442,7 +484,9 @@ def test_the_decoder_on_real_target_tokens_only_matches_the_padded_decoder():
     unpadded, unpadded_grads = run(target_mask)
     padded, padded_grads = run(None)
     torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(decoder.logits(unpadded), decoder(ids, memory, memory_mask)[target_mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        decoder.logits(unpadded), decoder(ids, memory, memory_mask)[target_mask], atol=1e-5, rtol=1e-5
+    )
     for name in padded_grads:
         torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
@@ -470,18 +514,24 @@ def test_a_new_position_scheme_is_one_class_and_every_part_of_the_trunk_uses_it(
 
         @staticmethod
         def add_token_table(stem, max_len, dim):
-            stem.register_buffer("position_table", torch.zeros(max_len, dim).index_fill_(0, torch.tensor([0]), 1.0), persistent=False)
+            stem.register_buffer(
+                "position_table", torch.zeros(max_len, dim).index_fill_(0, torch.tensor([0]), 1.0), persistent=False
+            )
 
         @staticmethod
         def token_table(stem, start, stop):
             return stem.position_table[start:stop]
 
     try:
-        cfg = TrunkConfig(vocab_size=20, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_len=8, positions="first_token", dropout=0.0)
+        cfg = TrunkConfig(
+            vocab_size=20, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_len=8, positions="first_token", dropout=0.0
+        )
         stem = build_trunk(cfg).stems["text"]
         ids = torch.tensor([[3, 3, 3]])
         assert torch.allclose(stem(ids)[0, 0] - stem(ids)[0, 1], torch.ones(8))  # only the first position is marked
-        assert "max_len" not in architecture_fields(cfg) and "max_len" in architecture_fields(TrunkConfig(positions="learned"))
+        assert "max_len" not in architecture_fields(cfg) and "max_len" in architecture_fields(
+            TrunkConfig(positions="learned")
+        )
     finally:
         POSITIONS.pop("first_token")
     with pytest.raises(ValueError, match="positions='first_token': choose ") as err:

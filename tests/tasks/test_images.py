@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import single_task
+
+from trunk.cli import run_cli
 from trunk.datamodules import ImageClassificationData
 from trunk.datamodules.images import read_idx
 from trunk.models import PatchStem, TrunkConfig, sinusoidal_positions_2d
-from trunk.cli import run_cli
 
 
 def stem(positions: str = "learned", image_size: int = 28, patch_size: int = 4, channels: int = 1) -> PatchStem:
@@ -40,7 +41,9 @@ def test_learned_positions_are_interpolated_for_other_image_sizes():
     patches = stem("learned")
     assert torch.equal(patches.positions(7, 7), patches.position)  # the trained size: the table itself
     with torch.no_grad():
-        patches.position.copy_(torch.linspace(0, 1, 7).repeat_interleave(7)[None, :, None].expand(1, 49, 32))  # rows 0..1
+        patches.position.copy_(
+            torch.linspace(0, 1, 7).repeat_interleave(7)[None, :, None].expand(1, 49, 32)
+        )  # rows 0..1
     resized = patches.positions(10, 10).reshape(10, 10, 32)
     assert resized.shape == (10, 10, 32)
     assert torch.allclose(resized[:, 0, 0], resized[:, 9, 0])  # still constant along each row
@@ -52,7 +55,9 @@ def test_sinusoidal_2d_positions_are_recomputed_and_rope_adds_none():
     patches = stem("sinusoidal")
     table = patches.positions(5, 6)[0]
     assert torch.allclose(table, sinusoidal_positions_2d(5, 6, 32))
-    assert torch.allclose(table.reshape(5, 6, 32)[2, :, :16], table.reshape(5, 6, 32)[2, 0, :16].expand(6, 16))  # row half
+    assert torch.allclose(
+        table.reshape(5, 6, 32)[2, :, :16], table.reshape(5, 6, 32)[2, 0, :16].expand(6, 16)
+    )  # row half
     assert stem("rope").positions(7, 7) is None
 
 
@@ -69,7 +74,11 @@ def test_bad_image_shapes_are_clear_errors():
 
 
 def write_idx(path: Path, array: np.ndarray) -> Path:
-    data = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    data = (
+        bytes([0, 0, 0x08, array.ndim])
+        + struct.pack(f">{array.ndim}I", *array.shape)
+        + array.astype(np.uint8).tobytes()
+    )
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
     return path
 
@@ -106,12 +115,18 @@ def test_image_folders_name_classes_and_resize_on_request(tmp_path):
 
     for cls, size in (("cat", (12, 12)), ("dog", (12, 12)), ("dog", (16, 10))):
         (tmp_path / "pets" / cls).mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.full((size[1], size[0], 3), 200, dtype=np.uint8)).save(tmp_path / "pets" / cls / f"{size[0]}x{size[1]}.png")
+        Image.fromarray(np.full((size[1], size[0], 3), 200, dtype=np.uint8)).save(
+            tmp_path / "pets" / cls / f"{size[0]}x{size[1]}.png"
+        )
     with pytest.raises(ValueError, match="images of different shapes .* data.tasks.task.image_size"):
         ImageClassificationData(train=str(tmp_path / "pets")).split("train")
     dm = ImageClassificationData(train=str(tmp_path / "pets"), image_size=8, channels=1)
     train = dm.split("train")
-    assert dm.label_names == ["cat", "dog"] and train["images"].shape == (3, 1, 8, 8) and sorted(train["labels"]) == [0, 1, 1]
+    assert (
+        dm.label_names == ["cat", "dog"]
+        and train["images"].shape == (3, 1, 8, 8)
+        and sorted(train["labels"]) == [0, 1, 1]
+    )
     assert train["images"].float().mean().item() == pytest.approx(200, abs=1)  # RGB (200, 200, 200) -> grey 200
 
 
@@ -119,7 +134,10 @@ def test_hub_style_rows_take_class_names_from_the_features(tmp_path):
     import datasets
 
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["zero", "one"])})
-    rows = {"image": [np.full((6, 6), 255 * (i % 2), dtype=np.uint8) for i in range(8)], "label": [i % 2 for i in range(8)]}
+    rows = {
+        "image": [np.full((6, 6), 255 * (i % 2), dtype=np.uint8) for i in range(8)],
+        "label": [i % 2 for i in range(8)],
+    }
     (tmp_path / "hub").mkdir()
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "hub/train.parquet"))
     dm = ImageClassificationData(dataset=str(tmp_path / "hub"), train="train")
@@ -146,37 +164,75 @@ def test_augmentation_shifts_training_images_only():
 
 
 def shapes_args(tmp_path: Path) -> list[str]:
-    return single_task([
-        "--model=trunk.tasks.ImageClassification", "--model.image_size=16", "--model.patch_size=4", "--model.channels=1",
-        "--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
-        "--model.optimizer.lr=3e-3", "--data=trunk.datamodules.ImageClassificationData", "--data.dataset=trunk:shapes",
-        "--data.train=train", "--data.validation=validation", "--data.test=test", "--data.batch_size=64",
-        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=10", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0",
-    ], "shapes")
+    return single_task(
+        [
+            "--model=trunk.tasks.ImageClassification",
+            "--model.image_size=16",
+            "--model.patch_size=4",
+            "--model.channels=1",
+            "--model.trunk.d_model=32",
+            "--model.trunk.n_layers=2",
+            "--model.trunk.n_heads=4",
+            "--model.trunk.d_ff=64",
+            "--model.optimizer.lr=3e-3",
+            "--data=trunk.datamodules.ImageClassificationData",
+            "--data.dataset=trunk:shapes",
+            "--data.train=train",
+            "--data.validation=validation",
+            "--data.test=test",
+            "--data.batch_size=64",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.max_epochs=10",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+            "--seed_everything=0",
+        ],
+        "shapes",
+    )
 
 
 def test_fit_test_predict_through_the_cli(tmp_path):
     cli = run_cli(["fit", *shapes_args(tmp_path)])
     labels = cli.model.objectives["shapes"].label_names
     assert labels == ["cross", "diagonal", "horizontal", "square", "vertical"]
-    assert cli.trainer.callback_metrics["test/shapes/acc"] > 0.8  # chance is 0.2; after fit, the CLI tests the best checkpoint
-    samples = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "shapes.jsonl").read_text().splitlines()]
-    assert samples and set(samples[0]) == {"epoch", "step", "id", "gold", "predicted", "probability"}  # the image itself: W&B only
+    assert (
+        cli.trainer.callback_metrics["test/shapes/acc"] > 0.8
+    )  # chance is 0.2; after fit, the CLI tests the best checkpoint
+    samples = [
+        json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "shapes.jsonl").read_text().splitlines()
+    ]
+    assert samples and set(samples[0]) == {
+        "epoch",
+        "step",
+        "id",
+        "gold",
+        "predicted",
+        "probability",
+    }  # the image itself: W&B only
     assert all(r["gold"] in labels and r["predicted"] in labels for r in samples)
     out = tmp_path / "predictions.jsonl"
     folder = tmp_path / "new"
     folder.mkdir()
     from PIL import Image
+
     from trunk.datamodules.builtin import shape_image
 
     rng = np.random.default_rng(7)
     names = [name for name in labels for _ in range(8)]
     for i, name in enumerate(names):  # new images, as files
         Image.fromarray(shape_image(rng, name)).save(folder / f"{i:02d}-{name}.png")
-    run_cli(["predict", *shapes_args(tmp_path), "--data.tasks.shapes.dataset=null", f"--data.tasks.shapes.predict={folder}",
-             f"--predictions.output={out}",
-             f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}"])
+    run_cli(
+        [
+            "predict",
+            *shapes_args(tmp_path),
+            "--data.tasks.shapes.dataset=null",
+            f"--data.tasks.shapes.predict={folder}",
+            f"--predictions.output={out}",
+            f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
+        ]
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [Path(r["id"]).stem.split("-")[1] for r in records] == names
     assert sum(r["label"] == name for r, name in zip(records, names)) / len(names) > 0.8  # as good as on the test split
@@ -186,14 +242,16 @@ def test_fit_test_predict_through_the_cli(tmp_path):
 def test_a_text_trunk_initialises_the_vit_blocks(tmp_path):
     from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
-    from trunk.models import build_trunk
     from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
+    from trunk.models import build_trunk
 
     tokenizer = train_wordpiece(["some text to train a tokenizer on"] * 20, vocab_size=60)
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
     text_trunk = build_trunk(config)
-    trunk_dir = save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, text_trunk.state_dict(),
-                                                                    codec=Codec(tokenizer)))
+    trunk_dir = save_pretrained(
+        tmp_path / "trunk",
+        PretrainedTrunk(tmp_path, config, {"text": {}}, text_trunk.state_dict(), codec=Codec(tokenizer)),
+    )
     args = [a for a in shapes_args(tmp_path) if not a.startswith("--model.trunk")]
     cli = run_cli([*args, f"--model.init_from={trunk_dir}"], run=False)
     vit = cli.model.trunk

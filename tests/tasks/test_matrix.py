@@ -10,25 +10,46 @@ import pytest
 import torch
 from conftest import single_task
 from kinds import DATA_FILES, KINDS
-from trunk.tasks import load
+
 from trunk.cli import export_main, run_cli
+from trunk.tasks import load
 
 TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
          "--model.trunk.max_len=128", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0"]
 
 
 def kind_args(kind, files, root) -> list[str]:
-    task = single_task([f"--model={kind.objective}", *kind.objective_args, f"--data={kind.data}", *kind.data_args(files),
-                        "--data.batch_size=16"], "t")
-    return [*task, *TRUNK, "--data.tokenizer_vocab_size=300", "--trainer.accelerator=cpu", "--trainer.devices=1",
-            "--trainer.max_steps=6", "--trainer.max_epochs=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+    task = single_task(
+        [
+            f"--model={kind.objective}",
+            *kind.objective_args,
+            f"--data={kind.data}",
+            *kind.data_args(files),
+            "--data.batch_size=16",
+        ],
+        "t",
+    )
+    return [
+        *task,
+        *TRUNK,
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_steps=6",
+        "--trainer.max_epochs=1",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        "--seed_everything=0",
+    ]
 
 
 def test_the_matrix_runs_every_kind_of_the_registry_and_the_readme_lists_them():
-    """One table of kinds (``trunk.tasks.registry.KINDS``): every kind in it runs here, its data class says it feeds that
-    kind, and the README's table of kinds names its objective and data class."""
+    """One table of kinds (``trunk.tasks.registry.KINDS``): every kind in it runs here, its data class says it feeds
+    that kind, and the README's table of kinds names its objective and data class."""
     from conftest import REPO
+
     from trunk.tasks.registry import KINDS as REGISTRY
 
     assert set(KINDS) == set(REGISTRY)
@@ -68,8 +89,15 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         out = tmp_path / "predictions.jsonl"
         run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
         assert out.read_text().strip()
-        # a trained model predicts without its data files (the training figures travel with it): every file beside them is moved away
-        away = {path for source in files.values() for split in source.values() for path in Path(split).parent.iterdir() if path.is_file()}
+        # a trained model predicts without its data files (the training figures travel with it): every file beside them
+        # is moved away
+        away = {
+            path
+            for source in files.values()
+            for split in source.values()
+            for path in Path(split).parent.iterdir()
+            if path.is_file()
+        }
         for path in away:
             path.rename(path.with_name(path.name + ".away"))
         try:
@@ -86,14 +114,24 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
             assert same_records(through_onnx, in_fp32, 1e-4), (through_onnx, in_fp32)
 
     # a new run from the exported directory: the trunk and the head carry over
-    reuse = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--trainer.default_root_dir={tmp_path / 'reuse'}"], run=False)
+    reuse = run_cli(
+        [*args, f"--model.init_from={tmp_path / 'exported'}", f"--trainer.default_root_dir={tmp_path / 'reuse'}"],
+        run=False,
+    )
     trained = fit.model.state_dict()
     for key, value in reuse.model.state_dict().items():
         if key.startswith(("trunk.", "objectives.t.")) and "_metrics." not in key:
             assert torch.equal(value, trained[key]), key
     if labels:  # the same labels in another order: the classifier's rows follow the names
-        flipped = run_cli([*args, f"--model.init_from={tmp_path / 'exported'}", f"--data.tasks.t.{kind.label_option}={json.dumps(labels[::-1])}",
-                           f"--trainer.default_root_dir={tmp_path / 'flipped'}"], run=False)
+        flipped = run_cli(
+            [
+                *args,
+                f"--model.init_from={tmp_path / 'exported'}",
+                f"--data.tasks.t.{kind.label_option}={json.dumps(labels[::-1])}",
+                f"--trainer.default_root_dir={tmp_path / 'flipped'}",
+            ],
+            run=False,
+        )
         assert flipped.model.objectives["t"].label_names == labels[::-1]
         rows = [f"objectives.t.{key}" for key in type(flipped.model.objectives["t"]).label_keys]
         assert rows
@@ -102,7 +140,12 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
 
     # a delta on the frozen trunk (model.peft: LoRA, an adapter, DoRA with norm shifts, an adapter with norm shifts, by
     # turns), kept as a task directory that answers on the trunk
-    deltas = ("method: lora", "method: adapter", "method: lora, norms: true, dora: true", "method: adapter, norms: true")
+    deltas = (
+        "method: lora",
+        "method: adapter",
+        "method: lora, norms: true, dora: true",
+        "method: adapter, norms: true",
+    )
     peft = f"--model.peft={{t: {{{deltas[list(KINDS).index(name) % 4]}, r: 2}}}}"
     if fit.model.objectives["t"].exports_trunk:  # pretraining: a frozen trunk would export untrained
         with pytest.raises(ValueError, match=r"model.peft.t: task 't' \(.*\) pretrains the trunk itself"):
@@ -118,7 +161,9 @@ def test_every_task_kind_on_every_path(name, request, tmp_path):
         export_main([lora_ckpt, str(tmp_path / "peft_onnx"), "--onnx"])
         onnx_matches_pytorch(tmp_path / "peft_onnx", with_delta=True)
     if kind.inputs:
-        assert load([tmp_path / "bare", tmp_path / "task"]).predict(list(kind.inputs)) == load(lora_ckpt).predict(list(kind.inputs))
+        assert load([tmp_path / "bare", tmp_path / "task"]).predict(list(kind.inputs)) == load(lora_ckpt).predict(
+            list(kind.inputs)
+        )
 
 
 def same_records(got, expected, tolerance: float) -> bool:
@@ -141,6 +186,7 @@ def onnx_matches_pytorch(directory, tolerance: float = 1e-4, with_delta: bool = 
     """ONNX Runtime's outputs equal PyTorch's (within ``tolerance``) for random token ids of several batch sizes and
     lengths, with padding: the graph's batch and sequence axes are dynamic and it honours the mask."""
     import onnxruntime
+
     from trunk.formats.onnx import TaskGraph
 
     predictor = load(directory, precision="32-true")
@@ -160,7 +206,9 @@ def onnx_matches_pytorch(directory, tolerance: float = 1e-4, with_delta: bool = 
             with torch.no_grad():
                 expected = graph(ids, mask)
                 if with_delta:  # and the delta changes the answer: the comparison is not of the trunk alone
-                    assert not torch.allclose(expected, predictor.model.objectives[name].export_forward(predictor.model.trunk, ids, mask))
+                    assert not torch.allclose(
+                        expected, predictor.model.objectives[name].export_forward(predictor.model.trunk, ids, mask)
+                    )
             assert out.shape == tuple(expected.shape)
             out = torch.from_numpy(out)
             if expected.dim() == 3:  # per token: padding's outputs mean nothing (eager PyTorch skips those tokens)

@@ -8,10 +8,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from trunk.models import TrunkConfig
-from trunk.datamodules import MultiLabelTextData
-from trunk.tasks import MultiLabelClassification, MultipleChoice, SequenceClassification, SequenceRegression, TrunkModule, load
+
 from trunk.cli import run_cli
+from trunk.datamodules import MultiLabelTextData
+from trunk.models import TrunkConfig
+from trunk.tasks import (
+    MultiLabelClassification,
+    MultipleChoice,
+    SequenceClassification,
+    SequenceRegression,
+    TrunkModule,
+    load,
+)
 
 TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, dropout=0.0, attn_dropout=0.0)
 LABELS = ["a", "b", "c"]
@@ -24,8 +32,15 @@ def classifier(counts=None, **options) -> TrunkModule:
 
 def random_batches(n_batches: int = 4, size: int = 24, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
-    return [{"task": "t", "input_ids": torch.randint(5, 60, (size, 8), generator=g), "attention_mask": torch.ones(size, 8, dtype=torch.long),
-             "labels": torch.randint(0, len(LABELS), (size,), generator=g)} for _ in range(n_batches)]
+    return [
+        {
+            "task": "t",
+            "input_ids": torch.randint(5, 60, (size, 8), generator=g),
+            "attention_mask": torch.ones(size, 8, dtype=torch.long),
+            "labels": torch.randint(0, len(LABELS), (size,), generator=g),
+        }
+        for _ in range(n_batches)
+    ]
 
 
 def f1(gold: list[int], predicted: list[int], label: int) -> float:
@@ -109,14 +124,20 @@ def test_label_smoothing_spreads_the_target_over_the_other_labels():
     """With smoothing e over 3 labels, the target is 1 - e + e/3 on the gold label and e/3 on each other one."""
     smoothed, plain = classifier(label_smoothing=0.3), classifier()
     with torch.no_grad():
-        smoothed.objectives["t"].head.classifier.bias.copy_(torch.tensor([3.0, 0.0, -3.0]))  # confident: smoothing matters
+        smoothed.objectives["t"].head.classifier.bias.copy_(
+            torch.tensor([3.0, 0.0, -3.0])
+        )  # confident: smoothing matters
     plain.load_state_dict(smoothed.state_dict())
     batch = random_batches(1)[0]
     logits = smoothed.objectives["t"](smoothed.trunk, batch).float()
     target = torch.full_like(logits, 0.1).scatter_(1, batch["labels"][:, None], 0.8)
     expected = -(target * logits.log_softmax(-1)).sum(-1).mean()
-    assert smoothed.objectives["t"].loss(smoothed.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
-    assert plain.objectives["t"].loss(plain.trunk, batch, "train").item() == pytest.approx(F.cross_entropy(logits, batch["labels"]).item(), rel=1e-5)
+    assert smoothed.objectives["t"].loss(smoothed.trunk, batch, "train").item() == pytest.approx(
+        expected.item(), rel=1e-5
+    )
+    assert plain.objectives["t"].loss(plain.trunk, batch, "train").item() == pytest.approx(
+        F.cross_entropy(logits, batch["labels"]).item(), rel=1e-5
+    )
     assert abs(plain.objectives["t"].loss(plain.trunk, batch, "train").item() - expected.item()) > 0.01
 
 
@@ -124,8 +145,11 @@ def test_masked_lm_smoothing_is_torchs_smoothed_cross_entropy_at_the_masked_toke
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
 
     torch.manual_seed(0)
-    model = TrunkModule({"m": MaskedLanguageModeling(label_smoothing=0.2)}, trunk={"vocab_size": 40, "d_model": 16, "n_heads": 2,
-                        "d_ff": 32, "n_layers": 1, "max_len": 16}, task_info={"m": {}}).eval()  # no dropout: two passes agree
+    model = TrunkModule(
+        {"m": MaskedLanguageModeling(label_smoothing=0.2)},
+        trunk={"vocab_size": 40, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "max_len": 16},
+        task_info={"m": {}},
+    ).eval()  # no dropout: two passes agree
     ids = torch.randint(5, 40, (3, 12))
     labels = torch.where(torch.rand(3, 12) < 0.3, ids, -100)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
@@ -151,11 +175,23 @@ def test_smoothed_cross_entropy_is_torchs_and_gives_no_share_to_entries_that_are
     assert F.cross_entropy(masked[kept], labels[kept], label_smoothing=0.2).isinf()  # why Trunk has its own
     expected = F.cross_entropy(logits[kept, :3], labels[kept], label_smoothing=0.2)
     assert cross_entropy(masked[kept], labels[kept], 0.2).item() == pytest.approx(expected.item(), rel=1e-6)
-    assert cross_entropy(masked[kept].reshape(3, 1, 5), labels[kept].reshape(3, 1), 0.2).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert cross_entropy(masked[kept].reshape(3, 1, 5), labels[kept].reshape(3, 1), 0.2).item() == pytest.approx(
+        expected.item(), rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("kind", ["TokenClassification", "MultipleChoice", "ExtractiveQuestionAnswering", "MultiLabelClassification",
-                                  "MaskedLanguageModeling", "Translation", "ImageClassification"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "TokenClassification",
+        "MultipleChoice",
+        "ExtractiveQuestionAnswering",
+        "MultiLabelClassification",
+        "MaskedLanguageModeling",
+        "Translation",
+        "ImageClassification",
+    ],
+)
 def test_every_classification_like_kind_takes_label_smoothing_and_refuses_a_bad_one(kind):
     import trunk.tasks
 
@@ -166,10 +202,17 @@ def test_every_classification_like_kind_takes_label_smoothing_and_refuses_a_bad_
 
 def test_multiple_choice_and_multi_label_smoothing_follow_their_targets():
     torch.manual_seed(0)
-    model = TrunkModule({"q": MultipleChoice(head_dropout=0.0, label_smoothing=0.3)}, trunk=TINY, task_info={"q": {}}).eval()
+    model = TrunkModule(
+        {"q": MultipleChoice(head_dropout=0.0, label_smoothing=0.3)}, trunk=TINY, task_info={"q": {}}
+    ).eval()
     g = torch.Generator().manual_seed(0)
-    batch = {"task": "q", "input_ids": torch.randint(5, 60, (7, 6), generator=g), "attention_mask": torch.ones(7, 6, dtype=torch.long),
-             "choice_counts": torch.tensor([4, 3]), "labels": torch.tensor([3, 2])}
+    batch = {
+        "task": "q",
+        "input_ids": torch.randint(5, 60, (7, 6), generator=g),
+        "attention_mask": torch.ones(7, 6, dtype=torch.long),
+        "choice_counts": torch.tensor([4, 3]),
+        "labels": torch.tensor([3, 2]),
+    }
     scores = model.objectives["q"](model.trunk, batch)
     logp = [scores[0].log_softmax(-1), scores[1, :3].log_softmax(-1)]  # the second row has 3 candidates: 0.1 each
     expected = sum(-(0.7 * p[y] + 0.3 * p.mean()) for p, y in zip(logp, [3, 2])) / 2
@@ -177,8 +220,12 @@ def test_multiple_choice_and_multi_label_smoothing_follow_their_targets():
 
     model = TrunkModule({"m": MultiLabelClassification(head_dropout=0.0, label_smoothing=0.2)}, trunk=TINY,
                         task_info={"m": {"label_names": ["a", "b", "c"]}}).eval()
-    batch = {"task": "m", "input_ids": torch.randint(5, 60, (4, 6), generator=g), "attention_mask": torch.ones(4, 6, dtype=torch.long),
-             "labels": torch.tensor([[1, 0, 0], [0, 1, 1], [0, 0, 0], [1, 1, 1]])}
+    batch = {
+        "task": "m",
+        "input_ids": torch.randint(5, 60, (4, 6), generator=g),
+        "attention_mask": torch.ones(4, 6, dtype=torch.long),
+        "labels": torch.tensor([[1, 0, 0], [0, 1, 1], [0, 0, 0], [1, 1, 1]]),
+    }
     logits = model.objectives["m"](model.trunk, batch).float()
     expected = F.binary_cross_entropy_with_logits(logits, batch["labels"] * 0.8 + 0.1)  # 1 -> 0.9, 0 -> 0.1
     assert model.objectives["m"].loss(model.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
@@ -234,8 +281,12 @@ def test_regression_metrics_match_their_definitions_on_the_data_scale():
     gold, predicted = [], []
     with torch.no_grad():
         for _ in range(3):
-            batch = {"task": "r", "input_ids": torch.randint(5, 60, (20, 8), generator=g), "attention_mask": torch.ones(20, 8, dtype=torch.long),
-                     "labels": torch.randn(20, 2, generator=g) * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0])}
+            batch = {
+                "task": "r",
+                "input_ids": torch.randint(5, 60, (20, 8), generator=g),
+                "attention_mask": torch.ones(20, 8, dtype=torch.long),
+                "labels": torch.randn(20, 2, generator=g) * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0]),
+            }
             objective.loss(model.trunk, batch, "val")
             gold += batch["labels"].tolist()
             predicted += objective.scores(model.trunk, batch).tolist()
@@ -249,11 +300,15 @@ def test_regression_metrics_match_their_definitions_on_the_data_scale():
     assert values["pearson"].item() == pytest.approx((values["pearson_a"] + values["pearson_b"]).item() / 2)
     # predictions are on the data's scale: the head's standardised output times the std, plus the mean
     raw = objective(model.trunk, batch).float()
-    assert torch.allclose(objective.scores(model.trunk, batch), raw * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0]))
+    assert torch.allclose(
+        objective.scores(model.trunk, batch), raw * torch.tensor([2.0, 0.5]) + torch.tensor([3.0, -1.0])
+    )
 
 
 def test_regression_loss_is_on_standardised_targets_and_errors_count_negated_in_the_score():
-    model = regressor(statistics={"target_mean": [10.0], "target_std": [4.0]}, loss="huber", huber_delta=0.5, primary_metric="mae")
+    model = regressor(
+        statistics={"target_mean": [10.0], "target_std": [4.0]}, loss="huber", huber_delta=0.5, primary_metric="mae"
+    )
     objective = model.objectives["r"]
     batch = random_batches(1)[0]
     batch = {**batch, "task": "r", "labels": torch.rand(len(batch["labels"]), 1) * 20}
@@ -269,34 +324,75 @@ def tiny_run_args(files, root, task: str, kind: list[str], *extra) -> list[str]:
     that override the defaults here."""
     from conftest import single_task
 
-    return single_task([
-        *kind, "--model.trunk.d_model=64", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4",
-        "--model.trunk.d_ff=128", "--model.trunk.max_len=64", "--model.trunk.dropout=0.0", "--model.trunk.attn_dropout=0.0",
-        "--model.optimizer.lr=1e-3", *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")),
-        f"--data.predict={files['test']}", "--data.tokenizer_vocab_size=200", "--data.batch_size=16", "--data.max_length=64",
-        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}", "--seed_everything=0", *extra], task)
+    return single_task(
+        [
+            *kind,
+            "--model.trunk.d_model=64",
+            "--model.trunk.n_layers=2",
+            "--model.trunk.n_heads=4",
+            "--model.trunk.d_ff=128",
+            "--model.trunk.max_len=64",
+            "--model.trunk.dropout=0.0",
+            "--model.trunk.attn_dropout=0.0",
+            "--model.optimizer.lr=1e-3",
+            *(f"--data.{split}={files[split]}" for split in ("train", "validation", "test")),
+            f"--data.predict={files['test']}",
+            "--data.tokenizer_vocab_size=200",
+            "--data.batch_size=16",
+            "--data.max_length=64",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.precision=32-true",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={root}",
+            "--seed_everything=0",
+            *extra,
+        ],
+        task,
+    )
 
 
 def regression_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "sim", ["--model=trunk.tasks.SequenceRegression", "--data=trunk.datamodules.TextRegressionData",
-                                              "--data.text_pair_column=pair", "--data.label_column=score", "--model.head_dropout=0.0"], *extra)
+    return tiny_run_args(
+        files,
+        root,
+        "sim",
+        [
+            "--model=trunk.tasks.SequenceRegression",
+            "--data=trunk.datamodules.TextRegressionData",
+            "--data.text_pair_column=pair",
+            "--data.label_column=score",
+            "--model.head_dropout=0.0",
+        ],
+        *extra,
+    )
 
 
 def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_path):
     fit = run_cli(["fit", *regression_args(scores_files, tmp_path / "run", "--trainer.max_epochs=12")])
     best = fit.trainer.checkpoint_callback.best_model_path
-    tested = run_cli(["test", *regression_args(scores_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
+    tested = run_cli(
+        ["test", *regression_args(scores_files, tmp_path / "run"), f"--ckpt_path={best}"]
+    ).trainer.callback_metrics
     assert tested["test/sim/pearson"] > 0.9 and tested["test/sim/spearman"] > 0.85
     assert tested["test/score"].item() == pytest.approx(tested["test/sim/pearson"].item())
     statistics = fit.model.hparams.task_info["sim"]["statistics"]
-    assert statistics["target_mean"][0] == pytest.approx(sum(float(r.split("\t")[2]) for r in scores_files["train"].read_text().splitlines()[1:]) / 400)
+    assert statistics["target_mean"][0] == pytest.approx(
+        sum(float(r.split("\t")[2]) for r in scores_files["train"].read_text().splitlines()[1:]) / 400
+    )
     records = load(best).predict([("superb film", "dull plot"), ("awful film", "superb music")])
     assert set(records[0]) == {"text", "score"} and records[0]["score"] > records[1]["score"] + 2  # 4.75 against -0.5
 
 
-@pytest.mark.parametrize("cell, message", [("abc", "has score='abc', which is not a finite number"),
-                                           ("n/a", "has no value in score"), ("inf", "has score=inf, which is not a finite number")])
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        ("abc", "has score='abc', which is not a finite number"),
+        ("n/a", "has no value in score"),
+        ("inf", "has score=inf, which is not a finite number"),
+    ],
+)
 def test_non_numeric_regression_targets_name_the_file_row_and_value(scores_files, tmp_path, cell, message):
     lines = scores_files["train"].read_text().splitlines()
     cells = lines[5].split("\t")
@@ -319,8 +415,12 @@ def test_multi_label_metrics_match_their_definitions_at_the_threshold():
     gold, predicted = [], []
     with torch.no_grad():
         for _ in range(3):
-            batch = {"task": "m", "input_ids": torch.randint(5, 60, (20, 8), generator=g), "attention_mask": torch.ones(20, 8, dtype=torch.long),
-                     "labels": (torch.rand(20, 4, generator=g) < 0.4).float()}
+            batch = {
+                "task": "m",
+                "input_ids": torch.randint(5, 60, (20, 8), generator=g),
+                "attention_mask": torch.ones(20, 8, dtype=torch.long),
+                "labels": (torch.rand(20, 4, generator=g) < 0.4).float(),
+            }
             objective.loss(model.trunk, batch, "val")
             gold += batch["labels"].long().tolist()
             predicted += (objective(model.trunk, batch).sigmoid() >= 0.5).long().tolist()
@@ -334,22 +434,35 @@ def test_multi_label_metrics_match_their_definitions_at_the_threshold():
 
 
 def multi_label_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "topics", ["--model=trunk.tasks.MultiLabelClassification", "--data=trunk.datamodules.MultiLabelTextData",
-                                                 "--model.head_dropout=0.0"],
-                         *extra)
+    return tiny_run_args(
+        files,
+        root,
+        "topics",
+        [
+            "--model=trunk.tasks.MultiLabelClassification",
+            "--data=trunk.datamodules.MultiLabelTextData",
+            "--model.head_dropout=0.0",
+        ],
+        *extra,
+    )
 
 
 def test_multi_label_learns_sets_of_topics_through_the_cli(topics_files, tmp_path):
     fit = run_cli(["fit", *multi_label_args(topics_files, tmp_path / "run", "--trainer.max_epochs=10")])
     best = fit.trainer.checkpoint_callback.best_model_path
-    tested = run_cli(["test", *multi_label_args(topics_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
+    tested = run_cli(
+        ["test", *multi_label_args(topics_files, tmp_path / "run"), f"--ckpt_path={best}"]
+    ).trainer.callback_metrics
     assert tested["test/topics/f1_micro"] > 0.9 and tested["test/topics/exact_match"] > 0.7
-    strict = run_cli(["test", *multi_label_args(topics_files, tmp_path / "run", "--model.threshold=0.999"),
-                      f"--ckpt_path={best}"]).trainer.callback_metrics  # an inference option: the same weights, another threshold
+    strict = run_cli(
+        ["test", *multi_label_args(topics_files, tmp_path / "run", "--model.threshold=0.999"), f"--ckpt_path={best}"]
+    ).trainer.callback_metrics  # an inference option: the same weights, another threshold
     assert strict["test/topics/f1_micro"] < tested["test/topics/f1_micro"]
     [record] = load(best).predict(["owl snow"])
     assert {"animal", "weather"} <= set(record["labels"]) and "sport" not in record["labels"]
-    assert all(p >= 0.5 for p in record["labels"].values()) and list(record["labels"].values()) == sorted(record["labels"].values(), reverse=True)
+    assert all(p >= 0.5 for p in record["labels"].values()) and list(record["labels"].values()) == sorted(
+        record["labels"].values(), reverse=True
+    )
     assert set(record["probs"]) == {"animal", "food", "sport", "weather"}
 
 
@@ -361,23 +474,40 @@ def test_multi_label_ids_stand_for_configured_names_and_unknown_labels_are_named
     assert member.label_sets(member.raw("train"), "train") == [["anger", "fear"], [], ["joy"]]
     assert member.targets(member.raw("train"), "train") == [[1, 0, 1], [0, 0, 0], [0, 1, 0]]
     rows[2]["labels"] = "joy,envy"
-    named = MultiLabelTextData(train=str(write_rows(tmp_path / "names.csv", rows)), label_names=["anger", "joy", "fear"])
+    named = MultiLabelTextData(
+        train=str(write_rows(tmp_path / "names.csv", rows)), label_names=["anger", "joy", "fear"]
+    )
     with pytest.raises(ValueError, match=r"row 3 has the labels \['envy'\], which are not among the label names"):
         named.raw("train")
 
 
 # -- multiple choice -----------------------------------------------------------------------------------
 def test_multiple_choice_learns_to_pick_the_candidate_of_the_asked_topic(quiz_files, tmp_path):
-    args = tiny_run_args(quiz_files, tmp_path / "run", "quiz", ["--model=trunk.tasks.MultipleChoice", "--data=trunk.datamodules.MultipleChoiceData",
-                                                                  "--model.head_dropout=0.0"], "--trainer.max_epochs=12", "--model.pooling=mean",
-                         "--model.optimizer.lr=3e-3")
+    args = tiny_run_args(
+        quiz_files,
+        tmp_path / "run",
+        "quiz",
+        [
+            "--model=trunk.tasks.MultipleChoice",
+            "--data=trunk.datamodules.MultipleChoiceData",
+            "--model.head_dropout=0.0",
+        ],
+        "--trainer.max_epochs=12",
+        "--model.pooling=mean",
+        "--model.optimizer.lr=3e-3",
+    )
     fit = run_cli(["fit", *args])
     best = fit.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *args, f"--ckpt_path={best}"]).trainer.callback_metrics
-    # chance is 0.25-0.33; this tiny model reaches 1.0 (at lr 1e-3 it stayed at chance on some vocabularies within 12 epochs)
+    # chance is 0.25-0.33; this tiny model reaches 1.0 (at lr 1e-3 it stayed at chance on some vocabularies within 12
+    # epochs)
     assert tested["test/quiz/acc"] > 0.6
-    [record] = load(best).predict([{"context": "which of these is about weather ?", "choices": ["golf", "snow", "bread"]}])
-    assert record["choices"] == ["golf", "snow", "bread"] and record["answer"] == record["choices"][record["answer_index"]]
+    [record] = load(best).predict(
+        [{"context": "which of these is about weather ?", "choices": ["golf", "snow", "bread"]}]
+    )
+    assert (
+        record["choices"] == ["golf", "snow", "bread"] and record["answer"] == record["choices"][record["answer_index"]]
+    )
     assert sum(record["probs"]) == pytest.approx(1.0, abs=1e-5)
 
 
@@ -385,10 +515,19 @@ def test_multiple_choice_scores_only_each_rows_own_candidates():
     torch.manual_seed(0)
     model = TrunkModule({"q": MultipleChoice(head_dropout=0.0)}, trunk=TINY, task_info={"q": {}}).eval()
     g = torch.Generator().manual_seed(0)
-    batch = {"task": "q", "input_ids": torch.randint(5, 60, (7, 6), generator=g), "attention_mask": torch.ones(7, 6, dtype=torch.long),
-             "choice_counts": torch.tensor([4, 3]), "labels": torch.tensor([3, 2])}
+    batch = {
+        "task": "q",
+        "input_ids": torch.randint(5, 60, (7, 6), generator=g),
+        "attention_mask": torch.ones(7, 6, dtype=torch.long),
+        "choice_counts": torch.tensor([4, 3]),
+        "labels": torch.tensor([3, 2]),
+    }
     scores = model.objectives["q"](model.trunk, batch)
-    alone = model.objectives["q"].head(model.trunk(batch["input_ids"], batch["attention_mask"]), batch["attention_mask"]).squeeze(-1)
+    alone = (
+        model.objectives["q"]
+        .head(model.trunk(batch["input_ids"], batch["attention_mask"]), batch["attention_mask"])
+        .squeeze(-1)
+    )
     assert scores.shape == (2, 4) and scores[1, 3] == float("-inf")
     assert torch.allclose(scores[0], alone[:4]) and torch.allclose(scores[1, :3], alone[4:])
     expected = F.cross_entropy(scores, batch["labels"])
@@ -397,30 +536,48 @@ def test_multiple_choice_scores_only_each_rows_own_candidates():
 
 def test_multiple_choice_reads_packed_choices_letters_and_texts_and_names_bad_rows(tmp_path):
     from conftest import write_rows
+
     from trunk.datamodules.multiple_choice import MultipleChoiceData
 
     rows = [{"stem": "The sun is", "packed": "(A) cold (B) a star (C) a planet", "key": "B"},
             {"stem": "Water is", "packed": "(A) wet (B) dry", "key": "wet"},
             {"stem": "Owls", "packed": "(A) fly (B) swim (C) dig (D) sing", "key": "3"}]
-    member = MultipleChoiceData(train=str(write_rows(tmp_path / "obqa.tsv", rows)), context_column="stem", choices_column="packed",
-                                label_column="key")
+    member = MultipleChoiceData(
+        train=str(write_rows(tmp_path / "obqa.tsv", rows)),
+        context_column="stem",
+        choices_column="packed",
+        label_column="key",
+    )
     ds = member.raw("train")
     candidates = member.candidates(ds, "train")
     assert candidates[0] == (["cold", "a star", "a planet"], ["A", "B", "C"])
     assert member.answers(ds, "train", candidates) == [1, 0, 3]  # a label, a text, a position
     rows[1]["key"] = "E"
-    bad = MultipleChoiceData(train=str(write_rows(tmp_path / "bad.tsv", rows)), context_column="stem", choices_column="packed", label_column="key")
-    with pytest.raises(ValueError, match=r"row 2 has the answer 'E', which is none of its candidates' labels \['A', 'B'\]"):
+    bad = MultipleChoiceData(
+        train=str(write_rows(tmp_path / "bad.tsv", rows)),
+        context_column="stem",
+        choices_column="packed",
+        label_column="key",
+    )
+    with pytest.raises(
+        ValueError, match=r"row 2 has the answer 'E', which is none of its candidates' labels \['A', 'B'\]"
+    ):
         bad.answers(bad.raw("train"), "train", bad.candidates(bad.raw("train"), "train"))
     rows[1]["packed"] = "wet"
-    one = MultipleChoiceData(train=str(write_rows(tmp_path / "one.tsv", rows)), context_column="stem", choices_column="packed", label_column="key")
+    one = MultipleChoiceData(
+        train=str(write_rows(tmp_path / "one.tsv", rows)),
+        context_column="stem",
+        choices_column="packed",
+        label_column="key",
+    )
     with pytest.raises(ValueError, match="row 2 has 0 candidate answer"):
         one.candidates(one.raw("train"), "train")
 
 
 # -- every kind in one run -------------------------------------------------------------------------------
-def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(sentiment_files, ner_files, scores_files, topics_files,
-                                                                          quiz_files, squad_files, tmp_path):
+def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(
+    sentiment_files, ner_files, scores_files, topics_files, quiz_files, squad_files, tmp_path
+):
     """Regression, multi-label, multiple choice and extractive QA beside classification and NER on one trunk, on 2 gloo
     processes; then the checkpoint validated on 2 processes equals 1 process, task by task."""
     import os
@@ -430,35 +587,78 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(senti
     from conftest import REPO
     from test_multitask import TRUNK, ner_task, sentiment_task, task
 
-    args = [*TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files),
-            *task("sim", "SequenceRegression", "TextRegressionData", scores_files, 16), "--data.tasks.sim.text_pair_column=pair",
-            "--data.tasks.sim.label_column=score", *task("topics", "MultiLabelClassification", "MultiLabelTextData", topics_files, 16),
-            *task("quiz", "MultipleChoice", "MultipleChoiceData", quiz_files, 8),
-            *task("qa", "ExtractiveQuestionAnswering", "QuestionAnsweringData", squad_files, 8), "--data.tasks.qa.max_length=40",
-            "--data.tasks.qa.doc_stride=8", "--data.tokenizer_vocab_size=300",
-            "--trainer.accelerator=cpu", "--trainer.max_steps=20", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0"]
+    args = [
+        *TRUNK,
+        *sentiment_task(sentiment_files),
+        *ner_task(ner_files),
+        *task("sim", "SequenceRegression", "TextRegressionData", scores_files, 16),
+        "--data.tasks.sim.text_pair_column=pair",
+        "--data.tasks.sim.label_column=score",
+        *task("topics", "MultiLabelClassification", "MultiLabelTextData", topics_files, 16),
+        *task("quiz", "MultipleChoice", "MultipleChoiceData", quiz_files, 8),
+        *task("qa", "ExtractiveQuestionAnswering", "QuestionAnsweringData", squad_files, 8),
+        "--data.tasks.qa.max_length=40",
+        "--data.tasks.qa.doc_stride=8",
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_steps=20",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        "--seed_everything=0",
+    ]
     ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]
-    fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900, env=os.environ.copy())
+    fit = subprocess.run(
+        [sys.executable, "-m", "trunk.cli", "fit", *args, *ddp],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ.copy(),
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))
     one = run_cli(["validate", *args, "--trainer.devices=1", f"--ckpt_path={ckpt}"]).trainer.callback_metrics
-    two = subprocess.run([sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})  # a rich table prints numbers whole
+    two = subprocess.run(
+        [sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # a rich table prints numbers whole
     assert two.returncode == 0, two.stderr[-3000:]
-    names = ["val/sentiment/acc", "val/ner/f1", "val/sim/pearson", "val/sim/mse", "val/topics/f1_micro", "val/quiz/acc", "val/qa/f1",
-             "val/qa/exact_match", "val/score"]
-    for name in names:  # 64, 40, 64, 64, 48 rows and 96 questions (each with all its windows): no padding duplicates on 2 ranks
+    names = [
+        "val/sentiment/acc",
+        "val/ner/f1",
+        "val/sim/pearson",
+        "val/sim/mse",
+        "val/topics/f1_micro",
+        "val/quiz/acc",
+        "val/qa/f1",
+        "val/qa/exact_match",
+        "val/score",
+    ]
+    for name in (
+        names
+    ):  # 64, 40, 64, 64, 48 rows and 96 questions (each with all its windows): no padding duplicates on 2 ranks
         line = next(line for line in two.stdout.splitlines() if f" {name} " in f" {line.replace('│', ' ')} ")
-        # 20 steps leave the regressor's outputs nearly constant: their Pearson is a ratio of tiny moments, which rounding in
+        # 20 steps leave the regressor's outputs nearly constant: their Pearson is a ratio of tiny moments, which
+        # rounding in
         # differently padded batches moves in the fourth digit
         tolerance = {"rel": 1e-2} if name == "val/sim/pearson" else {"abs": 1e-5}
         if name == "val/score":  # the mean of the tasks' primaries, the Pearson among them
             tolerance = {"abs": 1e-5 + 1e-2 * abs(one["val/sim/pearson"].item()) / 6}
         assert float(line.replace("│", " ").split()[-1]) == pytest.approx(one[name].item(), **tolerance), name
-    shares = [one["val/sentiment/acc"], one["val/ner/f1"], one["val/sim/pearson"], one["val/topics/f1_micro"], one["val/quiz/acc"],
-              one["val/qa/f1"]]
+    shares = [
+        one["val/sentiment/acc"],
+        one["val/ner/f1"],
+        one["val/sim/pearson"],
+        one["val/topics/f1_micro"],
+        one["val/quiz/acc"],
+        one["val/qa/f1"],
+    ]
     assert one["val/score"].item() == pytest.approx(torch.stack(shares).mean().item(), abs=1e-6)
 
 
@@ -479,19 +679,32 @@ def test_squad_exact_match_and_f1_follow_the_official_evaluation_script(predicti
 
 
 def qa_args(files, root, *extra) -> list[str]:
-    return tiny_run_args(files, root, "qa", ["--model=trunk.tasks.ExtractiveQuestionAnswering", "--data=trunk.datamodules.QuestionAnsweringData",
-                                             "--data.doc_stride=8"], "--data.max_length=40", *extra)
+    return tiny_run_args(
+        files,
+        root,
+        "qa",
+        [
+            "--model=trunk.tasks.ExtractiveQuestionAnswering",
+            "--data=trunk.datamodules.QuestionAnsweringData",
+            "--data.doc_stride=8",
+        ],
+        "--data.max_length=40",
+        *extra,
+    )
 
 
 def test_question_answering_learns_templated_questions_across_windows(squad_files, tmp_path):
-    fit = run_cli(["fit", *qa_args(squad_files, tmp_path / "run", "--trainer.max_epochs=12", "--model.optimizer.lr=2e-3")])
+    fit = run_cli(
+        ["fit", *qa_args(squad_files, tmp_path / "run", "--trainer.max_epochs=12", "--model.optimizer.lr=2e-3")]
+    )
     data = fit.datamodule.tasks["qa"]
     data.prepare("test")
     assert max(len(w) for w in data._encoded["test"]["input_ids"]) > 1  # long contexts: several windows per question
     best = fit.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *qa_args(squad_files, tmp_path / "run"), f"--ckpt_path={best}"]).trainer.callback_metrics
     assert tested["test/qa/exact_match"] > 0.9 and tested["test/qa/f1"] >= tested["test/qa/exact_match"]
-    context = "left deal good . Greta works at Initech . on then the . Jonas lives in Buenos Aires . then Monday . Anna works at Hooli ."
+    context = ("left deal good . Greta works at Initech . on then the . Jonas lives in Buenos Aires . then Monday . "
+               "Anna works at Hooli .")
     [record] = load(best).predict([{"question": "where does Jonas live ?", "context": context}])
     assert record["answer"] == "Buenos Aires"
 
@@ -501,15 +714,52 @@ def test_question_answering_data_windows_misaligned_answers_and_no_room(tmp_path
 
     from trunk.datamodules import QuestionAnsweringData
 
-    rows = [{"id": "a", "question": "where does Anna live ?", "context": "the deal was good . " * 6 + "Anna lives in Oslo .",
-             "answers": {"text": ["Oslo"], "answer_start": [134]}},
-            {"id": "b", "question": "where ?", "context": "Boris works at Hooli .", "answers": {"text": ["Hooli"], "answer_start": [3]}}]
+    rows = [
+        {
+            "id": "a",
+            "question": "where does Anna live ?",
+            "context": "the deal was good . " * 6 + "Anna lives in Oslo .",
+            "answers": {"text": ["Oslo"], "answer_start": [134]},
+        },
+        {
+            "id": "b",
+            "question": "where ?",
+            "context": "Boris works at Hooli .",
+            "answers": {"text": ["Hooli"], "answer_start": [3]},
+        },
+    ]
     path = tmp_path / "qa.json"
-    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": r["context"], "qas": [
-        {"id": r["id"], "question": r["question"], "answers": [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])]}]}
-        for r in rows]}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "title": "t",
+                        "paragraphs": [
+                            {
+                                "context": r["context"],
+                                "qas": [
+                                    {
+                                        "id": r["id"],
+                                        "question": r["question"],
+                                        "answers": [
+                                            {"text": t, "answer_start": s}
+                                            for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])
+                                        ],
+                                    }
+                                ],
+                            }
+                            for r in rows
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     member = standalone_qa(QuestionAnsweringData(train=str(path), max_length=24, doc_stride=4))
-    with pytest.warns(UserWarning, match=r"1 answer\(s\) are not at their answer_start in the context \(e.g. \['b'\]\)"):
+    with pytest.warns(
+        UserWarning, match=r"1 answer\(s\) are not at their answer_start in the context \(e.g. \['b'\]\)"
+    ):
         examples = member.encode(member.raw("train"), "train")
     first, second = examples
     assert len(first["input_ids"]) > 1 and second["start"] == [-100]  # the misaligned answer is not trained on
@@ -518,7 +768,9 @@ def test_question_answering_data_windows_misaligned_answers_and_no_room(tmp_path
     assert rows[0]["context"][span[0] : span[1]] == "Oslo"
     long_question = QuestionAnsweringData(train=str(path), max_length=12, doc_stride=2)
     standalone_qa(long_question)
-    with pytest.raises(ValueError, match=r"row 1's question takes .* tokens, leaving .* for the context at max_length=12"):
+    with pytest.raises(
+        ValueError, match=r"row 1's question takes .* tokens, leaving .* for the context at max_length=12"
+    ):
         long_question.encode_row("where does the person named in the text live these days ?", "x", None, "train", 0)
 
 

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from trunk.models import TrunkConfig
 from trunk.tasks import (
     ImageClassification,
@@ -19,8 +20,12 @@ TINY = TrunkConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, ma
 
 
 def classifier(labels=("a", "b", "c"), trunk: TrunkConfig = TINY, **kwargs) -> TrunkModule:
-    return TrunkModule({"t": SequenceClassification(head_dropout=0.0)}, trunk=trunk, task_info={"t": {"label_names": list(labels)}},
-                       **kwargs)
+    return TrunkModule(
+        {"t": SequenceClassification(head_dropout=0.0)},
+        trunk=trunk,
+        task_info={"t": {"label_names": list(labels)}},
+        **kwargs,
+    )
 
 
 def test_a_small_batch_overfits_to_near_zero_loss():
@@ -50,7 +55,9 @@ def decay_split(model: TrunkModule, weight_decay: float) -> tuple[set[str], set[
 
 
 def test_weight_decay_groups_exclude_biases_norms_and_position_tables():
-    model = classifier(("a", "b"), optimizer=OptimConfig(weight_decay=0.1), trunk=dataclasses.replace(TINY, positions="learned"))
+    model = classifier(
+        ("a", "b"), optimizer=OptimConfig(weight_decay=0.1), trunk=dataclasses.replace(TINY, positions="learned")
+    )
     params = dict(model.named_parameters())
     decay, no_decay = decay_split(model, 0.1)
     assert all(params[n].ndim >= 2 and "position" not in n for n in decay)
@@ -59,12 +66,18 @@ def test_weight_decay_groups_exclude_biases_norms_and_position_tables():
     groups = model.param_groups()
     assert all(g["lr"] == model.optim_config.lr for g in groups)  # no layer decay by default
     model.trunk.stems.requires_grad_(False)  # frozen parameters get no optimizer state
-    assert sum(len(g["params"]) for g in model.param_groups()) == len([p for p in model.parameters() if p.requires_grad])
+    assert sum(len(g["params"]) for g in model.param_groups()) == len(
+        [p for p in model.parameters() if p.requires_grad]
+    )
 
 
 def test_vit_position_table_and_cls_do_not_decay():
-    model = TrunkModule({"pictures": ImageClassification(image_size=8, patch_size=4)}, trunk=dataclasses.replace(TINY, positions="learned"),
-                        task_info={"pictures": {"label_names": ["a", "b"]}}, optimizer=OptimConfig(weight_decay=0.1))
+    model = TrunkModule(
+        {"pictures": ImageClassification(image_size=8, patch_size=4)},
+        trunk=dataclasses.replace(TINY, positions="learned"),
+        task_info={"pictures": {"label_names": ["a", "b"]}},
+        optimizer=OptimConfig(weight_decay=0.1),
+    )
     decay, no_decay = decay_split(model, 0.1)
     assert {"trunk.stems.image.cls", "trunk.stems.image.position"} <= no_decay
     assert "trunk.stems.image.proj.weight" in decay
@@ -94,14 +107,18 @@ def test_inverse_sqrt_is_the_transformer_papers_schedule():
     for s in (1, 100, 3999, 4000, 4001, 16000, 100_000):
         paper = d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
         assert cfg.lr * lr_lambda(s - 1, 200_000, cfg) == pytest.approx(paper, rel=1e-9), s
-    assert lr_lambda(4 * warmup - 1, 10, cfg) == pytest.approx(0.5)  # a quarter of the rate 4x later, whatever the run's length
+    assert lr_lambda(4 * warmup - 1, 10, cfg) == pytest.approx(
+        0.5
+    )  # a quarter of the rate 4x later, whatever the run's length
     with pytest.raises(ValueError, match="inverse_sqrt' with warmup=0"):
         OptimConfig(schedule="inverse_sqrt", warmup=0)
     with pytest.raises(ValueError, match=r"schedule='noam' \(one of"):
         OptimConfig(schedule="noam")
 
 
-def lamb_reference(w: torch.Tensor, grads: list[torch.Tensor], lr: float, betas, eps: float, weight_decay: float) -> torch.Tensor:
+def lamb_reference(
+    w: torch.Tensor, grads: list[torch.Tensor], lr: float, betas, eps: float, weight_decay: float
+) -> torch.Tensor:
     """Algorithm 2 of You et al. 2020 written out for one weight tensor, in float64."""
     w, m, v = w.double().clone(), torch.zeros_like(w, dtype=torch.float64), torch.zeros_like(w, dtype=torch.float64)
     for t, g in enumerate(grads, start=1):
@@ -124,7 +141,9 @@ def test_lamb_matches_the_papers_update_and_leaves_no_decay_tensors_to_plain_ada
     for gw, gb in grads:
         weight.grad, bias.grad = gw, gb
         lamb.step()
-    torch.testing.assert_close(weight.detach().double(), lamb_reference(start[0], [gw for gw, _ in grads], 0.05, (0.9, 0.999), 1e-6, 0.1))
+    torch.testing.assert_close(
+        weight.detach().double(), lamb_reference(start[0], [gw for gw, _ in grads], 0.05, (0.9, 0.999), 1e-6, 0.1)
+    )
     adam = torch.optim.Adam([b := torch.nn.Parameter(start[1].clone())], lr=0.05, eps=1e-6)
     for _, gb in grads:
         b.grad = gb
@@ -139,7 +158,9 @@ def test_lamb_matches_the_papers_update_and_leaves_no_decay_tensors_to_plain_ada
 
 def test_lamb_trains_through_the_module_and_its_state_resumes():
     torch.manual_seed(0)
-    model = classifier(optimizer=OptimConfig(name="lamb", lr=5e-2, schedule="inverse_sqrt", warmup=10))  # lr: a share of each norm
+    model = classifier(
+        optimizer=OptimConfig(name="lamb", lr=5e-2, schedule="inverse_sqrt", warmup=10)
+    )  # lr: a share of each norm
     params = [p for p in model.parameters() if p.requires_grad]
     built = build_optimizer([{"params": params, "weight_decay": 0.01}], model.optim_config, total_steps=60)
     optimizer = built["optimizer"]
@@ -156,7 +177,9 @@ def test_lamb_trains_through_the_module_and_its_state_resumes():
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0]
     again = Lamb([{"params": params, "weight_decay": 0.01}])
-    again.load_state_dict(torch.load(_saved(optimizer.state_dict()), weights_only=True))  # plain tensors: checkpoints load safely
+    again.load_state_dict(
+        torch.load(_saved(optimizer.state_dict()), weights_only=True)
+    )  # plain tensors: checkpoints load safely
     assert again.state[params[0]]["step"].item() == 60
 
 
@@ -170,14 +193,24 @@ def _saved(state: dict):
 
 
 def test_text_and_image_tasks_share_one_backbone():
-    model = TrunkModule({"words": SequenceClassification(), "pictures": ImageClassification(image_size=8, patch_size=4),
-                         "mlm": MaskedLanguageModeling()}, trunk=TINY,
-                        task_info={"words": {"label_names": ["a", "b"]}, "pictures": {"label_names": ["x", "y", "z"]}, "mlm": {}})
+    model = TrunkModule(
+        {
+            "words": SequenceClassification(),
+            "pictures": ImageClassification(image_size=8, patch_size=4),
+            "mlm": MaskedLanguageModeling(),
+        },
+        trunk=TINY,
+        task_info={"words": {"label_names": ["a", "b"]}, "pictures": {"label_names": ["x", "y", "z"]}, "mlm": {}},
+    )
     assert set(model.trunk.stems) == {"text", "image"}
     assert model.objectives["mlm"].head.decoder.weight is model.trunk.stems["text"].token.weight
     images = {"task": "pictures", "pixel_values": torch.randn(2, 1, 8, 8), "labels": torch.tensor([0, 2])}
-    text = {"task": "words", "input_ids": torch.randint(5, 60, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
-            "labels": torch.tensor([0, 1])}
+    text = {
+        "task": "words",
+        "input_ids": torch.randint(5, 60, (2, 6)),
+        "attention_mask": torch.ones(2, 6, dtype=torch.long),
+        "labels": torch.tensor([0, 1]),
+    }
     (model(images, "train") + model(text, "train")).backward()
     assert all(p.grad is not None for p in model.trunk.backbone.parameters())
 
@@ -187,7 +220,9 @@ def test_bad_task_configurations_are_clear_errors():
         classifier(["only"])
     with pytest.raises(ValueError, match=r"model.tasks names \['t'\] but data.tasks names \['u'\]"):
         TrunkModule({"t": SequenceClassification()}, trunk=TINY, task_info={"u": {"label_names": ["a", "b"]}})
-    with pytest.raises(ValueError, match="feeds token_classification objectives, but model.tasks.t is SequenceClassification"):
+    with pytest.raises(
+        ValueError, match="feeds token_classification objectives, but model.tasks.t is SequenceClassification"
+    ):
         TrunkModule({"t": SequenceClassification()}, trunk=TINY,
                     task_info={"t": {"kinds": ["token_classification"], "label_names": ["O", "B-X", "I-X"]}})
     with pytest.raises(ValueError, match="task_weights names \\['nope'\\]"):
@@ -195,8 +230,14 @@ def test_bad_task_configurations_are_clear_errors():
     with pytest.raises(ValueError, match="task_weights must be >= 0"):
         classifier(task_weights={"t": -1.0})
     with pytest.raises(ValueError, match="share one stem"):
-        TrunkModule({"a": ImageClassification(image_size=8, patch_size=4), "b": ImageClassification(image_size=8, patch_size=2)},
-                    trunk=TINY, task_info={"a": {"label_names": ["x", "y"]}, "b": {"label_names": ["x", "y"]}})
+        TrunkModule(
+            {
+                "a": ImageClassification(image_size=8, patch_size=4),
+                "b": ImageClassification(image_size=8, patch_size=2),
+            },
+            trunk=TINY,
+            task_info={"a": {"label_names": ["x", "y"]}, "b": {"label_names": ["x", "y"]}},
+        )
     with pytest.raises(ValueError, match="No task named 'nope'"):
         classifier().objective("nope")
     with pytest.raises(ValueError, match="complete BIO label set"):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import single_task, standalone, write_conll
-from trunk.datamodules import TokenClassificationData, read_conll
+
+from trunk.cli import run_cli
 from trunk.core.tagging import (
     Span,
     allowed_transitions,
@@ -20,9 +21,9 @@ from trunk.core.tagging import (
     spans_from_tags,
     tags_from_spans,
 )
+from trunk.datamodules import TokenClassificationData, read_conll
 from trunk.datamodules.tokenizer import train_wordpiece
 from trunk.tasks import EntityF1
-from trunk.cli import run_cli
 
 # -- tag schemes ------------------------------------------------------------------------------------
 
@@ -47,9 +48,9 @@ def test_spans_follow_the_conlleval_reading(tags, expected):
 
 
 def test_iob1_iob2_and_bioes_encodings_of_the_same_entities_read_the_same():
-    iob1 = "I-PER I-PER B-PER O I-LOC O".split()
-    iob2 = "B-PER I-PER B-PER O B-LOC O".split()
-    bioes = "B-PER E-PER S-PER O S-LOC O".split()
+    iob1 = ["I-PER", "I-PER", "B-PER", "O", "I-LOC", "O"]
+    iob2 = ["B-PER", "I-PER", "B-PER", "O", "B-LOC", "O"]
+    bioes = ["B-PER", "E-PER", "S-PER", "O", "S-LOC", "O"]
     assert spans_from_tags(iob1) == spans_from_tags(iob2) == spans_from_tags(bioes)
     spans = spans_from_tags(iob1)
     assert tags_from_spans(spans, 6, "bio") == iob2 and tags_from_spans(spans, 6, "bioes") == bioes
@@ -125,8 +126,12 @@ def test_entity_f1_sums_counts_across_two_processes(tmp_path):
     rng = random.Random(2)
     gold = [random_tags(rng, 8) for _ in range(50)]
     predicted = [random_tags(rng, 8) if i % 3 else list(g) for i, g in enumerate(gold)]
-    torch.multiprocessing.start_processes(_metric_worker, args=(2, str(tmp_path / "init"), gold, predicted, str(tmp_path / "out")),
-                                          nprocs=2, start_method="fork")
+    torch.multiprocessing.start_processes(
+        _metric_worker,
+        args=(2, str(tmp_path / "init"), gold, predicted, str(tmp_path / "out")),
+        nprocs=2,
+        start_method="fork",
+    )
     single = EntityF1(["LOC", "PER"])
     single.update(predicted, gold)
     expected = {k: v.item() for k, v in single.compute().items()}
@@ -150,9 +155,16 @@ def test_constrained_decoding_finds_the_best_well_formed_sequence(scheme):
     decoded = constrained_decode(scores, lengths, allowed)
     for b in range(6):
         n = lengths[b].item()
-        best = max((path for path in itertools.product(range(len(labels)), repeat=n)
-                    if allowed.start[path[0]] and allowed.end[path[-1]] and all(allowed.step[i, j] for i, j in zip(path, path[1:]))),
-                   key=lambda path: sum(scores[b, t, k].item() for t, k in enumerate(path)))
+        best = max(
+            (
+                path
+                for path in itertools.product(range(len(labels)), repeat=n)
+                if allowed.start[path[0]]
+                and allowed.end[path[-1]]
+                and all(allowed.step[i, j] for i, j in zip(path, path[1:]))
+            ),
+            key=lambda path: sum(scores[b, t, k].item() for t, k in enumerate(path)),
+        )
         assert tuple(decoded[b, :n].tolist()) == best
         tags = [labels[i] for i in best]
         assert tags_from_spans(spans_from_tags(tags), n, scheme) == tags  # well formed: survives a round trip
@@ -162,7 +174,8 @@ def test_constrained_decoding_finds_the_best_well_formed_sequence(scheme):
 
 
 def test_read_conll_skips_docstart_and_whitespace_lines_and_reads_gzip(tmp_path):
-    text = "-DOCSTART- -X- O\n\nEU NNP B-ORG\nrejects VBZ O\n \t \nPeter NNP B-PER\nBlackburn NNP I-PER\n\n\n-DOCSTART- -X- O\nOslo NNP B-LOC\n"
+    text = ("-DOCSTART- -X- O\n\nEU NNP B-ORG\nrejects VBZ O\n \t \nPeter NNP B-PER\nBlackburn NNP I-PER\n\n\n"
+            "-DOCSTART- -X- O\nOslo NNP B-LOC\n")
     (tmp_path / "a.txt").write_text(text)
     with gzip.open(tmp_path / "a.txt.gz", "wt") as f:
         f.write(text)
@@ -195,12 +208,15 @@ def split_words_data(tmp_path) -> TokenClassificationData:
     train = write_conll(tmp_path / "train.txt", [[("Ewan", "B-PER"), ("McGregor", "I-PER"), ("left", "O")],
                                                   [("Oslo", "B-LOC"), ("Mc", "O")]])
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
     from trunk.core.codec import SPECIAL_TOKENS
 
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "Ewan", "Mc", "##Gre", "##gor", "left", "Oslo"])}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     return standalone(TokenClassificationData(train=str(train)), tokenizer=str(tmp_path / "tokenizer.json"))
 
@@ -244,6 +260,7 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
         lines += ["-DOCSTART- -X- -X- O", ""] + [line for s in doc for line in [f"{w} NN O {t}" for w, t in s] + [""]]
     (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     from trunk.core.codec import SPECIAL_TOKENS
     tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -270,7 +287,9 @@ def test_document_context_surrounds_each_sentence_with_its_own_document_only(tmp
 def test_unknown_entity_types_at_test_time_are_a_clear_error(ner_files, tmp_path):
     test = write_conll(tmp_path / "odd.txt", [[("Mars", "B-PLANET"), ("is", "O"), ("red", "O")]])
     dm = standalone(TokenClassificationData(train=str(ner_files["train"]), test=str(test)), tokenizer_vocab_size=200)
-    with pytest.raises(ValueError, match=r"entity types \['PLANET'\] never occur in training; the model knows \['LOC', 'ORG', 'PER'\]"):
+    with pytest.raises(
+        ValueError, match=r"entity types \['PLANET'\] never occur in training; the model knows \['LOC', 'ORG', 'PER'\]"
+    ):
         dm.prepare("test")
 
 
@@ -332,17 +351,29 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
     words_only = tmp_path / "words.txt"
     words_only.write_text("Anna\nvisited\nOslo\n\nHooli\nleft\n")
     out = tmp_path / "words.jsonl"
-    run_cli(["predict", *[a for a in args if not a.startswith("--data.tasks.ner.predict")], f"--data.tasks.ner.predict={words_only}",
-             f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}", f"--predictions.output={out}"])
-    assert [json.loads(line)["words"] for line in out.read_text().splitlines()] == [["Anna", "visited", "Oslo"], ["Hooli", "left"]]
+    run_cli(
+        [
+            "predict",
+            *[a for a in args if not a.startswith("--data.tasks.ner.predict")],
+            f"--data.tasks.ner.predict={words_only}",
+            f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
+            f"--predictions.output={out}",
+        ]
+    )
+    assert [json.loads(line)["words"] for line in out.read_text().splitlines()] == [
+        ["Anna", "visited", "Oslo"],
+        ["Hooli", "left"],
+    ]
 
 
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
     from trunk.core.codec import Codec
-    from trunk.models import TrunkConfig, build_trunk
     from trunk.formats.trunk_dir import PretrainedTrunk, load_pretrained, save_pretrained
+    from trunk.models import TrunkConfig, build_trunk
 
-    tokenizer = train_wordpiece((" ".join(s) for s in read_conll(ner_files["train"])["tokens"]), vocab_size=200, lowercase=False)
+    tokenizer = train_wordpiece(
+        (" ".join(s) for s in read_conll(ner_files["train"])["tokens"]), vocab_size=200, lowercase=False
+    )
     config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64)
     trunk = PretrainedTrunk(tmp_path, config, {"text": {}}, build_trunk(config).state_dict(), codec=Codec(tokenizer))
     trunk_dir = save_pretrained(tmp_path / "trunk", trunk)
@@ -359,24 +390,35 @@ def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):
 def test_outside_weight_scales_the_loss_of_o_words():
     """The loss is cross-entropy weighted by label: O words count outside_weight, entity words 1 (a weighted mean)."""
     import torch.nn.functional as F
+
     from trunk.models import TrunkConfig
     from trunk.tasks import TokenClassification, TrunkModule
 
-    tiny = TrunkConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, dropout=0.0, attn_dropout=0.0)
+    tiny = TrunkConfig(
+        vocab_size=40, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, dropout=0.0, attn_dropout=0.0
+    )
     labels = ["O", "B-PER", "I-PER"]
-    weighted = TrunkModule({"t": TokenClassification(outside_weight=0.3)}, trunk=tiny, task_info={"t": {"label_names": labels}})
+    weighted = TrunkModule(
+        {"t": TokenClassification(outside_weight=0.3)}, trunk=tiny, task_info={"t": {"label_names": labels}}
+    )
     plain = TrunkModule({"t": TokenClassification()}, trunk=tiny, task_info={"t": {"label_names": labels}})
     plain.load_state_dict(weighted.state_dict())  # the weight is not stored: same weights, same logits
     weighted.eval(), plain.eval()  # no dropout between the calls
     torch.manual_seed(0)
-    batch = {"task": "t", "input_ids": torch.randint(5, 40, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
-             "labels": torch.tensor([[-100, 0, 1, 2, 0, -100], [-100, 1, 0, 0, 0, -100]])}
+    batch = {
+        "task": "t",
+        "input_ids": torch.randint(5, 40, (2, 6)),
+        "attention_mask": torch.ones(2, 6, dtype=torch.long),
+        "labels": torch.tensor([[-100, 0, 1, 2, 0, -100], [-100, 1, 0, 0, 0, -100]]),
+    }
     logits = weighted.objectives["t"](weighted.trunk, batch).float().flatten(0, 1)
     gold = batch["labels"].flatten()
     real = gold != -100
     nll = F.cross_entropy(logits[real], gold[real], reduction="none")
     w = torch.where(gold[real] == 0, 0.3, 1.0)
-    assert weighted.objectives["t"].loss(weighted.trunk, batch, "train").item() == pytest.approx(((w * nll).sum() / w.sum()).item(), rel=1e-5)
+    assert weighted.objectives["t"].loss(weighted.trunk, batch, "train").item() == pytest.approx(
+        ((w * nll).sum() / w.sum()).item(), rel=1e-5
+    )
     assert plain.objectives["t"].loss(plain.trunk, batch, "train").item() == pytest.approx(nll.mean().item(), rel=1e-5)
     with pytest.raises(ValueError, match=r"outside_weight must be in \(0, 1\]"):
         TokenClassification(outside_weight=0.0)

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import reversal_pairs, single_task, standalone
+
+from trunk.cli import run_cli
 from trunk.datamodules import TranslationData
 from trunk.datamodules.tokenizer import train_bpe
 from trunk.models import Decoder, SpecialIds, TrunkConfig, beam_search, greedy_search
-from trunk.cli import run_cli
 
 IDS = SpecialIds(bos=2, eos=3, pad=0, banned=(0, 2, 4))
 
@@ -79,7 +80,10 @@ def test_a_wide_beam_finds_the_best_hypothesis_by_brute_force(length_penalty):
     for b in range(2):
         hypotheses = [[*words, IDS.eos] for n in range(3) for words in itertools.product(range(5, 8), repeat=n)]
         hypotheses += [list(words) for words in itertools.product(range(5, 8), repeat=3)]  # cut by max_steps
-        best = max(hypotheses, key=lambda h: sequence_log_prob(decoder, mem[b : b + 1], mask[b : b + 1], h) / len(h) ** length_penalty)
+        best = max(
+            hypotheses,
+            key=lambda h: sequence_log_prob(decoder, mem[b : b + 1], mask[b : b + 1], h) / len(h) ** length_penalty,
+        )
         row = found[b].tolist()
         assert row[: len(best)] == best and all(t == IDS.pad for t in row[len(best) :])
 
@@ -88,15 +92,19 @@ def test_a_wide_beam_finds_the_best_hypothesis_by_brute_force(length_penalty):
 
 
 def test_bpe_tokenizer_detokenizes_exactly():
-    texts = ["A man, in a blue t-shirt, doesn't sit.", "Zwei Männer stehen am Herd.", "Fünf (5) Kinder: \"Hallo!\""] * 20
+    texts = ["A man, in a blue t-shirt, doesn't sit.", "Zwei Männer stehen am Herd.", 'Fünf (5) Kinder: "Hallo!"'] * 20
     tokenizer = train_bpe(texts, vocab_size=200)
     for text in texts[:3]:
         assert tokenizer.decode(tokenizer.encode(text).ids) == text
 
 
 def test_parallel_files_read_both_sides_in_the_chosen_direction(reversal_files):
-    forward = standalone(TranslationData(source_lang="src", target_lang="tgt", train=reversal_files["train"]), tokenizer_vocab_size=100)
-    backward = standalone(TranslationData(source_lang="tgt", target_lang="src", train=reversal_files["train"]), tokenizer_vocab_size=100)
+    forward = standalone(
+        TranslationData(source_lang="src", target_lang="tgt", train=reversal_files["train"]), tokenizer_vocab_size=100
+    )
+    backward = standalone(
+        TranslationData(source_lang="tgt", target_lang="src", train=reversal_files["train"]), tokenizer_vocab_size=100
+    )
     source, target = reversal_pairs(1500, seed=0)[0]
     assert (forward.raw("train")["source"][0], forward.raw("train")["target"][0]) == (source, target)
     assert (backward.raw("train")["source"][0], backward.raw("train")["target"][0]) == (target, source)
@@ -109,8 +117,16 @@ def test_parallel_files_read_both_sides_in_the_chosen_direction(reversal_files):
 def test_rows_with_a_translation_column_and_separate_vocabularies(tmp_path):
     rows = [{"translation": {"de": f"Ein Hund {i}.", "en": f"A dog {i}."}} for i in range(50)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dm = standalone(TranslationData(source_lang="de", target_lang="en", train=str(tmp_path / "train.jsonl"), joint_vocabulary=False,
-                                    target_tokenizer_vocab_size=60), tokenizer_vocab_size=60)
+    dm = standalone(
+        TranslationData(
+            source_lang="de",
+            target_lang="en",
+            train=str(tmp_path / "train.jsonl"),
+            joint_vocabulary=False,
+            target_tokenizer_vocab_size=60,
+        ),
+        tokenizer_vocab_size=60,
+    )
     assert dm.raw("train")["source"][3] == "Ein Hund 3." and dm.raw("train")["target"][3] == "A dog 3."
     assert "▁Hund" in dm.tokenizer.get_vocab() and "▁Hund" not in dm.target_tokenizer.get_vocab()
     assert "▁dog" in dm.target_tokenizer.get_vocab()
@@ -127,7 +143,9 @@ def test_bad_parallel_data_is_a_clear_error(tmp_path):
     (tmp_path / "b.en").write_text("one\ntwo\nthree\n")
     with pytest.raises(ValueError, match=r"line 2 \(b.de / b.en\) has an empty source sentence"):
         TranslationData(source_lang="de", target_lang="en", train=str(tmp_path / "b.{lang}")).raw("train")
-    with pytest.raises(FileNotFoundError, match=r"source file .*a.fr' \(source_lang='fr'\) does not exist.*\['a.de', 'a.en'\]"):
+    with pytest.raises(
+        FileNotFoundError, match=r"source file .*a.fr' \(source_lang='fr'\) does not exist.*\['a.de', 'a.en'\]"
+    ):
         TranslationData(source_lang="fr", target_lang="en", train=str(tmp_path / "a.{lang}")).raw("train")
     with pytest.raises(ValueError, match="both 'de'"):
         TranslationData(source_lang="de", target_lang="de")
@@ -140,15 +158,34 @@ def test_bad_parallel_data_is_a_clear_error(tmp_path):
 
 def translation_args(files: dict[str, str], tmp_path: Path, **overrides) -> list[str]:
     options = {
-        "model": "trunk.tasks.Translation", "model.trunk.d_model": 64, "model.trunk.n_layers": 2, "model.trunk.n_heads": 4,
-        "model.trunk.d_ff": 128, "model.trunk.max_len": 32, "model.trunk.positions": "rope", "model.trunk.dropout": 0.0,
-        "model.trunk.attn_dropout": 0.0, "model.label_smoothing": 0.0, "model.optimizer.lr": 3e-3,
+        "model": "trunk.tasks.Translation",
+        "model.trunk.d_model": 64,
+        "model.trunk.n_layers": 2,
+        "model.trunk.n_heads": 4,
+        "model.trunk.d_ff": 128,
+        "model.trunk.max_len": 32,
+        "model.trunk.positions": "rope",
+        "model.trunk.dropout": 0.0,
+        "model.trunk.attn_dropout": 0.0,
+        "model.label_smoothing": 0.0,
+        "model.optimizer.lr": 3e-3,
         "model.generation.beam_size": 1,  # exact output: beam search is checked against brute force above
-        "data": "trunk.datamodules.TranslationData", "data.source_lang": "src", "data.target_lang": "tgt",
-        "data.train": files["train"], "data.validation": files["validation"], "data.test": files["test"],
-        "data.tokenizer_vocab_size": 60, "data.max_length": 32, "data.batch_size": 32,
-        "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.max_epochs": 6, "trainer.enable_progress_bar": False,
-        "trainer.enable_model_summary": False, "trainer.default_root_dir": str(tmp_path / "run"), "seed_everything": 0,
+        "data": "trunk.datamodules.TranslationData",
+        "data.source_lang": "src",
+        "data.target_lang": "tgt",
+        "data.train": files["train"],
+        "data.validation": files["validation"],
+        "data.test": files["test"],
+        "data.tokenizer_vocab_size": 60,
+        "data.max_length": 32,
+        "data.batch_size": 32,
+        "trainer.accelerator": "cpu",
+        "trainer.devices": 1,
+        "trainer.max_epochs": 6,
+        "trainer.enable_progress_bar": False,
+        "trainer.enable_model_summary": False,
+        "trainer.default_root_dir": str(tmp_path / "run"),
+        "seed_everything": 0,
     }
     options.update(overrides)
     return single_task([f"--{k}={v}" for k, v in options.items() if v is not None], "translate")
@@ -161,14 +198,25 @@ def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(rever
     assert metrics["test/translate/acc"] > 0.99
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"val/translate/bleu", "val/translate/loss", "val/translate/acc", "train/loss", "val/score"} <= set(logged)
-    samples = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "translate.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line)
+        for line in (Path(cli.trainer.log_dir) / "samples" / "translate.jsonl").read_text().splitlines()
+    ]
     last = [r for r in samples if r["epoch"] == samples[-1]["epoch"]]
     assert set(last[0]) == {"epoch", "step", "id", "source", "reference", "hypothesis", "bleu"}
     assert all(r["bleu"] == pytest.approx(100.0) for r in last if r["hypothesis"] == r["reference"])
     assert sum(r["hypothesis"] == r["reference"] for r in last) > len(last) / 2  # mostly learnt by the last epoch
     ckpt = cli.trainer.checkpoint_callback.best_model_path
-    tested = run_cli(["test", *translation_args(reversal_files, tmp_path, **{"model.generation.max_length": 2}), f"--ckpt_path={ckpt}"])
-    assert tested.model.objectives["translate"].generation.max_length == 2  # generation options are the config's, not the checkpoint's
+    tested = run_cli(
+        [
+            "test",
+            *translation_args(reversal_files, tmp_path, **{"model.generation.max_length": 2}),
+            f"--ckpt_path={ckpt}",
+        ]
+    )
+    assert (
+        tested.model.objectives["translate"].generation.max_length == 2
+    )  # generation options are the config's, not the checkpoint's
     assert tested.trainer.callback_metrics["test/translate/bleu"] < 50  # two tokens cannot spell the reversed sentences
     sources = ["cat dog fish", "hat egg apple bird goat"]
     (tmp_path / "new.src").write_text("".join(s + "\n" for s in sources))
@@ -179,11 +227,18 @@ def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(rever
 
 
 def test_separate_vocabularies_travel_in_the_checkpoint(reversal_files, tmp_path):
-    args = translation_args(reversal_files, tmp_path, **{"data.joint_vocabulary": False, "model.share_embeddings": False,
-                                                          "trainer.max_epochs": 1, "data.test": None})
+    args = translation_args(
+        reversal_files,
+        tmp_path,
+        **{"data.joint_vocabulary": False, "model.share_embeddings": False, "trainer.max_epochs": 1, "data.test": None},
+    )
     cli = run_cli(["fit", *args])
     target_vocab_size = cli.datamodule.tasks["translate"].target_tokenizer.get_vocab_size()
-    assert cli.model.objectives["translate"].decoder.stem.token.num_embeddings == target_vocab_size != cli.datamodule.vocab_size
+    assert (
+        cli.model.objectives["translate"].decoder.stem.token.num_embeddings
+        == target_vocab_size
+        != cli.datamodule.vocab_size
+    )
     out = tmp_path / "out.jsonl"
     run_cli(["predict", *args, f"--data.tasks.translate.predict={reversal_files['test']}",
              f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
@@ -202,4 +257,6 @@ def test_bleu_matches_sacrebleu():
     references = ["A man in a blue t-shirt sits.", "Two dogs are running on grass.", "The kid doesn't smile today."]
     metric = SacreBLEUScore(tokenize="13a")
     metric.update(hypotheses, [[r] for r in references])
-    assert 100 * metric.compute().item() == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-4)
+    assert 100 * metric.compute().item() == pytest.approx(
+        sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-4
+    )

@@ -23,22 +23,45 @@ STEPS_PER_EPOCH = 16 + 25  # 256 sentiment rows at 16, 200 NER sentences at 8
 
 def fit_args(root: Path, sentiment_files, ner_files, epochs: int = 2) -> list[str]:
     """A two-task run (the sampler's state matters) with a checkpoint every 5 steps."""
-    return ["fit", *TRUNK, *sentiment_task(sentiment_files), *ner_task(ner_files), "--data.tokenizer_vocab_size=300",
-            "--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.max_epochs={epochs}", "--trainer.precision=32",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
-            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
-            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true", "--seed_everything=0",
-            "--fault_tolerance.save_every_steps=5", "--data.sampling=temperature"]
+    return [
+        "fit",
+        *TRUNK,
+        *sentiment_task(sentiment_files),
+        *ner_task(ner_files),
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        f"--trainer.max_epochs={epochs}",
+        "--trainer.precision=32",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=val/score",
+        "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.save_last=true",
+        "--seed_everything=0",
+        "--fault_tolerance.save_every_steps=5",
+        "--data.sampling=temperature",
+    ]
 
 
 def trunk(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
+    }
     return subprocess.run([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=env)
 
 
 def signal_at(step: int, signum: int = signal.SIGKILL) -> list[str]:
-    return ["--trainer.callbacks+=faults.SignalAt", f"--trainer.callbacks.step={step}", f"--trainer.callbacks.signum={int(signum)}"]
+    return [
+        "--trainer.callbacks+=faults.SignalAt",
+        f"--trainer.callbacks.step={step}",
+        f"--trainer.callbacks.signum={int(signum)}",
+    ]
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -86,11 +109,15 @@ def test_killed_at_random_steps_and_resumed_ends_bit_identical(sentiment_files, 
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(signum, code, sentiment_files, ner_files, tmp_path):
+def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(
+    signum, code, sentiment_files, ner_files, tmp_path
+):
     root = tmp_path / "run"
     result = trunk([*fit_args(root, sentiment_files, ner_files), *signal_at(7, signum)], tmp_path)
     assert result.returncode == code, result.stderr[-3000:]
-    assert torch.load(last(root), weights_only=True)["global_step"] == 7  # the step it was at, not the last periodic one
+    assert (
+        torch.load(last(root), weights_only=True)["global_step"] == 7
+    )  # the step it was at, not the last periodic one
     assert f"Received {signal.Signals(signum).name}" in result.stderr
     command = next(line for line in result.stderr.splitlines() if line.startswith("  trunk fit"))
     assert command.endswith(f"--ckpt_path={last(root)}") and "--trainer.max_epochs=2" in command
@@ -100,28 +127,47 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(sign
 def test_the_resume_command_drops_the_old_ckpt_path_in_either_spelling():
     from trunk.training.fault_tolerance import without_option
 
-    args = ["--config", "r.yaml", "--ckpt_path", "last", "--trainer.max_steps=9", "--ckpt_path=x.ckpt", "--ckpt_paths_x=1"]
+    args = [
+        "--config",
+        "r.yaml",
+        "--ckpt_path",
+        "last",
+        "--trainer.max_steps=9",
+        "--ckpt_path=x.ckpt",
+        "--ckpt_paths_x=1",
+    ]
     assert without_option(args, "--ckpt_path") == ["--config", "r.yaml", "--trainer.max_steps=9", "--ckpt_paths_x=1"]
 
 
 def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(sentiment_files, ner_files, tmp_path):
     root = tmp_path / "run"
-    result = trunk([*fit_args(root, sentiment_files, ner_files), "--model.optimizer.lr=1e4", "--model.optimizer.warmup=0"], tmp_path)
+    result = trunk(
+        [*fit_args(root, sentiment_files, ner_files), "--model.optimizer.lr=1e4", "--model.optimizer.warmup=0"],
+        tmp_path,
+    )
     assert result.returncode == 1
     message = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
-    assert message.startswith("error: Training stopped at step ") and "not finite" in message and "skip_bad_batches" in message
+    assert (
+        message.startswith("error: Training stopped at step ")
+        and "not finite" in message
+        and "skip_bad_batches" in message
+    )
     assert "Traceback" not in result.stderr
     for ckpt in root.rglob("*.ckpt"):
         assert all(torch.isfinite(w).all() for w in weights(ckpt).values() if w.is_floating_point()), ckpt
 
 
 def test_bad_steps_are_skipped_up_to_the_budget(sentiment_files, ner_files, tmp_path):
-    """A NaN gradient injected at step 3: dropped with skip_bad_batches=1 (the run finishes, weights finite), fatal without."""
+    """A NaN gradient injected at step 3: dropped with skip_bad_batches=1 (the run finishes, weights finite), fatal
+    without."""
     poison = ["--trainer.callbacks+=faults.NaNGradientAt", "--trainer.callbacks.step=3"]
     args = [*fit_args(tmp_path / "run", sentiment_files, ner_files, epochs=1), *poison]
     stopped = trunk(args, tmp_path)
     assert stopped.returncode == 1 and "error: Training stopped at step 3 (task " in stopped.stderr
-    skipped = trunk([*args, "--fault_tolerance.skip_bad_batches=1", "--trainer.default_root_dir=" + str(tmp_path / "skip")], tmp_path)
+    skipped = trunk(
+        [*args, "--fault_tolerance.skip_bad_batches=1", "--trainer.default_root_dir=" + str(tmp_path / "skip")],
+        tmp_path,
+    )
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     assert "Non-finite loss or gradients at step 3" in skipped.stderr
     final = weights(last(tmp_path / "skip"))
@@ -172,7 +218,10 @@ def flip_byte_in_largest_tensor(path: Path) -> None:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
     data = bytearray(path.read_bytes())
     header = info.header_offset
-    name_len, extra_len = int.from_bytes(data[header + 26:header + 28], "little"), int.from_bytes(data[header + 28:header + 30], "little")
+    name_len, extra_len = (
+        int.from_bytes(data[header + 26 : header + 28], "little"),
+        int.from_bytes(data[header + 28 : header + 30], "little"),
+    )
     data[header + 30 + name_len + extra_len + info.file_size // 2] ^= 0x10
     path.write_bytes(bytes(data))
 
@@ -190,9 +239,20 @@ def test_a_bit_flip_inside_a_checkpoint_tensor_is_refused(sentiment_files, ner_f
 def test_a_stalled_process_under_ddp_is_an_error_on_every_process_not_a_hang(sentiment_files, ner_files, tmp_path):
     args = [a for a in fit_args(tmp_path / "run", sentiment_files, ner_files) if not a.startswith("--trainer.devices")]
     ddp = ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--fault_tolerance.ddp_timeout_minutes=0.25"]
-    result = trunk([*args, *ddp, "--trainer.callbacks+=faults.StallAt", "--trainer.callbacks.step=3", "--trainer.callbacks.seconds=30"], tmp_path)
+    result = trunk(
+        [
+            *args,
+            *ddp,
+            "--trainer.callbacks+=faults.StallAt",
+            "--trainer.callbacks.step=3",
+            "--trainer.callbacks.seconds=30",
+        ],
+        tmp_path,
+    )
     assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: a collective between the processes")]
+    errors = [
+        line for line in result.stderr.splitlines() if line.startswith("error: a collective between the processes")
+    ]
     assert len(errors) == 2, result.stderr[-3000:]  # each process says it, neither hangs
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
@@ -210,8 +270,12 @@ def test_sigterm_during_a_long_evaluation_stops_within_a_batch(stage, sentiment_
     root = tmp_path / "run"
     args = fit_args(root, sentiment_files, ner_files, epochs=1)
     # 16 + 10 batches of 1 s; a validation after step 10, with 31 steps to train after it
-    evaluation = ["--data.tasks.sentiment.eval_batch_size=4", "--data.tasks.ner.eval_batch_size=4", "--trainer.val_check_interval=10",
-                  "--trainer.num_sanity_val_steps=2"]
+    evaluation = [
+        "--data.tasks.sentiment.eval_batch_size=4",
+        "--data.tasks.ner.eval_batch_size=4",
+        "--trainer.val_check_interval=10",
+        "--trainer.num_sanity_val_steps=2",
+    ]
     if stage == "test":
         assert trunk([*args, "--trainer.max_steps=3"], tmp_path).returncode == 0
         args = ["test", *args[1:], f"--ckpt_path={last(root)}"]
@@ -233,11 +297,17 @@ def test_sigterm_during_a_long_evaluation_stops_within_a_batch(stage, sentiment_
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
-def test_a_preempted_ddp_run_resumes_bit_identical_with_every_processs_random_state(sentiment_files, ner_files, tmp_path):
-    """Two gloo processes with dropout: SIGTERM to the first at step 7 (both save and stop), resume with --ckpt_path last.
-    Each process restores its own random state, so the dropout masks and the final weights equal the uninterrupted run's."""
+def test_a_preempted_ddp_run_resumes_bit_identical_with_every_processs_random_state(
+    sentiment_files, ner_files, tmp_path
+):
+    """Two gloo processes with dropout: SIGTERM to the first at step 7 (both save and stop), resume with --ckpt_path
+    last. Each process restores its own random state, so the dropout masks and the final weights equal the uninterrupted
+    run's."""
+
     def ddp_args(root: Path) -> list[str]:
-        args = [a for a in fit_args(root, sentiment_files, ner_files, epochs=1) if not a.startswith("--trainer.devices")]
+        args = [
+            a for a in fit_args(root, sentiment_files, ner_files, epochs=1) if not a.startswith("--trainer.devices")
+        ]
         return [*args, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--model.trunk.dropout=0.2"]
 
     straight = trunk(ddp_args(tmp_path / "straight"), tmp_path)
@@ -255,7 +325,9 @@ def test_a_preempted_ddp_run_resumes_bit_identical_with_every_processs_random_st
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
-def test_slurm_preemption_notice_saves_requeues_and_the_requeued_job_resumes_by_itself(sentiment_files, ner_files, tmp_path):
+def test_slurm_preemption_notice_saves_requeues_and_the_requeued_job_resumes_by_itself(
+    sentiment_files, ner_files, tmp_path
+):
     """SIGUSR1 (SLURM's notice, `#SBATCH --signal=USR1@90`) at step 7: the step is saved, `scontrol requeue <job>` is
     called (a fake scontrol on PATH records it), the exit status is 138. The same command in the requeued job
     (SLURM_RESTART_COUNT=1) resumes from last.ckpt by itself and ends with the uninterrupted run's weights."""

@@ -3,8 +3,9 @@
 import lightning as L
 import pytest
 import torch
-from trunk.tasks import FinetuneConfig, SequenceClassification, TrunkModule
+
 from trunk.cli import run_cli
+from trunk.tasks import FinetuneConfig, SequenceClassification, TrunkModule
 
 
 def fit(tiny_cli_args, *options, epochs: int = 1, callbacks=()):
@@ -63,8 +64,14 @@ def test_layer_decay_gives_one_learning_rate_per_depth(tiny_cli_args):
         "depth3": 0.01, "depth3_no_decay": 0.01,
     })
     by_name = {g["name"]: g for g in cli.trainer.optimizers[0].param_groups}
-    assert all(any(p is q for q in by_name["depth1"]["params"]) for p in cli.model.trunk.backbone.blocks[0].parameters() if p.ndim >= 2)
-    assert all(any(p is q for q in by_name["depth3"]["params"]) for p in cli.model.objectives.parameters() if p.ndim >= 2)
+    assert all(
+        any(p is q for q in by_name["depth1"]["params"])
+        for p in cli.model.trunk.backbone.blocks[0].parameters()
+        if p.ndim >= 2
+    )
+    assert all(
+        any(p is q for q in by_name["depth3"]["params"]) for p in cli.model.objectives.parameters() if p.ndim >= 2
+    )
 
 
 class RecordTrainable(L.Callback):
@@ -83,8 +90,13 @@ class RecordTrainable(L.Callback):
 
 def test_gradual_unfreezing_thaws_one_depth_every_k_epochs_top_down(tiny_cli_args):
     record = RecordTrainable()
-    model, before, trainer = fit(tiny_cli_args, "--model.finetune.unfreeze_every=2", "--model.finetune.freeze_embeddings=true",
-                                 epochs=5, callbacks=[record])
+    model, before, trainer = fit(
+        tiny_cli_args,
+        "--model.finetune.unfreeze_every=2",
+        "--model.finetune.freeze_embeddings=true",
+        epochs=5,
+        callbacks=[record],
+    )
     # depths: [stem, block 0, block 1]; the embeddings are frozen for good
     assert record.trainable == [
         [False, False, False], [False, False, False],  # epochs 0-1: only the head (and nothing in the trunk)
@@ -134,9 +146,14 @@ def test_gradual_unfreezing_under_ddp_and_fsdp2_thaws_what_one_process_thaws(tin
     for mode in ("one", "ddp", "fsdp2"):
         record = tmp_path / f"changes_{mode}.json"
         args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir"))]
-        args += ["--trainer.max_epochs=3", "--model.finetune.unfreeze_every=1", "--trainer.callbacks+=probes.RecordChanges",
-                 "--trainer.precision=32-true",  # a gradient rounded to zero in bf16 would leave a thawed weight as it was
-                 f"--trainer.callbacks.path={record}", f"--trainer.default_root_dir={tmp_path / mode}"]
+        args += [
+            "--trainer.max_epochs=3",
+            "--model.finetune.unfreeze_every=1",
+            "--trainer.callbacks+=probes.RecordChanges",
+            "--trainer.precision=32-true",  # a gradient rounded to zero in bf16 would leave a thawed weight as it was
+            f"--trainer.callbacks.path={record}",
+            f"--trainer.default_root_dir={tmp_path / mode}",
+        ]
         args += {"one": ["--trainer.devices=1"], "ddp": ["--trainer.devices=2", "--trainer.strategy=ddp"],
                  "fsdp2": ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml")]}[mode]
         done = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args], cwd=tmp_path, capture_output=True,
@@ -160,9 +177,12 @@ def test_activation_checkpointing_gives_the_same_gradients_with_less_kept(tiny_c
 
     def build(checkpointing: bool):
         torch.manual_seed(0)
-        return TrunkModule({"mt": Translation()}, trunk={"vocab_size": 60, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
-                                                          "max_len": 32}, task_info={"mt": {}},
-                           activation_checkpointing=checkpointing).train()
+        return TrunkModule(
+            {"mt": Translation()},
+            trunk={"vocab_size": 60, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 32},
+            task_info={"mt": {}},
+            activation_checkpointing=checkpointing,
+        ).train()
 
     plain, checkpointed = build(False), build(True)
     assert checkpointed.trunk.backbone.grad_checkpointing and checkpointed.objectives["mt"].decoder.grad_checkpointing
@@ -187,9 +207,13 @@ def test_compile_option_compiles_every_block_and_keeps_the_outputs():
     cfg = {"vocab_size": 60, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 32}
     torch.manual_seed(0)
     eager = TrunkModule({"s": SequenceClassification()}, trunk=cfg, task_info={"s": {"label_names": ["a", "b"]}}).eval()
-    compiled = TrunkModule({"s": SequenceClassification()}, trunk=cfg, task_info={"s": {"label_names": ["a", "b"]}}, compile=True).eval()
+    compiled = TrunkModule(
+        {"s": SequenceClassification()}, trunk=cfg, task_info={"s": {"label_names": ["a", "b"]}}, compile=True
+    ).eval()
     compiled.load_state_dict(eager.state_dict())
     assert all(block._compiled_call_impl is not None for block in compiled.trunk.backbone.blocks)
     ids = torch.randint(5, 60, (3, 10))
     with torch.no_grad():
-        torch.testing.assert_close(compiled.trunk(ids, torch.ones_like(ids)), eager.trunk(ids, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            compiled.trunk(ids, torch.ones_like(ids)), eager.trunk(ids, torch.ones_like(ids)), atol=1e-5, rtol=1e-5
+        )

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, write_rows
+
 from trunk.assembly.weights import HeadReuse, from_pretrained
-from trunk.tasks import SequenceClassification, TrunkModule, load
 from trunk.cli import run_cli
+from trunk.tasks import SequenceClassification, TrunkModule, load
 
 TRUNK = ["--model.trunk.d_model=32", "--model.trunk.n_layers=2", "--model.trunk.n_heads=4", "--model.trunk.d_ff=64",
          "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3"]
@@ -35,16 +36,30 @@ def ner_task(files: dict, name: str = "ner") -> list[str]:
 
 
 def shapes_task(name: str = "shapes") -> list[str]:
-    return [f"--model.tasks.{name}=trunk.tasks.ImageClassification", f"--model.tasks.{name}.image_size=16",
-            f"--model.tasks.{name}.patch_size=4", f"--data.tasks.{name}=trunk.datamodules.ImageClassificationData",
-            f"--data.tasks.{name}.dataset=trunk:shapes", f"--data.tasks.{name}.train=train",
-            f"--data.tasks.{name}.validation=validation", f"--data.tasks.{name}.test=test", f"--data.tasks.{name}.batch_size=64"]
+    return [
+        f"--model.tasks.{name}=trunk.tasks.ImageClassification",
+        f"--model.tasks.{name}.image_size=16",
+        f"--model.tasks.{name}.patch_size=4",
+        f"--data.tasks.{name}=trunk.datamodules.ImageClassificationData",
+        f"--data.tasks.{name}.dataset=trunk:shapes",
+        f"--data.tasks.{name}.train=train",
+        f"--data.tasks.{name}.validation=validation",
+        f"--data.tasks.{name}.test=test",
+        f"--data.tasks.{name}.batch_size=64",
+    ]
 
 
 def trainer(root: Path, epochs: int = 1) -> list[str]:
-    return ["--data.tokenizer_vocab_size=300", "--trainer.accelerator=cpu", "--trainer.devices=1",
-            f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={root}", "--seed_everything=0"]
+    return [
+        "--data.tokenizer_vocab_size=300",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        f"--trainer.max_epochs={epochs}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        "--seed_everything=0",
+    ]
 
 
 @pytest.fixture
@@ -57,10 +72,26 @@ def joint(sentiment_files, ner_files, tmp_path):
 def test_joint_run_logs_every_task_under_its_name_and_tests_both(joint):
     cli, _ = joint
     metrics = cli.trainer.callback_metrics
-    assert {"test/sentiment/acc", "test/sentiment/f1_macro", "test/sentiment/mcc", "test/ner/f1", "test/ner/acc", "test/score"} <= metrics.keys()
-    assert metrics["test/score"].item() == pytest.approx((metrics["test/sentiment/acc"] + metrics["test/ner/f1"]).item() / 2)
+    assert {
+        "test/sentiment/acc",
+        "test/sentiment/f1_macro",
+        "test/sentiment/mcc",
+        "test/ner/f1",
+        "test/ner/acc",
+        "test/score",
+    } <= metrics.keys()
+    assert metrics["test/score"].item() == pytest.approx(
+        (metrics["test/sentiment/acc"] + metrics["test/ner/f1"]).item() / 2
+    )
     logged = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"train/loss", "train/sentiment/loss_step", "train/ner/loss_step", "val/sentiment/acc", "val/ner/f1", "val/score"} <= set(logged)
+    assert {
+        "train/loss",
+        "train/sentiment/loss_step",
+        "train/ner/loss_step",
+        "val/sentiment/acc",
+        "val/ner/f1",
+        "val/score",
+    } <= set(logged)
     # 256 + 200 training rows at batches of 16 and 8: 16 + 25 steps an epoch
     assert cli.trainer.global_step == 2 * 41
 
@@ -144,12 +175,16 @@ def test_heads_carry_over_by_label_name_in_any_order(joint, tmp_path):
 
 
 def test_text_and_image_tasks_train_one_backbone_through_the_cli(sentiment_files, tmp_path):
-    cli = run_cli(["fit", *TRUNK, *sentiment_task(sentiment_files), *shapes_task(), *trainer(tmp_path / "run", epochs=2)])
+    cli = run_cli(
+        ["fit", *TRUNK, *sentiment_task(sentiment_files), *shapes_task(), *trainer(tmp_path / "run", epochs=2)]
+    )
     assert set(cli.model.trunk.stems) == {"text", "image"}
     metrics = cli.trainer.callback_metrics
     assert metrics["test/shapes/acc"] > 0.5 and "test/sentiment/acc" in metrics  # chance: 0.2 for shapes
     state = torch.load(cli.trainer.checkpoint_callback.best_model_path, weights_only=True)["state_dict"]
-    assert any(k.startswith("trunk.stems.image.") for k in state) and any(k.startswith("trunk.stems.text.") for k in state)
+    assert any(k.startswith("trunk.stems.image.") for k in state) and any(
+        k.startswith("trunk.stems.text.") for k in state
+    )
 
 
 @pytest.fixture
@@ -161,18 +196,30 @@ def keyword_sentiment_files(tmp_path):
 
     def example(rng):
         positive = rng.random() < 0.5
-        words = [rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(INTENSIFIERS), rng.choice(POSITIVE if positive else NEGATIVE)]
+        words = [
+            rng.choice(SUBJECTS),
+            rng.choice(VERBS),
+            rng.choice(INTENSIFIERS),
+            rng.choice(POSITIVE if positive else NEGATIVE),
+        ]
         return {"text": " ".join(w for w in words if w), "label": "positive" if positive else "negative"}
 
     rng = random.Random(0)
     sizes = {"train": 256, "validation": 64, "test": 64}
-    return {split: write_rows(tmp_path / f"kw_{split}.csv", [example(rng) for _ in range(n)]) for split, n in sizes.items()}
+    return {
+        split: write_rows(tmp_path / f"kw_{split}.csv", [example(rng) for _ in range(n)]) for split, n in sizes.items()
+    }
 
 
 def test_a_joint_toy_reaches_each_single_task_quality(keyword_sentiment_files, ner_files, tmp_path):
     """The same steps per task, alone or sharing the trunk (alternating batches): joint is no worse."""
     def fit(*tasks, name):
-        args = [*TRUNK, *(a for t in tasks for a in t), *trainer(tmp_path / name, epochs=10), "--data.tokenizer_vocab_size=1000"]
+        args = [
+            *TRUNK,
+            *(a for t in tasks for a in t),
+            *trainer(tmp_path / name, epochs=10),
+            "--data.tokenizer_vocab_size=1000",
+        ]
         return run_cli(["fit", *args]).trainer.callback_metrics  # a vocabulary large enough for both tasks' words
 
     joint = fit(sentiment_task(keyword_sentiment_files), ner_task(ner_files), name="joint")
@@ -198,8 +245,14 @@ def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_f
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))
     assert torch.load(ckpt, weights_only=True)["global_step"] == 8 + 13  # per rank: ceil(128/16) + ceil(100/8)
     one = run_cli(["validate", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
-    two = subprocess.run([sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})  # a rich table prints numbers whole
+    two = subprocess.run(
+        [sys.executable, "-m", "trunk.cli", "validate", *args, *ddp, f"--ckpt_path={ckpt}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # a rich table prints numbers whole
     assert two.returncode == 0, two.stderr[-3000:]
     for name in ("val/sentiment/acc", "val/ner/f1", "val/ner/acc"):  # 64 and 40 rows: no padding duplicates on 2 ranks
         line = next(line for line in two.stdout.splitlines() if f" {name} " in f" {line.replace('│', ' ')} ")
@@ -212,26 +265,40 @@ def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_f
 
 def test_task_names_must_agree_and_be_unique(sentiment_files, ner_files, tmp_path):
     args = [*TRUNK, *sentiment_task(sentiment_files), *trainer(tmp_path)]
-    with pytest.raises(SystemExit, match=r"model.tasks names \['other', 'sentiment'\] but data.tasks names \['sentiment'\]"):
+    with pytest.raises(
+        SystemExit, match=r"model.tasks names \['other', 'sentiment'\] but data.tasks names \['sentiment'\]"
+    ):
         run_cli([*args, "--model.tasks.other=trunk.tasks.SequenceClassification"], run=False)
     config = tmp_path / "twice.yaml"
     config.write_text("model:\n  tasks:\n    a:\n      class_path: trunk.tasks.SequenceClassification\n"
                       "    a:\n      class_path: trunk.tasks.TokenClassification\n")
-    with pytest.raises(SystemExit, match=r"twice.yaml, line 5: the key 'a' appears twice. Task names .* must be unique"):
+    with pytest.raises(
+        SystemExit, match=r"twice.yaml, line 5: the key 'a' appears twice. Task names .* must be unique"
+    ):
         run_cli(["fit", "--config", str(config), *args], run=False)
 
 
 def test_data_of_another_kind_than_the_objective_is_a_clear_error(ner_files, tmp_path):
     args = [*TRUNK, *ner_task(ner_files), "--model.tasks.ner=trunk.tasks.SequenceClassification", *trainer(tmp_path)]
-    with pytest.raises(ValueError, match="Task 'ner': its data feeds token_classification objectives, but model.tasks.ner is "
-                                         "SequenceClassification"):
+    with pytest.raises(
+        ValueError,
+        match="Task 'ner': its data feeds token_classification objectives, but model.tasks.ner is "
+        "SequenceClassification",
+    ):
         run_cli(args, run=False)
 
 
 def test_a_monitor_naming_no_task_is_a_clear_error(sentiment_files, tmp_path):
-    args = [*TRUNK, *sentiment_task(sentiment_files), *trainer(tmp_path),
-            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/sst2/acc"]
-    with pytest.raises(ValueError, match=r"monitors 'val/sst2/acc', but this run has no task 'sst2'; its tasks are \['sentiment'\]"):
+    args = [
+        *TRUNK,
+        *sentiment_task(sentiment_files),
+        *trainer(tmp_path),
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=val/sst2/acc",
+    ]
+    with pytest.raises(
+        ValueError, match=r"monitors 'val/sst2/acc', but this run has no task 'sst2'; its tasks are \['sentiment'\]"
+    ):
         run_cli(["fit", *args])
     with pytest.raises(ValueError, match="metrics are named <stage>/<task>/<metric>"):
         run_cli(["fit", *args[:-1], "--trainer.callbacks.monitor=val/acc"])
@@ -249,4 +316,7 @@ def test_a_joint_run_writes_each_tasks_validation_samples(joint):
     assert all("[" in r["gold"] for r in ner)  # every generated sentence has an entity
     assert (folder / "sentiment.jsonl").is_file()
     words = ["Anna", "Petrova", "visited", "New", "York", "today"]
-    assert mark_entities(words, [Span("PER", 0, 1), Span("LOC", 3, 4)]) == "[PER Anna Petrova] visited [LOC New York] today"
+    assert (
+        mark_entities(words, [Span("PER", 0, 1), Span("LOC", 3, 4)])
+        == "[PER Anna Petrova] visited [LOC New York] today"
+    )

@@ -8,12 +8,13 @@ import pytest
 import torch
 import yaml
 from conftest import REPO
+
+from trunk.cli.fit import LIGHTNING_PRECISION, TrunkTrainer, run_cli
+from trunk.datamodules.text import Preprocessor
+from trunk.inference.predictor import Predictor
 from trunk.models import TrunkConfig
 from trunk.tasks import SequenceClassification, TrunkModule
 from trunk.training import precision as P
-from trunk.datamodules.text import Preprocessor
-from trunk.inference.predictor import Predictor
-from trunk.cli.fit import LIGHTNING_PRECISION, TrunkTrainer, run_cli
 
 AVX2 = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse sse2 avx f16c avx2 fma\n"
 AVX512 = "model name\t: Intel Xeon Platinum 8168\nflags\t\t: fpu sse avx avx2 avx512f avx512bw\n"
@@ -44,9 +45,16 @@ def cpu(monkeypatch):
     P._warn_emulated_bf16.cache_clear()
 
 
-@pytest.mark.parametrize("text, capability, native", [
-    (AVX2, "AVX2", False), (AVX512, "AVX512", False), (AVX512_BF16, "AVX512-BF16", True), (AMX, "AMX", True), (ARM, None, None),
-])
+@pytest.mark.parametrize(
+    "text, capability, native",
+    [
+        (AVX2, "AVX2", False),
+        (AVX512, "AVX512", False),
+        (AVX512_BF16, "AVX512-BF16", True),
+        (AMX, "AMX", True),
+        (ARM, None, None),
+    ],
+)
 def test_the_cpu_capability_is_read_from_its_flags(text, capability, native):
     info = P.read_cpu_info(text)
     assert info.native_bf16 is native
@@ -54,7 +62,9 @@ def test_the_cpu_capability_is_read_from_its_flags(text, capability, native):
         assert info.capability == capability and str(info) == f"{info.name} ({capability})"
 
 
-@pytest.mark.parametrize("text, chosen", [(AVX2, "32-true"), (AVX512, "32-true"), (AVX512_BF16, "bf16-mixed"), (AMX, "bf16-mixed")])
+@pytest.mark.parametrize(
+    "text, chosen", [(AVX2, "32-true"), (AVX512, "32-true"), (AVX512_BF16, "bf16-mixed"), (AMX, "bf16-mixed")]
+)
 def test_auto_follows_the_flags_without_measuring(cpu, text, chosen):
     fake, probes = cpu
     fake(text)
@@ -85,7 +95,9 @@ def test_auto_on_gpus_follows_their_bf16_tensor_cores(monkeypatch, capability, c
 def test_explicit_bf16_on_an_emulating_cpu_runs_as_asked_and_warns_once(cpu):
     fake, _ = cpu
     fake(AVX2, slowdown=37.0)
-    with pytest.warns(UserWarning, match=r"AMD EPYC 7B13 \(AVX2\), has no bf16 matrix units.*took 37x.*--trainer.precision=auto"):
+    with pytest.warns(
+        UserWarning, match=r"AMD EPYC 7B13 \(AVX2\), has no bf16 matrix units.*took 37x.*--trainer.precision=auto"
+    ):
         assert P.resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
@@ -119,18 +131,26 @@ def test_auto_is_the_default_and_every_recipe_uses_it(tiny_cli_args, cpu, tmp_pa
 
 def test_inference_uses_the_same_rule(cpu, monkeypatch):
     fake, _ = cpu
-    model = TrunkModule({"s": SequenceClassification()}, trunk=TrunkConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32),
-                        task_info={"s": {"label_names": ["a", "b"]}})
+    model = TrunkModule(
+        {"s": SequenceClassification()},
+        trunk=TrunkConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32),
+        task_info={"s": {"label_names": ["a", "b"]}},
+    )
 
     class Texts:
         def preprocessor(self):
             return Preprocessor(list, self.encode_inputs, lambda text: 0, "a text", "text")
 
         def encode_inputs(self, texts, ids=None):
-            return {"input_ids": torch.ones(len(texts), 3, dtype=torch.long), "attention_mask": torch.ones(len(texts), 3, dtype=torch.long)}
+            return {
+                "input_ids": torch.ones(len(texts), 3, dtype=torch.long),
+                "attention_mask": torch.ones(len(texts), 3, dtype=torch.long),
+            }
 
     seen = []
-    monkeypatch.setattr(model.objectives["s"], "predict", lambda trunk, batch: seen.append(torch.is_autocast_enabled("cpu")) or [{}])
+    monkeypatch.setattr(
+        model.objectives["s"], "predict", lambda trunk, batch: seen.append(torch.is_autocast_enabled("cpu")) or [{}]
+    )
     for text, chosen in ((AVX2, "32-true"), (AMX, "bf16-mixed")):
         fake(text)
         predictor = Predictor(model, {"s": Texts()})
@@ -140,5 +160,7 @@ def test_inference_uses_the_same_rule(cpu, monkeypatch):
     fake(AVX2)
     with pytest.warns(UserWarning, match="has no bf16 matrix units"):
         assert Predictor(model, {"s": Texts()}, precision="bf16-mixed").precision == "bf16-mixed"
-    with pytest.raises(ValueError, match=r"precision='16-mixed': inference runs in one of \['auto', '32-true', 'bf16-mixed'\]"):
+    with pytest.raises(
+        ValueError, match=r"precision='16-mixed': inference runs in one of \['auto', '32-true', 'bf16-mixed'\]"
+    ):
         Predictor(model, {"s": Texts()}, precision="16-mixed")

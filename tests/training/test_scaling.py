@@ -17,8 +17,13 @@ RUN = REPO / "tests" / "parallel_run.py"
 
 
 def train(mode: str, steps: int, out: Path, *extra: str) -> dict[str, torch.Tensor]:
-    done = subprocess.run([sys.executable, str(RUN), mode, str(steps), str(out), *extra], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, str(RUN), mode, str(steps), str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
@@ -64,9 +69,15 @@ def test_tensor_parallel_alone_and_under_fsdp2_trains_and_checkpoints_like_one_p
     layout (the fused key/value rows in their order)."""
     one = train("one", 20, tmp_path / "one.pt")
     train("tp", 20, tmp_path / "tp.pt", "--stop-at", "10", "--save", str(tmp_path / "tp10.ckpt"))
-    assert max_difference(one, torch.load(tmp_path / "tp.pt", weights_only=True)) > 1e-4  # 10 of 20 steps: not there yet
-    assert max_difference(one, train("tp_fsdp2", 20, tmp_path / "2d.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
-    assert max_difference(one, train("one", 20, tmp_path / "resumed.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
+    assert (
+        max_difference(one, torch.load(tmp_path / "tp.pt", weights_only=True)) > 1e-4
+    )  # 10 of 20 steps: not there yet
+    assert (
+        max_difference(one, train("tp_fsdp2", 20, tmp_path / "2d.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
+    )
+    assert (
+        max_difference(one, train("one", 20, tmp_path / "resumed.pt", "--resume", str(tmp_path / "tp10.ckpt"))) < 1e-5
+    )
 
 
 @pytest.mark.parametrize("positions", ["alibi", "t5"])
@@ -91,8 +102,11 @@ def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
             return 2
 
     def model(**trunk):
-        return TrunkModule({"s": SequenceClassification()}, trunk={"vocab_size": 50, "d_model": 24, "n_heads": 2, "d_ff": 48, **trunk},
-                           task_info={"s": {"label_names": ["a", "b"]}})
+        return TrunkModule(
+            {"s": SequenceClassification()},
+            trunk={"vocab_size": 50, "d_model": 24, "n_heads": 2, "d_ff": 48, **trunk},
+            task_info={"s": {"label_names": ["a", "b"]}},
+        )
 
     with pytest.raises(ValueError, match=r"n_heads=3 and d_ff=48 must be multiples of 2"):
         tensor_parallel(model(n_heads=3), Mesh())
@@ -104,8 +118,23 @@ def test_fsdp2_preset_trains_checkpoints_and_exports_through_the_cli(tiny_cli_ar
     that `trunk test` evaluates and `trunk export` turns into a trunk directory."""
     args = [a for a in tiny_cli_args if not a.startswith("--trainer.devices")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
-                          "--trainer.max_epochs=2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    fit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            "fit",
+            *args,
+            "--config",
+            str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+            "--trainer.max_epochs=2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert "test/sentiment/acc" in fit.stdout + fit.stderr
     checkpoints = sorted((tmp_path / "run").rglob("*.ckpt"))
@@ -127,12 +156,31 @@ def test_fsdp2_pretraining_in_bf16_exports_a_trunk_equal_to_its_checkpoint(tmp_p
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(sentences(600)) + "\n")
-    args = [a for a in pretrain_args(corpus, tmp_path / "run") if not a.startswith(("--trainer.devices", "--trainer.val_check"))]
+    args = [
+        a
+        for a in pretrain_args(corpus, tmp_path / "run")
+        if not a.startswith(("--trainer.devices", "--trainer.val_check"))
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fit = subprocess.run([sys.executable, "-m", "trunk.cli", *args, "--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
-                          "--trainer.precision=bf16-mixed", "--trainer.val_check_interval=3",
-                          "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    fit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            *args,
+            "--config",
+            str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+            "--trainer.precision=bf16-mixed",
+            "--trainer.val_check_interval=3",
+            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+            "--trainer.callbacks.save_last=true",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     exported = load_file(str(tmp_path / "run" / "trunk" / "model.safetensors"))
     last = next((tmp_path / "run").rglob("last.ckpt"))
@@ -152,17 +200,45 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
     `init_from` gather it, giving the trunk directory a consolidated checkpoint of the same run gives."""
     from safetensors.torch import load_file
 
-    args = [a for a in tiny_cli_args if not a.startswith(("--trainer.devices", "--trainer.default_root_dir", "--data.tasks.sentiment.test",
-                                                           "--data.tasks.sentiment.predict"))]
+    args = [
+        a
+        for a in tiny_cli_args
+        if not a.startswith(
+            (
+                "--trainer.devices",
+                "--trainer.default_root_dir",
+                "--data.tasks.sentiment.test",
+                "--data.tasks.sentiment.predict",
+            )
+        )
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fsdp2 = ["--config", str(REPO / "configs/trainer/fsdp2_cpu.yaml"), "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
-             "--trainer.callbacks.save_last=true"]
+    fsdp2 = [
+        "--config",
+        str(REPO / "configs/trainer/fsdp2_cpu.yaml"),
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.save_last=true",
+    ]
     exports = {}
     for sharded in (False, True):
         root = tmp_path / ("sharded" if sharded else "consolidated")
-        fit = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *fsdp2, f"--trainer.default_root_dir={root}",
-                              f"--trainer.strategy.init_args.save_distributed_checkpoint={str(sharded).lower()}"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        fit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trunk.cli",
+                "fit",
+                *args,
+                *fsdp2,
+                f"--trainer.default_root_dir={root}",
+                f"--trainer.strategy.init_args.save_distributed_checkpoint={str(sharded).lower()}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert fit.returncode == 0, fit.stderr[-3000:]
         last = next(root.rglob("last.ckpt"))
         assert last.is_dir() == sharded
@@ -182,9 +258,23 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
     assert start.returncode == 0, start.stderr[-3000:]
     # and be evaluated from it in one process (`trunk test --ckpt_path DIR`); a plain directory is refused
     test_split = next(a for a in tiny_cli_args if a.startswith("--data.tasks.sentiment.test="))
-    test = subprocess.run([sys.executable, "-m", "trunk.cli", "test", *args, test_split, f"--ckpt_path={sharded_last}",
-                           f"--trainer.default_root_dir={tmp_path / 'test'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env=env)
+    test = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trunk.cli",
+            "test",
+            *args,
+            test_split,
+            f"--ckpt_path={sharded_last}",
+            f"--trainer.default_root_dir={tmp_path / 'test'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert test.returncode == 0, test.stderr[-3000:]
     assert "test/sentiment/acc" in test.stdout + test.stderr
     plain = subprocess.run([sys.executable, "-m", "trunk.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
@@ -221,11 +311,17 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
     import importlib.util
     import inspect
     import warnings
-    from typing import Union
 
     import yaml
     from jsonargparse import ArgumentParser
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
+    from lightning.pytorch.strategies import (
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+        Strategy,
+        StrategyRegistry,
+    )
+
     from trunk.models.trunk import Block
 
     config = yaml.safe_load((REPO / "configs" / "trainer" / f"{preset}.yaml").read_text())["trainer"]
@@ -240,7 +336,7 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
         assert strategy in StrategyRegistry
         return
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--strategy", type=Union[str, Strategy])
+    parser.add_argument("--strategy", type=str | Strategy)
     if preset == "deepspeed_zero2_gpu" and importlib.util.find_spec("deepspeed") is None:
         inspect.signature(DeepSpeedStrategy).bind(**strategy["init_args"])  # every key is an argument of the strategy
         with pytest.raises(Exception, match="pip install -U deepspeed"), warnings.catch_warnings():
@@ -251,7 +347,10 @@ def test_gpu_presets_build_their_strategy(preset, monkeypatch):
         warnings.simplefilter("ignore")
         built = parser.instantiate_classes(parser.parse_object({"strategy": strategy})).strategy
     if preset == "tp_fsdp2_gpu":
-        assert isinstance(built, ModelParallelStrategy) and (built._data_parallel_size, built._tensor_parallel_size) == (4, 2)
+        assert isinstance(built, ModelParallelStrategy) and (
+            built._data_parallel_size,
+            built._tensor_parallel_size,
+        ) == (4, 2)
         assert config["devices"] == 4 * 2
     if preset == "fsdp_gpu":
         assert isinstance(built, FSDPStrategy) and built.kwargs["use_orig_params"] is True

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from trunk.cli import run_cli
 from trunk.core.masking import mask_tokens
 from trunk.tasks import load
 from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss
-from trunk.cli import run_cli
 
 
 def test_mask_tokens_masks_ordinary_tokens_only_and_labels_what_it_hid():
@@ -24,13 +25,18 @@ def test_mask_tokens_masks_ordinary_tokens_only_and_labels_what_it_hid():
 
 
 def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_round_trips(tiny_cli_args, tmp_path):
-    fit = run_cli(["fit", *tiny_cli_args, "--model.aux_mlm=0.5", "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1"])
+    fit = run_cli(
+        ["fit", *tiny_cli_args, "--model.aux_mlm=0.5", "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1"]
+    )
     metrics = fit.trainer.callback_metrics
-    rows = list(csv.DictReader(open(Path(fit.trainer.log_dir) / "metrics.csv")))
+    with open(Path(fit.trainer.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
     aux = [float(r["train/sentiment/aux_mlm_loss_epoch"]) for r in rows if r.get("train/sentiment/aux_mlm_loss_epoch")]
     assert len(aux) == 3 and aux[-1] < aux[0]  # logged every epoch, and learned
     model = fit.model
-    assert model.aux_mlm_head.decoder.weight is model.trunk.stems["text"].token.weight  # tied: no second vocabulary matrix
+    assert (
+        model.aux_mlm_head.decoder.weight is model.trunk.stems["text"].token.weight
+    )  # tied: no second vocabulary matrix
     # the step's loss is the task's loss plus the weighted masked-LM loss of the same batch
     batch = next(iter(fit.datamodule.train_dataloader()))
     model.train()
@@ -38,10 +44,14 @@ def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_ro
     torch.manual_seed(0)
     total = model(batch, "train")
     torch.manual_seed(0)
-    task = model.objective("sentiment").loss(model.trunk, batch, "train")  # first: the step draws its randomness in this order
-    assert total.item() == pytest.approx((task + 0.5 * auxiliary_mlm_loss(model.aux_mlm_head, model.trunk, batch, model._special_ids)).item(),
-                                         rel=1e-5)
-    # a checkpoint rebuilds the option and the head; evaluation and inference need neither the data's masking nor the head
+    task = model.objective("sentiment").loss(
+        model.trunk, batch, "train"
+    )  # first: the step draws its randomness in this order
+    assert total.item() == pytest.approx(
+        (task + 0.5 * auxiliary_mlm_loss(model.aux_mlm_head, model.trunk, batch, model._special_ids)).item(), rel=1e-5
+    )
+    # a checkpoint rebuilds the option and the head; evaluation and inference need neither the data's masking nor the
+    # head
     best = fit.trainer.checkpoint_callback.best_model_path
     tested = run_cli(["test", *tiny_cli_args, f"--ckpt_path={best}"]).trainer.callback_metrics
     assert tested["test/sentiment/acc"] == pytest.approx(float(metrics["test/sentiment/acc"]))
@@ -59,13 +69,23 @@ def test_reinit_top_starts_the_top_blocks_afresh_and_keeps_the_rest_pretrained(t
     fit = run_cli(["fit", *tiny_cli_args])
     trunk_dir = export_checkpoint(fit.trainer.checkpoint_callback.best_model_path, tmp_path / "trunk")
     pretrained = load_pretrained(trunk_dir).trunk_weights
-    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [f"--trainer.default_root_dir={tmp_path / 'again'}",
-                                                                        f"--model.init_from={trunk_dir}"]
+    args = [a for a in tiny_cli_args if "default_root_dir" not in a] + [
+        f"--trainer.default_root_dir={tmp_path / 'again'}",
+        f"--model.init_from={trunk_dir}",
+    ]
     model = run_cli([*args, "--model.finetune.reinit_top=1"], run=False).model
-    same = {name: torch.equal(value, pretrained[name]) for name, value in model.trunk.state_dict().items() if name in pretrained}
+    same = {
+        name: torch.equal(value, pretrained[name])
+        for name, value in model.trunk.state_dict().items()
+        if name in pretrained
+    }
     top = f"backbone.blocks.{model.trunk_config.n_layers - 1}."
-    assert not any(ok for name, ok in same.items() if name.startswith(top) and name.endswith("weight") and "norm" not in name)
-    assert all(ok for name, ok in same.items() if not name.startswith(top))  # embeddings, lower blocks, final norm: pretrained
+    assert not any(
+        ok for name, ok in same.items() if name.startswith(top) and name.endswith("weight") and "norm" not in name
+    )
+    assert all(
+        ok for name, ok in same.items() if not name.startswith(top)
+    )  # embeddings, lower blocks, final norm: pretrained
     with pytest.raises(ValueError, match="finetune.reinit_top=3 exceeds the trunk's 2 blocks"):
         run_cli([*args, "--model.finetune.reinit_top=3"], run=False)
 
@@ -74,7 +94,9 @@ def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
     from trunk.models import TrunkConfig
     from trunk.models.stems import TokenStem
 
-    stem = TokenStem(TrunkConfig(vocab_size=50, d_model=16, n_heads=2, max_len=64, positions="rope", dropout=0.0, token_dropout=0.25))
+    stem = TokenStem(
+        TrunkConfig(vocab_size=50, d_model=16, n_heads=2, max_len=64, positions="rope", dropout=0.0, token_dropout=0.25)
+    )
     ids = torch.randint(0, 50, (32, 64))
     torch.manual_seed(0)
     out = stem.train()(ids)
@@ -88,13 +110,29 @@ def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
 
 def test_ner_trains_on_a_byte_level_bpe_vocabulary(ner_files, tmp_path):
     """Byte-level pieces carry the word boundaries NER labels by (the first piece of each word is labelled)."""
-    args = ["fit", "--model.tasks.ner=trunk.tasks.TokenClassification", "--model.trunk.d_model=32", "--model.trunk.n_layers=2",
-            "--model.trunk.n_heads=4", "--model.trunk.d_ff=64", "--model.trunk.max_len=64", "--model.optimizer.lr=3e-3",
-            "--data.tasks.ner=trunk.datamodules.TokenClassificationData", f"--data.tasks.ner.train={ner_files['train']}",
-            f"--data.tasks.ner.validation={ner_files['validation']}", f"--data.tasks.ner.test={ner_files['test']}",
-            "--data.tasks.ner.max_length=64", "--data.tokenizer_model=byte_bpe", "--data.tokenizer_vocab_size=400",
-            "--trainer.max_epochs=6", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}", "--seed_everything=0"]
+    args = [
+        "fit",
+        "--model.tasks.ner=trunk.tasks.TokenClassification",
+        "--model.trunk.d_model=32",
+        "--model.trunk.n_layers=2",
+        "--model.trunk.n_heads=4",
+        "--model.trunk.d_ff=64",
+        "--model.trunk.max_len=64",
+        "--model.optimizer.lr=3e-3",
+        "--data.tasks.ner=trunk.datamodules.TokenClassificationData",
+        f"--data.tasks.ner.train={ner_files['train']}",
+        f"--data.tasks.ner.validation={ner_files['validation']}",
+        f"--data.tasks.ner.test={ner_files['test']}",
+        "--data.tasks.ner.max_length=64",
+        "--data.tokenizer_model=byte_bpe",
+        "--data.tokenizer_vocab_size=400",
+        "--trainer.max_epochs=6",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--seed_everything=0",
+    ]
     fit = run_cli(args)
     assert fit.datamodule.codec.tokenizer.get_vocab_size() <= 400
     assert fit.trainer.callback_metrics["test/ner/f1"] > 0.8

@@ -27,17 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from trunk.assembly.weights import HeadReuse, load_weights
 from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
 from trunk.datamodules.text import TextDataModule
-from trunk.models import TrunkConfig
-from trunk.assembly.weights import HeadReuse, load_weights
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.models import TrunkConfig
 from trunk.tasks.registry import as_objective
 from trunk.training.finetuning import FinetuneConfig
 from trunk.training.module import TrunkModule
+
 
 # How a trained model is run, not what it learned: with --ckpt_path these come from the config, not the
 # checkpoint (else a beam size could never change).
@@ -78,7 +80,9 @@ def stored_options(ckpt: dict) -> dict:
     """The model options a checkpoint was trained with, as ``TrunkModule`` takes them (older checkpoints
     also stored ``init_from``: where their weights came from, not needed to rebuild them)."""
     names = inspect.signature(TrunkModule.__init__).parameters
-    return {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k in names and k not in ("task_info", "codec")}
+    return {
+        k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k in names and k not in ("task_info", "codec")
+    }
 
 
 def check_checkpoint_tasks(ckpt: dict, objectives: dict, path: str | Path) -> None:
@@ -86,9 +90,11 @@ def check_checkpoint_tasks(ckpt: dict, objectives: dict, path: str | Path) -> No
     stored = {task: head["kind"] for task, head in ckpt["trunk_meta"]["heads"].items()}
     configured = {task: objective.kind for task, objective in objectives.items()}
     if stored != configured:
-        raise RunSourceError(f"--ckpt_path '{path}' was trained for the tasks {stored}, but this config has {configured}. Pass "
-                         "the config the checkpoint was trained with; or, to start a new run from its weights (heads carry "
-                         f"over by task name and kind), use --model.init_from={path} instead of --ckpt_path.")
+        raise RunSourceError(
+            f"--ckpt_path '{path}' was trained for the tasks {stored}, but this config has {configured}. Pass the "
+            "config the checkpoint was trained with; or, to start a new run from its weights (heads carry over by "
+            f"task name and kind), use --model.init_from={path} instead of --ckpt_path."
+        )
 
 
 def checkpoint_options(ckpt: dict, configured: dict) -> dict:
@@ -107,10 +113,34 @@ def checkpoint_options(ckpt: dict, configured: dict) -> dict:
 
 # Data options that decide which batches a run trains on, in which order: a resumed run replays the saved run's stream
 # and skips the batches already trained on, so with other values it would skip or repeat batches and miss validations.
-STREAM_OPTIONS = ("train", "batch_size", "max_length", "val_fraction", "hold_out_by", "select", "dataset", "dataset_config",
-                  "column_names", "file_type", "line_pattern", "encoding", "documents", "text_column", "text_pair_column", "label_column", "bucket_by_length",
-                  "sampling", "temperature", "weights", "anneal_to", "steps_per_epoch", "seed", "tokenizer", "tokenizer_vocab_size",
-                  "tokenizer_min_frequency")
+STREAM_OPTIONS = (
+    "train",
+    "batch_size",
+    "max_length",
+    "val_fraction",
+    "hold_out_by",
+    "select",
+    "dataset",
+    "dataset_config",
+    "column_names",
+    "file_type",
+    "line_pattern",
+    "encoding",
+    "documents",
+    "text_column",
+    "text_pair_column",
+    "label_column",
+    "bucket_by_length",
+    "sampling",
+    "temperature",
+    "weights",
+    "anneal_to",
+    "steps_per_epoch",
+    "seed",
+    "tokenizer",
+    "tokenizer_vocab_size",
+    "tokenizer_min_frequency",
+)
 
 
 def _leaves(value, prefix: str = "") -> dict:
@@ -126,7 +156,9 @@ def _leaves(value, prefix: str = "") -> dict:
 
 def resume_changes(ckpt: dict, model_options: dict, data_options: dict) -> tuple[list[str], list[str]]:
     """What a resumed run's config changes against the checkpoint it resumes: (model options, which the saved run's
-    values override, and stream options, which would misalign the resumed epoch), each as ``name: saved -> configured``."""
+    values override, and stream options, which would misalign the resumed epoch), each as ``name: saved ->
+    configured``."""
+
     def differ(saved: dict, configured: dict, keep) -> list[str]:
         return [f"{key}: {saved[key]!r} -> {configured[key]!r}" for key in sorted(set(saved) & set(configured))
                 if keep(key) and saved[key] != configured[key]]
@@ -154,10 +186,14 @@ def fit_lengths(tasks: dict, max_len: int, fixed_by: str | None) -> list[str]:
             if not value or value <= max_len:
                 continue
             if fixed_by is None:
-                raise ValueError(f"data.tasks.{name}.{key}={value} is longer than the trunk's max_len={max_len}: lower "
-                                 f"data.tasks.{name}.{key}, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed).")
+                raise ValueError(
+                    f"data.tasks.{name}.{key}={value} is longer than the trunk's max_len={max_len}: lower "
+                    f"data.tasks.{name}.{key}, or raise model.trunk.max_len (a pretrained trunk's max_len is fixed)."
+                )
             setattr(member, key, max_len)
-            notes.append(f"data.tasks.{name}.{key} {value} -> {max_len}: the position table of {fixed_by} holds {max_len}")
+            notes.append(
+                f"data.tasks.{name}.{key} {value} -> {max_len}: the position table of {fixed_by} holds {max_len}"
+            )
     return notes
 
 
@@ -176,8 +212,10 @@ def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | No
             with_deltas = sorted(name for name, head in pretrained.heads.items() if head["meta"].get("peft"))
             missing = [name for name in names if name not in with_deltas]
             if missing:
-                raise RunSourceError(f"model.peft.{task}.compose names {missing}, but model.init_from brings deltas for "
-                                     f"{with_deltas or 'no task'}. Add their task directories to model.init_from.")
+                raise RunSourceError(
+                    f"model.peft.{task}.compose names {missing}, but model.init_from brings deltas for "
+                    f"{with_deltas or 'no task'}. Add their task directories to model.init_from."
+                )
             out[task] = {**options, "compose": {name: pretrained.heads[name]["meta"]["peft"] for name in names}}
     return out or peft
 
@@ -196,7 +234,8 @@ def restore(ckpt: dict, path: str | Path, tasks: dict) -> TrunkModule:
 
 
 def _rebuild(ckpt: dict, path: str | Path, options: dict, tasks: dict, codec: Codec) -> tuple[TrunkModule, list[str]]:
-    """A checkpoint's model, and the notes of what its labels and lengths changed of ``tasks`` (connected to ``codec``)."""
+    """A checkpoint's model, and the notes of what its labels and lengths changed of ``tasks`` (connected to
+    ``codec``)."""
     report = []
     for name, head in ckpt["trunk_meta"]["heads"].items():
         if head.get("label_names") is not None:
@@ -208,8 +247,15 @@ def _rebuild(ckpt: dict, path: str | Path, options: dict, tasks: dict, codec: Co
     return TrunkModule(**{**options, "trunk": trunk}, task_info=task_info, codec=codec), report
 
 
-def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | None = None, ckpt_path: str | Path | None = None,
-            reuse: HeadReuse | None = None, checkpoint: dict | None = None) -> Resolved:
+def resolve(
+    options: dict,
+    data,
+    *,
+    init_from: str | Path | PretrainedTrunk | None = None,
+    ckpt_path: str | Path | None = None,
+    reuse: HeadReuse | None = None,
+    checkpoint: dict | None = None,
+) -> Resolved:
     """Decide a run's facts once and build its model (see the module's docstring).
 
     ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
@@ -232,7 +278,9 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         codec = Codec.from_state(ckpt.get("codec", {}))
         data.connect(codec)
         model, report = _rebuild(ckpt, ckpt_path, checkpoint_options(ckpt, options), data.tasks, codec)
-        report.insert(0, f"weights, tokenizer and labels from --ckpt_path '{ckpt_path}' (step {ckpt.get('global_step', 0)})")
+        report.insert(
+            0, f"weights, tokenizer and labels from --ckpt_path '{ckpt_path}' (step {ckpt.get('global_step', 0)})"
+        )
         return Resolved(model, ckpt, Path(ckpt_path), report, str(ckpt_path))
 
     if init_from is not None:
@@ -243,23 +291,36 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
         source = pretrained.path
         report.append(f"weights from model.init_from '{source}'")
         if "text" in pretrained.stems:
-            if data.tokenizer_path is not None and Path(data.tokenizer_path).resolve() not in (source.resolve(), (source / "tokenizer.json").resolve()):
-                raise RunSourceError(f"data.tokenizer='{data.tokenizer_path}' but model.init_from='{init_from}' brings its own tokenizer, "
-                                 "which the pretrained weights need. Remove data.tokenizer.")
+            if data.tokenizer_path is not None and Path(data.tokenizer_path).resolve() not in (
+                source.resolve(),
+                (source / "tokenizer.json").resolve(),
+            ):
+                raise RunSourceError(
+                    f"data.tokenizer='{data.tokenizer_path}' but model.init_from='{init_from}' brings its own "
+                    "tokenizer, which the pretrained weights need. Remove data.tokenizer."
+                )
             tokenizer = pretrained.codec.tokenizer
             report.append(f"tokenizer from '{source}' ({tokenizer.get_vocab_size()} tokens, "
                           f"{'lowercasing' if lowercases(tokenizer) else 'keeping case'})")
             data.connect(Codec(tokenizer, dict(pretrained.codec.targets)))  # a stored head's target vocabulary with it
-            targets = {name: member.own_target_tokenizer() for name, member in data.text_tasks.items()}  # else the data's own
-            if data.lowercase != lowercases(tokenizer) and not any(targets.values()):  # it would train no tokenizer here
-                report.append(f"data.lowercase={data.lowercase} is not used: the tokenizer brings its own normalisation")
+            targets = {
+                name: member.own_target_tokenizer() for name, member in data.text_tasks.items()
+            }  # else the data's own
+            if data.lowercase != lowercases(tokenizer) and not any(
+                targets.values()
+            ):  # it would train no tokenizer here
+                report.append(
+                    f"data.lowercase={data.lowercase} is not used: the tokenizer brings its own normalisation"
+                )
                 data.lowercase = lowercases(tokenizer)
             data.connect(Codec(tokenizer, {name: t for name, t in targets.items() if t is not None}))
         else:
             data.connect(data.build_codec())
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
-        report += fit_lengths(data.tasks, trunk.max_len, f"'{source}'")  # the pretrained max_len, or a new one without a table
+        report += fit_lengths(
+            data.tasks, trunk.max_len, f"'{source}'"
+        )  # the pretrained max_len, or a new one without a table
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
                             task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None
@@ -270,7 +331,11 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
     data.connect(codec)
     report.append("weights: fresh (from scratch)")
     if codec.tokenizer is not None:
-        origin = f"data.tokenizer '{data.tokenizer_path}'" if data.tokenizer_path else "trained on the training text (cached)"
+        origin = (
+            f"data.tokenizer '{data.tokenizer_path}'"
+            if data.tokenizer_path
+            else "trained on the training text (cached)"
+        )
         report.append(f"tokenizer: {origin}, {codec.tokenizer.get_vocab_size()} tokens")
     trunk = trunk_config(options.get("trunk") or TrunkConfig())
     if codec.tokenizer is not None:
@@ -279,6 +344,8 @@ def resolve(options: dict, data, *, init_from: str | Path | PretrainedTrunk | No
     layer_decay = (options.get("finetune") or FinetuneConfig())
     layer_decay = layer_decay["layer_decay"] if isinstance(layer_decay, dict) else layer_decay.layer_decay
     if layer_decay < 1.0:
-        rank_zero_warn(f"finetune.layer_decay={layer_decay} without model.init_from: the randomly initialised lower layers "
-                       "learn more slowly than the top. Set layer_decay to 1.0 when training from scratch.")
+        rank_zero_warn(
+            f"finetune.layer_decay={layer_decay} without model.init_from: the randomly initialised lower layers learn "
+            "more slowly than the top. Set layer_decay to 1.0 when training from scratch."
+        )
     return Resolved(TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=codec), report=report)

@@ -41,15 +41,23 @@ class HeadReuse:
     keep_shared_labels: bool = False
 
 
-def from_pretrained(source: str | Path | PretrainedTrunk, tasks: dict[str, Objective], *, reuse: HeadReuse | None = None,
-                    trunk: TrunkConfig | dict | None = None, **options) -> TrunkModule:
+def from_pretrained(
+    source: str | Path | PretrainedTrunk,
+    tasks: dict[str, Objective],
+    *,
+    reuse: HeadReuse | None = None,
+    trunk: TrunkConfig | dict | None = None,
+    **options,
+) -> TrunkModule:
     """A model whose trunk, and each task's head where ``source`` stores one of the same name and kind (labels matched
     by name), start from a trunk directory or a checkpoint. Fields of ``trunk`` left at their defaults take the
     pretrained values; ``options``: the rest of ``TrunkModule``'s arguments."""
     pretrained = source if isinstance(source, PretrainedTrunk) else read_trunk(source)
     codec = options.pop("codec", None) or pretrained.codec
     vocab_size = codec.tokenizer.get_vocab_size() if codec.tokenizer is not None else pretrained.config.vocab_size
-    model = TrunkModule(tasks, trunk=pretrained_trunk_config(trunk, pretrained.config, vocab_size), codec=codec, **options)
+    model = TrunkModule(
+        tasks, trunk=pretrained_trunk_config(trunk, pretrained.config, vocab_size), codec=codec, **options
+    )
     load_weights(model, pretrained, reuse)
     return model
 
@@ -63,29 +71,41 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     for option, names in (("heads_from", heads_from), ("label_map", label_map)):
         unknown = sorted(set(names) - set(objectives))
         if unknown:
-            raise ValueError(f"model.{option} names the tasks {unknown}, but this run's tasks are {sorted(objectives)}.")
+            raise ValueError(
+                f"model.{option} names the tasks {unknown}, but this run's tasks are {sorted(objectives)}."
+            )
     for task, stored in heads_from.items():
         if stored not in pretrained.heads:
-            raise ValueError(f"model.heads_from: task '{task}' should start from the head '{stored}', but '{pretrained.path}' "
-                             f"stores the heads {sorted(pretrained.heads)}.")
+            raise ValueError(
+                f"model.heads_from: task '{task}' should start from the head '{stored}', but '{pretrained.path}' "
+                f"stores the heads {sorted(pretrained.heads)}."
+            )
         if pretrained.heads[stored]["meta"]["kind"] != objectives[task].kind:
-            raise ValueError(f"model.heads_from: the head '{stored}' in '{pretrained.path}' is a "
-                             f"{pretrained.heads[stored]['meta']['kind']} head; task '{task}' is {objectives[task].kind}.")
+            raise ValueError(
+                f"model.heads_from: the head '{stored}' in '{pretrained.path}' is a "
+                f"{pretrained.heads[stored]['meta']['kind']} head; task '{task}' is {objectives[task].kind}."
+            )
     trunk = model.trunk
     shared = [kind for kind in trunk.stems if kind in pretrained.stems]
     names = [n for n in architecture_fields(pretrained.config) if "text" in shared or n not in TEXT_STEM_FIELDS]
     check_architecture(model.trunk_config, pretrained.config, pretrained.path, names)
     if "image" in shared and pretrained.stems["image"] != stems_of(dict(objectives))["image"]:
-        raise ValueError(f"'{pretrained.path}' has an image stem with {pretrained.stems['image']}, this run's image tasks "
-                         f"need {stems_of(dict(objectives))['image']}.")
-    state = {k: v for k, v in pretrained.trunk_weights.items() if k.startswith("backbone.") or k.split(".")[1] in shared}
+        raise ValueError(
+            f"'{pretrained.path}' has an image stem with {pretrained.stems['image']}, this run's image tasks need "
+            f"{stems_of(dict(objectives))['image']}."
+        )
+    state = {
+        k: v for k, v in pretrained.trunk_weights.items() if k.startswith("backbone.") or k.split(".")[1] in shared
+    }
     missing, unexpected = trunk.load_state_dict(state, strict=False)
     assert not unexpected, unexpected
     notes = []
     if model.finetune.reinit_top:
         blocks = trunk.backbone.blocks
         if model.finetune.reinit_top > len(blocks):
-            raise ValueError(f"finetune.reinit_top={model.finetune.reinit_top} exceeds the trunk's {len(blocks)} blocks.")
+            raise ValueError(
+                f"finetune.reinit_top={model.finetune.reinit_top} exceeds the trunk's {len(blocks)} blocks."
+            )
         for block in blocks[len(blocks) - model.finetune.reinit_top:]:
             init_weights(block, model.trunk_config.init_std, n_layers=len(blocks))
         notes.append(f"the top {model.finetune.reinit_top} of {len(blocks)} blocks start afresh (finetune.reinit_top)")
@@ -108,7 +128,8 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
 
 
 def _composed_sources(objective: Objective, pretrained: PretrainedTrunk) -> str:
-    """A fresh task's composed delta: the deltas of the tasks it composes (``peft.compose``), from their stored heads."""
+    """A fresh task's composed delta: the deltas of the tasks it composes (``peft.compose``), from their stored
+    heads."""
     delta = objective.delta
     for task, source in (delta.sources.items() if delta is not None else ()):
         state = {k[len("delta."):]: v for k, v in pretrained.heads[task]["state"].items() if k.startswith("delta.")}
@@ -121,13 +142,20 @@ def _with_delta(objective: Objective, head: dict, source: Path) -> tuple[dict, s
     the same options; a task given a delta whose head was trained without one starts its delta fresh."""
     name, stored, delta = objective.name, head["meta"].get("peft"), objective.delta
     if stored and delta is None:
-        raise ValueError(f"Task '{name}': the head in '{source}' was trained with a {stored['method']} delta on a frozen trunk. "
-                         f"Give the task that delta to go on with it: --model.peft='{{{name}: {json.dumps(stored)}}}'.")
+        raise ValueError(
+            f"Task '{name}': the head in '{source}' was trained with a {stored['method']} delta on a frozen trunk. "
+            f"Give the task that delta to go on with it: --model.peft='{{{name}: {json.dumps(stored)}}}'."
+        )
     if delta is None:
         return head["state"], None
     if not stored:
-        return {**head["state"], **{f"delta.{k}": v for k, v in delta.state_dict().items()}}, f"a fresh {delta.config.method} delta"
+        return {
+            **head["state"],
+            **{f"delta.{k}": v for k, v in delta.state_dict().items()},
+        }, f"a fresh {delta.config.method} delta"
     if not delta.config.fits(DeltaConfig.from_dict(stored)):
-        raise ValueError(f"Task '{name}': the delta in '{source}' was trained with {stored}, but model.peft.{name} is "
-                         f"{dataclasses.asdict(delta.config)}. Use the stored options, or another task name for a fresh delta.")
+        raise ValueError(
+            f"Task '{name}': the delta in '{source}' was trained with {stored}, but model.peft.{name} is "
+            f"{dataclasses.asdict(delta.config)}. Use the stored options, or another task name for a fresh delta."
+        )
     return head["state"], None

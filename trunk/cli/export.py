@@ -12,7 +12,8 @@ from trunk.formats.trunk_dir import export_checkpoint
 
 
 def export_main(args: list[str]) -> None:
-    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain argparse."""
+    """``trunk export CKPT DIR [--with-head]``: LightningCLI's subcommands are Trainer methods, so this one is plain
+    argparse."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -22,18 +23,37 @@ def export_main(args: list[str]) -> None:
                     "--model.init_from=DIR.",
     )
     parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
-    parser.add_argument("dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory")
-    parser.add_argument("--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)")
-    parser.add_argument("--task", metavar="NAME", help="write only this task's head (and its model.peft delta) as a task directory, "
-                                                       "without the trunk: load it beside the trunk it was trained on")
+    parser.add_argument(
+        "dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory"
+    )
+    parser.add_argument(
+        "--trunk-only", action="store_true", help="leave out the tasks' heads (stored by default, by task name)"
+    )
+    parser.add_argument(
+        "--task",
+        metavar="NAME",
+        help="write only this task's head (and its model.peft delta) as a task directory, "
+        "without the trunk: load it beside the trunk it was trained on",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
-    parser.add_argument("--push-to-hub", metavar="ORG/NAME", help="also upload DIR (with its model card, README.md) to this Hugging "
-                                                                   "Face Hub repository, created if missing (log in first: `hf auth login`)")
+    parser.add_argument(
+        "--push-to-hub",
+        metavar="ORG/NAME",
+        help="also upload DIR (with its model card, README.md) to this Hugging "
+        "Face Hub repository, created if missing (log in first: `hf auth login`)",
+    )
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
-    parser.add_argument("--onnx", action="store_true", help="also write DIR/onnx/<task>.onnx for each classification, "
-                                                             "multi-label, regression and NER head (pip install 'trunk[onnx]')")
-    parser.add_argument("--wandb-project", help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
-                                                "offline without an API key (`wandb sync` uploads it)")
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write DIR/onnx/<task>.onnx for each classification, "
+        "multi-label, regression and NER head (pip install 'trunk[onnx]')",
+    )
+    parser.add_argument(
+        "--wandb-project",
+        help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
+        "offline without an API key (`wandb sync` uploads it)",
+    )
     parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
     options = parser.parse_args(args)
     if options.task:
@@ -52,7 +72,10 @@ def export_main(args: list[str]) -> None:
             graphs = export_onnx(load(path, precision="32-true").model, path)
         except (ImportError, ValueError) as err:
             sys.exit(f"error: {err}")
-        print(f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see {path}/onnx/tasks.json)")
+        print(
+            f"Wrote {', '.join(str(g) for g in graphs.values())} (inputs input_ids, attention_mask; see "
+            f"{path}/onnx/tasks.json)"
+        )
     if options.push_to_hub:
         from trunk.formats.hub import push
 
@@ -75,14 +98,24 @@ def export_main(args: list[str]) -> None:
 
 def export_task_main(options) -> None:
     """``trunk export CKPT DIR --task NAME``: one task's head and delta as a task directory."""
-    from trunk.formats.trunk_dir import load_pretrained
     from trunk.formats.task_dir import save_task
+    from trunk.formats.trunk_dir import load_pretrained
 
-    others = [flag for flag, given in (("--trunk-only", options.trunk_only), ("--onnx", options.onnx), ("--push-to-hub", options.push_to_hub),
-                                       ("--wandb-project", options.wandb_project)) if given]
+    others = [
+        flag
+        for flag, given in (
+            ("--trunk-only", options.trunk_only),
+            ("--onnx", options.onnx),
+            ("--push-to-hub", options.push_to_hub),
+            ("--wandb-project", options.wandb_project),
+        )
+        if given
+    ]
     if others:
-        sys.exit(f"error: --task writes a task directory without its trunk; {', '.join(others)} applies to trunk directories. "
-                 "Export the trunk separately (`trunk export CKPT DIR`).")
+        sys.exit(
+            f"error: --task writes a task directory without its trunk; {', '.join(others)} applies to trunk "
+            "directories. Export the trunk separately (`trunk export CKPT DIR`)."
+        )
     try:
         pretrained = load_pretrained(options.ckpt)
         path = save_task(options.dir, pretrained, options.task, options.overwrite)
@@ -90,8 +123,14 @@ def export_task_main(options) -> None:
         sys.exit(f"error: {err}")
     size = sum(f.stat().st_size for f in path.iterdir())
     peft = pretrained.heads[options.task]["meta"].get("peft")
-    print(f"Wrote {path}: task '{options.task}' ({'its head and ' + peft['method'] + ' delta' if peft else 'its head'}, "
-          f"{size / 1024:.0f} KiB). Load it with the trunk it was trained on: load([TRUNK, '{path}']), "
-          f"--model.init_from=[TRUNK,{path}] or `trunk serve TRUNK {path}`"
-          + ("." if peft else "; this head was trained with the whole trunk, so TRUNK is this run's (`trunk export CKPT DIR "
-                                "--trunk-only`)."))
+    print(
+        f"Wrote {path}: task '{options.task}' ({'its head and ' + peft['method'] + ' delta' if peft else 'its head'}, "
+        f"{size / 1024:.0f} KiB). Load it with the trunk it was trained on: load([TRUNK, '{path}']), "
+        f"--model.init_from=[TRUNK,{path}] or `trunk serve TRUNK {path}`"
+        + (
+            "."
+            if peft
+            else "; this head was trained with the whole trunk, so TRUNK is this run's (`trunk export CKPT DIR "
+            "--trunk-only`)."
+        )
+    )

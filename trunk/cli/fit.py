@@ -12,12 +12,12 @@ import typing
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal
 
 import torch
 import yaml
-from jsonargparse import Namespace
 from datasets.utils import disable_progress_bars, enable_progress_bars
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
@@ -31,6 +31,9 @@ from lightning.pytorch.plugins.environments import (
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+
+from trunk.assembly.run import RunSourceError, resolve, resume_changes
+from trunk.assembly.weights import HeadReuse
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
@@ -38,8 +41,6 @@ from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_ca
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
-from trunk.assembly.run import RunSourceError, resolve, resume_changes
-from trunk.assembly.weights import HeadReuse
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -61,9 +62,10 @@ def quiet_third_party() -> None:
 
 class TrunkTrainer(Trainer):
     """Lightning's ``Trainer`` with one more precision, ``auto`` (the default): bf16-mixed where the device
-    multiplies bf16 natively, 32-true where it does not (``trunk.training.precision``). The run says which in one line."""
+    multiplies bf16 natively, 32-true where it does not (``trunk.training.precision``). The run says which in one
+    line."""
 
-    def __init__(self, *, precision: Union[Literal["auto"], LIGHTNING_PRECISION] = "auto", **kwargs) -> None:
+    def __init__(self, *, precision: Literal["auto"] | LIGHTNING_PRECISION = "auto", **kwargs) -> None:
         super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
 
 
@@ -85,39 +87,67 @@ class TrunkCLI(LightningCLI):
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.add_class_arguments(TrunkModule, "model", fail_untyped=False, instantiate=False, sub_configs=True,
                                    skip={"task_info", "codec"})
-        parser.add_argument("--model.init_from", type=Optional[Union[str, list[str]]], default=None,
-                            help="A pretrained-trunk directory, a checkpoint (a new run from its weights: fresh optimizer, schedule "
-                                 "and step count), hf://org/name or wandb-artifact://entity/project/name:alias; or a list of one "
-                                 "of these and task directories (`trunk export CKPT DIR --task NAME`). Loads the trunk and, for each "
-                                 "task with a stored head of the same name and kind, that head (labels matched by name).")
-        parser.add_argument("--model.reinit_mismatched_heads", type=bool, default=False,
-                            help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
-                                 "fresh classifier (else: an error naming both label sets).")
-        parser.add_argument("--model.heads_from", type=Optional[dict[str, str]], default=None,
-                            help="With init_from, start tasks from stored heads of other names: {new_task: stored_task} (e.g. a "
-                                 "new review task from the sst2 head).")
-        parser.add_argument("--model.label_map", type=Optional[dict[str, dict[str, str]]], default=None,
-                            help="With init_from, pair a task's label names with a stored head's that differ: {task: {its label: "
-                                 "stored label}}; tags map by type ({wnut: {person: PER}} gives B-person the row of B-PER).")
-        parser.add_argument("--model.keep_shared_labels", type=bool, default=False,
-                            help="With init_from, a stored head whose labels differ keeps the rows of the labels in both; new "
-                                 "labels start fresh and labels only in the stored head are dropped (else: an error).")
+        parser.add_argument(
+            "--model.init_from",
+            type=str | list[str] | None,
+            default=None,
+            help="A pretrained-trunk directory, a checkpoint (a new run from its weights: fresh optimizer, schedule "
+            "and step count), hf://org/name or wandb-artifact://entity/project/name:alias; or a list of one of these "
+            "and task directories (`trunk export CKPT DIR --task NAME`). Loads the trunk and, for each task with a "
+            "stored head of the same name and kind, that head (labels matched by name).",
+        )
+        parser.add_argument(
+            "--model.reinit_mismatched_heads",
+            type=bool,
+            default=False,
+            help="With init_from, a stored head whose labels differ from the data's keeps its body and gets a "
+            "fresh classifier (else: an error naming both label sets).",
+        )
+        parser.add_argument(
+            "--model.heads_from",
+            type=dict[str, str] | None,
+            default=None,
+            help="With init_from, start tasks from stored heads of other names: {new_task: stored_task} (e.g. a "
+            "new review task from the sst2 head).",
+        )
+        parser.add_argument(
+            "--model.label_map",
+            type=dict[str, dict[str, str]] | None,
+            default=None,
+            help="With init_from, pair a task's label names with a stored head's that differ: {task: {its label: "
+            "stored label}}; tags map by type ({wnut: {person: PER}} gives B-person the row of B-PER).",
+        )
+        parser.add_argument(
+            "--model.keep_shared_labels",
+            type=bool,
+            default=False,
+            help="With init_from, a stored head whose labels differ keeps the rows of the labels in both; new "
+            "labels start fresh and labels only in the stored head are dropped (else: an error).",
+        )
         parser.add_lightning_class_args(self._datamodule_class, "data")
 
     def instantiate_classes(self) -> None:
         """Parse -> resolve -> Trainer: the data and the objectives from the config, then the run's facts and its
         model from ``resolve`` (reading any checkpoint or trunk directory once), then the Trainer."""
-        instantiate = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes  # renamed in jsonargparse 4.49
+        instantiate = (
+            getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes
+        )  # renamed in jsonargparse 4.49
         self.config_init = instantiate(self.config)
         self.datamodule = self._get(self.config_init, "data")
         config = self.config[self.subcommand] if self.subcommand else self.config
         options = dict(self._get(self.config_init, "model"))
         init_from = options.pop("init_from")
-        reuse = HeadReuse(**{key: options.pop(key) for key in ("reinit_mismatched_heads", "heads_from", "label_map", "keep_shared_labels")})
+        reuse = HeadReuse(
+            **{
+                key: options.pop(key)
+                for key in ("reinit_mismatched_heads", "heads_from", "label_map", "keep_shared_labels")
+            }
+        )
         ckpt_path = config.get("ckpt_path")  # "last" / "best" are paths by now (before_instantiate_classes)
         try:
-            self.run = resolve(options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path,
-                               reuse=reuse)
+            self.run = resolve(
+                options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path, reuse=reuse
+            )
         except RunSourceError as err:
             sys.exit(f"error: {err}")
         if self.subcommand == "fit" and self.run.checkpoint is not None:
@@ -126,7 +156,9 @@ class TrunkCLI(LightningCLI):
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
         if isinstance(writer, PredictionWriter):
-            writer.tasks = self.datamodule.predict_tasks  # which tasks write files decides their names, before any batch
+            writer.tasks = (
+                self.datamodule.predict_tasks
+            )  # which tasks write files decides their names, before any batch
             self.datamodule.predict_by_length = True  # the writer puts the lines back in the input's order
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
@@ -137,10 +169,19 @@ class TrunkCLI(LightningCLI):
         ran rather than what was overridden: the checkpoint's model options, the trunk's architecture and
         vocabulary, the tokenizer, each task's lengths and label order."""
         model, data, sub = self.model, self.datamodule, self.subcommand
-        if self.run.checkpoint_path is not None:  # Lightning's own merge of a checkpoint's options, as it would have done
-            options = copy.deepcopy({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
-                                     for k, v in model.hparams.items() if k != "task_info"})  # the parser converts in place
-            self.config = self.parser.parse_object({sub: {"model": options}} if sub else {"model": options}, self.config)
+        if (
+            self.run.checkpoint_path is not None
+        ):  # Lightning's own merge of a checkpoint's options, as it would have done
+            options = copy.deepcopy(
+                {
+                    k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                    for k, v in model.hparams.items()
+                    if k != "task_info"
+                }
+            )  # the parser converts in place
+            self.config = self.parser.parse_object(
+                {sub: {"model": options}} if sub else {"model": options}, self.config
+            )
         config = self.config[sub] if sub else self.config
         if self.run.checkpoint_path is not None:
             config.model.init_from = None  # the checkpoint holds the weights
@@ -167,12 +208,15 @@ class TrunkCLI(LightningCLI):
 
     # Each step trains one task, so under DDP the other tasks' heads get no gradient that step: the
     # reducer must be told (find_unused_parameters), at the cost of one graph traversal per step.
-    DDP_FIND_UNUSED = {name: f"{name}_find_unused_parameters_true" for name in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")}
+    DDP_FIND_UNUSED = {
+        name: f"{name}_find_unused_parameters_true" for name in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+    }
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._check_task_names(config)
-        # one switch for every bar a run draws: Lightning's, and datasets' ("Generating", "Tokenizing") and the tokenizer
+        # one switch for every bar a run draws: Lightning's, and datasets' ("Generating", "Tokenizing") and the
+        # tokenizer
         # trainer's, which follow datasets' (unless HF_DATASETS_DISABLE_PROGRESS_BARS says otherwise)
         (enable_progress_bars if config.trainer.get("enable_progress_bar") is not False else disable_progress_bars)()
         self._check_wandb(config)
@@ -180,9 +224,16 @@ class TrunkCLI(LightningCLI):
         if len(config.model.get("tasks") or {}) > 1 and isinstance(strategy, str) and strategy in self.DDP_FIND_UNUSED:
             config.trainer.strategy = self.DDP_FIND_UNUSED[strategy]
         self._defaults_from_the_config(config)
-        if self.subcommand == "fit" and config.get("ckpt_path") is None and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 \
-                and any(Path(config.trainer.get("default_root_dir") or ".").rglob("last.ckpt")):
-            print(f"SLURM job {slurm_job_id()} restarted (requeued {os.environ['SLURM_RESTART_COUNT']} times): resuming.", file=sys.stderr)
+        if (
+            self.subcommand == "fit"
+            and config.get("ckpt_path") is None
+            and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+            and any(Path(config.trainer.get("default_root_dir") or ".").rglob("last.ckpt"))
+        ):
+            print(
+                f"SLURM job {slurm_job_id()} restarted (requeued {os.environ['SLURM_RESTART_COUNT']} times): resuming.",
+                file=sys.stderr,
+            )
             config.ckpt_path = "last"  # a requeued job runs its command again: it continues where it was stopped
         if config.get("ckpt_path") in ("last", "best"):
             config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
@@ -193,7 +244,9 @@ class TrunkCLI(LightningCLI):
         default logger writes under it). With ``monitor: val/score`` (the mean of the tasks' primary metrics) in its
         checkpoint callback, renaming or copying a recipe's task is the one edit of its key."""
         files = [Path(str(path)) for path in config.get("config") or []]
-        if config.trainer.get("default_root_dir") is None and files:  # the recipe: the first file (presets come after it)
+        if (
+            config.trainer.get("default_root_dir") is None and files
+        ):  # the recipe: the first file (presets come after it)
             config.trainer.default_root_dir = str(Path("runs") / files[0].stem)
         # a logger with an empty save_dir (the W&B preset's) writes into the run folder too
         loggers = config.trainer.get("logger")
@@ -209,17 +262,27 @@ class TrunkCLI(LightningCLI):
         root = Path(config.trainer.get("default_root_dir") or ".")
         found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
-            sys.exit(f"error: --ckpt_path {which}: no last.ckpt under '{root}' (trainer.default_root_dir), so no run to take it "
-                     "from. Pass the checkpoint's path, or set trainer.default_root_dir to the training run's.")
+            sys.exit(
+                f"error: --ckpt_path {which}: no last.ckpt under '{root}' (trainer.default_root_dir), so no run to "
+                "take it from. Pass the checkpoint's path, or set trainer.default_root_dir to the training run's."
+            )
         if which == "best":
             if self.subcommand == "fit":
-                sys.exit("error: --ckpt_path best: a run resumes from its last checkpoint (--ckpt_path last) or from a path.")
-            newest = max(found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)  # holds the newest ModelCheckpoint state
+                sys.exit(
+                    "error: --ckpt_path best: a run resumes from its last checkpoint (--ckpt_path last) or from a path."
+                )
+            newest = max(
+                found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime
+            )  # holds the newest ModelCheckpoint state
             states = (load_checkpoint(newest).get("callbacks") or {}).values()
-            best = next((s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None)
+            best = next(
+                (s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None
+            )
             if best is None or not Path(best).is_file():
-                sys.exit(f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint that still exists "
-                         f"({best or 'none'}); pass a checkpoint's path, or --ckpt_path last.")
+                sys.exit(
+                    f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint that still "
+                    f"exists ({best or 'none'}); pass a checkpoint's path, or --ckpt_path last."
+                )
             found.append(Path(best))
         print(f"{'Resuming from' if self.subcommand == 'fit' else 'Checkpoint:'} {found[-1]}", file=sys.stderr)
         return found[-1]
@@ -241,10 +304,15 @@ class TrunkCLI(LightningCLI):
         if self.subcommand in ("validate", "test", "predict"):
             self._evaluation_only(config)
         configured = config.get("callbacks") or []
-        given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]  # the CLI's and the user's
+        given = [
+            *callbacks,
+            *(configured if isinstance(configured, list) else [configured]),
+        ]  # the CLI's and the user's
         callbacks = [*callbacks, *run_callbacks(config, given)]
         trainer = super()._instantiate_trainer(config, callbacks)
-        (self.config[self.subcommand] if self.subcommand else self.config).trainer.precision = trainer.precision  # as saved
+        (
+            self.config[self.subcommand] if self.subcommand else self.config
+        ).trainer.precision = trainer.precision  # as saved
         run = getattr(self, "run", None)
         if self.subcommand == "fit" and run is not None and run.checkpoint is not None:
             self._continue_logging(trainer, run.checkpoint_path, run.checkpoint["global_step"])
@@ -258,14 +326,19 @@ class TrunkCLI(LightningCLI):
         override, are named in a warning. Trainer options (max_epochs / max_steps to train longer, devices,
         precision, logging) and evaluation-only data options are honoured."""
         model, data = resume_changes(self.run.checkpoint, model_options, dict(self.datamodule.hparams))
-        fresh = f"or start a new run from its weights with --model.init_from={ckpt_path} (a fresh optimizer and schedule) instead of --ckpt_path"
+        fresh = (f"or start a new run from its weights with --model.init_from={ckpt_path} (a fresh optimizer and "
+                 "schedule) instead of --ckpt_path")
         if data:
-            sys.exit(f"error: --ckpt_path resumes the saved run mid-stream, but these options would give it other batches than it "
-                     f"was trained on (the resumed epoch would skip or repeat batches and miss validations): {'; '.join(data)}. "
-                     f"Resume with the saved values, {fresh}.")
+            sys.exit(
+                "error: --ckpt_path resumes the saved run mid-stream, but these options would give it other batches "
+                "than it was trained on (the resumed epoch would skip or repeat batches and miss validations): "
+                f"{'; '.join(data)}. Resume with the saved values, {fresh}."
+            )
         if model:
-            rank_zero_warn(f"Resuming from {ckpt_path} continues the saved run's model, optimizer and schedule; this config's "
-                           f"changes to them are not used: {'; '.join(model)}. Resume with the saved values, {fresh}.")
+            rank_zero_warn(
+                f"Resuming from {ckpt_path} continues the saved run's model, optimizer and schedule; this config's "
+                f"changes to them are not used: {'; '.join(model)}. Resume with the saved values, {fresh}."
+            )
 
     def _evaluation_only(self, config: dict) -> None:
         """An evaluation with a training config leaves the training run's folders alone: no checkpoint callback
@@ -282,20 +355,27 @@ class TrunkCLI(LightningCLI):
         loggers = config.get("logger") or []  # the default CSV logger is in place by now
         if loggers:
             loggers = loggers if isinstance(loggers, list) else [loggers]
-            config["logger"] = [CSVLogger(logger.save_dir, name=self.subcommand) if isinstance(logger, CSVLogger) else logger
-                                for logger in loggers]
+            config["logger"] = [
+                CSVLogger(logger.save_dir, name=self.subcommand) if isinstance(logger, CSVLogger) else logger
+                for logger in loggers
+            ]
 
     def _ddp_with_timeout(self, strategy):
         """``ddp*`` strategies named by string get the process-group timeout of fault_tolerance.ddp_timeout_minutes:
         a process that stops responding turns into an error on every process instead of a hang."""
         if not isinstance(strategy, str) or not strategy.startswith("ddp"):
             return strategy
-        name, find_unused = strategy.removesuffix("_find_unused_parameters_true"), strategy.endswith("_find_unused_parameters_true")
+        name, find_unused = (
+            strategy.removesuffix("_find_unused_parameters_true"),
+            strategy.endswith("_find_unused_parameters_true"),
+        )
         start_method = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}.get(name)
         if start_method is None:
             return strategy
         minutes = (self.config[self.subcommand].get("fault_tolerance") or {}).get("ddp_timeout_minutes", 30.0)
-        return DDPStrategy(start_method=start_method, find_unused_parameters=find_unused, timeout=timedelta(minutes=minutes))
+        return DDPStrategy(
+            start_method=start_method, find_unused_parameters=find_unused, timeout=timedelta(minutes=minutes)
+        )
 
     @staticmethod
     def _continue_logging(trainer, ckpt_path: Path, step: int) -> None:
@@ -317,9 +397,16 @@ class TrunkCLI(LightningCLI):
     def _check_wandb(config) -> None:
         """With an API key but no route to the server, log offline at once instead of blocking and failing."""
         uses_wandb = "WandbLogger" in str(config.trainer.get("logger"))
-        if uses_wandb and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun") and not wandb_reachable():
+        if (
+            uses_wandb
+            and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun")
+            and not wandb_reachable()
+        ):
             os.environ["WANDB_MODE"] = "offline"
-            print("W&B server unreachable: logging offline. Upload the run later with `wandb sync <its directory>`.", file=sys.stderr)
+            print(
+                "W&B server unreachable: logging offline. Upload the run later with `wandb sync <its directory>`.",
+                file=sys.stderr,
+            )
 
     @staticmethod
     def _check_task_names(config) -> None:
@@ -334,28 +421,42 @@ class TrunkCLI(LightningCLI):
                     continue
                 earlier, names = named.get(section, ("", set()))
                 if names - set(tasks):
-                    sys.exit(f"error: {path} sets {section}.tasks, which replaces the {section}.tasks of {earlier} whole (config "
-                             f"files do not merge them), so {sorted(names - set(tasks))} would not be trained. Name every task "
-                             f"in the later file, or add a task on the command line (--{section}.tasks.<name>=...).")
+                    sys.exit(
+                        f"error: {path} sets {section}.tasks, which replaces the {section}.tasks of {earlier} whole "
+                        f"(config files do not merge them), so {sorted(names - set(tasks))} would not be trained. Name "
+                        "every task in the later file, or add a task on the command line "
+                        f"(--{section}.tasks.<name>=...)."
+                    )
                 named[section] = (str(path), set(tasks))
         model_tasks, data_tasks = config.model.get("tasks") or {}, config.data.get("tasks") or {}
         if set(model_tasks) != set(data_tasks):
-            sys.exit(f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "
-                     "needs an objective (model.tasks.<name>) and data (data.tasks.<name>) under the same name.")
+            sys.exit(
+                f"error: model.tasks names {sorted(model_tasks)} but data.tasks names {sorted(data_tasks)}: every task "
+                "needs an objective (model.tasks.<name>) and data (data.tasks.<name>) under the same name."
+            )
 
     def after_fit(self) -> None:
         """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
         if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
-        if self.trainer.global_step == 0:  # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
-            rank_zero_warn("No training step was taken, so the test splits are not evaluated (they would score untrained "
-                           "weights). Evaluate a trained checkpoint with `trunk test --ckpt_path ...`.")
+        if (
+            self.trainer.global_step == 0
+        ):  # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
+            rank_zero_warn(
+                "No training step was taken, so the test splits are not evaluated (they would score untrained "
+                "weights). Evaluate a trained checkpoint with `trunk test --ckpt_path ...`."
+            )
             return
         best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
         if not best:
-            rank_zero_warn(f"No checkpoint was saved, so the test splits score the final weights (step {self.trainer.global_step}).")
-        # A weight-averaging callback (EMA, SWA) would load the checkpoint's raw weights back for the test; the checkpoint's
-        # state_dict holds the averaged ones, which `trunk test --ckpt_path` and trunk.tasks.load evaluate: so does this test.
+            rank_zero_warn(
+                "No checkpoint was saved, so the test splits score the final weights (step "
+                f"{self.trainer.global_step})."
+            )
+        # A weight-averaging callback (EMA, SWA) would load the checkpoint's raw weights back for the test; the
+        # checkpoint's
+        # state_dict holds the averaged ones, which `trunk test --ckpt_path` and trunk.tasks.load evaluate: so does this
+        # test.
         self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, WeightAveraging)]
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
@@ -380,9 +481,10 @@ def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
         return  # Lightning's own launcher, started by hand on every machine
     raise ValueError(
         f"trainer.num_nodes={num_nodes} but no multi-machine launcher started this process. On every machine run "
-        f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> --master-addr=<first machine> "
-        "--master-port=29500 -m trunk.cli fit ...`, or launch with SLURM (`srun trunk fit ...`; docs/scaling.md), "
-        "or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, leave num_nodes at 1."
+        f"`torchrun --nnodes={num_nodes} --node-rank=<0..{num_nodes - 1}> --nproc-per-node=<devices> "
+        "--master-addr=<first machine> --master-port=29500 -m trunk.cli fit ...`, or launch with SLURM (`srun trunk "
+        "fit ...`; docs/scaling.md), or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each machine. On one machine, "
+        "leave num_nodes at 1."
     )
 
 
@@ -419,7 +521,9 @@ def _repeated_key(node: yaml.Node) -> yaml.Node | None:
 
 def check_config_files(args: list[str]) -> None:
     """Fail clearly on a config file that names a task (or any key) twice, before LightningCLI reads it."""
-    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [
+        a.split("=", 1)[1] for a in args if a.startswith("--config=")
+    ]
     for path in paths:
         if not Path(path).is_file():
             continue  # LightningCLI reports it
@@ -428,14 +532,18 @@ def check_config_files(args: list[str]) -> None:
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            sys.exit(f"error: {path}{where}: not valid YAML ({getattr(err, 'problem', None) or err}). Fix the file's syntax "
-                     "(indentation, a missing ':' or closing bracket).")
+            sys.exit(
+                f"error: {path}{where}: not valid YAML ({getattr(err, 'problem', None) or err}). Fix the file's syntax "
+                "(indentation, a missing ':' or closing bracket)."
+            )
         except UnicodeDecodeError:
             sys.exit(f"error: {path} is not UTF-8 text: a config must be a YAML text file.")
         repeated = _repeated_key(tree) if tree is not None else None
         if repeated is not None:
-            sys.exit(f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task names "
-                     "(and every other key) must be unique: rename one of them.")
+            sys.exit(
+                f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task "
+                "names (and every other key) must be unique: rename one of them."
+            )
 
 
 def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
@@ -454,10 +562,11 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
         args=args,
         run=run,
         parser_kwargs={
-            "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, classification, "
-                           "NER, translation, ViT), trained alone or jointly.",
+            "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, "
+                           "classification, NER, translation, ViT), trained alone or jointly.",
             "epilog": "Also: export  Write a pretrained-trunk directory from a checkpoint: `trunk export CKPT DIR` "
-                      "(`trunk export --help`). serve  Serve a model over HTTP: `trunk serve CKPT_OR_DIR` (`trunk serve --help`).",
+                      "(`trunk export --help`). serve  Serve a model over HTTP: `trunk serve CKPT_OR_DIR` "
+                      "(`trunk serve --help`).",
         },
     )
 

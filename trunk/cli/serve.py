@@ -11,14 +11,25 @@ def serve_main(args: list[str]) -> None:
     """``trunk serve CKPT_OR_DIR``: the model behind HTTP (trunk.inference.serve, on LitServe)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="trunk serve", description="Serve a trained model over HTTP: POST /predict with "
-                                     '{"input": ...} or {"inputs": [...]} and an optional "task" (a name or a list of names); '
-                                     "GET /health, GET /info. Needs pip install 'trunk[serve]'.")
-    parser.add_argument("model", nargs="+", help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME; "
-                                                 "and any task directories (`trunk export CKPT DIR --task NAME`) to serve on it")
-    parser.add_argument("--merge", action="store_true", help="write a one-task model's LoRA into the trunk's weights (faster)")
+    parser = argparse.ArgumentParser(
+        prog="trunk serve",
+        description="Serve a trained model over HTTP: POST /predict with "
+        '{"input": ...} or {"inputs": [...]} and an optional "task" (a name or a list of names); '
+        "GET /health, GET /info. Needs pip install 'trunk[serve]'.",
+    )
+    parser.add_argument(
+        "model",
+        nargs="+",
+        help="a .ckpt written by `trunk fit`, a trunk directory with heads, or hf://ORG/NAME; "
+        "and any task directories (`trunk export CKPT DIR --task NAME`) to serve on it",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="write a one-task model's LoRA into the trunk's weights (faster)"
+    )
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores"
+    )
     parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--precision", default="auto", choices=["auto", "32-true", "bf16-mixed"],
                         help="auto: bf16 where the device computes it natively, else fp32")
@@ -26,18 +37,34 @@ def serve_main(args: list[str]) -> None:
                         help="onnx: the graphs of `trunk export CKPT DIR --onnx` in ONNX Runtime (pass DIR)")
     parser.add_argument("--max-batch-size", type=int, default=32, help="requests gathered into one batch")
     parser.add_argument("--batch-timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
-    parser.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (a gathered batch is cut into these)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait in the queue before a 504")
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="inputs per forward pass (a gathered batch is cut into these)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a request may wait in the queue before a 504"
+    )
     options = parser.parse_args(args)
     try:
         from trunk.inference.serve import build_server
     except ImportError as err:
         sys.exit(f"error: trunk serve needs LitServe ({err.name} is missing): pip install 'trunk[serve]'.")
     if not 0 <= options.batch_timeout < options.timeout:
-        sys.exit(f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}.")
+        sys.exit(
+            f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}."
+        )
     try:
-        server = build_server(options.model, options.precision, options.runtime, options.batch_size, options.max_batch_size,
-                              options.batch_timeout, options.timeout, options.workers, options.accelerator, options.merge)
+        server = build_server(
+            options.model,
+            options.precision,
+            options.runtime,
+            options.batch_size,
+            options.max_batch_size,
+            options.batch_timeout,
+            options.timeout,
+            options.workers,
+            options.accelerator,
+            options.merge,
+        )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
     server.run(port=options.port, generate_client_file=False)

@@ -85,9 +85,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink()
         free = shutil.disk_usage(path.parent).free
         kept = f"the previous '{path.name}' there is kept as it was" if path.exists() else "nothing was there before"
-        full = DiskFull(f"The disk holding '{path.parent}' is full ({free / 2**20:.1f} MiB free): '{path.name}' was not "
-                        f"written, and {kept}. Free some space or write elsewhere (trainer.default_root_dir), "
-                        "then resume with --ckpt_path last.")
+        full = DiskFull(
+            f"The disk holding '{path.parent}' is full ({free / 2**20:.1f} MiB free): '{path.name}' was not written, "
+            f"and {kept}. Free some space or write elsewhere (trainer.default_root_dir), then resume with --ckpt_path "
+            "last."
+        )
         full.errno = errno.ENOSPC
         raise full from None
     finally:

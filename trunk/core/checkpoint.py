@@ -40,17 +40,22 @@ def verify_digest(ckpt: dict, path: Path) -> None:
     """Refuse a checkpoint whose tensors changed after it was written (bit rot, a bad copy)."""
     stored = ckpt.get(DIGEST_KEY)
     if stored is not None and stored != tensor_digest(ckpt):
-        raise ValueError(f"'{path}' is corrupted: its tensors do not match the digest written with them (a damaged disk "
-                         "or an incomplete copy). Use another checkpoint, e.g. an earlier one or best-*.ckpt.")
+        raise ValueError(
+            f"'{path}' is corrupted: its tensors do not match the digest written with them (a damaged disk or an "
+            "incomplete copy). Use another checkpoint, e.g. an earlier one or best-*.ckpt."
+        )
 
 
 def check_readable(*paths: Path) -> None:
-    """A file that is there but closed to this user is a permission problem, not a damaged file: say which, and the fix."""
+    """A file that is there but closed to this user is a permission problem, not a damaged file: say which, and the
+    fix."""
     for path in paths:
         if path.is_file() and not os.access(path, os.R_OK):
             mode = stat.filemode(path.stat().st_mode)
-            raise PermissionError(f"'{path}' is there but this user cannot read it (its mode is {mode}): ask its owner to make it "
-                                  f"readable (chmod a+r '{path}'), or copy it somewhere you can read.")
+            raise PermissionError(
+                f"'{path}' is there but this user cannot read it (its mode is {mode}): ask its owner to make it "
+                f"readable (chmod a+r '{path}'), or copy it somewhere you can read."
+            )
 
 
 def load_checkpoint(ckpt_path: str | Path) -> dict:
@@ -60,8 +65,10 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     if is_sharded_checkpoint(ckpt_path):
         return consolidate_sharded_checkpoint(ckpt_path)
     if ckpt_path.is_dir():
-        raise ValueError(f"'{ckpt_path}' is a directory, not a checkpoint: pass a .ckpt file written by `trunk fit` (or the "
-                         "directory of a sharded checkpoint, which holds meta.pt).")
+        raise ValueError(
+            f"'{ckpt_path}' is a directory, not a checkpoint: pass a .ckpt file written by `trunk fit` (or the "
+            "directory of a sharded checkpoint, which holds meta.pt)."
+        )
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
     check_readable(ckpt_path)
@@ -94,13 +101,20 @@ class _ShardIndexUnpickler(pickle.Unpickler):
     """Reads a sharded checkpoint's index (``.metadata``, a plain pickle) allowing only the classes that
     ``torch.distributed.checkpoint`` writes there, so a crafted index cannot run code."""
 
-    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-               ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    ALLOWED = {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    }
 
     def find_class(self, module: str, name: str):
         import importlib
 
-        found = getattr(importlib.import_module(module), name, None) if module.startswith(("torch", "pathlib")) else None
+        found = (
+            getattr(importlib.import_module(module), name, None) if module.startswith(("torch", "pathlib")) else None
+        )
         if (module, name) in self.ALLOWED or (module == "torch.distributed.checkpoint.metadata"
                                               and getattr(found, "__module__", None) == module):  # its own classes only
             return found
@@ -122,14 +136,20 @@ def consolidate_sharded_checkpoint(path: Path) -> dict:
         with (path / ".metadata").open("rb") as f:
             _ShardIndexUnpickler(f).load()
     except pickle.UnpicklingError as err:
-        raise ValueError(f"'{path}' is not a sharded checkpoint Trunk will read: its index (.metadata) holds objects other "
-                         f"than torch.distributed.checkpoint's, which could run code ({err}).") from None
+        raise ValueError(
+            f"'{path}' is not a sharded checkpoint Trunk will read: its index (.metadata) holds objects other than "
+            f"torch.distributed.checkpoint's, which could run code ({err})."
+        ) from None
     ckpt: dict = {}
     try:
-        _load_state_dict(ckpt, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        _load_state_dict(
+            ckpt, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+        )
         ckpt.update(torch.load(path / "meta.pt", map_location="cpu", weights_only=True))
     except Exception as err:  # a missing or damaged shard
-        raise ValueError(f"'{path}' is a sharded checkpoint that cannot be read whole ({type(err).__name__}: {str(err)[:200]}): "
-                         "a shard file is missing or damaged.") from None
+        raise ValueError(
+            f"'{path}' is a sharded checkpoint that cannot be read whole ({type(err).__name__}: {str(err)[:200]}): a "
+            "shard file is missing or damaged."
+        ) from None
     ckpt.pop("optimizer_0", None)  # the optimizer's shards: not needed to export or start from the weights
     return ckpt

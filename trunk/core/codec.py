@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
 from trunk.core.checkpoint import load_checkpoint
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -40,9 +41,11 @@ class Codec:
         return state
 
     @classmethod
-    def from_state(cls, state: dict) -> "Codec":
+    def from_state(cls, state: dict) -> Codec:
         tokenizer = Tokenizer.from_str(state["tokenizer_json"]) if "tokenizer_json" in state else None
-        targets = {key.split("/", 1)[1]: Tokenizer.from_str(v) for key, v in state.items() if key.startswith(f"{TARGET_KEY}/")}
+        targets = {
+            key.split("/", 1)[1]: Tokenizer.from_str(v) for key, v in state.items() if key.startswith(f"{TARGET_KEY}/")
+        }
         return cls(tokenizer, targets)
 
 
@@ -95,6 +98,6 @@ def fingerprint(tokenizer: Tokenizer) -> str:
 
 def cache_dir() -> Path:
     """Where Trunk caches trained tokenizers: $TRUNK_CACHE, else ~/.cache/trunk."""
-    return Path(os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk")
-
-
+    return Path(
+        os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk"
+    )

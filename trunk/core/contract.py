@@ -14,8 +14,10 @@ def check_task_names(names) -> None:
     an identifier (letters, digits, ``_`` and ``-``; not a path, which would write outside the run)."""
     bad = [name for name in names if not (isinstance(name, str) and TASK_NAME.fullmatch(name))]
     if bad:
-        raise ValueError(f"Task names {bad} are not identifiers: a task name is letters, digits, '_' and '-', starting with a "
-                         "letter or '_' (e.g. sst2, conll_ner). Rename the task in model.tasks and data.tasks.")
+        raise ValueError(
+            f"Task names {bad} are not identifiers: a task name is letters, digits, '_' and '-', starting with a "
+            "letter or '_' (e.g. sst2, conll_ner). Rename the task in model.tasks and data.tasks."
+        )
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,15 @@ def pair_specs(objectives: dict, task_info: dict[str, TaskSpec | dict] | None) -
         raise ValueError("model.tasks is empty: name at least one task and its objective.")
     task_info = {name: TaskSpec.of(spec) for name, spec in (task_info or {name: None for name in objectives}).items()}
     if set(task_info) != set(objectives):
-        raise ValueError(f"model.tasks names {sorted(objectives)} but data.tasks names {sorted(task_info)}: every task "
-                         "needs both an objective (model.tasks.<name>) and data (data.tasks.<name>), under the same name.")
+        raise ValueError(
+            f"model.tasks names {sorted(objectives)} but data.tasks names {sorted(task_info)}: every task needs both "
+            "an objective (model.tasks.<name>) and data (data.tasks.<name>), under the same name."
+        )
     for name, objective in objectives.items():
         kinds = task_info[name].kinds
         if kinds is not None and objective.kind not in kinds:
-            raise ValueError(f"Task '{name}': its data feeds {' or '.join(kinds)} objectives, but model.tasks.{name} is "
-                             f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind.")
+            raise ValueError(
+                f"Task '{name}': its data feeds {' or '.join(kinds)} objectives, but model.tasks.{name} is "
+                f"{type(objective).__name__} ({objective.kind}). Pair each objective with data of its kind."
+            )
     return task_info

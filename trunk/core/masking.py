@@ -4,6 +4,7 @@ collator) and the auxiliary masked-LM of fine-tuning (``TrunkModule``'s ``aux_ml
 from __future__ import annotations
 
 import torch
+
 from trunk.core.codec import IGNORE_INDEX
 
 
@@ -28,13 +29,22 @@ def corrupt(input_ids: torch.Tensor, chosen: torch.Tensor, mask_id: int, random_
     return masked, labels
 
 
-def mask_tokens(input_ids: torch.Tensor, special_ids: torch.Tensor, mask_id: int, vocab_size: int, probability: float = 0.15,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    input_ids: torch.Tensor,
+    special_ids: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    probability: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask ``probability`` of the ordinary tokens of a (B, T) batch (never one of ``special_ids``: [PAD], [CLS] ...);
     a random replacement is an ordinary token too."""
     maskable = ~torch.isin(input_ids, special_ids)
-    chosen = ensure_one((torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < probability) & maskable,
-                        maskable, generator)
+    chosen = ensure_one(
+        (torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < probability) & maskable,
+        maskable,
+        generator,
+    )
     ordinary = torch.ones(vocab_size, dtype=torch.bool, device=input_ids.device)
     ordinary[special_ids] = False
     return corrupt(input_ids, chosen, mask_id, ordinary.nonzero().squeeze(1), generator)

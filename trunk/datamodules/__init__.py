@@ -17,5 +17,20 @@ from trunk.datamodules.text_regression import TextRegressionData
 from trunk.datamodules.token_classification import TokenClassificationData
 from trunk.datamodules.translation import TranslationData
 
-__all__ = ["CorpusData", "ImageClassificationData", "MultiLabelTextData", "MultipleChoiceData", "MultiTaskData", "QuestionAnsweringData", "TaskData", "TaskSampler", "TextClassificationData",
-           "TextDataModule", "TextRegressionData", "TokenClassificationData", "TokenMasker", "TranslationData", "read_conll"]
+__all__ = [
+    "CorpusData",
+    "ImageClassificationData",
+    "MultiLabelTextData",
+    "MultipleChoiceData",
+    "MultiTaskData",
+    "QuestionAnsweringData",
+    "TaskData",
+    "TaskSampler",
+    "TextClassificationData",
+    "TextDataModule",
+    "TextRegressionData",
+    "TokenClassificationData",
+    "TokenMasker",
+    "TranslationData",
+    "read_conll",
+]

@@ -92,4 +92,8 @@ def load_images(name: str, split: str) -> dict:
         raise ValueError(f"Built-in dataset 'trunk:{name}' has splits {list(SHAPE_SPLIT_SIZES)}, not '{split}'.")
     rng = np.random.default_rng(SPLIT_SEEDS[split])
     labels = [SHAPES[i] for i in rng.integers(0, len(SHAPES), SHAPE_SPLIT_SIZES[split])]
-    return {"images": np.stack([shape_image(rng, s) for s in labels]), "labels": labels, "ids": list(range(len(labels)))}
+    return {
+        "images": np.stack([shape_image(rng, s) for s in labels]),
+        "labels": labels,
+        "ids": list(range(len(labels))),
+    }

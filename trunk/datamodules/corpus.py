@@ -15,6 +15,7 @@ import torch
 from datasets.arrow_writer import ArrowWriter
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
+
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS
 from trunk.core.masking import corrupt, ensure_one
 from trunk.datamodules.sources import (
@@ -54,7 +55,9 @@ class TokenMasker:
                 self.word_start[index] = False
         self.normal_ids = (~self.special).nonzero().squeeze(1)  # what a "random token" is drawn from
 
-    def __call__(self, input_ids: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, input_ids: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids -> (masked ids, labels): labels hold the original id where masked, else -100."""
         maskable = ~self.special[input_ids]
         if self.whole_word:
@@ -123,9 +126,13 @@ class CorpusData(TextDataModule):
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0 (blocks), got {shuffle_buffer}.")
         if self.metrics_per_file:  # documents become blocks across file boundaries: no block belongs to one file
-            raise ValueError("metrics_per_file is not available for corpus text: evaluate each file as its own task instead.")
+            raise ValueError(
+                "metrics_per_file is not available for corpus text: evaluate each file as its own task instead."
+            )
         if streaming and self.select:
-            raise ValueError("select is not applied to streamed text: give files that hold one split each, or streaming: false.")
+            raise ValueError(
+                "select is not applied to streamed text: give files that hold one split each, or streaming: false."
+            )
         if documents not in ("line", "blank_line"):
             raise ValueError(f"documents must be 'line' or 'blank_line', got {documents!r}.")
         if max_length < 8:
@@ -138,7 +145,11 @@ class CorpusData(TextDataModule):
 
     # -- documents -------------------------------------------------------------------------------
     def load(self, spec: str | list[str], role: str) -> datasets.Dataset:
-        texts = [text for source in expand_sources(self.dataset, spec, role) for text in self._source_documents(source, role, lazy=False)]
+        texts = [
+            text
+            for source in expand_sources(self.dataset, spec, role)
+            for text in self._source_documents(source, role, lazy=False)
+        ]
         if not texts:
             raise empty_split_error(role, str(spec))
         return datasets.Dataset.from_dict({"text": texts})
@@ -153,9 +164,12 @@ class CorpusData(TextDataModule):
                 index += 1
 
     def _source_documents(self, source: str, role: str, lazy: bool) -> Iterator[str]:
-        """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always read a line at a time)."""
+        """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always
+        read a line at a time)."""
         path = Path(source).expanduser()
-        if self.dataset is not None or self.reading.file_type or self.reading.suffix(path) in (*FILE_FORMATS, LINES):  # rows
+        if (
+            self.dataset is not None or self.reading.file_type or self.reading.suffix(path) in (*FILE_FORMATS, LINES)
+        ):  # rows
             if not lazy:
                 ds = load_split(self.dataset, self.dataset_config, source, role, self.reading)
                 check_columns(ds, {"text_column": self.text_column}, role)
@@ -163,8 +177,10 @@ class CorpusData(TextDataModule):
                 return
             for row in stream_rows(self.dataset, self.dataset_config, source, role, self.reading):
                 if self.text_column not in row:
-                    raise ValueError(f"{role} has no column '{self.text_column}' (set by {role.rsplit('.', 1)[0]}.text_column). "
-                                     f"Its columns are {list(row)}: set text_column to one of them.")
+                    raise ValueError(
+                        f"{role} has no column '{self.text_column}' (set by {role.rsplit('.', 1)[0]}.text_column). Its "
+                        f"columns are {list(row)}: set text_column to one of them."
+                    )
                 text = row[self.text_column]
                 if text and text.strip():
                     yield text.strip()
@@ -174,7 +190,9 @@ class CorpusData(TextDataModule):
         if first is None:
             return
         if first.lstrip().startswith("-DOCSTART-"):  # a CoNLL column file: its sentences, words re-joined
-            yield from (" ".join(words) for words in read_conll(path, role=role, encoding=self.reading.encoding)["tokens"])
+            yield from (
+                " ".join(words) for words in read_conll(path, role=role, encoding=self.reading.encoding)["tokens"]
+            )
             return
         lines = itertools.chain([first], lines)
         if self.documents == "line":
@@ -207,11 +225,17 @@ class CorpusData(TextDataModule):
         Validation blocks are masked here, once, with a fixed seed: the same masks every evaluation."""
         raw = self.raw(role)
         self.tokenizer.no_truncation()
-        documents = self.map_rows(raw, functools.partial(_document_ids, self.tokenizer), directory / "work" / "documents.arrow",
-                                  f"Tokenizing {self.option(role)}")
+        documents = self.map_rows(
+            raw,
+            functools.partial(_document_ids, self.tokenizer),
+            directory / "work" / "documents.arrow",
+            f"Tokenizing {self.option(role)}",
+        )
         generator = torch.Generator().manual_seed(1234)
         with ArrowWriter(path=str(directory / "blocks.arrow")) as writer:
-            for blocks in batched(self.pack((ids for chunk in documents.iter(CHUNK) for ids in chunk["ids"]), role), CHUNK):
+            for blocks in batched(
+                self.pack((ids for chunk in documents.iter(CHUNK) for ids in chunk["ids"]), role), CHUNK
+            ):
                 blocks = torch.tensor(blocks)
                 if role == "train":
                     writer.write_batch({"input_ids": blocks.tolist()})
@@ -234,7 +258,9 @@ class CorpusData(TextDataModule):
                 del stream[:body]
                 blocks += 1
         if blocks == 0:
-            rank_zero_warn(f"{self.option(role)} has only {len(stream)} tokens, less than one block of {self.max_length}.")
+            rank_zero_warn(
+                f"{self.option(role)} has only {len(stream)} tokens, less than one block of {self.max_length}."
+            )
             yield [cls, *stream, *[self.pad_id] * (body - len(stream))]
 
     # -- streaming ---------------------------------------------------------------------------------

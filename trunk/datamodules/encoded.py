@@ -27,6 +27,7 @@ from pathlib import Path
 
 import datasets
 from lightning.pytorch.utilities import rank_zero_warn
+
 from trunk.core.codec import cache_dir
 
 CACHE_VERSION = 2  # bump when the layout of encoded examples changes
@@ -61,8 +62,12 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> t
     try:
         notes = build(tmp)
         files = sorted(p.name for p in tmp.glob("*.arrow"))
-        meta = {"key": json.loads(json.dumps(key, default=str)), "files": {f: [(tmp / f).stat().st_size, crc32(tmp / f)] for f in files},
-                "rows": sum(len(datasets.Dataset.from_file(str(tmp / f))) for f in files), "warnings": notes}
+        meta = {
+            "key": json.loads(json.dumps(key, default=str)),
+            "files": {f: [(tmp / f).stat().st_size, crc32(tmp / f)] for f in files},
+            "rows": sum(len(datasets.Dataset.from_file(str(tmp / f))) for f in files),
+            "warnings": notes,
+        }
         (tmp / META).write_text(json.dumps(meta, sort_keys=True))
         try:
             os.rename(tmp, path)  # atomic: readers see no entry or a whole one

@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
+
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
 from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, hold_out
@@ -86,10 +87,15 @@ class ImageClassificationData(TaskData):
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
         if self.select or not self.reading.is_default or self.hold_out_by:
-            raise ValueError("select, column_names, file_type, line_pattern, encoding and hold_out_by are for rows of text; image data reads "
-                             "folders, IDX files or hub splits whole. Give one split per folder or file, or a hub split name.")
+            raise ValueError(
+                "select, column_names, file_type, line_pattern, encoding and hold_out_by are for rows of text; image "
+                "data reads folders, IDX files or hub splits whole. Give one split per folder or file, or a hub split "
+                "name."
+            )
         if any(isinstance(spec, (list, tuple)) for spec in self.split_specs.values()) or self.metrics_per_file:
-            raise ValueError("Image data takes one folder, IDX file or hub split per split, not a list (nor metrics_per_file).")
+            raise ValueError(
+                "Image data takes one folder, IDX file or hub split per split, not a list (nor metrics_per_file)."
+            )
         if channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
         self.image_column, self.label_column = image_column, label_column
@@ -117,7 +123,8 @@ class ImageClassificationData(TaskData):
                                   "ids": [train["ids"][i] for i in index]}
 
     def _read(self, spec: str, role: str) -> dict:
-        """-> {"images": list of (H, W, C) uint8 arrays or one (N, H, W[, C]) array, "labels": list | None, "ids": list}."""
+        """-> {"images": list of (H, W, C) uint8 arrays or one (N, H, W[, C]) array, "labels": list | None, "ids":
+        list}."""
         if self.dataset is not None and self.dataset.startswith(BUILTIN_PREFIX):
             return builtin.load_images(self.dataset[len(BUILTIN_PREFIX):], spec)
         if self.dataset is not None:
@@ -127,20 +134,26 @@ class ImageClassificationData(TaskData):
             return self._read_folder(path, role)
         if IDX_IMAGES in path.name:
             return self._read_idx(path, role)
-        raise FileNotFoundError(f"{role}: '{spec}' is neither a folder of images nor an IDX images file "
-                                f"(*-{IDX_IMAGES}[.gz]). Give one of those, or a dataset name with {self.option('dataset')}.")
+        raise FileNotFoundError(
+            f"{role}: '{spec}' is neither a folder of images nor an IDX images file (*-{IDX_IMAGES}[.gz]). Give one of "
+            f"those, or a dataset name with {self.option('dataset')}."
+        )
 
     def _read_idx(self, path: Path, role: str) -> dict:
         if not path.is_file():
             raise FileNotFoundError(f"{role}: IDX file '{path}' does not exist.")
         labels_path = path.with_name(path.name.replace(IDX_IMAGES, IDX_LABELS))
         if not labels_path.is_file() and not role.endswith(".predict"):
-            raise FileNotFoundError(f"{role}: the labels of '{path}' should be in '{labels_path}', which does not exist.")
+            raise FileNotFoundError(
+                f"{role}: the labels of '{path}' should be in '{labels_path}', which does not exist."
+            )
         images, labels = read_idx(path, role), None
         if labels_path.is_file():
             labels = read_idx(labels_path, role).tolist()
             if len(labels) != len(images):
-                raise ValueError(f"{role}: '{path}' holds {len(images)} images but '{labels_path}' {len(labels)} labels.")
+                raise ValueError(
+                    f"{role}: '{path}' holds {len(images)} images but '{labels_path}' {len(labels)} labels."
+                )
         if self._label_names is None and labels is not None:
             self._label_names = [str(i) for i in range(max(labels) + 1)]  # IDX labels are digits 0..9
         return {"images": images, "labels": labels, "ids": list(range(len(images)))}
@@ -169,13 +182,19 @@ class ImageClassificationData(TaskData):
                 image.load()
                 return image
         except (UnidentifiedImageError, OSError) as err:
-            raise ValueError(f"{role}: '{path}' is not an image Pillow can read ({err}). Remove it from the folder.") from err
+            raise ValueError(
+                f"{role}: '{path}' is not an image Pillow can read ({err}). Remove it from the folder."
+            ) from err
 
     def _read_rows(self, ds: datasets.Dataset, role: str) -> dict:
-        column = self.image_column or next((name for name, f in ds.features.items() if isinstance(f, datasets.Image)), None)
+        column = self.image_column or next(
+            (name for name, f in ds.features.items() if isinstance(f, datasets.Image)), None
+        )
         if column is None or column not in ds.column_names:
-            raise ValueError(f"{role} has no image column{f' {self.image_column!r}' if self.image_column else ''}; its columns "
-                           f"are {ds.column_names}. Set {self.option('image_column')}.")
+            raise ValueError(
+                f"{role} has no image column{f' {self.image_column!r}' if self.image_column else ''}; its columns are "
+                f"{ds.column_names}. Set {self.option('image_column')}."
+            )
         labels = None
         if self.label_column in ds.column_names:
             feature = ds.features[self.label_column]
@@ -197,12 +216,17 @@ class ImageClassificationData(TaskData):
             conformed = [self._conform(torch.from_numpy(self._as_array(image))[None], role) for image in rows["images"]]
             shapes = sorted({tuple(t.shape[1:]) for t in conformed})
             if len(shapes) > 1:
-                raise ValueError(f"{role} has images of different shapes (height, width, channels) {shapes[:3]}. Set "
-                                 f"{self.option('image_size')} to resize them to one square size, and {self.option('channels')} to convert them.")
+                raise ValueError(
+                    f"{role} has images of different shapes (height, width, channels) {shapes[:3]}. Set "
+                    f"{self.option('image_size')} to resize them to one square size, and {self.option('channels')} to "
+                    "convert them."
+                )
             images = torch.cat(conformed)
         else:
             images = torch.from_numpy(np.array(rows["images"]))  # a writable copy
-            images = self._conform(images[..., None] if images.ndim == 3 else images, role)  # (N, H, W) grey -> (N, H, W, 1)
+            images = self._conform(
+                images[..., None] if images.ndim == 3 else images, role
+            )  # (N, H, W) grey -> (N, H, W, 1)
         images = images.permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
         labels = None
         if rows["labels"] is not None:
@@ -211,8 +235,12 @@ class ImageClassificationData(TaskData):
             names = self.label_names  # integer labels are positions in these
             index = {name: i for i, name in enumerate(self.label_order)}
             try:
-                labels = [index[names[label]] if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names)
-                          else index[str(label)] for label in rows["labels"]]
+                labels = [
+                    index[names[label]]
+                    if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names)
+                    else index[str(label)]
+                    for label in rows["labels"]
+                ]
             except KeyError as err:
                 raise ValueError(f"{role} has the label {err.args[0]!r}, which is not one of the classes {names}. "
                                  f"Fix the data, or set {self.option('label_names')} to include it.") from None
@@ -230,8 +258,15 @@ class ImageClassificationData(TaskData):
         """(N, H, W, C) uint8 -> the configured channel count and size."""
         images = self._convert_channels(images, role)
         if self.image_size and images.shape[1:3] != (self.image_size, self.image_size):
-            images = torch.nn.functional.interpolate(images.permute(0, 3, 1, 2).float(), size=(self.image_size,) * 2,
-                                                     mode="bilinear", antialias=True).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+            images = (
+                torch.nn.functional.interpolate(
+                    images.permute(0, 3, 1, 2).float(), size=(self.image_size,) * 2, mode="bilinear", antialias=True
+                )
+                .round()
+                .clamp(0, 255)
+                .byte()
+                .permute(0, 2, 3, 1)
+            )
         return images
 
     def _convert_channels(self, images: torch.Tensor, role: str) -> torch.Tensor:
@@ -251,7 +286,9 @@ class ImageClassificationData(TaskData):
         if self._label_names is None and self.split_specs["train"] is not None:
             self.split("train")  # reading it names the classes
         if self._label_names is None:
-            raise ValueError(f"No class names: set {self.option('label_names')}, or give a labelled {self.option('train')}.")
+            raise ValueError(
+                f"No class names: set {self.option('label_names')}, or give a labelled {self.option('train')}."
+            )
         return self._label_names
 
     # -- normalisation and augmentation ------------------------------------------------------------

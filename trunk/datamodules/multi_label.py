@@ -6,6 +6,7 @@ from collections import Counter
 
 import datasets
 import torch
+
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import checked_label_names
 from trunk.datamodules.text_rows import TextRowsData
@@ -24,7 +25,8 @@ class MultiLabelTextData(TextRowsData):
         label_column: the column holding each row's labels.
         label_delimiter: what separates labels in a string cell.
         label_names: label names in id order; unset: taken from the data.
-        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, val_fraction, max_length, batch size, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, val_fraction, max_length, batch
+        size, ...).
     """
 
     kinds = ("multi_label_classification",)
@@ -42,7 +44,9 @@ class MultiLabelTextData(TextRowsData):
         if self._label_names is None:
             names = {name for labels in self.label_sets(self.raw("train"), "train") for name in labels}
             if not names:
-                raise ValueError(f"{self.option('train')} has no labels in column '{self.label_column}': nothing to learn.")
+                raise ValueError(
+                    f"{self.option('train')} has no labels in column '{self.label_column}': nothing to learn."
+                )
             self._label_names = sorted(names)
         return self._label_names
 
@@ -83,8 +87,10 @@ class MultiLabelTextData(TextRowsData):
         for i, labels in enumerate(self.label_sets(ds, role)):
             unknown = [v for v in labels if v not in index]
             if unknown:
-                raise ValueError(f"{self.option(role)}: row {i + 1} has the labels {unknown}, which are not among the label names "
-                                 f"{self.label_order}. Fix the row, or list every label in {self.option('label_names')}.")
+                raise ValueError(
+                    f"{self.option(role)}: row {i + 1} has the labels {unknown}, which are not among the label names "
+                    f"{self.label_order}. Fix the row, or list every label in {self.option('label_names')}."
+                )
             row = [0] * len(index)
             for name in labels:
                 row[index[name]] = 1

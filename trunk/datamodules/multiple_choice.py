@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import datasets
 import torch
+
 from trunk.datamodules.sources import check_columns, column
 from trunk.datamodules.text import TextDataModule, pad
 
@@ -32,15 +33,23 @@ class MultipleChoiceData(TextDataModule):
         choices_column: the column holding each row's candidates (see above).
         choice_columns: instead, one column per candidate.
         label_column: the column holding the answer (not needed in the predict split).
-        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, file_type, max_length, batch size, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, file_type, max_length, batch size,
+        ...).
     """
 
     input_form = '{"context": ..., "choices": [two or more texts]}, with an optional "question"'
 
     kinds = ("multiple_choice",)
 
-    def __init__(self, context_column: str = "question", question_column: str | None = None, choices_column: str | None = "choices",
-                 choice_columns: list[str] | None = None, label_column: str = "answer", **kwargs) -> None:
+    def __init__(
+        self,
+        context_column: str = "question",
+        question_column: str | None = None,
+        choices_column: str | None = "choices",
+        choice_columns: list[str] | None = None,
+        label_column: str = "answer",
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if choice_columns is not None and len(choice_columns) < 2:
             raise ValueError(f"choice_columns needs at least 2 columns (one per candidate), got {choice_columns}.")
@@ -48,7 +57,9 @@ class MultipleChoiceData(TextDataModule):
         self.choices_column = None if choice_columns is not None else choices_column
         self.choice_columns = list(choice_columns) if choice_columns is not None else None
         if self.choices_column is None and self.choice_columns is None:
-            raise ValueError("Name the candidates: choices_column (one cell per row) or choice_columns (one column each).")
+            raise ValueError(
+                "Name the candidates: choices_column (one cell per row) or choice_columns (one column each)."
+            )
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         columns = {"context_column": self.context_column, "question_column": self.question_column,
@@ -77,8 +88,11 @@ class MultipleChoiceData(TextDataModule):
             rows = [_unpack(cell) for cell in column(ds, self.choices_column)]
         for i, (texts, _) in enumerate(rows):
             if len(texts) < 2:
-                raise ValueError(f"{self.option(role)}: row {i + 1} has {len(texts)} candidate answer(s) ({texts}); a multiple-choice "
-                                 f"row needs at least 2. Check {self.option('choices_column' if self.choice_columns is None else 'choice_columns')}.")
+                raise ValueError(
+                    f"{self.option(role)}: row {i + 1} has {len(texts)} candidate answer(s) ({texts}); a "
+                    "multiple-choice row needs at least 2. Check "
+                    f"{self.option('choices_column' if self.choice_columns is None else 'choice_columns')}."
+                )
         return rows
 
     def answers(self, ds: datasets.Dataset, role: str, rows: list[tuple[list[str], list[str]]]) -> list[int]:
@@ -93,22 +107,32 @@ class MultipleChoiceData(TextDataModule):
             elif value in texts:
                 answers.append(texts.index(value))
             else:
-                raise ValueError(f"{self.option(role)}: row {i + 1} has the answer {cell!r}, which is none of its candidates' labels "
-                                 f"{labels}, positions 0-{len(texts) - 1} or texts. Fix the row, or point "
-                                 f"{self.option('label_column')} at the answer column.")
+                raise ValueError(
+                    f"{self.option(role)}: row {i + 1} has the answer {cell!r}, which is none of its candidates' "
+                    f"labels {labels}, positions 0-{len(texts) - 1} or texts. Fix the row, or point "
+                    f"{self.option('label_column')} at the answer column."
+                )
         return answers
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         contexts = column(ds, self.context_column)
         if any(c is None for c in contexts):
-            raise ValueError(f"{self.option(role)}: column '{self.context_column}' has empty (null) cells; remove those rows.")
+            raise ValueError(
+                f"{self.option(role)}: column '{self.context_column}' has empty (null) cells; remove those rows."
+            )
         questions = column(ds, self.question_column) if self.question_column else [None] * len(contexts)
         rows = self.candidates(ds, role)
         answers = self.answers(ds, role, rows) if role != "predict" else [None] * len(rows)
         return self.encode_rows(contexts, questions, [texts for texts, _ in rows], answers, role)
 
-    def encode_rows(self, contexts: list[str], questions: list, choices: list[list[str]], answers: list, role: str) -> list[dict]:
-        pairs = [(c, f"{q} {choice}" if q else choice) for c, q, texts in zip(contexts, questions, choices) for choice in texts]
+    def encode_rows(
+        self, contexts: list[str], questions: list, choices: list[list[str]], answers: list, role: str
+    ) -> list[dict]:
+        pairs = [
+            (c, f"{q} {choice}" if q else choice)
+            for c, q, texts in zip(contexts, questions, choices)
+            for choice in texts
+        ]
         encodings = iter(self.tokenize(pairs, role))
         return [{"input_ids": [next(encodings).ids for _ in texts], "label": answer, "text": context, "choices": texts}
                 for context, texts, answer in zip(contexts, choices, answers)]
@@ -123,7 +147,9 @@ class MultipleChoiceData(TextDataModule):
                                 [list(r["choices"]) for r in rows], [None] * len(rows), "predict")
 
     def collate(self, examples: list[dict]) -> dict:
-        input_ids = pad([ids for e in examples for ids in e["input_ids"]], self.pad_id)  # every candidate of every row: (M, T)
+        input_ids = pad(
+            [ids for e in examples for ids in e["input_ids"]], self.pad_id
+        )  # every candidate of every row: (M, T)
         batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(),
                  "choice_counts": torch.tensor([len(e["input_ids"]) for e in examples]),
                  "text": [e["text"] for e in examples], "choices": [e["choices"] for e in examples]}
@@ -133,7 +159,8 @@ class MultipleChoiceData(TextDataModule):
 
 
 def _unpack(cell) -> tuple[list[str], list[str]]:
-    """Candidate texts and labels from a list, a {"text": [...], "label": [...]} dict, or packed "(A) ... (B) ..." text."""
+    """Candidate texts and labels from a list, a {"text": [...], "label": [...]} dict, or packed "(A) ... (B) ..."
+    text."""
     if isinstance(cell, dict):
         texts = [str(t) for t in cell.get("text") or []]
         labels = [str(x) for x in cell.get("label") or string.ascii_uppercase[: len(texts)]]

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
+
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.datamodules.text import STAGE_ROLES, TaskData, TextDataModule
@@ -49,21 +50,28 @@ class TaskSampler:
         if temperature <= 0:
             raise ValueError(f"data.temperature must be > 0, got {temperature}.")
         if not 0.0 <= anneal_to <= 1.0:
-            raise ValueError(f"data.anneal_to must be in [0, 1] (0: uniform at the end, 1: proportional), got {anneal_to}.")
+            raise ValueError(
+                f"data.anneal_to must be in [0, 1] (0: uniform at the end, 1: proportional), got {anneal_to}."
+            )
         empty = [name for name, n in sizes.items() if n < 1]
         if empty:
             raise ValueError(f"Tasks {empty} have no training rows.")
         self.sizes, self.mode, self.temperature, self.anneal_to = sizes, mode, temperature, anneal_to
         self.weights = self._check_weights(weights) if mode == "fixed" else None
         if weights and mode != "fixed":
-            raise ValueError(f"data.weights are used only with data.sampling=fixed, not {mode!r}: remove them or set sampling: fixed.")
+            raise ValueError(
+                f"data.weights are used only with data.sampling=fixed, not {mode!r}: remove them or set sampling: "
+                "fixed."
+            )
 
     def _check_weights(self, weights: dict[str, float] | None) -> dict[str, float]:
         weights = dict(weights or {})
         if set(weights) != set(self.sizes):
             raise ValueError(f"data.sampling=fixed needs one weight per task: the tasks are {sorted(self.sizes)}, "
                              f"data.weights names {sorted(weights)}.")
-        bad = {name: w for name, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0)}
+        bad = {
+            name: w for name, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0)
+        }
         if bad:
             raise ValueError(f"data.weights must be finite and >= 0; got {bad}.")
         if sum(weights.values()) <= 0:
@@ -85,7 +93,9 @@ class TaskSampler:
 
     def draw(self, steps: int, generator: torch.Generator, progress: float = 0.0) -> list[str]:
         names, probs = zip(*self.probabilities(progress).items())
-        picks = torch.multinomial(torch.tensor(probs, dtype=torch.float64), steps, replacement=True, generator=generator)
+        picks = torch.multinomial(
+            torch.tensor(probs, dtype=torch.float64), steps, replacement=True, generator=generator
+        )
         return [names[i] for i in picks.tolist()]
 
 
@@ -93,7 +103,7 @@ class MultiTaskStream(IterableDataset):
     """One epoch of training batches: the task sequence of the epoch (the same on every process), and
     for each step the next batch of that task from this process's shard of its rows."""
 
-    def __init__(self, data: "MultiTaskData") -> None:
+    def __init__(self, data: MultiTaskData) -> None:
         self.data = data
 
     def __len__(self) -> int:
@@ -185,7 +195,9 @@ class MultiTaskData(L.LightningDataModule):
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"data.steps_per_epoch must be >= 1, got {steps_per_epoch}.")
         if predict_task is not None and predict_task not in tasks:
-            raise ValueError(f"data.predict_task={predict_task!r} is not a task of this run; the tasks are {sorted(tasks)}.")
+            raise ValueError(
+                f"data.predict_task={predict_task!r} is not a task of this run; the tasks are {sorted(tasks)}."
+            )
         for name, member in tasks.items():
             member.name = name
         self.tasks = dict(tasks)
@@ -198,7 +210,9 @@ class MultiTaskData(L.LightningDataModule):
         self.hparams["data_tasks"] = {name: spec if isinstance(spec, dict) else None for name, spec in specs.items()}
         self.sampling, self.temperature, self.weights, self.anneal_to = sampling, temperature, weights, anneal_to
         if sampling == "fixed" or weights:
-            TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)  # fail now, not after encoding
+            TaskSampler(
+                {name: 1 for name in tasks}, sampling, temperature, weights, anneal_to
+            )  # fail now, not after encoding
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
         self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model
@@ -223,21 +237,33 @@ class MultiTaskData(L.LightningDataModule):
             members = self.text_tasks.values()
             streamed = [m.name for m in members if m.streaming]
             if streamed:
-                raise ValueError(f"Tasks {streamed} stream their training text, so there is no pass over it to train a "
-                                 "tokenizer on: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), or "
-                                 "model.init_from.")
+                raise ValueError(
+                    f"Tasks {streamed} stream their training text, so there is no pass over it to train a tokenizer "
+                    "on: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), or model.init_from."
+                )
             if any(m.split_specs["train"] is None for m in members):
-                raise ValueError("No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a "
-                                 "checkpoint), or model.init_from, or give every text task a train split to train one on.")
+                raise ValueError(
+                    "No tokenizer to use: set data.tokenizer (a tokenizer.json, a trunk directory or a checkpoint), "
+                    "or model.init_from, or give every text task a train split to train one on."
+                )
             generates = any(m.tokenizer_model == "bpe" for m in members)  # exact detokenization needed
             model = self.tokenizer_model if self.tokenizer_model != "auto" else "bpe" if generates else "wordpiece"
             if model in ("wordpiece", "word") and generates:
-                raise ValueError(f"data.tokenizer_model={model} cannot detokenize generated text exactly; a task here generates "
-                                 "text (translation): use bpe, byte_bpe or auto.")
+                raise ValueError(
+                    f"data.tokenizer_model={model} cannot detokenize generated text exactly; a task here generates "
+                    "text (translation): use bpe, byte_bpe or auto."
+                )
             key = [m.tokenizer_key() for m in members]
             texts = lambda: (t for m in members for t in m.texts_for_tokenizer())  # noqa: E731
-            tokenizer = cached_tokenizer(key, texts, model, self.tokenizer_vocab_size, self.lowercase,
-                                         f"the training text of {sorted(self.text_tasks)}", self.tokenizer_min_frequency)
+            tokenizer = cached_tokenizer(
+                key,
+                texts,
+                model,
+                self.tokenizer_vocab_size,
+                self.lowercase,
+                f"the training text of {sorted(self.text_tasks)}",
+                self.tokenizer_min_frequency,
+            )
         for member in self.text_tasks.values():
             member.connect(tokenizer, self.lowercase)
         targets = {name: m.own_target_tokenizer() for name, m in self.text_tasks.items()}
@@ -317,8 +343,12 @@ class MultiTaskData(L.LightningDataModule):
         return DataLoader(MultiTaskStream(self), batch_size=None, generator=torch.Generator())
 
     def _loaders(self, role: str, by_length: bool = False) -> list[DataLoader]:
-        return [loader for name, m in self.tasks.items() if m.has_split(role) and (role != "predict" or name in self.predict_tasks)
-                for loader in m.loaders(role, by_length)]
+        return [
+            loader
+            for name, m in self.tasks.items()
+            if m.has_split(role) and (role != "predict" or name in self.predict_tasks)
+            for loader in m.loaders(role, by_length)
+        ]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._loaders("validation")
@@ -344,8 +374,10 @@ class MultiTaskData(L.LightningDataModule):
     def sampler(self) -> TaskSampler:
         streamed = self.streamed_tasks
         if streamed and len(self.tasks) > 1 and self.sampling not in ("uniform", "fixed"):
-            raise ValueError(f"data.sampling={self.sampling!r} draws tasks by their number of training rows, but {streamed} "
-                             "stream theirs (their size is unknown). Set data.sampling to 'fixed' (with data.weights) or 'uniform'.")
+            raise ValueError(
+                f"data.sampling={self.sampling!r} draws tasks by their number of training rows, but {streamed} stream "
+                "theirs (their size is unknown). Set data.sampling to 'fixed' (with data.weights) or 'uniform'."
+            )
         sizes = {name: 1 if member.streaming else member.size("train") for name, member in self.tasks.items()}
         return TaskSampler(sizes, self.sampling, self.temperature, self.weights, self.anneal_to)
 
@@ -353,8 +385,10 @@ class MultiTaskData(L.LightningDataModule):
         if self._steps_per_epoch:
             return self._steps_per_epoch
         if self.streamed_tasks:
-            raise ValueError(f"Tasks {self.streamed_tasks} stream their training data, whose length is unknown: set data.steps_per_epoch "
-                             "(training batches per epoch; validation and checkpoints follow it).")
+            raise ValueError(
+                f"Tasks {self.streamed_tasks} stream their training data, whose length is unknown: set "
+                "data.steps_per_epoch (training batches per epoch; validation and checkpoints follow it)."
+            )
         _, _, world = self.position()
         return sum(math.ceil(math.ceil(m.size("train") / world) / m.batch_size) for m in self.tasks.values())
 
@@ -364,7 +398,8 @@ class MultiTaskData(L.LightningDataModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by seed_everything
 
     def position(self) -> tuple[int, int, int]:
-        """(epoch, data-parallel rank, number of data-parallel replicas) of the attached trainer; (0, 0, 1) without one."""
+        """(epoch, data-parallel rank, number of data-parallel replicas) of the attached trainer; (0, 0, 1) without
+        one."""
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import datasets
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+
 from trunk.core.codec import IGNORE_INDEX
 from trunk.datamodules.sources import check_columns, column, file_format
 from trunk.datamodules.text import TextDataModule, pad
@@ -26,21 +27,35 @@ class QuestionAnsweringData(TextDataModule):
     Args:
         question_column / context_column / answers_column / id_column: the columns (``id``: optional).
         doc_stride: tokens shared by consecutive windows of a long context.
-        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, max_length, batch size: questions, ...).
+        **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, select, max_length, batch size: questions,
+        ...).
     """
 
     input_form = '{"question": ..., "context": ...}'
 
     kinds = ("extractive_qa",)
 
-    def __init__(self, question_column: str = "question", context_column: str = "context", answers_column: str = "answers",
-                 id_column: str = "id", doc_stride: int = 32, **kwargs) -> None:
+    def __init__(
+        self,
+        question_column: str = "question",
+        context_column: str = "context",
+        answers_column: str = "answers",
+        id_column: str = "id",
+        doc_stride: int = 32,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if not 0 <= doc_stride < self.max_length // 2:
-            raise ValueError(f"doc_stride={doc_stride} must be in [0, max_length / 2) = [0, {self.max_length // 2}): the tokens two "
-                             "windows share.")
-        self.question_column, self.context_column, self.answers_column, self.id_column = (question_column, context_column,
-                                                                                           answers_column, id_column)
+            raise ValueError(
+                f"doc_stride={doc_stride} must be in [0, max_length / 2) = [0, {self.max_length // 2}): the tokens two "
+                "windows share."
+            )
+        self.question_column, self.context_column, self.answers_column, self.id_column = (
+            question_column,
+            context_column,
+            answers_column,
+            id_column,
+        )
         self.doc_stride = doc_stride
 
     # -- reading ---------------------------------------------------------------------------------
@@ -74,18 +89,24 @@ class QuestionAnsweringData(TextDataModule):
                 misaligned.append(qid if qid is not None else f"row {i + 1}")
             examples.append({**example, "id": str(qid) if qid is not None else f"{i}"})
         if misaligned:
-            rank_zero_warn(f"{self.option(role)}: {len(misaligned)} answer(s) are not at their answer_start in the context "
-                           f"(e.g. {misaligned[:3]}); those questions are evaluated but not trained on. Fix answer_start in the data.")
+            rank_zero_warn(
+                f"{self.option(role)}: {len(misaligned)} answer(s) are not at their answer_start in the context (e.g. "
+                f"{misaligned[:3]}); those questions are evaluated but not trained on. Fix answer_start in the data."
+            )
         return examples
 
     def encode_row(self, question: str, context: str, answer: dict | None, role: str, row: int) -> dict:
         """One question's windows: token ids, each token's span in the context (-1 outside it), the answer's tokens."""
         tokenizer = self.tokenizer
-        tokenizer.no_truncation()  # measure the whole question (the shared tokenizer may hold another task's truncation)
+        # measure the whole question (the shared tokenizer may hold another task's truncation)
+        tokenizer.no_truncation()
         room = self.max_length - len(tokenizer.encode(question, add_special_tokens=False).ids) - 3
         if room < 8:
-            raise ValueError(f"{self.option(role)}: row {row + 1}'s question takes {self.max_length - room - 3} tokens, leaving {max(room, 0)} "
-                             f"for the context at max_length={self.max_length}. Raise {self.option('max_length')} or shorten the question.")
+            raise ValueError(
+                f"{self.option(role)}: row {row + 1}'s question takes {self.max_length - room - 3} tokens, leaving "
+                f"{max(room, 0)} for the context at max_length={self.max_length}. Raise {self.option('max_length')} or "
+                "shorten the question."
+            )
         tokenizer.enable_truncation(self.max_length, stride=min(self.doc_stride, room - 1), strategy="only_second")
         first = tokenizer.encode(question, context)
         windows = [first, *first.overflowing]
@@ -121,17 +142,25 @@ class QuestionAnsweringData(TextDataModule):
     def input_examples(self, inputs: list) -> list[dict]:
         """Predict examples from raw ``{"question": ..., "context": ...}`` dicts (or (question, context) tuples)."""
         rows = [x if isinstance(x, dict) else {"question": x[0], "context": x[1]} for x in inputs]
-        return [{**self.encode_row(r["question"], r["context"], None, "predict", i), "id": str(r.get("id", i))} for i, r in enumerate(rows)]
+        return [
+            {**self.encode_row(r["question"], r["context"], None, "predict", i), "id": str(r.get("id", i))}
+            for i, r in enumerate(rows)
+        ]
 
     def collate(self, examples: list[dict]) -> dict:
         flat = [w for e in examples for w in e["input_ids"]]  # every window of every question: (M, T)
         input_ids = pad(flat, self.pad_id)
-        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(),
-                 "window_counts": torch.tensor([len(e["input_ids"]) for e in examples]),
-                 "span_starts": pad([s for e in examples for s in e["span_starts"]], -1),
-                 "span_ends": pad([s for e in examples for s in e["span_ends"]], -1),
-                 "text": [e["text"] for e in examples], "context": [e["context"] for e in examples], "id": [e["id"] for e in examples],
-                 "answers": [list(e["answers"]) for e in examples]}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).long(),
+            "window_counts": torch.tensor([len(e["input_ids"]) for e in examples]),
+            "span_starts": pad([s for e in examples for s in e["span_starts"]], -1),
+            "span_ends": pad([s for e in examples for s in e["span_ends"]], -1),
+            "text": [e["text"] for e in examples],
+            "context": [e["context"] for e in examples],
+            "id": [e["id"] for e in examples],
+            "answers": [list(e["answers"]) for e in examples],
+        }
         if all(s is not None for e in examples for s in e["start"]):
             batch["start_positions"] = torch.tensor([s for e in examples for s in e["start"]])
             batch["end_positions"] = torch.tensor([s for e in examples for s in e["end"]])
@@ -145,7 +174,16 @@ def squad_rows(articles: list[dict]) -> list[dict]:
         for paragraph in article.get("paragraphs", []):
             for qa in paragraph.get("qas", []):
                 answers = [] if qa.get("is_impossible") else qa.get("answers", [])
-                rows.append({"id": str(qa.get("id", len(rows))), "title": article.get("title", ""), "context": paragraph["context"],
-                             "question": qa["question"], "answers": {"text": [a["text"] for a in answers],
-                                                                     "answer_start": [int(a["answer_start"]) for a in answers]}})
+                rows.append(
+                    {
+                        "id": str(qa.get("id", len(rows))),
+                        "title": article.get("title", ""),
+                        "context": paragraph["context"],
+                        "question": qa["question"],
+                        "answers": {
+                            "text": [a["text"] for a in answers],
+                            "answer_start": [int(a["answer_start"]) for a in answers],
+                        },
+                    }
+                )
     return rows

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import datasets
+
 from trunk.datamodules import builtin
 
 # File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
@@ -23,7 +24,9 @@ FILE_FORMATS = {
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
 }
-LINES = ".lines"  # a text file of one row per line, split into columns by a regular expression (FileReading.line_pattern)
+LINES = (
+    ".lines"  # a text file of one row per line, split into columns by a regular expression (FileReading.line_pattern)
+)
 BUILTIN_PREFIX = "trunk:"
 
 
@@ -49,18 +52,26 @@ class FileReading:
         try:
             codecs.lookup(self.encoding)
         except LookupError:
-            raise ValueError(f"{option}.encoding={self.encoding!r} is not an encoding Python knows (utf-8, latin-1, cp1252, ...).") from None
+            raise ValueError(
+                f"{option}.encoding={self.encoding!r} is not an encoding Python knows (utf-8, latin-1, cp1252, ...)."
+            ) from None
         if self.line_pattern is not None:
             if self.file_type not in (None, LINES[1:]):
-                raise ValueError(f"{option}.line_pattern splits lines files; it cannot read file_type={self.file_type!r}. "
-                                 "Remove one of them.")
+                raise ValueError(
+                    f"{option}.line_pattern splits lines files; it cannot read file_type={self.file_type!r}. Remove "
+                    "one of them."
+                )
             try:
                 groups = re.compile(self.line_pattern).groupindex
             except re.error as err:
-                raise ValueError(f"{option}.line_pattern={self.line_pattern!r} is not a regular expression: {err}.") from None
+                raise ValueError(
+                    f"{option}.line_pattern={self.line_pattern!r} is not a regular expression: {err}."
+                ) from None
             if not groups:
-                raise ValueError(f"{option}.line_pattern={self.line_pattern!r} has no named groups: name each column as "
-                                 "(?P<name>...), e.g. (?P<label>[A-Z]+):\\S+ (?P<text>.+).")
+                raise ValueError(
+                    f"{option}.line_pattern={self.line_pattern!r} has no named groups: name each column as "
+                    "(?P<name>...), e.g. (?P<label>[A-Z]+):\\S+ (?P<text>.+)."
+                )
 
     def suffix(self, path: str | Path) -> str:
         """The format a local file is read in: the configured one, else its suffix's."""
@@ -73,8 +84,10 @@ class FileReading:
         builder, options = FILE_FORMATS[suffix]
         if self.column_names is not None:
             if builder != "csv":
-                raise ValueError(f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, "
-                                 "which names its own columns. Remove column_names.")
+                raise ValueError(
+                    f"{role}: column_names is for csv / tsv files without a header; '{path}' is {suffix[1:]}, which "
+                    "names its own columns. Remove column_names."
+                )
             options = {**options, "column_names": list(self.column_names)}  # pandas' names: the first row is data
         return builder, options if builder == "parquet" else {**options, "encoding": self.encoding}
 
@@ -95,8 +108,10 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
     if dataset is None:
         return _load_file(split, role, reading)
     if not reading.is_default:
-        raise ValueError(f"{role}: column_names, file_type, line_pattern and encoding say how to read local files; hub and "
-                         "built-in datasets describe their own columns. Remove them, or leave data.dataset unset for files.")
+        raise ValueError(
+            f"{role}: column_names, file_type, line_pattern and encoding say how to read local files; hub and built-in "
+            "datasets describe their own columns. Remove them, or leave data.dataset unset for files."
+        )
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
     try:
@@ -126,8 +141,10 @@ def stream_rows(dataset: str | None, dataset_config: str | None, split: str, rol
     try:
         return datasets.load_dataset(dataset, dataset_config, split=split, streaming=True)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
-        raise ValueError(f"Could not stream split '{split}' ({role}) of dataset '{dataset}': {err}\nCheck the dataset name, "
-                         "data.dataset_config and the split name; hub datasets need network access.") from err
+        raise ValueError(
+            f"Could not stream split '{split}' ({role}) of dataset '{dataset}': {err}\nCheck the dataset name, "
+            "data.dataset_config and the split name; hub datasets need network access."
+        ) from err
 
 
 def text_lines(path: str | Path, role: str, kind: str = "text", encoding: str = "utf-8") -> Iterator[str]:
@@ -143,14 +160,18 @@ def text_lines(path: str | Path, role: str, kind: str = "text", encoding: str = 
         with opener(path, "rb") as f:
             for line_number, line in enumerate(f, start=1):
                 if b"\x00" in line:
-                    raise ValueError(f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. "
-                                     f"Point {role} at a {kind} file.")
+                    raise ValueError(
+                        f"{role}: '{path}' is a binary file (NUL bytes at line {line_number}), not {kind} text. Point "
+                        f"{role} at a {kind} file."
+                    )
                 try:
                     yield line.decode(encoding)
                 except UnicodeDecodeError as err:
-                    raise ValueError(f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
-                                     f"not {encoding}. Set the file's encoding ({role.rsplit('.', 1)[0]}.encoding: latin-1, cp1252, "
-                                     "...) or save it as UTF-8.") from None
+                    raise ValueError(
+                        f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
+                        f"not {encoding}. Set the file's encoding ({role.rsplit('.', 1)[0]}.encoding: latin-1, cp1252, "
+                        "...) or save it as UTF-8."
+                    ) from None
     except (OSError, EOFError) as err:  # a truncated or fake .gz
         raise ValueError(f"{role}: could not read '{path}'{' (gzip)' if path.suffix == '.gz' else ''}: {err}") from None
 
@@ -189,7 +210,9 @@ def expand_sources(dataset: str | None, spec: str | list[str], role: str) -> lis
         else:
             sources.append(str(one))
     if not sources:
-        raise ValueError(f"{role} is an empty list: give a path (or a list of paths) for this split, or leave it unset.")
+        raise ValueError(
+            f"{role} is an empty list: give a path (or a list of paths) for this split, or leave it unset."
+        )
     return sources
 
 
@@ -228,9 +251,11 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
         return read_lines(path, role, reading)
     if suffix not in FILE_FORMATS:
         how = f"file_type={reading.file_type!r}" if reading.file_type else f"unknown file type '{suffix}'"
-        raise ValueError(f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}, lines; for a file whose "
-                         f"suffix does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv), or line_pattern "
-                         "for one row per line in another shape.")
+        raise ValueError(
+            f"{role}: cannot read '{path}': {how}. Supported: {', '.join(FILE_FORMATS)}, lines; for a file whose "
+            "suffix does not say (a .txt that holds tab-separated rows), set file_type (e.g. tsv), or line_pattern "
+            "for one row per line in another shape."
+        )
     builder, options = reading.builder(suffix, path, role)
     if builder != "parquet":
         check_text_file(path, role, suffix[1:], reading.encoding)
@@ -240,8 +265,10 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
         if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
             raise empty_split_error(role, path_str) from None
         cause = err.__cause__ or err.__context__ or err
-        raise ValueError(f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {cause}. Check that the "
-                         f"file is {suffix[1:]} (its suffix decides how it is read).") from None
+        raise ValueError(
+            f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {cause}. Check that the file is "
+            f"{suffix[1:]} (its suffix decides how it is read)."
+        ) from None
 
 
 def read_lines(path: Path, role: str, reading: FileReading) -> datasets.Dataset:
@@ -289,10 +316,12 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
         if column is not None and column not in ds.column_names:
             if looks_like_data(ds.column_names):
                 raise ValueError(
-                    f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, looks "
-                    f"like data rather than a header: if the file has no header row, name its columns with "
-                    f"{prefix}.column_names (e.g. {['text', 'label', 'id'][:len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), "
-                    f"and set {prefix}.{option} to one of those names.")
+                    f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, "
+                    "looks like data rather than a header: if the file has no header row, name its columns with "
+                    f"{prefix}.column_names (e.g. "
+                    f"{['text', 'label', 'id'][: len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), and "
+                    f"set {prefix}.{option} to one of those names."
+                )
             raise ValueError(
                 f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
                 f"set {prefix}.{option} to one of them."
@@ -330,8 +359,10 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, "
-                                f"the tag in data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset.")
+        raise FileNotFoundError(
+            f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, the tag in "
+            f"data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset."
+        )
     check_text_file(path, role, "CoNLL", encoding)
     opener = gzip.open if path.suffix == ".gz" else open
     sentences: list[list[list[str]]] = []

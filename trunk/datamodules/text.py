@@ -14,6 +14,7 @@ Batch contract (every objective reads these keys; see docs/configuration.md, "Ba
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -31,15 +32,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
+
 from trunk.core.codec import PAD, fingerprint
 from trunk.datamodules.encoded import encoded_split
 from trunk.datamodules.sources import (
     BUILTIN_PREFIX,
+    FileReading,
     check_columns,
     column,
     empty_split_error,
     expand_sources,
-    FileReading,
     load_split,
     select_rows,
     source_key,
@@ -69,7 +71,9 @@ def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = N
         rng.shuffle(names)
         held_units = set(names[: max(1, round(len(names) * fraction))])
         if len(held_units) >= len(names):
-            raise ValueError(f"Only {len(names)} distinct values to hold out by: too few for a validation share of {fraction}.")
+            raise ValueError(
+                f"Only {len(names)} distinct values to hold out by: too few for a validation share of {fraction}."
+            )
         validation = [i for i in range(n) if units[i] in held_units]
         return [i for i in range(n) if units[i] not in held_units], validation
     groups: dict = {}
@@ -118,18 +122,23 @@ def checked_label_names(names: Sequence | None, option: str = "label_names") -> 
         raise ValueError(f"{option} has an empty name (position {stripped.index('') + 1}): name every class.")
     repeated = sorted({name for name in stripped if stripped.count(name) > 1})
     if repeated:
-        raise ValueError(f"{option} lists {repeated} more than once ({stripped}): each class needs one name of its own.")
+        raise ValueError(
+            f"{option} lists {repeated} more than once ({stripped}): each class needs one name of its own."
+        )
     return stripped
 
 
-PAIR_CUTS = {"longest_first": "pairs lose tokens from the longer text first", "only_first": "pairs lose tokens from the first text only",
-             "only_second": "pairs lose tokens from the second text only"}
+PAIR_CUTS = {
+    "longest_first": "pairs lose tokens from the longer text first",
+    "only_first": "pairs lose tokens from the first text only",
+    "only_second": "pairs lose tokens from the second text only",
+}
 CHUNK = 1000  # rows per datasets.map batch
 NOTES = "__trunk_notes__"  # a column of the encoded files: the chunk's truncation counts (JSON), on its first row
 RAW = "__raw__"  # prefix of the raw columns while they are encoded
 
 
-def _encode_chunk(data: "TextDataModule", role: str, features: datasets.Features, chunk: dict) -> dict:
+def _encode_chunk(data: TextDataModule, role: str, features: datasets.Features, chunk: dict) -> dict:
     """datasets.map's function: a chunk of raw rows (columns) -> encoded examples (columns)."""
     data._notes = []
     try:
@@ -138,7 +147,10 @@ def _encode_chunk(data: "TextDataModule", role: str, features: datasets.Features
         notes = data._notes
     finally:
         data._notes = None
-    columns = {name: [e[name].tolist() if isinstance(e[name], torch.Tensor) else e[name] for e in examples] for name in examples[0]}
+    columns = {
+        name: [e[name].tolist() if isinstance(e[name], torch.Tensor) else e[name] for e in examples]
+        for name in examples[0]
+    }
     columns[NOTES] = [json.dumps(notes) if i == 0 else "" for i in range(len(examples))]
     return columns
 
@@ -153,7 +165,7 @@ def rows(ds: datasets.Dataset, indices: list[int]) -> list[dict]:
 class TaggedCollate:
     """Builds a batch of one split from a list of row indices and marks it with its task (picklable, for workers)."""
 
-    def __init__(self, data: "TaskData", role: str, task: str, file: str | None = None, indexed: bool = False) -> None:
+    def __init__(self, data: TaskData, role: str, task: str, file: str | None = None, indexed: bool = False) -> None:
         self.data, self.role, self.task, self.file, self.indexed = data, role, task, file, indexed
 
     def __call__(self, indices: list[int]) -> dict:
@@ -244,7 +256,9 @@ class TaskData:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
         self.hold_out_by = hold_out_by
-        self.reading = FileReading(tuple(column_names) if column_names is not None else None, file_type, line_pattern, encoding)
+        self.reading = FileReading(
+            tuple(column_names) if column_names is not None else None, file_type, line_pattern, encoding
+        )
         self.metrics_per_file = metrics_per_file
         self._file_rows: dict[str, list[tuple[str, int]]] = {}  # split -> (file, rows) in order, when read from several
         self.val_fraction = val_fraction
@@ -260,9 +274,11 @@ class TaskData:
     def unlabelled(self, role: str, why: str) -> ValueError:
         """The one error for a split that carries no labels (a test split as GLUE ships it), from a file or the hub."""
         predict = self.split_specs[role] if self.dataset is None else role
-        return ValueError(f"{self.option(role)} {why}. If it is unlabelled (a test split whose labels are hidden), it cannot be "
-                          f"evaluated: evaluate on a labelled split, and predict this one with `trunk predict --ckpt_path CKPT "
-                          f"--{self.option('predict')}={predict}`, which takes it as it is.")
+        return ValueError(
+            f"{self.option(role)} {why}. If it is unlabelled (a test split whose labels are hidden), it cannot be "
+            "evaluated: evaluate on a labelled split, and predict this one with `trunk predict --ckpt_path CKPT "
+            f"--{self.option('predict')}={predict}`, which takes it as it is."
+        )
 
     # -- for subclasses ------------------------------------------------------------------------------
     def prepare(self, role: str) -> None:
@@ -282,9 +298,11 @@ class TaskData:
         return {"kinds": list(self.kinds), "stem": self.stem}
 
     def preprocessor(self) -> Preprocessor:
-        """What ``trunk.tasks.load``'s predictor keeps of this task's data (its settings, connected to the run's codec)."""
-        return Preprocessor(self.input_examples, self.collate, lambda example: len(example["input_ids"]), self.input_form,
-                            self.stem)
+        """What ``trunk.tasks.load``'s predictor keeps of this task's data (its settings, connected to the run's
+        codec)."""
+        return Preprocessor(
+            self.input_examples, self.collate, lambda example: len(example["input_ids"]), self.input_form, self.stem
+        )
 
     # -- labels: the names as the config or the data give them, the ids in the order the model uses -----
     _label_names: list[str] | None = None  # set by subclasses with labels: configured, or read from the data
@@ -293,7 +311,8 @@ class TaskData:
 
     @property
     def label_order(self) -> list[str]:
-        """The label names in the order of the ids batches carry: a trained head's (``use_labels_of``), else the data's."""
+        """The label names in the order of the ids batches carry: a trained head's (``use_labels_of``), else the
+        data's."""
         return self._label_order or self.label_names
 
     def use_labels_of(self, stored: list[str], source: str) -> str | None:
@@ -307,9 +326,11 @@ class TaskData:
         if own == list(stored):
             return None
         if sorted(own) != sorted(stored):
-            raise ValueError(f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
-                             f"{self.option(self.label_option)} is {own}. Leave {self.option(self.label_option)} unset to use the trained "
-                             "labels, or list the same names (in any order).")
+            raise ValueError(
+                f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
+                f"{self.option(self.label_option)} is {own}. Leave {self.option(self.label_option)} unset to use the "
+                "trained labels, or list the same names (in any order)."
+            )
         self._label_order = list(stored)
         return f"{self.option(self.label_option)} {own} matched by name to the trained order {list(stored)}"
 
@@ -379,8 +400,15 @@ class TaskData:
                 for (file, rows), start in zip(files, starts)]
 
     def _loader(self, rows: Sequence[int], collate: TaggedCollate) -> DataLoader:
-        return DataLoader(rows, batch_size=self.eval_batch_size, shuffle=False, collate_fn=collate, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, generator=torch.Generator())  # not the global RNG (see train_dataloader)
+        return DataLoader(
+            rows,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            generator=torch.Generator(),
+        )  # not the global RNG (see train_dataloader)
 
 
 class TextDataModule(TaskData):
@@ -407,10 +435,18 @@ class TextDataModule(TaskData):
 
     tokenizer_model: ClassVar[str] = "wordpiece"  # translation wants "bpe" (exact detokenization)
     # Options that change how batches are drawn, not what a split encodes to: not part of the cache key.
-    not_encoding: ClassVar[frozenset[str]] = frozenset({"batch_size", "eval_batch_size", "num_workers", "num_proc", "bucket_by_length", "name"})
+    not_encoding: ClassVar[frozenset[str]] = frozenset(
+        {"batch_size", "eval_batch_size", "num_workers", "num_proc", "bucket_by_length", "name"}
+    )
 
-    def __init__(self, max_length: int = 128, truncation: Literal["longest_first", "only_first", "only_second"] = "longest_first",
-                 bucket_by_length: bool = False, num_proc: int | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        max_length: int = 128,
+        truncation: Literal["longest_first", "only_first", "only_second"] = "longest_first",
+        bucket_by_length: bool = False,
+        num_proc: int | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if num_proc is not None and num_proc < 1:
             raise ValueError(f"num_proc must be >= 1 (processes that encode a split), got {num_proc}.")
@@ -470,10 +506,15 @@ class TextDataModule(TaskData):
         parts = [self.load(source, self.option(role)) for source in sources]
         for source, part in zip(sources[1:], parts[1:]):
             if part.column_names != parts[0].column_names:
-                raise ValueError(f"{self.option(role)}: '{source}' has the columns {part.column_names}, but '{sources[0]}' has "
-                                 f"{parts[0].column_names}: the files of one split must have the same columns.")
+                raise ValueError(
+                    f"{self.option(role)}: '{source}' has the columns {part.column_names}, but '{sources[0]}' has "
+                    f"{parts[0].column_names}: the files of one split must have the same columns."
+                )
         if role in self.select:
-            parts = [select_rows(part, self.select[role], self.option(f"select.{role}"), source) for part, source in zip(parts, sources)]
+            parts = [
+                select_rows(part, self.select[role], self.option(f"select.{role}"), source)
+                for part, source in zip(parts, sources)
+            ]
         if len(parts) > 1:
             names = [Path(source).name.split(".")[0] for source in sources]  # dev_in.tsv.gz -> dev_in
             names = [name if names.count(name) == 1 else f"{name}_{i + 1}" for i, name in enumerate(names)]
@@ -509,8 +550,14 @@ class TextDataModule(TaskData):
 
     def tokenizer_text_options(self) -> list:
         """Options that change which text trains the tokenizer (part of the cache key)."""
-        return [*self.tokenizer_columns(), self.val_fraction, self.split_specs["validation"], self.select.get("train"), self.hold_out_by,
-                dataclasses.asdict(self.reading)]
+        return [
+            *self.tokenizer_columns(),
+            self.val_fraction,
+            self.split_specs["validation"],
+            self.select.get("train"),
+            self.hold_out_by,
+            dataclasses.asdict(self.reading),
+        ]
 
     def texts_for_tokenizer(self) -> Iterator[str]:
         train = self.raw("train")
@@ -536,28 +583,41 @@ class TextDataModule(TaskData):
         except Exception as err:  # tokenizers: "Truncation error: Second sequence not long enough to be truncated"
             if "Truncation error" not in str(err):
                 raise
-            raise ValueError(f"{self.option(role)}: with {self.option('truncation')}={self.truncation}, a pair's other text alone is "
-                             f"longer than {self.option('max_length')}={self.max_length} ({err}). Use truncation: longest_first, or a "
-                             "larger max_length.") from None
+            raise ValueError(
+                f"{self.option(role)}: with {self.option('truncation')}={self.truncation}, a pair's other text alone "
+                f"is longer than {self.option('max_length')}={self.max_length} ({err}). Use truncation: longest_first, "
+                "or a larger max_length."
+            ) from None
         self.warn_truncated(sum(1 for e in encodings if e.overflowing), len(texts), role, pairs=pairs)
         return encodings
 
-    def warn_truncated(self, truncated: int, total: int, role: str, option: str = "max_length", words_lost: int | None = None,
-                       pairs: bool = False) -> None:
+    def warn_truncated(
+        self,
+        truncated: int,
+        total: int,
+        role: str,
+        option: str = "max_length",
+        words_lost: int | None = None,
+        pairs: bool = False,
+    ) -> None:
         """One warning for the examples of a split cut to ``option`` tokens (``words_lost``: NER words left without
         sub-tokens; ``pairs``: text pairs, cut as ``truncation`` says). While a split is encoded in chunks, the counts
         are collected and summed (``report_truncation``)."""
         if self._notes is not None:
             self._notes.append([truncated, total, role, option, words_lost, pairs])
         elif truncated:
-            consequence = "" if words_lost is None else f" ({words_lost} words lost their sub-tokens: they are predicted O, and scored so)"
+            consequence = (
+                ""
+                if words_lost is None
+                else f" ({words_lost} words lost their sub-tokens: they are predicted O, and scored so)"
+            )
             if pairs:
                 consequence += f" ({PAIR_CUTS[self.truncation]}: {self.option('truncation')}={self.truncation})"
             rank_zero_warn(
-                f"{truncated} of {total} examples in {self.option(role)} are longer than {option}={getattr(self, option)} "
-                f"tokens and were truncated{consequence}. Raise {self.option(option)} to keep them whole; it may not exceed "
-                "model.trunk.max_len (the position table's length, fixed by a pretrained trunk), so raise that too when "
-                "training from scratch."
+                f"{truncated} of {total} examples in {self.option(role)} are longer than "
+                f"{option}={getattr(self, option)} tokens and were truncated{consequence}. Raise {self.option(option)} "
+                "to keep them whole; it may not exceed model.trunk.max_len (the position table's length, fixed by a "
+                "pretrained trunk), so raise that too when training from scratch."
             )
 
     def report_truncation(self, notes: list) -> None:
@@ -578,7 +638,9 @@ class TextDataModule(TaskData):
     def prepare(self, role: str) -> None:
         """Encode one split into the cache, or map the cached encoding (``trunk/datamodules/encoded.py``)."""
         if role not in self._encoded:
-            ds, notes = encoded_split(self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role))
+            ds, notes = encoded_split(
+                self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role)
+            )
             self.report_truncation(notes)
             self._encoded[role] = ds.remove_columns(NOTES) if NOTES in ds.column_names else ds  # a view: no rewrite
 
@@ -604,17 +666,27 @@ class TextDataModule(TaskData):
         for name, value in sorted(vars(self).items()):
             if not name.startswith("_") and name not in self.not_encoding:
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # how files are read
-                try:
+                with contextlib.suppress(TypeError, ValueError):  # not a plain option: left out
                     options[name] = json.loads(json.dumps(value))
-                except (TypeError, ValueError):
-                    pass  # not a plain option
         roles = [role] + (["train"] if role == "validation" and self.split_specs["validation"] is None else [])
         sources = [[source_key(self.dataset, spec) for spec in expand_sources(self.dataset, s, self.option(r))]
                    for r, s in ((r, self.split_specs[r]) for r in roles) if s is not None]
-        hub = self.dataset is not None and not self.dataset.startswith(BUILTIN_PREFIX) and not Path(self.dataset).expanduser().is_dir()
+        hub = (
+            self.dataset is not None
+            and not self.dataset.startswith(BUILTIN_PREFIX)
+            and not Path(self.dataset).expanduser().is_dir()
+        )
         if hub:  # a hub dataset's rows can change under the same name: key by its fingerprint too
             sources.append(self.raw(role)._fingerprint)
-        return [type(self).__module__, type(self).__qualname__, role, options, sources, self.info(), self.tokenizer_fingerprints()]
+        return [
+            type(self).__module__,
+            type(self).__qualname__,
+            role,
+            options,
+            sources,
+            self.info(),
+            self.tokenizer_fingerprints(),
+        ]
 
     def tokenizer_fingerprints(self) -> list[str]:
         return [fingerprint(self.tokenizer)]
@@ -629,8 +701,13 @@ class TextDataModule(TaskData):
         self.info()  # label names and the like, worked out once here rather than in every process
         # Renamed inputs: datasets would cast an output column to the type of the input column of its name.
         source = raw.rename_columns({name: RAW + name for name in raw.column_names})
-        encoded = self.map_rows(source, functools.partial(_encode_chunk, self, role, raw.features), directory / "encoded.arrow",
-                                f"Encoding {self.option(role)}", whole=not self.encodes_rows_independently)
+        encoded = self.map_rows(
+            source,
+            functools.partial(_encode_chunk, self, role, raw.features),
+            directory / "encoded.arrow",
+            f"Encoding {self.option(role)}",
+            whole=not self.encodes_rows_independently,
+        )
         return [n for chunk in column(encoded, NOTES) if chunk for n in json.loads(chunk)]
 
     def map_rows(self, ds: datasets.Dataset, function, path: Path, desc: str, whole: bool = False) -> datasets.Dataset:
@@ -641,11 +718,21 @@ class TextDataModule(TaskData):
         if procs:  # each process encodes on one core; no fork-after-threads warning from tokenizers
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
-            return ds.map(function, batched=True, batch_size=None if whole else CHUNK, num_proc=procs, remove_columns=ds.column_names,
-                          cache_file_name=str(path), new_fingerprint=hashlib.sha256(str(path).encode()).hexdigest()[:32], desc=desc)
+            return ds.map(
+                function,
+                batched=True,
+                batch_size=None if whole else CHUNK,
+                num_proc=procs,
+                remove_columns=ds.column_names,
+                cache_file_name=str(path),
+                new_fingerprint=hashlib.sha256(str(path).encode()).hexdigest()[:32],
+                desc=desc,
+            )
         finally:
             if procs:
-                os.environ.pop("TOKENIZERS_PARALLELISM") if previous is None else os.environ.update(TOKENIZERS_PARALLELISM=previous)
+                os.environ.pop("TOKENIZERS_PARALLELISM") if previous is None else os.environ.update(
+                    TOKENIZERS_PARALLELISM=previous
+                )
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         raise NotImplementedError

@@ -6,6 +6,7 @@ from collections import Counter
 
 import datasets
 import torch
+
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import checked_label_names
 from trunk.datamodules.text_rows import TextRowsData
@@ -74,7 +75,9 @@ class TextClassificationData(TextRowsData):
             raise self.unlabelled(role, f"has no labels: every row's '{self.label_column}' is -1 or empty")
         if isinstance(feature, datasets.ClassLabel):
             if -1 in values:
-                raise ValueError(f"{self.option(role)} has unlabelled rows (label -1) among labelled ones; remove them.")
+                raise ValueError(
+                    f"{self.option(role)} has unlabelled rows (label -1) among labelled ones; remove them."
+                )
             values = [feature.names[v] for v in values]
         index = {name: i for i, name in enumerate(self.label_order)}
         if not isinstance(feature, datasets.ClassLabel):
@@ -85,12 +88,14 @@ class TextClassificationData(TextRowsData):
         if unknown and self._configured_label_names:
             raise ValueError(
                 f"{self.option(role)} has labels {unknown[:10]} that are not in the configured label_names "
-                f"{self.label_names}. Remove {self.option('label_names')} to take the names from the data, or list every label there."
+                f"{self.label_names}. Remove {self.option('label_names')} to take the names from the data, or list "
+                "every label there."
             )
         if unknown:
             raise ValueError(
-                f"{self.option(role)} has labels {unknown[:10]} that the training split never has; the known labels are "
-                f"{self.label_names}. Fix the labels in {self.option(role)}, or set {self.option('label_names')} to the full label set."
+                f"{self.option(role)} has labels {unknown[:10]} that the training split never has; the known labels "
+                f"are {self.label_names}. Fix the labels in {self.option(role)}, or set {self.option('label_names')} "
+                "to the full label set."
             )
         return [index[str(v)] for v in values]
 
@@ -107,18 +112,22 @@ def _check_labels(values: list, where: str, column: str) -> list:
     floats = [v for v in values if isinstance(v, float)]
     if any(not v.is_integer() for v in floats):
         examples = sorted({v for v in floats if not v.is_integer()})[:3]
-        raise ValueError(f"{where}: column '{column}' holds real numbers ({', '.join(map(str, examples))}, ...), not class labels. "
-                         "Classification needs whole-number or named classes: bin the values into classes, or point "
-                         f"label_column at the column that holds the classes.")
+        raise ValueError(
+            f"{where}: column '{column}' holds real numbers ({', '.join(map(str, examples))}, ...), not class labels. "
+            "Classification needs whole-number or named classes: bin the values into classes, or point label_column "
+            "at the column that holds the classes."
+        )
     values = [int(v) if isinstance(v, float) else v for v in values]  # 1.0 (a csv column with gaps) is class 1
     values = [v.strip() if isinstance(v, str) else v for v in values]  # "pos " is "pos": a stray space makes no class
     as_text = {str(v) for v in values}
     numbers = sorted(t for t in as_text if t.lstrip("-").isdigit())
     names = sorted(as_text - set(numbers))
     if numbers and names:
-        raise ValueError(f"{where}: column '{column}' mixes numbers {numbers[:5]} and names {names[:5]} as labels, which would "
-                         "make them different classes. Write every label one way (all names, or all numbers with "
-                         "label_names giving the name of each number in order).")
+        raise ValueError(
+            f"{where}: column '{column}' mixes numbers {numbers[:5]} and names {names[:5]} as labels, which would make "
+            "them different classes. Write every label one way (all names, or all numbers with label_names giving the "
+            "name of each number in order)."
+        )
     return values
 
 

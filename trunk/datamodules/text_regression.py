@@ -6,6 +6,7 @@ import math
 
 import datasets
 import torch
+
 from trunk.datamodules.sources import column
 from trunk.datamodules.text_rows import TextRowsData
 
@@ -25,10 +26,17 @@ class TextRegressionData(TextRowsData):
     kinds = ("sequence_regression",)
     label_option = "label_column"
 
-    def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str | list[str] = "label",
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        text_column: str = "text",
+        text_pair_column: str | None = None,
+        label_column: str | list[str] = "label",
+        **kwargs,
+    ) -> None:
         super().__init__(text_column, text_pair_column, label_column, **kwargs)
-        self._label_names = [label_column] if isinstance(label_column, str) else list(label_column)  # the targets' names
+        self._label_names = (
+            [label_column] if isinstance(label_column, str) else list(label_column)
+        )  # the targets' names
         if not self._label_names:
             raise ValueError("label_column: give the column of the target (or a list of columns).")
 
@@ -61,12 +69,17 @@ class TextRegressionData(TextRowsData):
             for name, cell in zip(self.label_order, cells):
                 value = _number(cell)
                 if value is None:
-                    what = (f"no value in {name} (an empty cell, or a marker such as n/a or NA that the reader takes as missing)"
-                            if cell is None else f"{name}={cell!r}, which is not a finite number")
+                    what = (
+                        f"no value in {name} (an empty cell, or a marker such as n/a or NA that the reader takes as "
+                        "missing)"
+                        if cell is None
+                        else f"{name}={cell!r}, which is not a finite number"
+                    )
                     raise ValueError(
-                        f"{self.option(role)}: row {i + 1} of {self.source_name(role)} (counting data rows from 1) has {what}. "
-                        f"Regression targets must be finite numbers: fix or remove the row, or point {self.option('label_column')} "
-                        "at the column that holds the scores.")
+                        f"{self.option(role)}: row {i + 1} of {self.source_name(role)} (counting data rows from 1) has "
+                        f"{what}. Regression targets must be finite numbers: fix or remove the row, or point "
+                        f"{self.option('label_column')} at the column that holds the scores."
+                    )
                 row.append(value)
             rows.append(row)
         return rows

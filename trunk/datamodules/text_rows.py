@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datasets
 import torch
+
 from trunk.datamodules.sources import check_columns, column, looks_like_data
 from trunk.datamodules.text import TextDataModule, pad
 
@@ -24,7 +25,9 @@ class TextRowsData(TextDataModule):
 
     input_form = "a text, or a [text, pair] list of two texts (sentence-pair tasks)"
 
-    def __init__(self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs) -> None:
+    def __init__(
+        self, text_column: str = "text", text_pair_column: str | None = None, label_column: str = "label", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.text_column, self.text_pair_column, self.label_column = text_column, text_pair_column, label_column
         self._statistics: dict[tuple, dict] = {}  # label order -> training_statistics()
@@ -54,14 +57,21 @@ class TextRowsData(TextDataModule):
         return {"label_column": self.label_column}
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        check_columns(ds, {"text_column": self.text_column, "text_pair_column": self.text_pair_column}, self.option(role))
+        check_columns(
+            ds, {"text_column": self.text_column, "text_pair_column": self.text_pair_column}, self.option(role)
+        )
         if role == "predict":
             return
-        missing = {option: c for option, c in self.target_columns().items() if c is not None and c not in ds.column_names}
+        missing = {
+            option: c for option, c in self.target_columns().items() if c is not None and c not in ds.column_names
+        }
         if missing and role != "train" and not looks_like_data(ds.column_names):
             option, name = next(iter(missing.items()))
-            raise self.unlabelled(role, f"has no column '{name}' (set by {self.option(option)}; its columns are {ds.column_names}): "
-                                        f"if the labels are in another column, set {self.option(option)} to it")
+            raise self.unlabelled(
+                role,
+                f"has no column '{name}' (set by {self.option(option)}; its columns are {ds.column_names}): if the "
+                f"labels are in another column, set {self.option(option)} to it",
+            )
         check_columns(ds, self.target_columns(), self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
@@ -77,7 +87,9 @@ class TextRowsData(TextDataModule):
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         texts = column(ds, self.text_column)
         if any(t is None for t in texts):
-            raise ValueError(f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows.")
+            raise ValueError(
+                f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows."
+            )
         inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
         ids = [e.ids for e in self.tokenize(inputs, role)]
         labels = self.targets(ds, role) if role != "predict" else [None] * len(ids)
@@ -87,11 +99,18 @@ class TextRowsData(TextDataModule):
         """Predict examples from raw texts (or (text, pair) tuples)."""
         inputs = [tuple(x) if isinstance(x, (list, tuple)) else x for x in inputs]
         encodings = self.tokenize(inputs, "predict")
-        return [{"input_ids": e.ids, "label": None, "text": t, "truncated": bool(e.overflowing)} for e, t in zip(encodings, inputs)]
+        return [
+            {"input_ids": e.ids, "label": None, "text": t, "truncated": bool(e.overflowing)}
+            for e, t in zip(encodings, inputs)
+        ]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
-        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "text": [e["text"] for e in examples]}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).long(),
+            "text": [e["text"] for e in examples],
+        }
         if examples[0]["label"] is not None:
             batch["labels"] = self.label_tensor([e["label"] for e in examples])
         return batch

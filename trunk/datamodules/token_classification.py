@@ -6,6 +6,7 @@ import dataclasses
 
 import datasets
 import torch
+
 from trunk.core.codec import CLS, IGNORE_INDEX, SEP
 from trunk.core.tagging import (
     Scheme,
@@ -69,8 +70,10 @@ class TokenClassificationData(TextDataModule):
     ) -> None:
         super().__init__(**kwargs)
         if self.reading.line_pattern is not None:
-            raise ValueError("line_pattern splits one example per line into columns; token classification reads CoNLL column files "
-                             "(one word per line) or rows with token and tag lists. Remove line_pattern.")
+            raise ValueError(
+                "line_pattern splits one example per line into columns; token classification reads CoNLL column files "
+                "(one word per line) or rows with token and tag lists. Remove line_pattern."
+            )
         if context_length < 0:
             raise ValueError(f"context_length must be >= 0 (sub-tokens of context), got {context_length}.")
         self.context_length = context_length
@@ -89,17 +92,32 @@ class TokenClassificationData(TextDataModule):
             return read_conll(spec, self.tag_column, role, self.reading.encoding)
         ds = load_split(self.dataset, self.dataset_config, spec, role, self.reading)
         has_tags = self.tags_column in ds.column_names
-        check_columns(ds, {"tokens_column": self.tokens_column, "tags_column": None if role.endswith(".predict") else self.tags_column}, role)
+        check_columns(
+            ds,
+            {
+                "tokens_column": self.tokens_column,
+                "tags_column": None if role.endswith(".predict") else self.tags_column,
+            },
+            role,
+        )
         tags = column(ds, self.tags_column) if has_tags else [None] * len(ds)
-        feature = ds.features[self.tags_column].feature if has_tags and hasattr(ds.features[self.tags_column], "feature") else None
+        feature = (
+            ds.features[self.tags_column].feature
+            if has_tags and hasattr(ds.features[self.tags_column], "feature")
+            else None
+        )
         if isinstance(feature, datasets.ClassLabel):  # hub NER datasets store tag ids: name them
             tags = [[feature.names[t] for t in row] for row in tags]
-        return datasets.Dataset.from_dict({"tokens": column(ds, self.tokens_column), "tags": tags, "document": [0] * len(ds)})
+        return datasets.Dataset.from_dict(
+            {"tokens": column(ds, self.tokens_column), "tags": tags, "document": [0] * len(ds)}
+        )
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         if role != "predict" and any(t is None for t in column(ds, "tags")):
-            raise ValueError(f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag "
-                             "column for training and evaluation; words-only files are for data.predict.")
+            raise ValueError(
+                f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag column "
+                "for training and evaluation; words-only files are for data.predict."
+            )
         for i, (tokens, tags) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"))):
             if tags is not None and len(tokens) != len(tags):
                 raise ValueError(f"{self.option(role)}: sentence {i} has {len(tokens)} words but {len(tags)} tags.")
@@ -107,9 +125,11 @@ class TokenClassificationData(TextDataModule):
                 try:
                     split_tag(tag)
                 except ValueError as err:
-                    raise ValueError(f"{self.option(role)}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check "
-                                     f"{self.option('tag_column')} (now {self.tag_column}) or {self.option('tags_column')} "
-                                     f"(now {self.tags_column!r}).") from None
+                    raise ValueError(
+                        f"{self.option(role)}, sentence {i} ({' '.join(tokens[:8])} ...): {err} Check "
+                        f"{self.option('tag_column')} (now {self.tag_column}) or {self.option('tags_column')} (now "
+                        f"{self.tags_column!r})."
+                    ) from None
 
     @property
     def label_names(self) -> list[str]:
@@ -147,7 +167,9 @@ class TokenClassificationData(TextDataModule):
         label_ids = {name: i for i, name in enumerate(self.label_order)} if role != "predict" else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
         examples = []
-        for i, (words, tags, (input_ids, word_ids)) in enumerate(zip(column(ds, "tokens"), column(ds, "tags"), self._windows(ds, role))):
+        for i, (words, tags, (input_ids, word_ids)) in enumerate(
+            zip(column(ds, "tokens"), column(ds, "tags"), self._windows(ds, role))
+        ):
             word_starts = [-1] * len(words)  # -1: the word was truncated away (predicted O)
             for position, word in enumerate(word_ids):
                 if word is not None and word_starts[word] < 0:
@@ -157,9 +179,11 @@ class TokenClassificationData(TextDataModule):
                 spans = spans_from_tags(tags)
                 unknown = {s.type for s in spans} - known_types
                 if unknown:
-                    raise ValueError(f"{self.option(role)}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
-                                     f"the model knows {sorted(known_types)}. Fix the tags, or set {self.option('label_names')} "
-                                     "to a label set that includes them.")
+                    raise ValueError(
+                        f"{self.option(role)}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
+                        f"the model knows {sorted(known_types)}. Fix the tags, or set {self.option('label_names')} to "
+                        "a label set that includes them."
+                    )
                 example["word_labels"] = [label_ids[t] for t in tags_from_spans(spans, len(words), self.label_scheme)]
                 example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)
             examples.append(example)
@@ -170,18 +194,28 @@ class TokenClassificationData(TextDataModule):
         each position came from (None for [CLS], [SEP] and context)."""
         tokenizer = self.tokenizer
         tokenizer.no_truncation()  # the sentence is cut here, so that context never displaces it
-        encodings = tokenizer.encode_batch([list(t) for t in column(ds, "tokens")], is_pretokenized=True, add_special_tokens=False)
+        encodings = tokenizer.encode_batch(
+            [list(t) for t in column(ds, "tokens")], is_pretokenized=True, add_special_tokens=False
+        )
         pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
         documents, room = column(ds, "document"), self.max_length - 2
         cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
         windows = []
         for i, ids in enumerate(pieces):
             budget = min(self.context_length, max(room - len(ids), 0))
-            left, right = self._neighbours(pieces, documents, i, -1, budget), self._neighbours(pieces, documents, i, 1, budget)
+            left, right = (
+                self._neighbours(pieces, documents, i, -1, budget),
+                self._neighbours(pieces, documents, i, 1, budget),
+            )
             n_left = min(len(left), max(budget // 2, budget - len(right)))  # an even split, unless one side runs short
             n_right = min(len(right), budget - n_left)
             left, right = left[len(left) - n_left :], right[:n_right]
-            windows.append(([cls_id, *left, *ids[:room], *right, sep_id], [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1)))
+            windows.append(
+                (
+                    [cls_id, *left, *ids[:room], *right, sep_id],
+                    [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1),
+                )
+            )
         cut_words = sum(len(set(w)) - len(set(w[:room])) for ids, w in zip(pieces, word_ids) if len(ids) > room)
         self.warn_truncated(sum(len(ids) > room for ids in pieces), len(pieces), role, words_lost=cut_words)
         return windows
@@ -207,15 +241,20 @@ class TokenClassificationData(TextDataModule):
                     labels[position] = word_labels[word]
             return labels
         last_piece = {word: position for position, word in enumerate(word_ids) if word is not None}
-        token_spans = [Span(s.type, word_starts[s.start], last_piece[max(w for w in range(s.start, s.end + 1) if w in last_piece)])
-                       for s in spans if word_starts[s.start] >= 0]
+        token_spans = [
+            Span(s.type, word_starts[s.start], last_piece[max(w for w in range(s.start, s.end + 1) if w in last_piece)])
+            for s in spans
+            if word_starts[s.start] >= 0
+        ]
         token_tags = tags_from_spans(token_spans, len(word_ids), self.label_scheme)
         return [label_ids[tag] if word is not None else IGNORE_INDEX for tag, word in zip(token_tags, word_ids)]
 
     def input_examples(self, inputs: list) -> list[dict]:
         """Predict examples from raw sentences: word lists, or strings split on whitespace."""
         words = [list(x) if isinstance(x, (list, tuple)) else str(x).split() for x in inputs]
-        rows = datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))})
+        rows = datasets.Dataset.from_dict(
+            {"tokens": words, "tags": [None] * len(words), "document": list(range(len(words)))}
+        )
         return [{**e, "truncated": min(e["word_starts"], default=0) < 0} for e in self.encode(rows, "predict")]
 
     def collate(self, examples: list[dict]) -> dict:

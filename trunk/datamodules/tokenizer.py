@@ -13,6 +13,7 @@ from itertools import islice
 from datasets.utils import are_progress_bars_disabled
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import CLS, SEP, SPECIAL_TOKENS, UNK, cache_dir, load_tokenizer
 
@@ -48,10 +49,17 @@ def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_si
              first_pieces: list[str] = (), **options) -> Tokenizer:
     """Train ``tokenizer`` on ``texts`` with the special tokens first, then add BERT's [CLS] a [SEP] b [SEP] template.
     ``first_pieces`` get the ids after the special tokens, in their order; they stay ordinary vocabulary entries."""
-    trainer = trainer_class(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS + list(first_pieces),
-                            show_progress=show_progress(), **options)
+    trainer = trainer_class(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS + list(first_pieces),
+        show_progress=show_progress(),
+        **options,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    if first_pieces:  # the trainer took them as special tokens, which would match their literal text before splitting: undo that
+    if (
+        first_pieces
+    ):  # the trainer took them as special tokens, which would match their literal text before splitting: undo that
         state = json.loads(tokenizer.to_str())
         state["added_tokens"] = [token for token in state["added_tokens"] if token["content"] in SPECIAL_TOKENS]
         tokenizer = Tokenizer.from_str(json.dumps(state))
@@ -60,15 +68,16 @@ def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_si
 
 
 def _inside_word(char: str) -> bool:
-    """A character BERT's pre-tokenizer keeps inside a word: not whitespace and not punctuation (ASCII's or Unicode's P*)."""
+    """A character BERT's pre-tokenizer keeps inside a word: not whitespace and not punctuation (ASCII's or Unicode's
+    P*)."""
     return not char.isspace() and char not in string.punctuation and not unicodedata.category(char).startswith("P")
 
 
 def _continuing_pieces(normalize: Callable[[str], str], texts: Iterable[str]) -> list[str]:
     """Every ``##c`` piece the text holds (a character ``c`` that follows another inside a normalized word), sorted.
     The WordPiece trainer creates these in hash-map order, so their ids, and through tie breaks between equally frequent
-    pairs the merges themselves, differ from one process to the next (huggingface/tokenizers#1794). Given to it first, in
-    a fixed order, they make the trained vocabulary the same in every process."""
+    pairs the merges themselves, differ from one process to the next (huggingface/tokenizers#1794). Given to it first,
+    in a fixed order, they make the trained vocabulary the same in every process."""
     pairs, lines = set(), iter(texts)
     while chunk := list(islice(lines, 1000)):  # one normalizer call per chunk: per line it is several times slower
         text = normalize("\n".join(chunk))
@@ -76,7 +85,9 @@ def _continuing_pieces(normalize: Callable[[str], str], texts: Iterable[str]) ->
     return sorted({f"##{char}" for before, char in pairs if _inside_word(before) and _inside_word(char)})
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
+def train_wordpiece(
+    texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2
+) -> Tokenizer:
     """Train a BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) on ``texts``: the same text gives the same
     vocabulary, ids included, in every process."""
     tokenizer = _bert_words(Tokenizer(models.WordPiece(unk_token=UNK)), lowercase)
@@ -85,7 +96,9 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int = 8192, lowercase: boo
     return _trained(tokenizer, trainers.WordPieceTrainer, texts, vocab_size, min_frequency, first_pieces=pieces)
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2
+) -> Tokenizer:
     """Train a SentencePiece-style BPE tokenizer: spaces are kept as "▁" inside the tokens, so
     ``decode`` gives the text back exactly (detokenized), which generated text needs."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
@@ -95,17 +108,28 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = Fa
     return _trained(tokenizer, trainers.BpeTrainer, texts, vocab_size, min_frequency)
 
 
-def train_byte_bpe(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2) -> Tokenizer:
+def train_byte_bpe(
+    texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = False, min_frequency: int = 2
+) -> Tokenizer:
     """Train a GPT-2-style byte-level BPE tokenizer: every byte is in the vocabulary, so no text (emoji, typos,
     other scripts in noisy user text) ever becomes [UNK]; it degrades into smaller pieces instead."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), *([normalizers.Lowercase()] if lowercase else [])])
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
-    return _trained(tokenizer, trainers.BpeTrainer, texts, vocab_size, min_frequency, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return _trained(
+        tokenizer,
+        trainers.BpeTrainer,
+        texts,
+        vocab_size,
+        min_frequency,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
 
 
-def train_word(texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2) -> Tokenizer:
+def train_word(
+    texts: Iterable[str], vocab_size: int = 8192, lowercase: bool = True, min_frequency: int = 2
+) -> Tokenizer:
     """A word-level vocabulary (BERT's word splitting): a word seen fewer than ``min_frequency`` times is [UNK]. On a
     few thousand examples this is what the classic models see: a rare word is one unknown slot rather than
     character pieces whose meaning the model memorises from the one question that held them."""
@@ -134,7 +158,9 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
 
     Under DDP the launching process trains and caches before the other ranks start, and every rank reads that file.
     """
-    options = [key, model, vocab_size, lowercase] + ([min_frequency] if min_frequency != 2 else [])  # 2: the key as before
+    options = [key, model, vocab_size, lowercase] + (
+        [min_frequency] if min_frequency != 2 else []
+    )  # 2: the key as before
     digest = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{digest}.json"
     if path.is_file():
@@ -142,12 +168,16 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
             return load_tokenizer(path)
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
-    rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")  # not a silent pause
+    rank_zero_info(
+        f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)..."
+    )  # not a silent pause
     tokenizer = TRAINERS[model](_Rereadable(texts), vocab_size, lowercase, min_frequency)
     if tokenizer.get_vocab_size() < vocab_size:
-        rank_zero_warn(f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more "
-                       f"pieces seen at least {min_frequency} times (data.tokenizer_min_frequency). That is fine: the vocabulary "
-                       "is what the data holds.")
+        rank_zero_warn(
+            f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more pieces "
+            f"seen at least {min_frequency} times (data.tokenizer_min_frequency). That is fine: the vocabulary is what "
+            "the data holds."
+        )
     atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
     rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
     return tokenizer

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import datasets
 from tokenizers import Tokenizer
+
 from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
 from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
@@ -26,12 +27,11 @@ class TranslationData(TextDataModule):
         file with such a column, or with one column per language.
       * for ``predict`` only: a text file of source sentences, one per line.
 
-    The direction is ``source_lang`` -> ``target_lang``. With ``joint_vocabulary`` the run's
-    tokenizer serves both sides (the model can then share one embedding matrix); otherwise the
-    target side has its own (``target_tokenizer``, or one trained on the targets). Tokenizers
-    trained for a run with translation are SentencePiece-style BPE, whose decoding restores the
-    original spacing (detokenized text for BLEU). Sources are encoded ``[CLS] ... [SEP]``; the decoder reads ``[CLS] target`` and
-    predicts ``target [SEP]``: [CLS] starts and [SEP] ends every generated sentence.
+    The direction is ``source_lang`` -> ``target_lang``. With ``joint_vocabulary`` the run's tokenizer serves both sides
+    (the model can then share one embedding matrix); otherwise the target side has its own (``target_tokenizer``, or one
+    trained on the targets). Tokenizers trained for a run with translation are SentencePiece-style BPE, whose decoding
+    restores the original spacing (detokenized text for BLEU). Sources are encoded ``[CLS] ... [SEP]``; the decoder
+    reads ``[CLS] target`` and predicts ``target [SEP]``: [CLS] starts and [SEP] ends every generated sentence.
 
     Batches: ``input_ids`` / ``attention_mask`` (sources), ``decoder_input_ids`` and ``labels``
     (targets, -100 at padding), ``source`` and ``target`` (the raw sentences).
@@ -83,9 +83,11 @@ class TranslationData(TextDataModule):
         path = Path(spec).expanduser()
         if self.dataset is None and self.reading.suffix(path) not in (*FILE_FORMATS, LINES):
             if not role.endswith(".predict"):
-                raise ValueError(f"{role}='{spec}' names neither parallel files nor a row file. Write the path with "
-                                 f"'{LANG}' where the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz "
-                                 f"and train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set dataset.")
+                raise ValueError(
+                    f"{role}='{spec}' names neither parallel files nor a row file. Write the path with '{LANG}' where "
+                    f"the language code goes (e.g. train.{LANG}.gz, read as train.{self.source_lang}.gz and "
+                    f"train.{self.target_lang}.gz), give a {'/'.join(FILE_FORMATS)} file, or set dataset."
+                )
             return self._pairs(self._lines(path, role), None, role, path.name)
         return self._read_rows(load_split(self.dataset, self.dataset_config, spec, role, self.reading), role)
 
@@ -94,8 +96,10 @@ class TranslationData(TextDataModule):
         source_path, target_path = paths[self.source_lang], paths[self.target_lang]
         if not source_path.is_file():
             siblings = sorted(p.name for p in source_path.parent.glob(Path(spec).name.replace(LANG, "*")))
-            raise FileNotFoundError(f"{role}: the source file '{source_path}' (source_lang={self.source_lang!r}) does "
-                                    f"not exist. Files there that match: {siblings or 'none'}. Check the language codes.")
+            raise FileNotFoundError(
+                f"{role}: the source file '{source_path}' (source_lang={self.source_lang!r}) does not exist. Files "
+                f"there that match: {siblings or 'none'}. Check the language codes."
+            )
         if role.endswith(".predict") and not target_path.is_file():
             return self._pairs(self._lines(source_path, role), None, role, source_path.name)
         sources, targets = self._lines(source_path, role), self._lines(target_path, role)
@@ -111,16 +115,20 @@ class TranslationData(TextDataModule):
             languages = sorted(pairs[0]) if pairs else []
             for lang in (self.source_lang, *([self.target_lang] if needs_target else [])):
                 if lang not in languages:
-                    raise ValueError(f"{role}: the '{self.translation_column}' column has the languages {languages}, not "
-                                     f"{lang!r}. Set source_lang and target_lang to two of them.")
+                    raise ValueError(
+                        f"{role}: the '{self.translation_column}' column has the languages {languages}, not {lang!r}. "
+                        "Set source_lang and target_lang to two of them."
+                    )
             targets = [p[self.target_lang] for p in pairs] if self.target_lang in languages else None
             return self._pairs([p[self.source_lang] for p in pairs], targets, role, "row")
         columns = {"source_lang": self.source_lang, "target_lang": self.target_lang if needs_target else None}
         try:
             check_columns(ds, columns, role)
         except KeyError as err:
-            raise ValueError(f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
-                           "(translation_column) or one column per language.") from None
+            raise ValueError(
+                f"{err.args[0]} Rows need a '{self.translation_column}' column of {{lang: sentence}} dicts "
+                "(translation_column) or one column per language."
+            ) from None
         targets = column(ds, self.target_lang) if self.target_lang in ds.column_names else None
         return self._pairs(column(ds, self.source_lang), targets, role, "row")
 
@@ -140,12 +148,18 @@ class TranslationData(TextDataModule):
                     position = f"line {i + 1}" if where != "row" else f"row {i}"
                     raise ValueError(f"{role}: {position} ({where}) has an empty {side} sentence. Remove that pair "
                                      "(from both files, keeping them line-aligned) or fill it in.")
-        return datasets.Dataset.from_dict({"source": [s.strip() for s in sources],
-                                           "target": [t.strip() for t in targets] if targets is not None else [None] * len(sources)})
+        return datasets.Dataset.from_dict(
+            {
+                "source": [s.strip() for s in sources],
+                "target": [t.strip() for t in targets] if targets is not None else [None] * len(sources),
+            }
+        )
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         if role != "predict" and ds["target"][0] is None:
-            raise ValueError(f"{self.option(role)} has source sentences only; training and evaluation need the target side too.")
+            raise ValueError(
+                f"{self.option(role)} has source sentences only; training and evaluation need the target side too."
+            )
 
     # -- tokenizers --------------------------------------------------------------------------------
     def tokenizer_columns(self) -> list[str]:
@@ -159,8 +173,11 @@ class TranslationData(TextDataModule):
         return super().tokenizer_fingerprints() + own
 
     def info(self) -> dict:
-        return {**super().info(), "target_vocab_size": None if self.joint_vocabulary else self.target_tokenizer.get_vocab_size(),
-                "target_max_length": self.target_max_length}
+        return {
+            **super().info(),
+            "target_vocab_size": None if self.joint_vocabulary else self.target_tokenizer.get_vocab_size(),
+            "target_max_length": self.target_max_length,
+        }
 
     def connect(self, tokenizer: Tokenizer, lowercase: bool = False, target: Tokenizer | None = None) -> None:
         super().connect(tokenizer, lowercase)
@@ -178,20 +195,32 @@ class TranslationData(TextDataModule):
             return self.tokenizer
         if self._target_tokenizer is None:
             if self.target_tokenizer_path:
-                self._target_tokenizer = load_tokenizer(self.target_tokenizer_path, checkpoint_key=f"{TARGET_KEY}/{self.name}")
+                self._target_tokenizer = load_tokenizer(
+                    self.target_tokenizer_path, checkpoint_key=f"{TARGET_KEY}/{self.name}"
+                )
             else:
-                self._target_tokenizer = cached_tokenizer([*self.tokenizer_key(), "target"], lambda: column(self.raw("train"), "target"),
-                                                          "bpe", self.target_tokenizer_vocab_size, self.lowercase,
-                                                          f"the targets of task '{self.name}'")
+                self._target_tokenizer = cached_tokenizer(
+                    [*self.tokenizer_key(), "target"],
+                    lambda: column(self.raw("train"), "target"),
+                    "bpe",
+                    self.target_tokenizer_vocab_size,
+                    self.lowercase,
+                    f"the targets of task '{self.name}'",
+                )
         return self._target_tokenizer
 
     def _check_special_ids(self) -> None:
         """Generation uses fixed ids for padding, start and end: the order of SPECIAL_TOKENS."""
-        for side, tokenizer in (("data.tokenizer", self.tokenizer), (self.option("target_tokenizer"), self.target_tokenizer)):
+        for side, tokenizer in (
+            ("data.tokenizer", self.tokenizer),
+            (self.option("target_tokenizer"), self.target_tokenizer),
+        ):
             for token in (PAD, CLS, SEP):
                 if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token):
-                    raise ValueError(f"{side}: {token} has id {tokenizer.token_to_id(token)}, but translation needs the "
-                                     f"special tokens first, in the order {SPECIAL_TOKENS} (as Trunk's tokenizers have them).")
+                    raise ValueError(
+                        f"{side}: {token} has id {tokenizer.token_to_id(token)}, but translation needs the special "
+                        f"tokens first, in the order {SPECIAL_TOKENS} (as Trunk's tokenizers have them)."
+                    )
 
     # -- encoding ----------------------------------------------------------------------------------
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
@@ -208,18 +237,29 @@ class TranslationData(TextDataModule):
         for example, encoding, text in zip(examples, targets, column(ds, "target")):
             ids = encoding.ids[:room]
             truncated += len(encoding.ids) > room
-            example.update(decoder_input_ids=[SPECIAL_TOKENS.index(CLS), *ids], labels=[*ids, SPECIAL_TOKENS.index(SEP)], target=text)
+            example.update(
+                decoder_input_ids=[SPECIAL_TOKENS.index(CLS), *ids],
+                labels=[*ids, SPECIAL_TOKENS.index(SEP)],
+                target=text,
+            )
         self.warn_truncated(truncated, len(examples), f"{role} (targets)", "target_max_length")
         return examples
 
     def input_examples(self, inputs: list) -> list[dict]:
         """Predict examples from raw source sentences."""
         sources = [str(x).strip() for x in inputs]
-        return [{"input_ids": e.ids, "source": s, "truncated": bool(e.overflowing)} for e, s in zip(self.tokenize(sources, "predict"), sources)]
+        return [
+            {"input_ids": e.ids, "source": s, "truncated": bool(e.overflowing)}
+            for e, s in zip(self.tokenize(sources, "predict"), sources)
+        ]
 
     def collate(self, examples: list[dict]) -> dict:
         input_ids = pad([e["input_ids"] for e in examples], self.pad_id)
-        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(), "source": [e["source"] for e in examples]}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).long(),
+            "source": [e["source"] for e in examples],
+        }
         if "labels" in examples[0]:
             batch["decoder_input_ids"] = pad([e["decoder_input_ids"] for e in examples], self.pad_id)
             batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)

@@ -25,7 +25,9 @@ def wandb_reachable(timeout: float = 3.0) -> bool:
     """Whether the W&B server answers within ``timeout`` seconds (wandb itself would retry for minutes)."""
     url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -51,8 +53,12 @@ def log_trunk_artifact(run, path: str | Path, name: str, aliases: list[str]) -> 
 
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
-    artifact = wandb.Artifact(artifact_name(name), type="trunk", metadata={k: config[k] for k in ("trunk", "stems", "heads") if k in config},
-                              description="A Trunk pretrained-trunk directory: start a run from it with model.init_from.")
+    artifact = wandb.Artifact(
+        artifact_name(name),
+        type="trunk",
+        metadata={k: config[k] for k in ("trunk", "stems", "heads") if k in config},
+        description="A Trunk pretrained-trunk directory: start a run from it with model.init_from.",
+    )
     artifact.add_dir(str(path))
     run.log_artifact(artifact, aliases=aliases)
 
@@ -69,19 +75,27 @@ def resolve_init_from(reference: str | Path) -> Path:
         return Path(reference)
     name = reference[len(ARTIFACT_PREFIX) :]
     if name.count("/") != 2 or ":" not in name.rsplit("/", 1)[1]:
-        raise ValueError(f"model.init_from={reference!r}: a W&B artifact reference is {ARTIFACT_PREFIX}<entity>/<project>/<name>:<alias or "
-                         "version>, e.g. wandb-artifact://my-team/trunk/trunk-pretrain:latest.")
+        raise ValueError(
+            f"model.init_from={reference!r}: a W&B artifact reference is "
+            f"{ARTIFACT_PREFIX}<entity>/<project>/<name>:<alias or version>, e.g. "
+            "wandb-artifact://my-team/trunk/trunk-pretrain:latest."
+        )
     offline = os.environ.get("WANDB_MODE") in OFFLINE_MODES or not wandb_has_credentials() or not wandb_reachable()
     if offline:
-        raise ValueError(f"model.init_from={reference!r} is a W&B artifact, but W&B is offline here (WANDB_MODE, no API key, or no "
-                         "route to the server). Download it where W&B is reachable (`wandb artifact get "
-                         f"{name} --root DIR`) and pass that directory as model.init_from.")
+        raise ValueError(
+            f"model.init_from={reference!r} is a W&B artifact, but W&B is offline here (WANDB_MODE, no API key, or no "
+            f"route to the server). Download it where W&B is reachable (`wandb artifact get {name} --root DIR`) and "
+            "pass that directory as model.init_from."
+        )
     import wandb
+
     from trunk.core.codec import cache_dir
 
     try:
         artifact = wandb.Api(timeout=30).artifact(name, type="trunk")
     except (wandb.errors.CommError, ValueError) as err:
-        raise ValueError(f"model.init_from={reference!r}: W&B has no such trunk artifact ({err}). Check the entity, project, "
-                         "name and alias on the project's Artifacts page.") from None
+        raise ValueError(
+            f"model.init_from={reference!r}: W&B has no such trunk artifact ({err}). Check the entity, project, name "
+            "and alias on the project's Artifacts page."
+        ) from None
     return Path(artifact.download(root=str(cache_dir() / "artifacts" / artifact_name(name))))

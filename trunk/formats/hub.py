@@ -25,25 +25,41 @@ def parse_reference(reference: str) -> tuple[str, str | None]:
 def download(reference: str) -> Path:
     """The local folder of a Hub trunk: the cached copy, else a download of its trunk files."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     repo, revision = parse_reference(reference)
-    how = (f"Download it where the Hub is reachable (`hf download {repo}{f' --revision {revision}' if revision else ''} --local-dir DIR`) "
-           "and pass that directory as model.init_from.")
+    how = (
+        f"Download it where the Hub is reachable (`hf download {repo}{f' --revision {revision}' if revision else ''} "
+        "--local-dir DIR`) and pass that directory as model.init_from."
+    )
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=TRUNK_FILES))
     except (RepositoryNotFoundError, RevisionNotFoundError) as err:
-        raise ValueError(f"model.init_from={reference!r}: the Hub has no such repository or revision ({type(err).__name__}). "
-                         "Check the name, the revision, and your access (`hf auth login` for a private one).") from None
+        raise ValueError(
+            f"model.init_from={reference!r}: the Hub has no such repository or revision ({type(err).__name__}). Check "
+            "the name, the revision, and your access (`hf auth login` for a private one)."
+        ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        reason = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else f"the Hub is not reachable ({type(err).__name__})"
+        reason = (
+            "HF_HUB_OFFLINE is set and it is not in the local cache"
+            if offline
+            else f"the Hub is not reachable ({type(err).__name__})"
+        )
         raise ValueError(f"model.init_from={reference!r}: {reason}. {how}") from None
 
 
-def write_model_card(directory: str | Path, metrics: dict | None = None, repo_id: str | None = None, data: dict | None = None) -> Path:
+def write_model_card(
+    directory: str | Path, metrics: dict | None = None, repo_id: str | None = None, data: dict | None = None
+) -> Path:
     """``directory/README.md``: what the trunk is (architecture), its tasks and labels, the data each task was
-    trained on (``data``: task -> its data spec, as the run's config named it), the metrics at export, and how to load it."""
+    trained on (``data``: task -> its data spec, as the run's config named it), the metrics at export, and how to
+    load it."""
     directory = Path(directory)
     meta = json.loads((directory / "config.json").read_text())
     trunk, heads = meta["trunk"], meta.get("heads") or {}
@@ -58,7 +74,10 @@ def write_model_card(directory: str | Path, metrics: dict | None = None, repo_id
         lines += ["## Tasks", "", "| task | kind | labels | trained on |", "|---|---|---|---|"]
         for task, head in heads.items():
             labels = ", ".join(map(str, head.get("label_names") or [])) or "-"
-            lines.append(f"| `{task}` | {head.get('kind', '-')} | {labels} | {training_data((data or {}).get(task) or head.get('data'))} |")
+            lines.append(
+                f"| `{task}` | {head.get('kind', '-')} | {labels} | "
+                f"{training_data((data or {}).get(task) or head.get('data'))} |"
+            )
         lines.append("")
     else:
         lines += ["This directory holds the trunk only (no task heads): fine-tune it for a task.", ""]
@@ -84,7 +103,11 @@ def training_data(spec: dict | None) -> str:
     args = spec.get("init_args") or {}
     train = args.get("train")
     if args.get("dataset"):
-        return f"`{args['dataset']}`" + (f" ({args['dataset_config']})" if args.get("dataset_config") else "") + (f", split `{train}`" if train else "")
+        return (
+            f"`{args['dataset']}`"
+            + (f" ({args['dataset_config']})" if args.get("dataset_config") else "")
+            + (f", split `{train}`" if train else "")
+        )
     files = [train] if isinstance(train, str) else list(train or [])
     return ", ".join(f"`{Path(f).name}`" for f in files) or spec["class_path"].rsplit(".", 1)[-1]
 
@@ -97,12 +120,20 @@ def push(directory: str | Path, repo_id: str, private: bool = False) -> str:
     if repo_id.count("/") != 1:
         raise ValueError(f"--push-to-hub {repo_id!r}: name the repository as ORG/NAME.")
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ValueError(f"--push-to-hub {repo_id}: HF_HUB_OFFLINE is set. The directory {directory} is written; upload it where the "
-                         f"Hub is reachable: `hf upload {repo_id} {directory} .`")
+        raise ValueError(
+            f"--push-to-hub {repo_id}: HF_HUB_OFFLINE is set. The directory {directory} is written; upload it where "
+            f"the Hub is reachable: `hf upload {repo_id} {directory} .`"
+        )
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
-        return str(api.upload_folder(repo_id=repo_id, folder_path=str(directory), commit_message="Upload a Trunk model").commit_url)
+        return str(
+            api.upload_folder(
+                repo_id=repo_id, folder_path=str(directory), commit_message="Upload a Trunk model"
+            ).commit_url
+        )
     except (HfHubHTTPError, OSError) as err:
-        raise ValueError(f"--push-to-hub {repo_id}: the upload failed ({type(err).__name__}: {err}). The directory {directory} is "
-                         f"written; upload it later with `hf upload {repo_id} {directory} .` (log in first: `hf auth login`).") from None
+        raise ValueError(
+            f"--push-to-hub {repo_id}: the upload failed ({type(err).__name__}: {err}). The directory {directory} is "
+            f"written; upload it later with `hf upload {repo_id} {directory} .` (log in first: `hf auth login`)."
+        ) from None

@@ -3,7 +3,8 @@ out (classification and multi-label logits, regression scores on the data's scal
 with dynamic batch and sequence axes. The tokenizer and the labels are the trunk directory's, beside it.
 
     trunk export CKPT DIR --onnx      # DIR/onnx/<task>.onnx
-    trunk.tasks.load(DIR, runtime="onnx")   # the same records, computed by ONNX Runtime (also `trunk serve --runtime onnx`)
+    trunk.tasks.load(DIR, runtime="onnx")   # the same records, computed by ONNX Runtime (also `trunk serve --runtime
+    onnx`)
 
 Needs ``pip install trunk[onnx]`` (onnx, onnxscript for torch's exporter, onnxruntime to run the graphs).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from trunk.core.codec import CLS, PAD, SEP
 
 
@@ -40,18 +42,24 @@ def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dic
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as err:
-        raise ImportError(f"ONNX export needs the onnx extra ({err.name} is missing): pip install 'trunk[onnx]'.") from None
+        raise ImportError(
+            f"ONNX export needs the onnx extra ({err.name} is missing): pip install 'trunk[onnx]'."
+        ) from None
     directory = Path(directory)
     tokenizer = model.codec.tokenizer
     exportable = {name: o for name, o in model.objectives.items() if o.onnx_output is not None}
     if not exportable:
-        raise ValueError(f"'{directory}' has no task that exports to ONNX (classification, multi-label, regression, NER); "
-                         f"its tasks are {list(model.objectives)}.")
+        raise ValueError(
+            f"'{directory}' has no task that exports to ONNX (classification, multi-label, regression, NER); its tasks "
+            f"are {list(model.objectives)}."
+        )
     out = directory / "onnx"
     out.mkdir(exist_ok=True)
     cls, sep, pad = (tokenizer.token_to_id(t) for t in (CLS, SEP, PAD))
     word = tokenizer.get_vocab_size() - 1
-    example = torch.tensor([[cls, word, word, word, sep], [cls, word, sep, pad, pad]])  # with padding: the mask's path is traced
+    example = torch.tensor(
+        [[cls, word, word, word, sep], [cls, word, sep, pad, pad]]
+    )  # with padding: the mask's path is traced
     mask = (example != pad).long()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=model.trunk.cfg.max_len)
     written, listing = {}, {}
@@ -59,12 +67,27 @@ def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dic
         path = out / f"{name}.onnx"
         with warnings.catch_warnings():  # the exporter's notes on its own internals
             warnings.simplefilter("ignore")
-            torch.onnx.export(TaskGraph(model, name).eval(), (example, mask), str(path), dynamo=True, opset_version=opset,
-                              input_names=["input_ids", "attention_mask"], output_names=[objective.onnx_output],
-                              dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}), external_data=False, verbose=False)
+            torch.onnx.export(
+                TaskGraph(model, name).eval(),
+                (example, mask),
+                str(path),
+                dynamo=True,
+                opset_version=opset,
+                input_names=["input_ids", "attention_mask"],
+                output_names=[objective.onnx_output],
+                dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}),
+                external_data=False,
+                verbose=False,
+            )
         written[name] = path
-        listing[name] = {"file": path.name, "inputs": ["input_ids", "attention_mask"], "output": objective.onnx_output,
-                         "kind": objective.kind, "label_names": objective.label_names, "max_length": model.trunk.cfg.max_len,
-                         "tokenizer": "../tokenizer.json"}
+        listing[name] = {
+            "file": path.name,
+            "inputs": ["input_ids", "attention_mask"],
+            "output": objective.onnx_output,
+            "kind": objective.kind,
+            "label_names": objective.label_names,
+            "max_length": model.trunk.cfg.max_len,
+            "tokenizer": "../tokenizer.json",
+        }
     (out / "tasks.json").write_text(json.dumps(listing, indent=2) + "\n")
     return written

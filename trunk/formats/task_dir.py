@@ -22,10 +22,20 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.codec import load_tokenizer
-from trunk.formats.trunk_dir import (CONFIG_FILE, TARGET_TOKENIZER_FILE, WEIGHTS_FILE, PretrainedTrunk, _untie, check_writable,
-                                    file_sha256, load_pretrained, verify_files)
+from trunk.formats.trunk_dir import (
+    CONFIG_FILE,
+    TARGET_TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    PretrainedTrunk,
+    _untie,
+    check_writable,
+    file_sha256,
+    load_pretrained,
+    verify_files,
+)
 
 TASK_FORMAT_NAME, TASK_FORMAT_VERSION = "trunk-task", 1
 
@@ -78,22 +88,32 @@ def read_task(path: Path) -> tuple[str, dict, str, object | None]:
     """A task directory's task name, head ({"meta", "state"}), trunk fingerprint and target tokenizer (or None)."""
     meta = task_meta(path)
     if meta is None:
-        raise ValueError(f"'{path}' is not a Trunk task directory (its {CONFIG_FILE} has no \"format\": \"{TASK_FORMAT_NAME}\"). "
-                         "Write one with `trunk export CKPT DIR --task NAME`.")
+        raise ValueError(
+            f'\'{path}\' is not a Trunk task directory (its {CONFIG_FILE} has no "format": "{TASK_FORMAT_NAME}"). '
+            "Write one with `trunk export CKPT DIR --task NAME`."
+        )
     if meta.get("format_version", 0) > TASK_FORMAT_VERSION:
-        raise ValueError(f"Task directory '{path}' has format version {meta['format_version']}, newer than this Trunk reads "
-                         f"({TASK_FORMAT_VERSION}). Upgrade Trunk.")
+        raise ValueError(
+            f"Task directory '{path}' has format version {meta['format_version']}, newer than this Trunk reads "
+            f"({TASK_FORMAT_VERSION}). Upgrade Trunk."
+        )
     verify_files(path, meta)
     try:
         tensors = load_file(str(path / WEIGHTS_FILE))
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"'{path / WEIGHTS_FILE}' is missing, corrupted or not a safetensors file ({err}). Export the task "
-                         "again.") from err
+        raise ValueError(
+            f"'{path / WEIGHTS_FILE}' is missing, corrupted or not a safetensors file ({err}). Export the task again."
+        ) from err
     for name, source in meta.get("tied", {}).items():
         tensors[name] = tensors[source]
     task = meta["task"]
     target = path / TARGET_TOKENIZER_FILE.format(task=task)
-    return task, {"meta": meta["head"], "state": tensors}, meta["trunk_fingerprint"], load_tokenizer(target) if target.is_file() else None
+    return (
+        task,
+        {"meta": meta["head"], "state": tensors},
+        meta["trunk_fingerprint"],
+        load_tokenizer(target) if target.is_file() else None,
+    )
 
 
 def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
@@ -115,12 +135,16 @@ def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
     for path in task_dirs:
         task, head, trained_on, target = read_task(path)
         if trained_on != fingerprint:
-            raise ValueError(f"The task directory '{path}' (task '{task}') was trained on another trunk than '{trunks[0]}' (its "
-                             f"weights' fingerprint {trained_on[:12]}… is not this trunk's {fingerprint[:12]}…). Load it with "
-                             "the trunk it was trained on (the run's model.init_from).")
+            raise ValueError(
+                f"The task directory '{path}' (task '{task}') was trained on another trunk than '{trunks[0]}' (its "
+                f"weights' fingerprint {trained_on[:12]}… is not this trunk's {fingerprint[:12]}…). Load it with the "
+                "trunk it was trained on (the run's model.init_from)."
+            )
         if task in origin:
-            raise ValueError(f"Two heads are named '{task}': in '{origin[task]}' and in '{path}'. Keep one (export a trunk "
-                             "without heads with `trunk export CKPT DIR --trunk-only`).")
+            raise ValueError(
+                f"Two heads are named '{task}': in '{origin[task]}' and in '{path}'. Keep one (export a trunk without "
+                "heads with `trunk export CKPT DIR --trunk-only`)."
+            )
         origin[task] = path
         pretrained.heads[task] = {**head, "source": path}
         if target is not None:

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.checkpoint import check_readable, is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
@@ -56,7 +57,8 @@ class PretrainedTrunk:
     config: TrunkConfig
     stems: dict[str, dict]  # stem kind -> its options
     trunk_weights: dict[str, torch.Tensor]  # keys as in ``Trunk.state_dict()``
-    heads: dict[str, dict] = field(default_factory=dict)  # task -> {"meta": {kind, label_names, objective}, "state": {...}} (+ "source": its task directory, if read from one)
+    # task -> {"meta": {kind, label_names, objective}, "state": {...}}; "source": its task directory, if read from one
+    heads: dict[str, dict] = field(default_factory=dict)
     codec: Codec = field(default_factory=Codec)
 
 
@@ -69,18 +71,24 @@ def check_writable(directory: Path, overwrite: bool) -> None:
         raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
     contents = sorted(p.name for p in directory.iterdir())
     exported = CONFIG_FILE in contents  # then its model card and ONNX graphs are the export's too, not a user's files
-    foreign = [name for name in contents if not _is_trunk_file(name) and not (exported and name in ("README.md", "onnx"))]
+    foreign = [
+        name for name in contents if not _is_trunk_file(name) and not (exported and name in ("README.md", "onnx"))
+    ]
     if foreign:
         raise FileExistsError(
             f"'{directory}' exists and holds files that are not part of a trunk directory ({foreign[:5]}). Trunk never "
             "deletes them: choose a new or empty directory."
         )
     if contents and not overwrite:
-        raise FileExistsError(f"'{directory}' already holds a trunk. Pass --overwrite to replace it, or choose another directory.")
+        raise FileExistsError(
+            f"'{directory}' already holds a trunk. Pass --overwrite to replace it, or choose another directory."
+        )
 
 
 def _is_trunk_file(name: str) -> bool:
-    return name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) or (name.startswith("target_tokenizer.") and name.endswith(".json"))
+    return name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) or (
+        name.startswith("target_tokenizer.") and name.endswith(".json")
+    )
 
 
 def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrite: bool = False) -> Path:
@@ -94,14 +102,22 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
         if codec.tokenizer is None:
             raise ValueError("A trunk with a text stem needs its tokenizer.")
         if codec.tokenizer.get_vocab_size() != pretrained.config.vocab_size:
-            raise ValueError(f"The tokenizer has {codec.tokenizer.get_vocab_size()} tokens but the trunk's vocab_size is "
-                             f"{pretrained.config.vocab_size}.")
+            raise ValueError(
+                f"The tokenizer has {codec.tokenizer.get_vocab_size()} tokens but the trunk's vocab_size is "
+                f"{pretrained.config.vocab_size}."
+            )
     tensors = {f"trunk.{k}": v for k, v in pretrained.trunk_weights.items()}
     for task, head in pretrained.heads.items():
         tensors.update({f"heads.{task}.{k}": v for k, v in head["state"].items()})
     tensors, tied = _untie(tensors)
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "trunk": pretrained.config.to_dict(),
-            "stems": pretrained.stems, "heads": {task: head["meta"] for task, head in pretrained.heads.items()}, "tied": tied}
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "trunk": pretrained.config.to_dict(),
+        "stems": pretrained.stems,
+        "heads": {task: head["meta"] for task, head in pretrained.heads.items()},
+        "tied": tied,
+    }
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -130,8 +146,10 @@ def verify_files(directory: Path, meta: dict) -> None:
     """Every file config.json lists must have the checksum written with it."""
     for name, digest in (meta.get("sha256") or {}).items():
         if (directory / name).is_file() and file_sha256(directory / name) != digest:
-            raise ValueError(f"'{directory / name}' does not match the checksum in {directory / CONFIG_FILE}: the file was "
-                             "corrupted (a damaged disk, an incomplete copy) or replaced. Copy or export the trunk again.")
+            raise ValueError(
+                f"'{directory / name}' does not match the checksum in {directory / CONFIG_FILE}: the file was "
+                "corrupted (a damaged disk, an incomplete copy) or replaced. Copy or export the trunk again."
+            )
 
 
 def _untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -171,8 +189,10 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"'{path / CONFIG_FILE}' is not valid JSON ({err}). Re-export the trunk.") from err
     if isinstance(meta, dict) and meta.get("format") == "trunk-task":
-        raise ValueError(f"'{path}' is a task directory (task '{meta.get('task')}'), without a trunk: give it with the trunk it "
-                         f"was trained on, as [TRUNK_DIR, '{path}'].")
+        raise ValueError(
+            f"'{path}' is a task directory (task '{meta.get('task')}'), without a trunk: give it with the trunk it was "
+            f"trained on, as [TRUNK_DIR, '{path}']."
+        )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME or "trunk" not in meta:
         raise ValueError(f"'{path / CONFIG_FILE}' is not a Trunk config (no \"format\": \"trunk\").")
     version = meta.get("format_version", 0)
@@ -191,19 +211,28 @@ def trunk_config(values: dict | TrunkConfig) -> TrunkConfig:
     return values if isinstance(values, TrunkConfig) else TrunkConfig.from_dict(dict(values))
 
 
-def pretrained_trunk_config(configured: TrunkConfig | dict | None, pretrained: TrunkConfig, vocab_size: int) -> TrunkConfig:
+def pretrained_trunk_config(
+    configured: TrunkConfig | dict | None, pretrained: TrunkConfig, vocab_size: int
+) -> TrunkConfig:
     """The pretrained architecture for every field left at its default; fields set to other values stay,
     for ``check_architecture`` to refuse naming both sides. ``vocab_size``: the run's tokenizer's. ``max_len`` of a
     trunk without a learned position table: the longer of the run's and the trained one."""
     defaults = TrunkConfig().to_dict()
-    given = {} if configured is None else (configured.to_dict() if isinstance(configured, TrunkConfig) else dict(configured))
+    given = (
+        {}
+        if configured is None
+        else (configured.to_dict() if isinstance(configured, TrunkConfig) else dict(configured))
+    )
     values = {**defaults, **given}
     for name in ARCHITECTURE_FIELDS:
         if name == "max_len" and name not in architecture_fields(pretrained):
             # no position table to size: the longer of the run's max_len (its default included) and the trained one, so
             # an explicit max_len equal to the default is not mistaken for an unset one
             values[name] = max(values[name] or defaults[name], pretrained.max_len)
-        elif name != "vocab_size" and values[name] in (None, defaults[name]):  # None: unset (TrunkConfig's shape fields)
+        elif name != "vocab_size" and values[name] in (
+            None,
+            defaults[name],
+        ):  # None: unset (TrunkConfig's shape fields)
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
     return trunk_config(values)
@@ -213,7 +242,11 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
     """Read and check a trunk directory or a checkpoint: files present, weights readable and shaped
     as configured, tokenizer vocabulary equal to the embedding table."""
     path = Path(path)
-    if path.is_file() and path.name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) and (path.parent / CONFIG_FILE).is_file():
+    if (
+        path.is_file()
+        and path.name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
+        and (path.parent / CONFIG_FILE).is_file()
+    ):
         raise ValueError(f"'{path}' is one file of the trunk directory '{path.parent}': give the directory itself "
                          f"(model.init_from={path.parent}).")
     if path.is_file() or is_sharded_checkpoint(path):
@@ -224,17 +257,27 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"'{weights_path}' is corrupted or not a safetensors file ({err}). Re-export the trunk.") from err
+        raise ValueError(
+            f"'{weights_path}' is corrupted or not a safetensors file ({err}). Re-export the trunk."
+        ) from err
     for name, source in meta.get("tied", {}).items():
         tensors[name] = tensors[source]
     if meta["format_version"] < 2:
-        tensors = {("trunk.stems.text." + k[len("trunk.stem."):] if k.startswith("trunk.stem.") else k): v for k, v in tensors.items()}
+        tensors = {
+            ("trunk.stems.text." + k[len("trunk.stem.") :] if k.startswith("trunk.stem.") else k): v
+            for k, v in tensors.items()
+        }
         if meta.get("v1_head"):
-            rank_zero_warn(f"'{path}' is a format-1 trunk directory: its head has no task name or label names and is not "
-                           "reused. Re-export the checkpoint to carry heads over.")
+            rank_zero_warn(
+                f"'{path}' is a format-1 trunk directory: its head has no task name or label names and is not reused. "
+                "Re-export the checkpoint to carry heads over."
+            )
     trunk_weights = _strip(tensors, "trunk.")
     check_weights(config, meta["stems"], trunk_weights, weights_path)
-    heads = {task: {"meta": head_meta, "state": _strip(tensors, f"heads.{task}.")} for task, head_meta in meta["heads"].items()}
+    heads = {
+        task: {"meta": head_meta, "state": _strip(tensors, f"heads.{task}.")}
+        for task, head_meta in meta["heads"].items()
+    }
     codec = Codec(load_tokenizer(path / TOKENIZER_FILE) if "text" in meta["stems"] else None)
     for task in heads:
         target = path / TARGET_TOKENIZER_FILE.format(task=task)
@@ -264,8 +307,10 @@ def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str
         )
     bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad and not os.environ.get("TRUNK_ALLOW_NON_FINITE"):
-        raise ValueError(f"'{source}' has NaN or infinite values in {bad[:5]}: the run that wrote it diverged. "
-                         "Use an earlier checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1).")
+        raise ValueError(
+            f"'{source}' has NaN or infinite values in {bad[:5]}: the run that wrote it diverged. Use an earlier "
+            "checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1)."
+        )
 
 
 def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=None) -> None:
@@ -275,8 +320,10 @@ def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str |
              for name in names if getattr(wanted, name) != getattr(pretrained, name)]
     if diffs:
         raise ValueError(
-            "The configured trunk does not match the pretrained one:\n  " + "\n  ".join(diffs)
-            + "\nRemove these model.trunk options (the pretrained values are used) or set them to the pretrained values."
+            "The configured trunk does not match the pretrained one:\n  "
+            + "\n  ".join(diffs)
+            + "\nRemove these model.trunk options (the pretrained values are used) or set them to the pretrained "
+              "values."
         )
 
 
@@ -303,8 +350,14 @@ def _pretrained_from_checkpoint(path: Path, ckpt: dict | None = None) -> Pretrai
     heads = {task: {"meta": head_meta, "state": {k: v for k, v in _strip(state, f"objectives.{task}.").items()
                                                  if not is_metric_state(k)}}
              for task, head_meta in meta["heads"].items()}
-    pretrained = PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {})))
-    attach_data(pretrained, (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}, ckpt.get("MultiTaskData", {}))
+    pretrained = PretrainedTrunk(
+        path, config, meta["stems"], trunk_weights, heads, Codec.from_state(ckpt.get("codec", {}))
+    )
+    attach_data(
+        pretrained,
+        (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {},
+        ckpt.get("MultiTaskData", {}),
+    )
     return pretrained
 
 
@@ -313,7 +366,10 @@ SPLITS = ("train", "validation", "test", "predict")
 
 def without_splits(spec: dict) -> dict:
     """A task's data options without its split paths: how it turns raw inputs into batches, not where it read them."""
-    return {"class_path": spec["class_path"], "init_args": {k: v for k, v in (spec.get("init_args") or {}).items() if k not in SPLITS}}
+    return {
+        "class_path": spec["class_path"],
+        "init_args": {k: v for k, v in (spec.get("init_args") or {}).items() if k not in SPLITS},
+    }
 
 
 def attach_data(pretrained: PretrainedTrunk, specs: dict, states: dict) -> None:
@@ -348,7 +404,8 @@ def export_checkpoint(ckpt_path: str | Path, directory: str | Path, heads: bool 
 
 
 def checkpoint_metrics(ckpt: dict) -> dict:
-    """What a checkpoint says of its training: the step, the epoch and each checkpoint callback's best monitored score."""
+    """What a checkpoint says of its training: the step, the epoch and each checkpoint callback's best monitored
+    score."""
     metrics = {"global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch")}
     for state in (ckpt.get("callbacks") or {}).values():
         if isinstance(state, dict) and state.get("monitor") and state.get("best_model_score") is not None:

@@ -13,6 +13,7 @@ import importlib
 from pathlib import Path
 
 import torch
+
 from trunk.assembly.run import read_run_checkpoint, resolve, restore
 from trunk.core.checkpoint import is_sharded_checkpoint
 from trunk.datamodules import MultiTaskData
@@ -23,7 +24,6 @@ from trunk.formats.trunk_dir import without_splits
 from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
-
 
 INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
 
@@ -72,7 +72,9 @@ class Predictor:
         return self.preprocessors[task].encode(inputs)
 
     @torch.inference_mode()
-    def predict_encoded(self, examples: dict[str, list], batch_size: int = 64, shared: bool = True) -> dict[str, list[dict]]:
+    def predict_encoded(
+        self, examples: dict[str, list], batch_size: int = 64, shared: bool = True
+    ) -> dict[str, list[dict]]:
         """Each task's records of its examples (from ``encode``), in their order. ``shared``: every task's examples are
         of the same inputs, and a batch holds the same inputs for every task; else each task brings its own inputs
         (requests for different tasks) and a batch mixes them. Batches follow the order of length, and each is one
@@ -83,13 +85,21 @@ class Predictor:
         if shared:
             first = next(iter(examples))
             units = [[(name, i) for name in examples] for i in range(len(examples[first]))]  # an input, for every task
-            deltas = sum(name in self.model.router.deltas for name in examples)  # each takes rows of its own above the fork
-            batch_size = max(1, batch_size // max(1, deltas + (deltas < len(examples))))  # so a pass holds ~batch_size rows
+            deltas = sum(
+                name in self.model.router.deltas for name in examples
+            )  # each takes rows of its own above the fork
+            batch_size = max(
+                1, batch_size // max(1, deltas + (deltas < len(examples)))
+            )  # so a pass holds ~batch_size rows
         else:
             units = [[(name, i)] for name in examples for i in range(len(examples[name]))]
         units = [units[k] for k in length_order([length(*unit[0]) for unit in units])]
         answers = {name: [None] * len(task_examples) for name, task_examples in examples.items()}
-        bf16 = torch.autocast(self.model.device.type, dtype=torch.bfloat16) if self.precision == "bf16-mixed" else contextlib.nullcontext()
+        bf16 = (
+            torch.autocast(self.model.device.type, dtype=torch.bfloat16)
+            if self.precision == "bf16-mixed"
+            else contextlib.nullcontext()
+        )
         for start in range(0, len(units), batch_size):
             members: dict[str, list[int]] = {}
             for name, i in (pair for unit in units[start : start + batch_size] for pair in unit):
@@ -105,19 +115,26 @@ class Predictor:
 
     def check_tasks(self, task: str | list[str] | None) -> list[str]:
         if task is None and len(self.tasks) != 1:
-            raise ValueError(f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...].")
+            raise ValueError(
+                f"This model has the tasks {self.tasks}: name one with task=..., or several with task=[...]."
+            )
         names = self.tasks if task is None else [task] if isinstance(task, str) else list(task)
         unknown = [name for name in names if name not in self.preprocessors]
         if unknown or not names:
-            raise ValueError(f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}.")
+            raise ValueError(
+                f"No task named {', '.join(map(repr, unknown)) or '(none given)'}; this model's tasks are {self.tasks}."
+            )
         self.runtime.check(names)
         return names
 
     def _predict_batch(self, batches: dict[str, dict]) -> dict[str, list[dict]]:
-        """Each task's records of its batch, computed by the runtime (torch: as few trunk passes as ``TrunkOnce`` needs)."""
+        """Each task's records of its batch, computed by the runtime (torch: as few trunk passes as ``TrunkOnce``
+        needs)."""
         device = self.model.device
-        batches = {name: {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
-                   for name, batch in batches.items()}
+        batches = {
+            name: {"task": name, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}}
+            for name, batch in batches.items()
+        }
         return self.runtime.predict(self.model, batches)
 
 
@@ -140,8 +157,10 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     if path is None or path.is_dir() and not is_sharded_checkpoint(path):
         pretrained = read_trunk(paths if path is None else path)
         if not pretrained.heads:
-            raise ValueError(f"'{pretrained.path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, "
-                             "or export a fine-tuned checkpoint with `trunk export CKPT DIR`.")
+            raise ValueError(
+                f"'{pretrained.path}' holds a trunk without heads: there is nothing to predict. Fine-tune it first, or "
+                "export a fine-tuned checkpoint with `trunk export CKPT DIR`."
+            )
         heads = {name: head["meta"] for name, head in pretrained.heads.items()}
         tasks = _task_data(pretrained.path, {name: meta.get("data") for name, meta in heads.items()},
                            {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
@@ -149,9 +168,14 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         for name, meta in heads.items():
             if meta.get("label_names") is not None:
                 run.tasks[name].use_labels_of(meta["label_names"], f"'{pretrained.path}'")
-        peft = {name: meta["peft"] for name, meta in heads.items() if meta.get("peft")}  # heads trained with a delta bring it
-        model = resolve({"tasks": {name: meta["objective"] for name, meta in heads.items()}, **({"peft": peft} if peft else {})}, run,
-                        init_from=pretrained).model
+        peft = {
+            name: meta["peft"] for name, meta in heads.items() if meta.get("peft")
+        }  # heads trained with a delta bring it
+        model = resolve(
+            {"tasks": {name: meta["objective"] for name, meta in heads.items()}, **({"peft": peft} if peft else {})},
+            run,
+            init_from=pretrained,
+        ).model
     else:
         ckpt = read_run_checkpoint(path)
         specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
@@ -161,7 +185,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model.load_state_dict(ckpt["state_dict"])
     if merge:
         merge_delta(model)
-    return Predictor(model.to(map_location), {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime)
+    return Predictor(
+        model.to(map_location), {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime
+    )
 
 
 def merge_delta(model: TrunkModule) -> None:
@@ -169,9 +195,11 @@ def merge_delta(model: TrunkModule) -> None:
     does. With several tasks the trunk is shared, so it must stay as it is."""
     lora = [name for name, delta in model.router.deltas.items() if delta.config.method == "lora"]
     if len(model.objectives) != 1 or len(lora) != 1:
-        raise ValueError(f"merge writes one task's LoRA into the trunk, which needs a model of that one task; this model has "
-                         f"the tasks {list(model.objectives)}, with LoRA on {lora or 'none'}. Load it without merge (or load "
-                         "the trunk with only that task's directory).")
+        raise ValueError(
+            "merge writes one task's LoRA into the trunk, which needs a model of that one task; this model has the "
+            f"tasks {list(model.objectives)}, with LoRA on {lora or 'none'}. Load it without merge (or load the trunk "
+            "with only that task's directory)."
+        )
     model.router.merge(model.trunk.backbone, lora[0])
 
 
@@ -181,8 +209,10 @@ def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dic
     tasks = {**{name: _instantiate(without_splits(spec)) for name, spec in specs.items() if spec}, **(given or {})}
     missing = sorted(set(specs) - set(tasks))
     if missing:
-        raise ValueError(f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as "
-                         "load(path, data={task: TextClassificationData(...), ...}).")
+        raise ValueError(
+            f"'{path}' holds no data settings for the tasks {missing} (a run built in Python): pass them as load(path, "
+            "data={task: TextClassificationData(...), ...})."
+        )
     for name, member in tasks.items():
         member.name = name  # for its messages
         member.load_state_dict(states.get(name, {}))

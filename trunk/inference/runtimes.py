@@ -1,6 +1,6 @@
-"""Runtimes: what computes each task's outputs for a batch, behind one interface. ``Predictor`` holds one; ``load(runtime=...)``
-and ``trunk serve --runtime`` take a name of ``RUNTIMES``. A new runtime is a ``Runtime`` subclass here and a line in
-``RUNTIMES`` (docs/architecture.md).
+"""Runtimes: what computes each task's outputs for a batch, behind one interface. ``Predictor`` holds one;
+``load(runtime=...)`` and ``trunk serve --runtime`` take a name of ``RUNTIMES``. A new runtime is a ``Runtime`` subclass
+here and a line in ``RUNTIMES`` (docs/architecture.md).
 
 - ``torch``: the model itself, every task of a batch from as few trunk passes as ``TrunkOnce`` needs.
 - ``onnx``: ONNX Runtime sessions over the graphs of ``trunk export CKPT DIR --onnx``; each task's records still come
@@ -17,7 +17,8 @@ import torch
 
 
 class Runtime:
-    """Each task's prediction records of a batch. ``precision``: the one it computes in (``None``: the model's choice)."""
+    """Each task's prediction records of a batch. ``precision``: the one it computes in (``None``: the model's
+    choice)."""
 
     name: str
     precision: str | None = None
@@ -51,7 +52,9 @@ class OnnxRuntime(Runtime):
 
     def __init__(self, directory: Path | None) -> None:
         if directory is None:
-            raise ValueError("runtime='onnx' runs the graphs of one exported trunk directory; task directories run in torch.")
+            raise ValueError(
+                "runtime='onnx' runs the graphs of one exported trunk directory; task directories run in torch."
+            )
         listing = Path(directory) / "onnx" / "tasks.json"
         if not listing.is_file():
             raise FileNotFoundError(f"'{directory}' holds no ONNX graphs ({listing} is missing): write them with "
@@ -61,18 +64,24 @@ class OnnxRuntime(Runtime):
         except ImportError:
             raise ImportError("The onnx runtime needs onnxruntime: pip install 'trunk[onnx]'.") from None
         self.listing = json.loads(listing.read_text())
-        self.sessions = {name: onnxruntime.InferenceSession(str(listing.parent / spec["file"]), providers=["CPUExecutionProvider"])
-                         for name, spec in self.listing.items()}
+        self.sessions = {
+            name: onnxruntime.InferenceSession(str(listing.parent / spec["file"]), providers=["CPUExecutionProvider"])
+            for name, spec in self.listing.items()
+        }
 
     def check(self, tasks: list[str]) -> None:
         missing = [task for task in tasks if task not in self.sessions]
         if missing:
-            raise ValueError(f"The tasks {missing} have no ONNX graph (the exported tasks are {sorted(self.sessions)}; QA, multiple "
-                             "choice, translation, image and pretraining heads are not exported): use the torch runtime for them.")
+            raise ValueError(
+                f"The tasks {missing} have no ONNX graph (the exported tasks are {sorted(self.sessions)}; QA, multiple "
+                "choice, translation, image and pretraining heads are not exported): use the torch runtime for them."
+            )
 
     def predict(self, model: torch.nn.Module, batches: dict[str, dict]) -> dict[str, list[dict]]:
         self.check(list(batches))
-        return {name: model.objective(name).records(batch, self.outputs(name, batch)) for name, batch in batches.items()}
+        return {
+            name: model.objective(name).records(batch, self.outputs(name, batch)) for name, batch in batches.items()
+        }
 
     def outputs(self, task: str, batch: dict) -> torch.Tensor:
         feeds = {"input_ids": batch["input_ids"].cpu().numpy(), "attention_mask": batch["attention_mask"].cpu().numpy()}
@@ -106,11 +115,13 @@ class TrunkOnce:
         for name, batch in batches.items():
             objective = model.objective(name)
             if objective.input_key in batch:
-                by_stem.setdefault(objective.stem, []).append((name, batch[objective.input_key], batch.get("attention_mask")))
+                by_stem.setdefault(objective.stem, []).append(
+                    (name, batch[objective.input_key], batch.get("attention_mask"))
+                )
         for stem, calls in by_stem.items():
             self._run(stem, calls)
 
-    def view(self, task: str) -> "TaskTrunk":
+    def view(self, task: str) -> TaskTrunk:
         return TaskTrunk(self, task)
 
     def output(self, task: str, inputs: torch.Tensor, attention_mask: torch.Tensor | None, stem: str) -> torch.Tensor:
@@ -144,19 +155,26 @@ class TrunkOnce:
                 for name in names:
                     self.outputs[name] = (*own[name], stem, out)
             return
-        length = max(x.shape[1] for x, _ in distinct) if distinct[0][1] is not None else None  # masked: pad to one length
+        length = (
+            max(x.shape[1] for x, _ in distinct) if distinct[0][1] is not None else None
+        )  # masked: pad to one length
         inputs = torch.cat([_pad_to(x, length) for x, _ in distinct])
         mask = None if distinct[0][1] is None else torch.cat([_pad_to(m, length) for _, m in distinct])
         starts = torch.tensor([0, *[len(x) for x, _ in distinct]]).cumsum(0).tolist()
         rows = [torch.arange(starts[which], starts[which + 1]) for _, which, _ in segments]
         fork = None
-        if sum(len(r) for r in rows) != len(inputs):  # an input read by several deltas: its rows repeat from the fork on
-            fork = (router.lowest_layer([route for route, _, _ in segments if route]), torch.cat(rows).to(inputs.device))
+        if sum(len(r) for r in rows) != len(
+            inputs
+        ):  # an input read by several deltas: its rows repeat from the fork on
+            fork = (
+                router.lowest_layer([route for route, _, _ in segments if route]),
+                torch.cat(rows).to(inputs.device),
+            )
         routed_mask = None if mask is None else mask.bool()[fork[1]] if fork else mask.bool()
         routes = [(route, len(r)) for (route, _, _), r in zip(segments, rows)]
         with router.route(routes, routed_mask) if any(route for route, _ in routes) else contextlib.nullcontext():
             out = self.model.trunk(inputs, mask, stem=stem, fork=fork)
-        for (route, which, names), piece in zip(segments, out.split([len(r) for r in rows])):
+        for (_, _, names), piece in zip(segments, out.split([len(r) for r in rows])):
             for name in names:
                 self.outputs[name] = (*own[name], stem, piece[:, : own[name][0].shape[1]] if length else piece)
 
@@ -176,7 +194,9 @@ class TaskTrunk:
     def __init__(self, once: TrunkOnce, task: str) -> None:
         self.once, self.task = once, task
 
-    def __call__(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text") -> torch.Tensor:
+    def __call__(
+        self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text"
+    ) -> torch.Tensor:
         return self.once.output(self.task, inputs, attention_mask, stem)
 
     def __getattr__(self, name: str):

@@ -3,7 +3,8 @@
     trunk serve runs/sst2/lightning_logs/version_0/checkpoints/last.ckpt --port 8000
     curl -X POST localhost:8000/predict -d '{"input": "a gripping film"}'                    # its record
     curl -X POST localhost:8000/predict -d '{"inputs": ["a gripping film", "a dull plot"]}'  # a list of records
-    curl -X POST localhost:8000/predict -d '{"input": "...", "task": ["sentiment", "ner"]}'  # {task: record}, one trunk pass
+    curl -X POST localhost:8000/predict -d '{"input": "...", "task": ["sentiment", "ner"]}'  # {task: record}, one
+    trunk pass
     curl localhost:8000/health     # 200 "ok" once every worker has loaded the model
     curl localhost:8000/info       # the tasks: kind, labels, what an input is
 
@@ -68,18 +69,29 @@ class TrunkAPI(ls.LitAPI):
     """One ``Predictor`` per worker. ``decode_request`` checks and tokenizes a request; ``predict`` answers the
     requests of a batch together, grouped by the tasks they name."""
 
-    def __init__(self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool, **batching) -> None:
+    def __init__(
+        self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool, **batching
+    ) -> None:
         super().__init__(api_path="/predict", **batching)
-        self.paths, self.precision, self.runtime, self.batch_size, self.threads = paths, precision, runtime, batch_size, threads
+        self.paths, self.precision, self.runtime, self.batch_size, self.threads = (
+            paths,
+            precision,
+            runtime,
+            batch_size,
+            threads,
+        )
         self.merge = merge
 
     def setup(self, device: str) -> None:
         import torch
+
         from trunk.inference.predictor import load
 
         if device == "cpu":
             torch.set_num_threads(self.threads)  # the cores shared among the workers
-        self.predictor = load(self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge)
+        self.predictor = load(
+            self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge
+        )
 
     def decode_request(self, request: PredictRequest):
         """The request's tasks and their encoded examples, or ``Refused`` with what is wrong."""
@@ -92,16 +104,22 @@ class TrunkAPI(ls.LitAPI):
         for i, x in enumerate(inputs):  # the JSON's shape, once for every task
             problem = _check_input(x)
             if problem:
-                takes = "; ".join(f"task '{name}' takes {self.predictor.preprocessors[name].input_form}" for name in tasks)
+                takes = "; ".join(
+                    f"task '{name}' takes {self.predictor.preprocessors[name].input_form}" for name in tasks
+                )
                 return Refused(f"{'input' if single else f'inputs[{i}]'}: {problem}; {takes}.")
         examples = {}
         for name in tasks:
             preprocessor = self.predictor.preprocessors[name]
             try:
-                examples[name] = self.predictor.encode(name, [_image(x) for x in inputs] if preprocessor.stem == "image" else inputs)
+                examples[name] = self.predictor.encode(
+                    name, [_image(x) for x in inputs] if preprocessor.stem == "image" else inputs
+                )
             except (ValueError, TypeError, KeyError, OSError) as err:
-                return Refused(f"{'input' if single else 'inputs'} for task '{name}' ({preprocessor.input_form}) could not be read: "
-                               f"{type(err).__name__}: {err}")
+                return Refused(
+                    f"{'input' if single else 'inputs'} for task '{name}' ({preprocessor.input_form}) could not be "
+                    f"read: {type(err).__name__}: {err}"
+                )
         return {"tasks": tasks, "several": isinstance(request.task, list), "single": single, "examples": examples}
 
     def batch(self, requests: list) -> list:
@@ -167,9 +185,18 @@ def _image(x: str):
     return image
 
 
-def build_server(paths: str | list[str], precision: str = "auto", runtime: str = "torch", batch_size: int = 64, max_batch_size: int = 32,
-                 batch_timeout: float = 0.005, timeout: float = 30.0, workers: int = 1, accelerator: str = "auto",
-                 merge: bool = False) -> ls.LitServer:
+def build_server(
+    paths: str | list[str],
+    precision: str = "auto",
+    runtime: str = "torch",
+    batch_size: int = 64,
+    max_batch_size: int = 32,
+    batch_timeout: float = 0.005,
+    timeout: float = 30.0,
+    workers: int = 1,
+    accelerator: str = "auto",
+    merge: bool = False,
+) -> ls.LitServer:
     """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
     tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
     worker then loads its own."""
@@ -177,11 +204,27 @@ def build_server(paths: str | list[str], precision: str = "auto", runtime: str =
 
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
     predictor = load(paths, precision=precision, runtime=runtime, merge=merge)
-    metadata = {"tasks": describe(predictor), "precision": predictor.precision, "runtime": runtime, "max_inputs": MAX_INPUTS}
+    metadata = {
+        "tasks": describe(predictor),
+        "precision": predictor.precision,
+        "runtime": runtime,
+        "max_inputs": MAX_INPUTS,
+    }
     del predictor
     threads = max(1, (os.cpu_count() or 1) // workers)
-    api = TrunkAPI(paths, precision, runtime, batch_size, threads, merge, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-    return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata)
+    api = TrunkAPI(
+        paths,
+        precision,
+        runtime,
+        batch_size,
+        threads,
+        merge,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+    )
+    return ls.LitServer(
+        api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata
+    )
 
 
 def describe(predictor) -> dict:

@@ -12,6 +12,15 @@ from trunk.models.heads import (
     check_pooling,
     pool,
 )
+from trunk.models.kernels import Dropout, Unpadded, dropout
+from trunk.models.positions import (
+    POSITIONS,
+    PositionBias,
+    PositionScheme,
+    alibi_slopes,
+    sinusoidal_positions,
+    sinusoidal_positions_2d,
+)
 from trunk.models.stems import (
     STEM_KINDS,
     PatchStem,
@@ -19,8 +28,6 @@ from trunk.models.stems import (
     build_stem,
     build_trunk,
 )
-from trunk.models.kernels import Dropout, Unpadded, dropout
-from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, alibi_slopes, sinusoidal_positions, sinusoidal_positions_2d
 from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, TrunkConfig, init_weights
 
 __all__ = [

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from trunk.models.stems import TokenStem
+
 from trunk.models.kernels import Unpadded
+from trunk.models.stems import TokenStem
 from trunk.models.trunk import Attention, Block, TrunkConfig, init_weights, position_bias, run_block
 
 
@@ -52,13 +53,34 @@ class DecoderBlock(Block):
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)  # no rotation: no shared positions
         self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                cache: dict | None = None, unpadded: Unpadded | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        cache: dict | None = None,
+        unpadded: Unpadded | None = None,
+        position_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (B, U, C), or its (N, C) real tokens with ``unpadded`` (training)."""
-        x = self.residual(x, lambda h: self.attn(h, causal=True, cache=None if cache is None else cache["self"], unpadded=unpadded,
-                                                 position_bias=position_bias), self.norm_attn)
-        x = self.residual(x, lambda h: self.cross_attn(h, memory_mask, context=memory, cache=None if cache is None else cache["cross"],
-                                                       unpadded=unpadded), self.norm_cross)
+        x = self.residual(
+            x,
+            lambda h: self.attn(
+                h,
+                causal=True,
+                cache=None if cache is None else cache["self"],
+                unpadded=unpadded,
+                position_bias=position_bias,
+            ),
+            self.norm_attn,
+        )
+        x = self.residual(
+            x,
+            lambda h: self.cross_attn(
+                h, memory_mask, context=memory, cache=None if cache is None else cache["cross"], unpadded=unpadded
+            ),
+            self.norm_cross,
+        )
         return self.residual(x, self.ff, self.norm_ff)
 
 
@@ -102,7 +124,16 @@ class Decoder(nn.Module):
         if unpadded is not None:
             x = unpadded.unpad(x)
         for i, block in enumerate(self.blocks):
-            x = run_block(block, self.grad_checkpointing, x, memory, memory_mask, None if cache is None else cache.layers[i], unpadded, bias)
+            x = run_block(
+                block,
+                self.grad_checkpointing,
+                x,
+                memory,
+                memory_mask,
+                None if cache is None else cache.layers[i],
+                unpadded,
+                bias,
+            )
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 

@@ -16,8 +16,8 @@ the layers it adapts (changing the trunk's state-dict keys), and routes mixed ba
 from __future__ import annotations
 
 import contextlib
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +31,11 @@ METHODS = ("lora", "adapter")
 @dataclass(frozen=True)
 class DeltaConfig:
     """One task's delta. ``lora``: rank ``r``, scaling ``alpha / r``, ``dropout`` on the LoRA path, on the
-    ``targets`` of every block (or of ``layers``). ``adapter``: a bottleneck of width ``r`` after each block's feed-forward sublayer
-    (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged. ``norms``: also learn a
-    shift of every LayerNorm's gain and bias in those blocks and of the final one (2 x d_model weights a norm; peft's
-    LNTuning trains the norms themselves, which here are the trunk every task shares). ``dora``: LoRA as DoRA (Liu et al.
+    ``targets`` of every block (or of ``layers``). ``adapter``: a bottleneck of width ``r`` after each block's
+    feed-forward sublayer (Pfeiffer placement), its up-projection starting at zero so the trunk starts unchanged.
+    ``norms``: also learn a shift of every LayerNorm's gain and bias in those blocks and of the final one (2 x d_model
+    weights a norm; peft's LNTuning trains the norms themselves, which here are the trunk every task shares). ``dora``:
+    LoRA as DoRA (Liu et al.
     2024; peft's ``use_dora``): the adapted weight's rows are rescaled to learned lengths (one weight per output)."""
 
     method: str = "lora"
@@ -42,19 +43,24 @@ class DeltaConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")
-    layers: tuple[int, ...] | None = None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
+    layers: tuple[int, ...] | None = (
+        None  # the blocks that get a delta (None: all); the blocks below the lowest are shared
+    )
     norms: bool = False
     dora: bool = False
-    # other tasks' trained deltas this one adds, frozen, each weighted per block by a learned mix (from 1 / their number):
+    # other tasks' trained deltas this one adds, frozen, each weighted per block by a learned mix (from 1 / their
+    # number):
     # task -> its options; in a config a list of names, whose options ``model.init_from``'s task directories give
     compose: dict[str, dict] | None = None
 
     @classmethod
-    def from_dict(cls, options: dict | None) -> "DeltaConfig":
+    def from_dict(cls, options: dict | None) -> DeltaConfig:
         """From a config's or a stored head's options (lists for ``targets`` and ``layers``)."""
-        return cls(**{k: tuple(v) if k in ("targets", "layers") and v is not None else v for k, v in (options or {}).items()})
+        return cls(
+            **{k: tuple(v) if k in ("targets", "layers") and v is not None else v for k, v in (options or {}).items()}
+        )
 
-    def fits(self, other: "DeltaConfig") -> bool:
+    def fits(self, other: DeltaConfig) -> bool:
         """Whether a delta trained with ``other`` computes as one built with these options (dropout aside)."""
         return dataclasses.replace(self, dropout=0.0) == dataclasses.replace(other, dropout=0.0)
 
@@ -67,13 +73,17 @@ class DeltaConfig:
             raise ValueError(f"peft dropout={self.dropout!r} must be a probability in [0, 1).")
         unknown = sorted(set(self.targets) - set(LORA_TARGETS))
         if self.method == "lora" and (unknown or not self.targets):
-            raise ValueError(f"peft targets {unknown or '(none)'} match no layer of a block; the layers are {list(LORA_TARGETS)}.")
+            raise ValueError(
+                f"peft targets {unknown or '(none)'} match no layer of a block; the layers are {list(LORA_TARGETS)}."
+            )
         if self.dora and self.method != "lora":
             raise ValueError(f"peft dora=true is a form of LoRA; method {self.method!r} cannot take it.")
         if self.compose is not None and not (isinstance(self.compose, dict) and self.compose):
-            raise ValueError(f"peft compose={self.compose!r}: compose takes the names of tasks whose deltas model.init_from "
-                             "brings (their task directories), e.g. compose: [sst2, conll], with model.init_from: [TRUNK, "
-                             "SST2_TASK_DIR, CONLL_TASK_DIR].")
+            raise ValueError(
+                f"peft compose={self.compose!r}: compose takes the names of tasks whose deltas model.init_from brings "
+                "(their task directories), e.g. compose: [sst2, conll], with model.init_from: [TRUNK, SST2_TASK_DIR, "
+                "CONLL_TASK_DIR]."
+            )
 
 
 class LoRA(nn.Module):
@@ -83,11 +93,15 @@ class LoRA(nn.Module):
     the length of ``W``'s row times ``1 + magnitude`` (zero at the start: the layer as it was). The lengths of
     ``W + BA`` count as constants in backward, as the DoRA paper trains them (less memory, the same results)."""
 
-    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dora: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dora: bool = False
+    ) -> None:
         super().__init__()
         if r > min(in_features, out_features):
-            raise ValueError(f"peft r={r} is larger than the layer it adapts ({in_features} -> {out_features}): use at most "
-                             f"{min(in_features, out_features)}.")
+            raise ValueError(
+                f"peft r={r} is larger than the layer it adapts ({in_features} -> {out_features}): use at most "
+                f"{min(in_features, out_features)}."
+            )
         self.A = nn.Parameter(torch.empty(r, in_features))
         self.B = nn.Parameter(torch.zeros(out_features, r))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear (and peft) initialise
@@ -96,7 +110,9 @@ class LoRA(nn.Module):
 
     def forward(self, x: torch.Tensor, layer: nn.Linear, output: torch.Tensor) -> torch.Tensor:
         """What this delta adds to ``layer``'s ``output`` for the input ``x``."""
-        added = ((self.dropout(x) @ self.A.t()) * self.scaling) @ self.B.t()  # scaled at rank r: a pass over r columns, not out
+        added = (
+            (self.dropout(x) @ self.A.t()) * self.scaling
+        ) @ self.B.t()  # scaled at rank r: a pass over r columns, not out
         if self.magnitude is None:
             return added
         scale = self.row_scale(layer.weight).to(output.dtype)
@@ -155,9 +171,15 @@ class TaskDelta(nn.Module):
         super().__init__()
         self.config = config
         n_layers = len(backbone.blocks)
-        self.sources = nn.ModuleDict({task: TaskDelta(backbone, dataclasses.replace(DeltaConfig.from_dict(options), dropout=0.0))
-                                      for task, options in (config.compose or {}).items()}).requires_grad_(False)
-        self.mix = nn.Parameter(torch.full((len(self.sources), n_layers), 1 / len(self.sources))) if self.sources else None
+        self.sources = nn.ModuleDict(
+            {
+                task: TaskDelta(backbone, dataclasses.replace(DeltaConfig.from_dict(options), dropout=0.0))
+                for task, options in (config.compose or {}).items()
+            }
+        ).requires_grad_(False)
+        self.mix = (
+            nn.Parameter(torch.full((len(self.sources), n_layers), 1 / len(self.sources))) if self.sources else None
+        )
         layers = set(range(n_layers)) if config.layers is None else set(config.layers)
         outside = sorted(layer for layer in layers if not 0 <= layer < n_layers)
         if outside or not layers:
@@ -165,22 +187,29 @@ class TaskDelta(nn.Module):
         parts = {}
         for name, module in backbone.named_modules():
             leaf = name.rsplit(".", 1)[-1]
-            in_layers = leaf == "final_norm" or block_of(name, n_layers) in layers  # the final norm sits above every block
+            in_layers = (
+                leaf == "final_norm" or block_of(name, n_layers) in layers
+            )  # the final norm sits above every block
             if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and in_layers:
                 parts[name] = NormShift(module)
             if not name.startswith("blocks.") or not in_layers:
                 continue
             if config.method == "lora" and leaf in config.targets and isinstance(module, nn.Linear):
-                parts[name] = LoRA(module.in_features, module.out_features, config.r, config.alpha, config.dropout, config.dora)
+                parts[name] = LoRA(
+                    module.in_features, module.out_features, config.r, config.alpha, config.dropout, config.dora
+                )
             elif config.method == "adapter" and leaf == "ff":
                 parts[name] = Bottleneck(backbone.cfg.d_model, config.r)
         if not parts:
             raise ValueError(f"peft {config.method}: no layer of this trunk matches.")
-        self.parts = nn.ModuleDict({key.replace(".", "__"): part for key, part in parts.items()})  # ModuleDict keys have no dots
+        self.parts = nn.ModuleDict(
+            {key.replace(".", "__"): part for key, part in parts.items()}
+        )  # ModuleDict keys have no dots
         self.n_layers = n_layers
 
     def part(self, layer: str) -> nn.Module | None:
-        return self.parts[layer.replace(".", "__")] if layer.replace(".", "__") in self.parts else None
+        key = layer.replace(".", "__")
+        return self.parts[key] if key in self.parts else None  # noqa: SIM401 (a ModuleDict has no get)
 
     def blocks(self) -> set[int]:
         """The blocks this delta (with its sources) changes."""
@@ -191,7 +220,8 @@ class TaskDelta(nn.Module):
         return self.part(layer) is not None or any(source.touches(layer) for source in self.sources.values())
 
     def forward(self, layer: str, module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        """What this delta adds to the output of ``layer`` (``module``; ``x``: its input; an adapter reads the output)."""
+        """What this delta adds to the output of ``layer`` (``module``; ``x``: its input; an adapter reads the
+        output)."""
         part = self.part(layer)
         added = part(x, module, output) if part is not None else 0  # every part: (input, layer, output) -> what it adds
         for i, source in enumerate(self.sources.values()):
@@ -275,8 +305,10 @@ class DeltaRouter:
     def _write(self, backbone: nn.Module, task: str, sign: int) -> None:
         delta = self.deltas[task]
         if delta.config.method != "lora" or delta.sources:
-            raise ValueError(f"Task {task!r} has a {'composed' if delta.sources else delta.config.method} delta: only a LoRA of "
-                             "its own merges into the weights.")
+            raise ValueError(
+                f"Task {task!r} has a {'composed' if delta.sources else delta.config.method} delta: only a LoRA of its "
+                "own merges into the weights."
+            )
         for name, module in backbone.named_modules():
             part = delta.part(name)
             if isinstance(part, LoRA) and part.magnitude is None:
@@ -300,14 +332,23 @@ class DeltaRouter:
         def add_deltas(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
             if self.merged is not None:  # the trunk's weights are the merged task's: any other forward would be wrong
                 if not self.routes or any(task != self.merged for task, _ in self.routes):
-                    raise RuntimeError(f"Task {self.merged!r} is merged into the trunk: a forward of other tasks (or of the "
-                                       "trunk alone) needs it unmerged.")
+                    raise RuntimeError(
+                        f"Task {self.merged!r} is merged into the trunk: a forward of other tasks (or of the trunk "
+                        "alone) needs it unmerged."
+                    )
                 return output
-            deltas = [self.deltas[task] if task is not None and self.deltas[task].touches(layer) else None for task, _ in self.routes or ()]
+            deltas = [
+                self.deltas[task] if task is not None and self.deltas[task].touches(layer) else None
+                for task, _ in self.routes or ()
+            ]
             if not any(delta is not None for delta in deltas):
                 return output
             x = inputs[0]
-            sizes = self.token_counts if x.dim() == 2 and self.token_counts is not None else [rows for _, rows in self.routes]
+            sizes = (
+                self.token_counts
+                if x.dim() == 2 and self.token_counts is not None
+                else [rows for _, rows in self.routes]
+            )
             if len(deltas) == 1:  # the whole batch, one task (a training step): no slicing
                 return output + deltas[0](layer, module, x, output)
             pieces, start = [], 0

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from trunk.models.decoder import Decoder, KVCache
 
 
@@ -32,7 +33,10 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.max_length < 1:
-            raise ValueError(f"generation.beam_size and generation.max_length must be >= 1, got {self.beam_size} and {self.max_length}.")
+            raise ValueError(
+                f"generation.beam_size and generation.max_length must be >= 1, got {self.beam_size} and "
+                f"{self.max_length}."
+            )
 
     def steps(self, source_length: int) -> int:
         return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length) + 10))
@@ -64,7 +68,9 @@ def greedy_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Ten
     finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
     cache = decoder.new_cache() if use_cache else None
     for _ in range(max_steps):
-        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(-1)  # the log-softmax keeps the order
+        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(
+            -1
+        )  # the log-softmax keeps the order
         best = best.masked_fill(finished, ids.pad)
         tokens = torch.cat([tokens, best[:, None]], dim=1)
         finished |= best == ids.eos
@@ -74,8 +80,16 @@ def greedy_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Ten
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tensor | None, ids: SpecialIds,
-                max_steps: int, beam_size: int = 4, length_penalty: float = 1.0, use_cache: bool = True) -> torch.Tensor:
+def beam_search(
+    decoder: Decoder,
+    memory: torch.Tensor,
+    memory_mask: torch.Tensor | None,
+    ids: SpecialIds,
+    max_steps: int,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    use_cache: bool = True,
+) -> torch.Tensor:
     """Batched beam search in the manner of fairseq.
 
     Each step extends the K live hypotheses of every sentence by every token and keeps the 2K best
@@ -131,7 +145,9 @@ def beam_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Tenso
             break
     else:  # out of steps: sentences still searching take their live hypotheses too
         live_scores = torch.where(done[:, None], float("-inf"), scores / max_steps ** length_penalty)
-        pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, live_scores, tokens.view(B, K, -1)[:, :, 1:], ids.pad)
+        pool_scores, pool_tokens = _keep_best(
+            pool_scores, pool_tokens, live_scores, tokens.view(B, K, -1)[:, :, 1:], ids.pad
+        )
     best = pool_tokens[:, 0]
     length = int((best != ids.pad).sum(1).max())
     return best[:, : max(length, 1)]

@@ -6,9 +6,9 @@ from typing import Literal, get_args
 
 import torch
 from torch import nn
+
 from trunk.models.kernels import Dropout
 from trunk.models.trunk import ACTIVATIONS, init_weights
-
 
 Pooling = Literal["cls", "mean", "max"]
 
@@ -39,8 +39,15 @@ class SequenceClassificationHead(nn.Module):
     classifier reads the pooled vector itself (a d_model-times smaller head: what a delta on a frozen trunk
     trains beside it). Every head initialises itself (``init_std``: the trunk's)."""
 
-    def __init__(self, d_model: int, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1, pooler: bool = True,
-                 init_std: float = 0.02) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_labels: int,
+        pooling: Pooling = "cls",
+        dropout: float = 0.1,
+        pooler: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
         super().__init__()
         check_pooling(pooling)
         self.pooling = pooling
@@ -61,7 +68,9 @@ class MaskedLMHead(nn.Module):
     """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
     weight is the token embedding (tied: one matrix for reading and writing tokens)."""
 
-    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5, init_std: float = 0.02) -> None:
+    def __init__(
+        self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5, init_std: float = 0.02
+    ) -> None:
         super().__init__()
         vocab_size, d_model = token_embedding.weight.shape
         self.dense = nn.Linear(d_model, d_model)

@@ -23,7 +23,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.device.type != "cpu" or not 0.0 < p < 1.0:
         return F.dropout(x, p, training)
     n = x.numel()
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF  # uniform in [0, 32768)
+    bits = (
+        torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF
+    )  # uniform in [0, 32768)
     keep_scaled = torch.where(bits >= round(p * 32768), 1.0 / (1.0 - p), 0.0).to(x.dtype)
     return x * keep_scaled.view(x.shape)
 
@@ -39,7 +41,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
 
 
-def attention_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
+def attention_written_out(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float
+) -> torch.Tensor:
     """``attend``'s steps written out (a bool mask: False is -inf; a float one is added)."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
     if mask is not None:
@@ -82,7 +86,11 @@ class Unpadded:
         tracing (ONNX export, torch.export): the graph cannot branch on the mask's values."""
         if tracing():
             return False
-        return key_padding_mask is not None and key_padding_mask.numel() > 0 and bool(key_padding_mask.float().mean() < 0.9)
+        return (
+            key_padding_mask is not None
+            and key_padding_mask.numel() > 0
+            and bool(key_padding_mask.float().mean() < 0.9)
+        )
 
 
 def tracing() -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from trunk.models.kernels import attend
 
 
@@ -41,7 +42,9 @@ def sliding_window(key_padding_mask: torch.Tensor | None, batch: int, length: in
     c, G = radius, n_global  # chunk length: a chunk's queries see its own chunk and the two beside it
     n = -(-length // c)
     extra = n * c - length
-    real = key_padding_mask if key_padding_mask is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+    real = (
+        key_padding_mask if key_padding_mask is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+    )
     device = real.device
     query = torch.arange(n * c, device=device).view(n, 1, c, 1)
     window = (torch.arange(n * c + 2 * c, device=device) - c).unfold(0, 3 * c, c)  # (n, 3c): each window key's position

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
+
 from trunk.models.kernels import Dropout
 from trunk.models.positions import POSITIONS
 from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
@@ -35,7 +35,7 @@ class TokenStem(nn.Module):
     def forward(self, input_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """input_ids: (B, T) -> (B, T, C). ``offset``: the position of the first token (incremental decoding)."""
         T = offset + input_ids.shape[1]
-        if T > self.max_len:
+        if self.max_len < T:
             raise ValueError(
                 f"Sequence length {T} exceeds the trunk's max_len={self.max_len}: truncate the inputs "
                 "(the datamodules do this via their max_length option) or build the trunk with a larger max_len."
@@ -62,8 +62,10 @@ class PatchStem(nn.Module):
     def __init__(self, cfg: TrunkConfig, image_size: int, patch_size: int, channels: int) -> None:
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(f"patch_size={patch_size} does not divide image_size={image_size}: choose a patch size "
-                             f"that divides it (for {image_size}: {[p for p in range(1, image_size + 1) if image_size % p == 0]}).")
+            raise ValueError(
+                f"patch_size={patch_size} does not divide image_size={image_size}: choose a patch size that divides it "
+                f"(for {image_size}: {[p for p in range(1, image_size + 1) if image_size % p == 0]})."
+            )
         self.patch_size, self.channels = patch_size, channels
         self.grid = image_size // patch_size
         self.proj = nn.Conv2d(channels, cfg.d_model, kernel_size=patch_size, stride=patch_size)
@@ -83,9 +85,11 @@ class PatchStem(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         if pixels.ndim != 4 or pixels.shape[1] != self.channels:
-            raise ValueError(f"Expected images shaped (batch, {self.channels}, height, width), got {tuple(pixels.shape)}: "
-                             f"the model takes {self.channels}-channel images (the objective's channels). Set the task's data channels={self.channels} "
-                             "to convert the images, or build the model for their channel count.")
+            raise ValueError(
+                f"Expected images shaped (batch, {self.channels}, height, width), got {tuple(pixels.shape)}: the model "
+                f"takes {self.channels}-channel images (the objective's channels). Set the task's data "
+                f"channels={self.channels} to convert the images, or build the model for their channel count."
+            )
         H, W = pixels.shape[-2:]
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(f"Images of {H}x{W} pixels do not split into {self.patch_size}x{self.patch_size} patches: "
@@ -109,7 +113,9 @@ def build_stem(kind: str, cfg: TrunkConfig, options: dict | None = None) -> nn.M
         init_weights(stem, cfg.init_std)
         return stem
     if kind == "image":
-        return PatchStem(cfg, **(options or {}))  # initialises its own [CLS] and positions; the projection keeps conv init
+        return PatchStem(
+            cfg, **(options or {})
+        )  # initialises its own [CLS] and positions; the projection keeps conv init
     raise ValueError(f"Unknown stem {kind!r}; stems are {STEM_KINDS}.")
 
 

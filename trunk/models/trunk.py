@@ -18,20 +18,24 @@ from typing import Literal
 
 import torch
 from torch import nn
+
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, attend, tracing
 from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
 from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, scheme
-
 
 # Named architectures (litgpt's ``Config.from_name``): a recipe says ``trunk: {preset: base}`` instead of retyping the
 # shape; fields it gives itself win. Without a preset the unset shape fields take ``SHAPE_DEFAULTS``.
 PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=128),
     "small": dict(d_model=128, n_layers=2, n_heads=4, d_ff=512),
-    "base": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, positions="rope"),  # configs/pretrain.yaml's
+    "base": dict(
+        d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, positions="rope"
+    ),  # configs/pretrain.yaml's
 }
-SHAPE_DEFAULTS = dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512, positions="learned", norm="pre", activation="gelu")
+SHAPE_DEFAULTS = dict(
+    d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512, positions="learned", norm="pre", activation="gelu"
+)
 
 
 @dataclass
@@ -57,8 +61,10 @@ class TrunkConfig:
     init_std: float = 0.02
     relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
     relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
-    # local attention (trunk/models/local_attention.py): each token sees the tokens at most local_window positions away (0:
-    # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by all
+    # local attention (trunk/models/local_attention.py): each token sees the tokens at most local_window positions away
+    # (0:
+    # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by
+    # all
     local_window: int = 0
     global_tokens: int = 1
     preset: Literal["tiny", "small", "base"] | None = None  # a named shape (PRESETS)
@@ -92,12 +98,13 @@ class TrunkConfig:
         return asdict(self)
 
     @classmethod
-    def from_name(cls, name: str, **overrides) -> "TrunkConfig":
-        """A preset's architecture (``PRESETS``), with ``overrides`` on top: ``TrunkConfig.from_name("base", dropout=0.2)``."""
+    def from_name(cls, name: str, **overrides) -> TrunkConfig:
+        """A preset's architecture (``PRESETS``), with ``overrides`` on top: ``TrunkConfig.from_name("base",
+        dropout=0.2)``."""
         return cls(preset=name, **overrides)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **overrides) -> "TrunkConfig":
+    def from_pretrained(cls, path: str | Path, **overrides) -> TrunkConfig:
         """The architecture of a pretrained-trunk directory (its config.json) or of a Trunk checkpoint,
         with ``overrides`` on top (``dropout=0.2``): plain Python, as litgpt's ``Config.from_file``."""
         path = Path(path)
@@ -108,7 +115,7 @@ class TrunkConfig:
         return cls.from_dict({**dict(values), **overrides})
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TrunkConfig":
+    def from_dict(cls, values: dict) -> TrunkConfig:
         """A config from stored values; fields written by a later version are ignored."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
@@ -135,7 +142,9 @@ class Attention(nn.Module):
     ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions.py``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
@@ -157,13 +166,15 @@ class Attention(nn.Module):
         local: SlidingWindow | tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
-        real keys. context: (B, S, C). ``local``: sliding-window self-attention (``trunk/models/local_attention.py``), whose
-        layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens) instead,
-        written out as a (T, T) mask."""
+        real keys. context: (B, S, C). ``local``: sliding-window self-attention (``trunk/models/local_attention.py``),
+        whose layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens)
+        instead, written out as a (T, T) mask."""
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x))
         B, T, C = q.shape
-        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D); H: this process's heads under tensor parallelism
+        q = q.view(B, T, -1, self.head_dim).transpose(
+            1, 2
+        )  # (B, H, T, D); H: this process's heads under tensor parallelism
         if context is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
         else:
@@ -184,7 +195,9 @@ class Attention(nn.Module):
         if isinstance(local, SlidingWindow):
             return self.out_proj(self.merge_heads(sliding_window_attention(q, k, v, local, p), unpadded))
 
-        mask = None if local is None else local_mask(T, *local, x.device)  # traced: the same attention, as a (T, T) mask
+        mask = (
+            None if local is None else local_mask(T, *local, x.device)
+        )  # traced: the same attention, as a (T, T) mask
         if key_padding_mask is not None:
             padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
             mask = padding if mask is None else mask & padding
@@ -243,8 +256,13 @@ class Block(nn.Module):
                 unpadded: Unpadded | None = None, position_bias: torch.Tensor | PositionBias | None = None,
                 local: SlidingWindow | tuple[int, int] | None = None) -> torch.Tensor:
         """x: (B, T, C), or (N, C) real tokens with ``unpadded``. ``local``: see ``Attention.forward``."""
-        x = self.residual(x, lambda h: self.attn(h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias,
-                                                 local=local), self.norm_attn)
+        x = self.residual(
+            x,
+            lambda h: self.attn(
+                h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias, local=local
+            ),
+            self.norm_attn,
+        )
         return self.residual(x, self.ff, self.norm_ff)
 
 
@@ -259,15 +277,19 @@ def run_block(block: nn.Module, grad_checkpointing: bool, *args, replay=None):
     so dropout draws the same masks both times, and so is ``replay()`` (a context holding, at recompute time,
     state that hooks read in forward: the deltas' routes)."""
     if grad_checkpointing and block.training and torch.is_grad_enabled():
-        context = (lambda: (contextlib.nullcontext(), replay())) if replay is not None else torch.utils.checkpoint.noop_context_fn
+        context = (
+            (lambda: (contextlib.nullcontext(), replay()))
+            if replay is not None
+            else torch.utils.checkpoint.noop_context_fn
+        )
         return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, context_fn=context)
     return block(*args)
 
 
 def take_examples(x: torch.Tensor, key_padding_mask: torch.Tensor | None, unpadded: Unpadded | None,
                   rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Unpadded | None]:
-    """The examples ``rows`` of a batch inside the backbone: of (B, T, C) hidden states, or of the (N, C) real-token rows
-    (an example's tokens are consecutive rows), with their mask."""
+    """The examples ``rows`` of a batch inside the backbone: of (B, T, C) hidden states, or of the (N, C) real-token
+    rows (an example's tokens are consecutive rows), with their mask."""
     mask = None if key_padding_mask is None else key_padding_mask.index_select(0, rows)
     if unpadded is None:
         return x.index_select(0, rows), mask, None
@@ -316,7 +338,11 @@ class Backbone(nn.Module):
 
         def local_layout(mask: torch.Tensor | None, batch: int) -> SlidingWindow | tuple[int, int] | None:
             """Local attention's masks (the position bias in them) for every block; traced, its (radius, globals)."""
-            return sliding_window(mask, batch, T, *span, causal, self.position_bias, scores_dtype(x), x.device) if windowed else span
+            return (
+                sliding_window(mask, batch, T, *span, causal, self.position_bias, scores_dtype(x), x.device)
+                if windowed
+                else span
+            )
 
         local = local_layout(key_padding_mask, B)
         bias = self.position_bias(T, T) if self.position_bias is not None and not windowed else None
@@ -327,7 +353,9 @@ class Backbone(nn.Module):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
                 local = local_layout(key_padding_mask, len(fork[1]))
-            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, local, replay=self.replay)
+            x = run_block(
+                block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, local, replay=self.replay
+            )
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 
@@ -360,7 +388,10 @@ class Trunk(nn.Module):
     def depth_groups(self) -> list[list[nn.Module]]:
         """The trunk bottom-up, for freezing and layer-wise learning rates: [stems (and a position bias: the positions
         every block reads)], [block 0], ..., [block L-1], [final norm]."""
-        bottom = [*self.stems.values(), *([self.backbone.position_bias] if self.backbone.position_bias is not None else [])]
+        bottom = [
+            *self.stems.values(),
+            *([self.backbone.position_bias] if self.backbone.position_bias is not None else []),
+        ]
         return [bottom, *([block] for block in self.backbone.blocks), [self.backbone.final_norm]]
 
     def flops_per_token(self, length: int, train: bool = True) -> float:
@@ -370,7 +401,9 @@ class Trunk(nn.Module):
         c = self.cfg
         local = self.backbone.local_span(length)
         keys = length if local is None else 3 * local[0] + local[1]
-        forward = 2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * keys * c.d_model
+        forward = (
+            2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * keys * c.d_model
+        )
         return 3 * forward if train else forward
 
 

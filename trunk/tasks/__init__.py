@@ -23,8 +23,13 @@ from trunk.tasks.objectives import (
     Translation,
 )
 
-_MOVED = {"load": "trunk.inference.predictor", "Predictor": "trunk.inference.predictor", "TrunkModule": "trunk.training.module",
-          "OptimConfig": "trunk.training.optim", "FinetuneConfig": "trunk.training.finetuning"}
+_MOVED = {
+    "load": "trunk.inference.predictor",
+    "Predictor": "trunk.inference.predictor",
+    "TrunkModule": "trunk.training.module",
+    "OptimConfig": "trunk.training.optim",
+    "FinetuneConfig": "trunk.training.finetuning",
+}
 
 
 def __getattr__(name: str):
@@ -33,6 +38,18 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'trunk.tasks' has no attribute {name!r}")
 
 
-__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification",
-           "MultipleChoice", "Objective", "ReplacedTokenDetection", "SequenceClassification", "SequenceRegression",
-           "TokenClassification", "Translation", *_MOVED]
+__all__ = [
+    "EntityF1",
+    "ExtractiveQuestionAnswering",
+    "ImageClassification",
+    "MaskedLanguageModeling",
+    "MultiLabelClassification",
+    "MultipleChoice",
+    "Objective",
+    "ReplacedTokenDetection",
+    "SequenceClassification",
+    "SequenceRegression",
+    "TokenClassification",
+    "Translation",
+    *_MOVED,
+]

@@ -63,8 +63,10 @@ def stems_of(objectives: dict[str, Objective]) -> dict[str, dict]:
     for name, objective in objectives.items():
         options = objective.stem_options()
         if objective.stem in stems and stems[objective.stem] != options:
-            raise ValueError(f"Task '{name}' needs an {objective.stem} stem with {options}, but another task of the run "
-                             f"needs {stems[objective.stem]}: the tasks share one stem, so give them the same options.")
+            raise ValueError(
+                f"Task '{name}' needs an {objective.stem} stem with {options}, but another task of the run needs "
+                f"{stems[objective.stem]}: the tasks share one stem, so give them the same options."
+            )
         stems[objective.stem] = options
     return dict(sorted(stems.items(), key=lambda item: STEM_KINDS.index(item[0])))
 

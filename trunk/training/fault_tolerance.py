@@ -37,11 +37,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
+
 from trunk.core.atomic import atomic_write
 from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, tensor_digest
 
 # SIGUSR1: SLURM's advance notice of preemption (#SBATCH --signal=USR1@90): save, requeue the job, stop
-EXIT_CODES = {sig: 128 + sig for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None}
+EXIT_CODES = {
+    sig: 128 + sig for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None
+}
 
 
 def without_option(args: list[str], option: str) -> list[str]:
@@ -107,14 +110,20 @@ class FaultTolerance(Callback):
         if min(save_every_minutes, save_every_steps, skip_bad_batches) < 0 or ddp_timeout_minutes <= 0:
             raise ValueError("fault_tolerance options must be >= 0 (0 turns one off); ddp_timeout_minutes must be > 0.")
         self.ddp_timeout_minutes = ddp_timeout_minutes  # read by the CLI when it builds the DDP strategy
-        self.save_every_minutes, self.save_every_steps, self.skip_bad_batches = save_every_minutes, save_every_steps, skip_bad_batches
+        self.save_every_minutes, self.save_every_steps, self.skip_bad_batches = (
+            save_every_minutes,
+            save_every_steps,
+            skip_bad_batches,
+        )
         self.skipped = 0
         self._signal: int | None = None
         self._previous_handlers: dict = {}
         self._last_save = (time.monotonic(), -1)  # (when, global step)
         self._loss: torch.Tensor | None = None
         self._task: str | None = None
-        self._before_validation: tuple[dict, dict] | None = None  # (loops, random state) at the start of fit's validation
+        self._before_validation: tuple[dict, dict] | None = (
+            None  # (loops, random state) at the start of fit's validation
+        )
         self._saving_mid_validation = False
 
     # -- where ---------------------------------------------------------------------------------------
@@ -268,7 +277,12 @@ class FaultTolerance(Callback):
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags, reduce_op="max")  # every process saves and stops together
         due, signum = bool(flags[0]), int(flags[1])
-        if due or signum or self._is_final_step(trainer) or (self.save_every_steps and step % self.save_every_steps == 0):
+        if (
+            due
+            or signum
+            or self._is_final_step(trainer)
+            or (self.save_every_steps and step % self.save_every_steps == 0)
+        ):
             self.save(trainer)
         if signum:
             self._stop(trainer, signum)
@@ -286,12 +300,22 @@ class FaultTolerance(Callback):
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
         args = without_option(sys.argv[1:], "--ckpt_path")
-        args = args[1:] if args[:1] == ["fit"] else args  # (scripts such as benchmarks/fit.py add the subcommand themselves)
+        args = (
+            args[1:] if args[:1] == ["fit"] else args
+        )  # (scripts such as benchmarks/fit.py add the subcommand themselves)
         if trainer.is_global_zero and trainer.checkpoint_callback is None:
-            print(f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.", file=sys.stderr, flush=True)
+            print(
+                f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.",
+                file=sys.stderr,
+                flush=True,
+            )
         elif trainer.is_global_zero:
-            print(f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk fit {shlex.join(args)} --ckpt_path={last}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"Saved {last} at step {trainer.global_step}. Resume with:\n  trunk fit {shlex.join(args)} "
+                f"--ckpt_path={last}",
+                file=sys.stderr,
+                flush=True,
+            )
             if signum == getattr(signal, "SIGUSR1", None) and slurm_job_id():
                 self._requeue(slurm_job_id())
         raise SystemExit(EXIT_CODES.get(signum, 128 + signum))
@@ -302,22 +326,44 @@ class FaultTolerance(Callback):
         try:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as err:
-            print(f"Could not requeue SLURM job {job} ({err}): resubmit it with --ckpt_path last.", file=sys.stderr, flush=True)
+            print(
+                f"Could not requeue SLURM job {job} ({err}): resubmit it with --ckpt_path last.",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         if done.returncode == 0:
-            print(f"Requeued SLURM job {job}: it resumes from the checkpoint when it starts again.", file=sys.stderr, flush=True)
+            print(
+                f"Requeued SLURM job {job}: it resumes from the checkpoint when it starts again.",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
-            print(f"`scontrol requeue {job}` failed ({done.stderr.strip()[:200]}): resubmit the job with --ckpt_path last.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"`scontrol requeue {job}` failed ({done.stderr.strip()[:200]}): resubmit the job with --ckpt_path "
+                "last.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # -- random state: a resumed run draws the same dropout masks as the uninterrupted one ---------------
     def state_dict(self) -> dict:
         """Every process's random state (each draws its own dropout masks): gathered to the first, which writes
         the checkpoint; each process restores its own."""
-        random_state = self._before_validation[1] if self._saving_mid_validation and self._before_validation else self._random_state()
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        random_state = (
+            self._before_validation[1]
+            if self._saving_mid_validation and self._before_validation
+            else self._random_state()
+        )
+        if (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
             ranks = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(ranks, random_state)  # every process saves (dump_checkpoint runs on each)
+            torch.distributed.all_gather_object(
+                ranks, random_state
+            )  # every process saves (dump_checkpoint runs on each)
             return {**random_state, "ranks": ranks, "skipped": self.skipped}
         return {**random_state, "skipped": self.skipped}
 
@@ -332,11 +378,17 @@ class FaultTolerance(Callback):
         self.skipped = state.get("skipped", 0)
         ranks = state.get("ranks")
         if ranks:
-            rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+            rank = (
+                torch.distributed.get_rank()
+                if torch.distributed.is_available() and torch.distributed.is_initialized()
+                else 0
+            )
             if len(ranks) != (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1):
-                rank_zero_warn(f"The checkpoint holds the random state of {len(ranks)} processes, and this run has another number: "
-                               "it resumes from the same weights and data position, but draws other dropout masks than the "
-                               "uninterrupted run would have.")
+                rank_zero_warn(
+                    f"The checkpoint holds the random state of {len(ranks)} processes, and this run has another "
+                    "number: it resumes from the same weights and data position, but draws other dropout masks than "
+                    "the uninterrupted run would have."
+                )
             state = {**state, **ranks[rank % len(ranks)]}
         if "torch" in state:
             torch.set_rng_state(state["torch"])

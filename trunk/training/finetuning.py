@@ -27,6 +27,7 @@ import lightning as L
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.optim import Optimizer
+
 from trunk.training.optim import depth_param_groups
 
 
@@ -60,8 +61,10 @@ class FinetuneConfig:
         if not 0.0 < self.layer_decay <= 1.0:
             raise ValueError(f"finetune.layer_decay must be in (0, 1], got {self.layer_decay}.")
         if self.freeze_trunk and self.unfreeze_every:
-            raise ValueError("finetune.freeze_trunk keeps the trunk frozen, so finetune.unfreeze_every would never thaw "
-                             "anything: set only one of them.")
+            raise ValueError(
+                "finetune.freeze_trunk keeps the trunk frozen, so finetune.unfreeze_every would never thaw anything: "
+                "set only one of them."
+            )
 
 
 def frozen_depths(cfg: FinetuneConfig, n_layers: int) -> set[int]:

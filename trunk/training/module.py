@@ -4,9 +4,8 @@ A single-task run is the one-entry case. Every batch says which task it belongs 
 runs that task's objective on the shared trunk, weights its loss, and logs everything under the task's name:
 ``<stage>/<task>/<metric>`` (``val/sst2/acc``). At the end of each evaluation it also logs ``<stage>/score``, the mean
 of every task's primary metric, each negated where lower is better (``Objective.score``), which a checkpoint can
-monitor (mode max). Its jobs: build, steps, logging, checkpoint hooks and the sharding hook. Weights come in through
-``trunk.assembly.weights``; what trains is the ``Freezer``'s; optimizer groups are ``trunk.training.optim``'s.
-"""
+monitor (mode max). Its jobs: build, steps, logging, checkpoint hooks, the sharding hook (weights come in through
+``trunk.assembly.weights``; what trains is the ``Freezer``'s; optimizer groups are ``trunk.training.optim``'s)."""
 
 from __future__ import annotations
 
@@ -18,14 +17,15 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
+
 from trunk.core.codec import SPECIAL_IDS, SPECIAL_TOKENS, Codec
 from trunk.core.contract import TaskSpec, loss_weights, pair_specs
-from trunk.formats.trunk_dir import trunk_config
 from trunk.models import Block, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter
 from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss, tied_mlm_head
 from trunk.tasks.registry import as_objective, stems_of
+from trunk.training.callbacks import check_monitors
 from trunk.training.finetuning import FinetuneConfig, Freezer, GradualUnfreezing, apply_freezing
 from trunk.training.optim import OptimConfig, build_optimizer, depth_param_groups
 from trunk.training.sharding import shard
@@ -59,8 +59,8 @@ class TrunkModule(L.LightningModule):
             through the trunk a second time; an MLM head tied to the token embeddings predicts the hidden
             tokens. On small sets it keeps the trunk learning the language of the task, not only its labels.
         peft: task -> its delta on a frozen trunk, ``{method: lora | adapter, r, alpha, dropout, targets, layers, norms,
-            dora}`` (``trunk.models.deltas.DeltaConfig``): the trunk is frozen, and each listed task trains only its delta
-            and its head (tasks not listed train their head alone). A task's delta is kept with its head.
+            dora}`` (``trunk.models.deltas.DeltaConfig``): the trunk is frozen, and each listed task trains only its
+            delta and its head (tasks not listed train their head alone). A task's delta is kept with its head.
     """
 
     def __init__(
@@ -80,8 +80,9 @@ class TrunkModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["codec"])
         objectives = {name: as_objective(o) for name, o in tasks.items()}
-        self.hparams.update(tasks={name: o.spec() for name, o in objectives.items()})  # plain values, current class paths
-        self.trunk_config = trunk_config(trunk) if isinstance(trunk, dict) else trunk or TrunkConfig()
+        # plain values, current class paths
+        self.hparams.update(tasks={name: o.spec() for name, o in objectives.items()})
+        self.trunk_config = TrunkConfig.from_dict(trunk) if isinstance(trunk, dict) else trunk or TrunkConfig()
         self.hparams.update(trunk=self.trunk_config)  # every value, a preset's and the defaults included
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights = loss_weights(task_weights or {}, objectives)
@@ -95,7 +96,8 @@ class TrunkModule(L.LightningModule):
         if not (isinstance(aux_mlm, (int, float)) and aux_mlm >= 0):
             raise ValueError(f"model.aux_mlm={aux_mlm!r} must be a loss weight >= 0 (0: off).")
         if aux_mlm and not any(o.stem == "text" for o in objectives.values()):
-            raise ValueError("model.aux_mlm masks the tokens of text tasks' batches; this run has no text task. Set it to 0.")
+            raise ValueError("model.aux_mlm masks the tokens of text tasks' batches; this run has no text task. Set "
+                             "it to 0.")
         self.aux_mlm, self.aux_mlm_head = float(aux_mlm), tied_mlm_head(self.trunk) if aux_mlm else None
         for stack in (m for m in self.modules() if hasattr(m, "set_grad_checkpointing")):  # the backbone, decoders
             stack.set_grad_checkpointing(activation_checkpointing)
@@ -115,13 +117,15 @@ class TrunkModule(L.LightningModule):
         router = DeltaRouter()
         for name, options in peft.items():
             if objectives[name].exports_trunk:
-                raise ValueError(f"model.peft.{name}: task '{name}' ({objectives[name].kind}) pretrains the trunk itself, and a "
-                                 "delta on a frozen trunk would leave the trunk it exports untrained. Leave it out of model.peft.")
+                raise ValueError(f"model.peft.{name}: task '{name}' ({objectives[name].kind}) pretrains the trunk "
+                                 "itself, and a delta on a frozen trunk would leave the trunk it exports untrained. "
+                                 "Leave it out of model.peft.")
             config = options if isinstance(options, DeltaConfig) else DeltaConfig.from_dict(options)
             router.add(name, objectives[name].add_delta(self.trunk.backbone, config))
         if peft:
             if self.finetune.unfreeze_every:
-                raise ValueError("model.peft trains deltas on a frozen trunk; model.finetune.unfreeze_every would thaw it. Use one.")
+                raise ValueError("model.peft trains deltas on a frozen trunk; model.finetune.unfreeze_every would "
+                                 "thaw it. Use one.")
             router.attach(self.trunk.backbone)
             self.finetune = dataclasses.replace(self.finetune, freeze_trunk=True)
         return router
@@ -134,7 +138,8 @@ class TrunkModule(L.LightningModule):
         """Hand the objectives the run's tokenizers (translation decodes with them)."""
         self.codec = codec
         tokenizer = codec.tokenizer if codec is not None else None
-        self._special_ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] if tokenizer is not None else list(SPECIAL_IDS.values())
+        ids = list(SPECIAL_IDS.values()) if tokenizer is None else [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
+        self._special_ids = ids
         for objective in self.objectives.values():
             objective.connect(codec)
 
@@ -151,12 +156,14 @@ class TrunkModule(L.LightningModule):
         """The model bottom-up, for freezing and layer-wise learning rates: [stems], [block 0], ..., [block L-1],
         [final norm, every task's head]."""
         *below, top = self.trunk.depth_groups()
-        return [*below, [*top, *self.objectives.values(), *([self.aux_mlm_head] if self.aux_mlm_head is not None else [])]]
+        aux = [self.aux_mlm_head] if self.aux_mlm_head is not None else []
+        return [*below, [*top, *self.objectives.values(), *aux]]
 
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see trunk/training/finetuning.py."""
         super().train(mode)
-        self.freezer.keep_frozen_in_eval([*self.trunk.stems.values(), *self.trunk.backbone.blocks, self.trunk.backbone.final_norm])
+        backbone = self.trunk.backbone
+        self.freezer.keep_frozen_in_eval([*self.trunk.stems.values(), *backbone.blocks, backbone.final_norm])
         return self
 
     # -- checkpoints: plain values only, so every checkpoint loads with weights_only=True --------------
@@ -171,10 +178,12 @@ class TrunkModule(L.LightningModule):
             checkpoint["codec"] = self.codec.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        bad = [k for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        state = checkpoint.get("state_dict", {})
+        bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if bad and not os.environ.get("TRUNK_ALLOW_NON_FINITE"):
-            raise ValueError(f"The checkpoint has NaN or infinite weights in {bad[:5]}: the run that wrote it diverged. Use an "
-                             "earlier checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1).")
+            raise ValueError(f"The checkpoint has NaN or infinite weights in {bad[:5]}: the run that wrote it "
+                             "diverged. Use an earlier checkpoint (or, to inspect these weights anyway, set "
+                             "TRUNK_ALLOW_NON_FINITE=1).")
         if "codec" in checkpoint and self.codec is None:
             self.connect(Codec.from_state(checkpoint["codec"]))
 
@@ -193,8 +202,8 @@ class TrunkModule(L.LightningModule):
             with objective.in_file(batch.get("file")):  # a split read as several files, each with its own metrics
                 loss = objective.loss(self.trunk, batch, stage)
             where = f"{task}/{batch['file']}" if batch.get("file") else task  # a file's loader logs its own loss
-            self.log(f"{stage}/{where}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=batch_size(batch),
-                     sync_dist=stage != "train", add_dataloader_idx=False)
+            self.log(f"{stage}/{where}/loss", loss, on_step=stage == "train", on_epoch=True,
+                     batch_size=batch_size(batch), sync_dist=stage != "train", add_dataloader_idx=False)
             loss = self.task_weights[task] * loss
             if stage == "train" and self.aux_mlm_head is not None and objective.stem == "text":
                 aux = auxiliary_mlm_loss(self.aux_mlm_head, self.trunk, batch, self._special_ids)
@@ -233,10 +242,12 @@ class TrunkModule(L.LightningModule):
     def param_groups(self) -> list[dict]:
         """The optimizer's groups: each depth's trainable parameters at its learning rate (``depth_param_groups``)."""
         seen: set[int] = set()
-        return [g for depth, modules in enumerate(self.depth_groups()) for g in depth_param_groups(self, modules, depth, seen)]
+        depths = enumerate(self.depth_groups())
+        return [group for depth, modules in depths for group in depth_param_groups(self, modules, depth, seen)]
 
     def configure_optimizers(self):
-        return build_optimizer(self.param_groups(), self.optim_config, max(1, int(self.trainer.estimated_stepping_batches)))
+        steps = max(1, int(self.trainer.estimated_stepping_batches))
+        return build_optimizer(self.param_groups(), self.optim_config, steps)
 
     def configure_callbacks(self):
         from trunk.training.callbacks import ExportTrunk
@@ -276,18 +287,7 @@ class TrunkModule(L.LightningModule):
         self._log_metrics("test")
 
     def on_fit_start(self) -> None:
-        """A checkpoint or early stopping that monitors a metric this run never logs fails now, not after an epoch."""
-        for callback in self.trainer.callbacks:
-            monitor = getattr(callback, "monitor", None)
-            if not monitor:
-                continue
-            parts = monitor.split("/")
-            if len(parts) == 3 and parts[1] not in self.objectives:
-                raise ValueError(f"{type(callback).__name__} monitors {monitor!r}, but this run has no task {parts[1]!r}; "
-                                 f"its tasks are {sorted(self.objectives)}. Monitor val/<task>/<metric> or val/score.")
-            if len(parts) < 3 and monitor not in ("val/score", "test/score", "train/loss"):
-                raise ValueError(f"{type(callback).__name__} monitors {monitor!r}: metrics are named <stage>/<task>/<metric> "
-                                 f"(e.g. val/{next(iter(self.objectives))}/acc) or val/score (the mean of every task's primary metric).")
+        check_monitors(self.trainer.callbacks, list(self.objectives))
 
     # -- the sharding hook ---------------------------------------------------------------------------------
     def configure_model(self) -> None:

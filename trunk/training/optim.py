@@ -97,10 +97,14 @@ def no_decay_ids(model: nn.Module) -> set[int]:
     return ids
 
 
-def decay_groups(params: list[nn.Parameter], no_decay: set[int], weight_decay: float, lr: float, name: str) -> list[dict]:
+def decay_groups(
+    params: list[nn.Parameter], no_decay: set[int], weight_decay: float, lr: float, name: str
+) -> list[dict]:
     """AdamW groups for ``params`` at one learning rate: ``name`` decays, ``name``_no_decay does not."""
-    groups = [{"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay, "lr": lr, "name": name},
-              {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0, "lr": lr, "name": f"{name}_no_decay"}]
+    groups = [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay, "lr": lr, "name": name},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0, "lr": lr, "name": f"{name}_no_decay"},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -128,13 +132,17 @@ class Lamb(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # a tensor, as torch's Adam keeps it (checkpoints)
+                    state["step"] = torch.zeros(
+                        (), dtype=torch.float32
+                    )  # a tensor, as torch's Adam keeps it (checkpoints)
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
                 state["step"] += 1
                 t = state["step"].item()
                 state["exp_avg"].lerp_(p.grad, 1 - beta1)
                 state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = (state["exp_avg"] / (1 - beta1 ** t)) / ((state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt() + group["eps"])
+                update = (state["exp_avg"] / (1 - beta1**t)) / (
+                    (state["exp_avg_sq"] / (1 - beta2**t)).sqrt() + group["eps"]
+                )
                 ratio = 1.0
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
@@ -169,12 +177,18 @@ def depth_param_groups(model, modules: list[nn.Module], depth: int, exclude: set
 
 
 def build_optimizer(groups: list[dict], cfg: OptimConfig, total_steps: int) -> dict:
-    """AdamW (fused where it takes the parameters) or LAMB, and the per-step schedule, as ``configure_optimizers`` returns them."""
+    """AdamW (fused where it takes the parameters) or LAMB, and the per-step schedule, as ``configure_optimizers``
+    returns them."""
     if cfg.name == "lamb":
         optimizer = Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     else:
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": WarmupDecayLR(optimizer, total_steps, cfg), "interval": "step"}}
+        optimizer = torch.optim.AdamW(
+            groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused_adamw_fits(groups) or None
+        )
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": WarmupDecayLR(optimizer, total_steps, cfg), "interval": "step"},
+    }
 
 
 def fused_adamw_fits(groups: list[dict]) -> bool:
@@ -182,4 +196,6 @@ def fused_adamw_fits(groups: list[dict]) -> bool:
     default foreach on 5M parameters, 2 CPU cores) takes these parameters: plain floating-point tensors
     on CPU or CUDA, not sharded ones (DTensor, which has ``placements``)."""
     params = [p for g in groups for p in g["params"]]
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and not hasattr(p, "placements") for p in params)
+    return all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() and not hasattr(p, "placements") for p in params
+    )

@@ -50,7 +50,9 @@ def read_cpu_info(text: str | None = None) -> CpuInfo:
     if not flags:  # ARM (its "Features" line names no matrix units torch uses), macOS, Windows: measure instead
         return CpuInfo(name, torch.backends.cpu.get_cpu_capability(), None)
     units = [label for flag, label in {**BF16_FLAGS, **VECTOR_FLAGS}.items() if flag in flags]
-    return CpuInfo(name, units[0] if units else torch.backends.cpu.get_cpu_capability(), bool(flags & BF16_FLAGS.keys()))
+    return CpuInfo(
+        name, units[0] if units else torch.backends.cpu.get_cpu_capability(), bool(flags & BF16_FLAGS.keys())
+    )
 
 
 @functools.cache
@@ -125,6 +127,8 @@ def resolve_precision(precision, accelerator="auto"):
 def _warn_emulated_bf16(precision: str) -> None:
     if cpu_bf16_is_native()[0]:
         return
-    rank_zero_warn(f"precision={precision}, but this CPU, {cpu_info()}, has no bf16 matrix units: torch emulates bf16, and a "
-                   f"bf16 matmul took {bf16_slowdown():.2g}x the time of an fp32 one here, so training runs several times "
-                   "slower. Use --trainer.precision=auto (Trunk's default: 32-true on this CPU) or 32-true.")
+    rank_zero_warn(
+        f"precision={precision}, but this CPU, {cpu_info()}, has no bf16 matrix units: torch emulates bf16, and a bf16 "
+        f"matmul took {bf16_slowdown():.2g}x the time of an fp32 one here, so training runs several times slower. Use "
+        "--trainer.precision=auto (Trunk's default: 32-true on this CPU) or 32-true."
+    )

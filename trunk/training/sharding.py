@@ -1,10 +1,12 @@
 """Tensor parallelism and FSDP2 for a ``TrunkModule`` under Lightning's ``ModelParallelStrategy``
-(``configs/trainer/fsdp2_cpu.yaml``, ``configs/trainer/tensor_parallel_cpu.yaml``, ``configs/trainer/tp_fsdp2_gpu.yaml``)."""
+(``configs/trainer/fsdp2_cpu.yaml``, ``configs/trainer/tensor_parallel_cpu.yaml``,
+``configs/trainer/tp_fsdp2_gpu.yaml``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
 from trunk.models import Block
 from trunk.models.trunk import Attention, FeedForward
 
@@ -24,7 +26,9 @@ def shard(model: nn.Module, mesh, bf16: bool = False) -> None:
     data_parallel = mesh["data_parallel"] if "data_parallel" in names else mesh
     if split and data_parallel.size() == 1:
         return  # tensor parallelism alone: nothing to shard across data-parallel processes
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     for block in [m for m in model.modules() if isinstance(m, Block)]:
         fully_shard(block, mesh=data_parallel, mp_policy=policy)
     fully_shard(model, mesh=data_parallel, mp_policy=policy)
@@ -41,10 +45,16 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
     size = mesh.size()
     trunk_cfg = model.trunk.cfg
     if trunk_cfg.n_heads % size or trunk_cfg.d_ff % size:
-        raise ValueError(f"Tensor parallelism over {size} processes splits the heads and the feed-forward width: n_heads="
-                         f"{trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's tensor_parallel_size).")
+        raise ValueError(
+            f"Tensor parallelism over {size} processes splits the heads and the feed-forward width: "
+            f"n_heads={trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's "
+            "tensor_parallel_size)."
+        )
     if getattr(model, "router", None) is not None and model.router.deltas:
-        raise ValueError("Tensor parallelism does not split model.peft's deltas: train them with DDP or FSDP2 (tensor_parallel_size: 1).")
+        raise ValueError(
+            "Tensor parallelism does not split model.peft's deltas: train them with DDP or FSDP2 "
+            "(tensor_parallel_size: 1)."
+        )
     KeyValueColwise, OwnHeads = _key_value_colwise(), _own_heads()
     plan = {}
     for name, module in model.named_modules():
@@ -78,8 +88,11 @@ def _key_value_colwise() -> type:
                 module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Replicate()])))
 
             def forward(x: torch.Tensor) -> torch.Tensor:
-                # Each process's gradients (of the input, and of its rows of the weights) are its share: summed in backward.
-                x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+                # Each process's gradients (of the input, and of its rows of the weights) are its share: summed in
+                # backward.
+                x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False).to_local(
+                    grad_placements=[Partial()]
+                )
                 at = rows.to(x.device)
                 weight = module.weight.to_local(grad_placements=[Partial()])[at]
                 bias = None if module.bias is None else module.bias.to_local(grad_placements=[Partial()])[at]

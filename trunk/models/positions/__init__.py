@@ -3,9 +3,24 @@ learned, sinusoidal), rotary (``rotary.py``: rope) and attention biases (``biase
 ``TrunkConfig.positions`` to its scheme; a new scheme is a file here and its import below (docs/architecture.md)."""
 
 from trunk.models.positions.base import POSITIONS, PositionScheme, scheme
-from trunk.models.positions.biases import Alibi, PositionBias, T5, alibi_slopes, relative_buckets
+from trunk.models.positions.biases import T5, Alibi, PositionBias, alibi_slopes, relative_buckets
 from trunk.models.positions.rotary import Rotary, rotary_table, rotate
 from trunk.models.positions.tables import Learned, Sinusoidal, sinusoidal_positions, sinusoidal_positions_2d
 
-__all__ = ["POSITIONS", "Alibi", "Learned", "PositionBias", "PositionScheme", "Rotary", "Sinusoidal", "T5", "alibi_slopes",
-           "relative_buckets", "rotary_table", "rotate", "scheme", "sinusoidal_positions", "sinusoidal_positions_2d"]
+__all__ = [
+    "POSITIONS",
+    "Alibi",
+    "Learned",
+    "PositionBias",
+    "PositionScheme",
+    "Rotary",
+    "Sinusoidal",
+    "T5",
+    "alibi_slopes",
+    "relative_buckets",
+    "rotary_table",
+    "rotate",
+    "scheme",
+    "sinusoidal_positions",
+    "sinusoidal_positions_2d",
+]

@@ -37,7 +37,8 @@ class PositionScheme:
 
     @staticmethod
     def token_table(stem: nn.Module, start: int, stop: int) -> torch.Tensor | None:
-        """The (stop - start, dim) vectors added to the embeddings of positions start .. stop - 1; None: nothing added."""
+        """The (stop - start, dim) vectors added to the embeddings of positions start .. stop - 1; None: nothing
+        added."""
         return None
 
     @staticmethod

@@ -12,6 +12,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+
 from trunk.models.positions.base import PositionScheme
 
 BIASES = ("alibi", "t5")  # the schemes that are a PositionBias
@@ -40,7 +41,12 @@ def relative_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: i
     else:
         distance = (-relative).clamp(min=0)
     exact = num_buckets // 2
-    logarithmic = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    logarithmic = (
+        exact
+        + (
+            torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+        ).long()
+    )
     return buckets + torch.where(distance < exact, distance, logarithmic.clamp(max=num_buckets - 1))
 
 
@@ -54,7 +60,13 @@ class PositionBias(nn.Module):
         super().__init__()
         if kind not in BIASES:
             raise ValueError(f"A position bias is one of {list(BIASES)}, got {kind!r}.")
-        self.kind, self.n_heads, self.causal, self.num_buckets, self.max_distance = kind, n_heads, causal, num_buckets, max_distance
+        self.kind, self.n_heads, self.causal, self.num_buckets, self.max_distance = (
+            kind,
+            n_heads,
+            causal,
+            num_buckets,
+            max_distance,
+        )
         if kind == "t5":
             self.embedding = nn.Embedding(num_buckets, n_heads)
         else:
@@ -68,11 +80,14 @@ class PositionBias(nn.Module):
         """The bias of queries at positions ``offset`` .. ``offset + queries - 1`` (a decoder's cached steps come
         first) against keys at 0 .. ``keys - 1``."""
         device = self.embedding.weight.device if self.kind == "t5" else self.slopes.device
-        relative = torch.arange(keys, device=device)[None, :] - torch.arange(offset, offset + queries, device=device)[:, None]
+        relative = (
+            torch.arange(keys, device=device)[None, :] - torch.arange(offset, offset + queries, device=device)[:, None]
+        )
         return self.of_distances(relative)[None]
 
     def of_distances(self, relative: torch.Tensor) -> torch.Tensor:
-        """The bias of (..., queries, keys) distances (key position minus query position): (..., heads, queries, keys)."""
+        """The bias of (..., queries, keys) distances (key position minus query position): (..., heads, queries,
+        keys)."""
         if self.kind == "alibi":
             return -self.slopes[:, None, None] * relative.abs()[..., None, :, :]
         buckets = relative_buckets(relative, not self.causal, self.num_buckets, self.max_distance)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import torch
+
 from trunk.models.kernels import tracing
 from trunk.models.positions.base import PositionScheme
 
@@ -28,7 +29,9 @@ def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Ten
 
 
 @functools.lru_cache(maxsize=64)
-def rotary_table(length: int, dim: int, device: torch.device, dtype: torch.dtype, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_table(
+    length: int, dim: int, device: torch.device, dtype: torch.dtype, base: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles of positions 0 .. length-1: (length, dim/2) each. Made outside inference
     mode even when first asked for there, so that training may use the same cached tensors afterwards."""
     with torch.inference_mode(False), torch.no_grad():
@@ -44,7 +47,9 @@ class Rotary(PositionScheme):
     @staticmethod
     def check(cfg) -> None:
         if (cfg.d_model // cfg.n_heads) % 2:
-            raise ValueError(f"Rotary positions need an even head width; d_model / n_heads = {cfg.d_model // cfg.n_heads}.")
+            raise ValueError(
+                f"Rotary positions need an even head width; d_model / n_heads = {cfg.d_model // cfg.n_heads}."
+            )
 
     @staticmethod
     def rotate(x: torch.Tensor, offset: int = 0) -> torch.Tensor:

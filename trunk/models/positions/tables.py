@@ -9,6 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from trunk.models.positions.base import PositionScheme
 
 

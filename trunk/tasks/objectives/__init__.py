@@ -13,5 +13,17 @@ from trunk.tasks.objectives.sequence_classification import SequenceClassificatio
 from trunk.tasks.objectives.token_classification import EntityF1, TokenClassification
 from trunk.tasks.objectives.translation import Translation
 
-__all__ = ["EntityF1", "ExtractiveQuestionAnswering", "ImageClassification", "MaskedLanguageModeling", "MultiLabelClassification", "MultipleChoice", "Objective", "ReplacedTokenDetection",
-           "SequenceClassification", "SequenceRegression", "TokenClassification", "Translation"]
+__all__ = [
+    "EntityF1",
+    "ExtractiveQuestionAnswering",
+    "ImageClassification",
+    "MaskedLanguageModeling",
+    "MultiLabelClassification",
+    "MultipleChoice",
+    "Objective",
+    "ReplacedTokenDetection",
+    "SequenceClassification",
+    "SequenceRegression",
+    "TokenClassification",
+    "Translation",
+]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric
+
 from trunk.core.codec import IGNORE_INDEX, Codec
 from trunk.core.contract import TaskSpec
 from trunk.models import Trunk, TrunkConfig
@@ -52,7 +53,9 @@ class Objective(nn.Module):
             if key.endswith("dropout") and not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"{type(self).__name__}: {key}={value!r} must be a probability in [0, 1).")
         if not 0.0 <= config.get("label_smoothing", 0.0) < 1.0:
-            raise ValueError(f"{type(self).__name__}: label_smoothing must be in [0, 1), got {config['label_smoothing']}.")
+            raise ValueError(
+                f"{type(self).__name__}: label_smoothing must be in [0, 1), got {config['label_smoothing']}."
+            )
         self.config = config
         self.name = ""
         self.label_names: list[str] | None = None
@@ -86,7 +89,8 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     def add_delta(self, backbone: nn.Module, config: DeltaConfig) -> TaskDelta:
-        """Give the task a delta on the frozen ``backbone`` (``model.peft.<task>``), trained and stored with its head."""
+        """Give the task a delta on the frozen ``backbone`` (``model.peft.<task>``), trained and stored with its
+        head."""
         self.delta = TaskDelta(backbone, config)
         return self.delta
 
@@ -140,7 +144,8 @@ class Objective(nn.Module):
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         """One JSON-ready record per example: by default ``records`` of ``export_forward``'s output, so the graph
-        run elsewhere (ONNX Runtime) gives the same records. Kinds whose records need more than one output override it."""
+        run elsewhere (ONNX Runtime) gives the same records. Kinds whose records need more than one output override
+        it."""
         return self.records(batch, self.export_forward(trunk, batch[self.input_key], batch.get("attention_mask")))
 
     def records(self, batch: dict, output: torch.Tensor) -> list[dict]:
@@ -188,7 +193,8 @@ class Objective(nn.Module):
     def confusion(self, stage: str) -> torch.Tensor | None:
         """The epoch's (gold, predicted) count matrix so far, synced across processes (every process must
         call this); None for tasks without one."""
-        metric = self.metrics(stage)["confusion"] if "confusion" in self.metrics(stage) else None
+        metrics = self.metrics(stage)
+        metric = metrics["confusion"] if "confusion" in metrics else None  # noqa: SIM401 (a ModuleDict has no get)
         return metric.compute() if metric is not None and metric.update_called else None
 
     # -- heads that carry over ------------------------------------------------------------------------
@@ -210,7 +216,9 @@ class Objective(nn.Module):
         else an error. Returns how the labels were matched, when not one to one."""
         state = dict(state)
         how = None
-        stored = [_stored_name(name, label_map or {}) for name in self.label_names or []]  # this task's labels as stored
+        stored = [
+            _stored_name(name, label_map or {}) for name in self.label_names or []
+        ]  # this task's labels as stored
         if self.label_keys and label_names is not None and self.label_names is not None and label_names != stored:
             shared = [i for i, name in enumerate(stored) if name in label_names]
             if sorted(label_names) == sorted(stored):
@@ -234,24 +242,27 @@ class Objective(nn.Module):
                 how = f"a fresh classifier: trained on {label_names}, now {self.label_names}"
             else:
                 raise ValueError(
-                    f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this run's data "
-                    f"has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of the head and start "
-                    "its classifier afresh, model.keep_shared_labels=true to keep the rows of the labels in both (pair names that "
-                    "differ with model.label_map), or give the task another name to start a new head."
+                    f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this "
+                    f"run's data has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of "
+                    "the head and start its classifier afresh, model.keep_shared_labels=true to keep the rows of the "
+                    "labels in both (pair names that differ with model.label_map), or give the task another name to "
+                    "start a new head."
                 )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not is_metric_state(k)]
         if missing or unexpected:
-            raise ValueError(f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}). Were they trained with other head options?")
+            raise ValueError(
+                f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}). Were they trained with other head options?"
+            )
         return how
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
                   weight: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy over the last dimension, labels equal to IGNORE_INDEX skipped: F.cross_entropy's, except
-    that label smoothing spreads a target's share over the row's candidates only. Entries scored -inf (padding, a
-    row's missing choices) are none: F.cross_entropy's smoothing would give them mass, and the loss would be infinite."""
+    that label smoothing spreads a target's share over the row's candidates only. Entries scored -inf (padding, a row's
+    missing choices) are none: F.cross_entropy's smoothing would give them mass, and the loss would be infinite."""
     logits = logits.float()
     if not label_smoothing:
         return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), weight=weight, ignore_index=IGNORE_INDEX)
@@ -261,7 +272,9 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: f
     candidates = logp > float("-inf")
     weight = torch.ones_like(logp[0]) if weight is None else weight.to(logp)
     nll = -logp.gather(-1, labels[:, None]).squeeze(-1) * weight[labels]
-    spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(-1)  # -log p, averaged over candidates
+    spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(
+        -1
+    )  # -log p, averaged over candidates
     return ((1 - label_smoothing) * nll + label_smoothing * spread).sum() / weight[labels].sum()
 
 

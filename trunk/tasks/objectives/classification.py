@@ -15,6 +15,7 @@ from torchmetrics.classification import (
     MulticlassF1Score,
     MulticlassMatthewsCorrCoef,
 )
+
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import cross_entropy
@@ -45,10 +46,17 @@ class Classification(PooledObjective):
             vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
     """
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1,
-                 primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc", positive_label: str | None = None,
-                 class_weights: Literal["balanced"] | list[float] | None = None, label_smoothing: float = 0.0, pooler: bool = True,
-                 **config) -> None:
+    def __init__(
+        self,
+        pooling: Pooling = "cls",
+        head_dropout: float = 0.1,
+        primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
+        positive_label: str | None = None,
+        class_weights: Literal["balanced"] | list[float] | None = None,
+        label_smoothing: float = 0.0,
+        pooler: bool = True,
+        **config,
+    ) -> None:
         super().__init__(pooling, head_dropout, pooler, primary_metric=primary_metric, positive_label=positive_label,
                          class_weights=class_weights, label_smoothing=label_smoothing, **config)
         if primary_metric not in CLASSIFICATION_METRICS:
@@ -64,7 +72,10 @@ class Classification(PooledObjective):
         if not self.label_names or len(self.label_names) < 2:
             raise ValueError(f"Task '{self.name}': classification needs at least 2 labels, got {self.label_names!r}.")
         if self.positive_label is not None and self.positive_label not in self.label_names:
-            raise ValueError(f"Task '{self.name}': positive_label={self.positive_label!r} is not one of its labels {self.label_names}.")
+            raise ValueError(
+                f"Task '{self.name}': positive_label={self.positive_label!r} is not one of its labels "
+                f"{self.label_names}."
+            )
         super().build_head(cfg, trunk, info)
         # Decided by this run's data (not stored: a checkpoint's task_info holds the counts it came from).
         self.register_buffer("class_weight", self.weights_of(info), persistent=False)
@@ -76,13 +87,17 @@ class Classification(PooledObjective):
         if self.class_weights == "balanced":
             counts = (info.statistics or {}).get("label_counts")
             if counts is None:
-                raise ValueError(f"Task '{self.name}': class_weights=balanced needs the training split's label counts, which "
-                                 "this task's data does not report. Give one weight per label instead.")
+                raise ValueError(
+                    f"Task '{self.name}': class_weights=balanced needs the training split's label counts, which this "
+                    "task's data does not report. Give one weight per label instead."
+                )
             counts = torch.tensor(counts, dtype=torch.float)
             return counts.sum() / (n * counts.clamp(min=1))
         if len(self.class_weights) != n or not all(w >= 0 for w in self.class_weights):
-            raise ValueError(f"Task '{self.name}': class_weights has {len(self.class_weights)} values, but the task has {n} labels "
-                             f"{self.label_names}: give one non-negative weight per label, in that order.")
+            raise ValueError(
+                f"Task '{self.name}': class_weights has {len(self.class_weights)} values, but the task has {n} labels "
+                f"{self.label_names}: give one non-negative weight per label, in that order."
+            )
         return torch.tensor(self.class_weights, dtype=torch.float)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
@@ -111,10 +126,12 @@ class Classification(PooledObjective):
         if confusion is None or confusion.sum() < 2 or (confusion.sum(0) > 0).sum() != 1:
             return []
         label = self.label_names[int(confusion.sum(0).argmax())]
-        return [f"Task '{self.name}': the model predicted '{label}' for every one of the {int(confusion.sum())} validation "
-                f"examples, so its accuracy is the share of that label. On imbalanced labels set "
-                f"model.tasks.{self.name}.init_args.class_weights=balanced, and pick checkpoints by a metric such a model "
-                "cannot win (primary_metric: mcc or f1_macro)."]
+        return [
+            f"Task '{self.name}': the model predicted '{label}' for every one of the {int(confusion.sum())} validation "
+            "examples, so its accuracy is the share of that label. On imbalanced labels set "
+            f"model.tasks.{self.name}.init_args.class_weights=balanced, and pick checkpoints by a metric such a model "
+            "cannot win (primary_metric: mcc or f1_macro)."
+        ]
 
     def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         probs = logits.float().softmax(-1)

@@ -11,12 +11,12 @@ from trunk.tasks.objectives.classification import Classification
 class ImageClassification(Classification):
     """Classify images from the [CLS] vector (or the mean of the patch vectors) of a ViT.
 
-    Images are cut into ``patch_size`` squares, projected, given a [CLS] token and 2-D positions
-    (``trunk.positions``: learned or sinusoidal; see ``models.PatchStem``) and fed to the trunk's
-    ``Backbone``: the image stem of the trunk, beside the text stem when text tasks share the run.
-    Images of another size than ``image_size`` work when divisible by the patch size (positions are
-    interpolated). Metrics and predictions are those of ``SequenceClassification`` (accuracy,
-    macro-F1, MCC; label and probabilities per image, with the image's file or index as ``id``), shared through ``Classification``.
+    Images are cut into ``patch_size`` squares, projected, given a [CLS] token and 2-D positions (``trunk.positions``:
+    learned or sinusoidal; see ``models.PatchStem``) and fed to the trunk's ``Backbone``: the image stem of the trunk,
+    beside the text stem when text tasks share the run. Images of another size than ``image_size`` work when divisible
+    by the patch size (positions are interpolated). Metrics and predictions are those of ``SequenceClassification``
+    (accuracy, macro-F1, MCC; label and probabilities per image, with the image's file or index as ``id``), shared
+    through ``Classification``.
 
     Args:
         image_size: the side of the (square) training images, in pixels: sizes the position table.
@@ -36,8 +36,18 @@ class ImageClassification(Classification):
                  head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
                  positive_label: str | None = None, class_weights: Literal["balanced"] | list[float] | None = None,
                  label_smoothing: float = 0.0, pooler: bool = True) -> None:
-        super().__init__(pooling, head_dropout, primary_metric, positive_label, class_weights, label_smoothing, pooler, image_size=image_size,
-                         patch_size=patch_size, channels=channels)
+        super().__init__(
+            pooling,
+            head_dropout,
+            primary_metric,
+            positive_label,
+            class_weights,
+            label_smoothing,
+            pooler,
+            image_size=image_size,
+            patch_size=patch_size,
+            channels=channels,
+        )
         self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
 
     def stem_options(self) -> dict:

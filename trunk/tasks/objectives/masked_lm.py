@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
-from trunk.core.contract import TaskSpec
+
 from trunk.core.codec import IGNORE_INDEX, MASK, SPECIAL_TOKENS
+from trunk.core.contract import TaskSpec
 from trunk.core.masking import mask_tokens
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective
@@ -31,7 +32,9 @@ class Perplexity(Metric):
         return torch.exp(self.nll_sum / self.count.clamp(min=1))
 
 
-def masked_token_nll(head: MaskedLMHead, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def masked_token_nll(
+    head: MaskedLMHead, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Vocabulary logits and NLL at the masked positions only (labels != -100), plus the (B, T) mask.
 
     The vocabulary projection is the largest matmul; about 15% of positions need it.
@@ -53,9 +56,13 @@ def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_id
     """``model.aux_mlm``: the masked-LM loss of a text task's own training batch, masked afresh as BERT does (the task's
     loss saw it whole). ``special_ids``: the run's tokenizer's ids of ``SPECIAL_TOKENS`` (never masked)."""
     ids, mask = batch["input_ids"], batch.get("attention_mask")
-    ids, mask = ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1])  # choices: rows
-    masked, targets = mask_tokens(ids, torch.tensor(special_ids, device=ids.device), special_ids[SPECIAL_TOKENS.index(MASK)],
-                                  trunk.cfg.vocab_size)
+    ids, mask = (
+        ids.reshape(-1, ids.shape[-1]),
+        None if mask is None else mask.reshape(-1, mask.shape[-1]),
+    )  # choices: rows
+    masked, targets = mask_tokens(
+        ids, torch.tensor(special_ids, device=ids.device), special_ids[SPECIAL_TOKENS.index(MASK)], trunk.cfg.vocab_size
+    )
     _, nll, _ = masked_token_nll(head, trunk(masked, mask), targets)
     return nll.mean()
 
@@ -68,7 +75,8 @@ class MaskedLanguageModeling(Objective):
     directory (``ExportTrunk``; default ``<default_root_dir>/trunk``).
 
     Args:
-        label_smoothing: the share of each target's probability spread over the other tokens of the vocabulary (perplexity stays the true one): a regulariser against over-confidence (0: none).
+        label_smoothing: the share of each target's probability spread over the other tokens of the vocabulary
+        (perplexity stays the true one): a regulariser against over-confidence (0: none).
     """
 
     kind = "masked_lm"
@@ -82,7 +90,10 @@ class MaskedLanguageModeling(Objective):
         self.head = tied_mlm_head(trunk)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
-        return {"ppl": Perplexity(), "acc": MulticlassAccuracy(self.head.decoder.out_features, average="micro", validate_args=False)}
+        return {
+            "ppl": Perplexity(),
+            "acc": MulticlassAccuracy(self.head.decoder.out_features, average="micro", validate_args=False),
+        }
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """All positions' vocabulary logits (B, T, V), for inspection; training scores masked positions only."""
@@ -94,7 +105,8 @@ class MaskedLanguageModeling(Objective):
         self.metrics(stage)["acc"].update(logits.argmax(-1), batch["labels"][selected])
         if not self.label_smoothing:
             return nll.mean()
-        # smoothing over the whole vocabulary, from the NLL at hand: mean(-log p) = nll + logit of the target - mean(logits)
+        # smoothing over the whole vocabulary, from the NLL at hand: mean(-log p) = nll + logit of the target -
+        # mean(logits)
         spread = nll + logits.gather(-1, batch["labels"][selected][:, None]).squeeze(-1) - logits.mean(-1)
         return ((1 - self.label_smoothing) * nll + self.label_smoothing * spread).mean()
 

@@ -1,4 +1,5 @@
-"""Multi-label classification: any number of labels per text (or text pair), each a yes/no from a pooled trunk vector."""
+"""Multi-label classification: any number of labels per text (or text pair), each a yes/no from a pooled trunk
+vector."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MultilabelExactMatch, MultilabelF1Score
+
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.pooled import PooledObjective
@@ -38,10 +40,23 @@ class MultiLabelClassification(PooledObjective):
     kind = "multi_label_classification"
     inference_options = ("threshold",)
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, threshold: float = 0.5,
-                 primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro", label_smoothing: float = 0.0,
-                 pooler: bool = True) -> None:
-        super().__init__(pooling, head_dropout, pooler, threshold=threshold, primary_metric=primary_metric, label_smoothing=label_smoothing)
+    def __init__(
+        self,
+        pooling: Pooling = "cls",
+        head_dropout: float = 0.1,
+        threshold: float = 0.5,
+        primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro",
+        label_smoothing: float = 0.0,
+        pooler: bool = True,
+    ) -> None:
+        super().__init__(
+            pooling,
+            head_dropout,
+            pooler,
+            threshold=threshold,
+            primary_metric=primary_metric,
+            label_smoothing=label_smoothing,
+        )
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}.")
         if primary_metric not in MULTI_LABEL_METRICS:
@@ -55,21 +70,28 @@ class MultiLabelClassification(PooledObjective):
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         n, t = len(self.label_names), self.threshold
-        return {"f1_micro": MultilabelF1Score(n, threshold=t, average="micro"), "f1_macro": MultilabelF1Score(n, threshold=t, average="macro"),
-                "exact_match": MultilabelExactMatch(n, threshold=t)}
+        return {
+            "f1_micro": MultilabelF1Score(n, threshold=t, average="micro"),
+            "f1_macro": MultilabelF1Score(n, threshold=t, average="macro"),
+            "exact_match": MultilabelExactMatch(n, threshold=t),
+        }
 
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         logits, labels = self(trunk, batch).float(), batch["labels"]
         probs, gold = logits.detach().sigmoid(), labels.long()
         for metric in self.metrics(stage).values():
             metric.update(probs, gold)
-        return F.binary_cross_entropy_with_logits(logits, labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2)
+        return F.binary_cross_entropy_with_logits(
+            logits, labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2
+        )
 
     def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         records = []
         for i, row in enumerate(logits.float().sigmoid().tolist()):
             chosen = sorted(((p, name) for name, p in zip(self.label_names, row) if p >= self.threshold), reverse=True)
-            records.append(self.record(batch, i, labels={name: p for p, name in chosen}, probs=dict(zip(self.label_names, row))))
+            records.append(
+                self.record(batch, i, labels={name: p for p, name in chosen}, probs=dict(zip(self.label_names, row)))
+            )
         return records
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:

@@ -1,12 +1,13 @@
-"""Multiple choice: one score per (context, candidate) pair from a pooled trunk vector, softmax over a row's candidates."""
+"""Multiple choice: one score per (context, candidate) pair from a pooled trunk vector, softmax over a row's
+candidates."""
 
 from __future__ import annotations
 
-
 import torch
 from torchmetrics import MeanMetric, Metric
+
 from trunk.core.contract import TaskSpec
-from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig
+from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -19,20 +20,29 @@ class MultipleChoice(Objective):
     Args:
         pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
             maximum over real tokens, as a CNN pools).
-        head_dropout: dropout inside the head.
-        label_smoothing: the share of each target's probability spread over the other candidates: a regulariser against over-confidence (0: none).
-        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
+        head_dropout: dropout inside the head. label_smoothing: the share of each target's probability spread over the
+        other candidates: a regulariser against over-confidence (0: none). pooler: a dense + tanh pooler before the
+        output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "multiple_choice"
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0, pooler: bool = True) -> None:
+    def __init__(
+        self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0, pooler: bool = True
+    ) -> None:
         super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing, pooler=pooler)
         check_pooling(pooling)
-        self.pooling, self.head_dropout, self.label_smoothing, self.pooler = pooling, head_dropout, label_smoothing, pooler
+        self.pooling, self.head_dropout, self.label_smoothing, self.pooler = (
+            pooling,
+            head_dropout,
+            label_smoothing,
+            pooler,
+        )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler, cfg.init_std)
+        self.head = SequenceClassificationHead(
+            cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler, cfg.init_std
+        )
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"acc": MeanMetric()}
@@ -57,10 +67,24 @@ class MultipleChoice(Objective):
         for i, (row, choices) in enumerate(zip(self(trunk, batch).softmax(-1).tolist(), batch["choices"])):
             probs = row[: len(choices)]
             best = max(range(len(probs)), key=probs.__getitem__)
-            records.append({"text": batch["text"][i], "choices": list(choices), "answer": choices[best], "answer_index": best,
-                            "probs": probs})
+            records.append(
+                {
+                    "text": batch["text"][i],
+                    "choices": list(choices),
+                    "answer": choices[best],
+                    "answer_index": best,
+                    "probs": probs,
+                }
+            )
         return records
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
-        return [{"text": r["text"], "gold": r["choices"][gold], "predicted": r["answer"], "probability": round(r["probs"][r["answer_index"]], 4)}
-                for r, gold in zip(self.predict(trunk, batch), batch["labels"].tolist())]
+        return [
+            {
+                "text": r["text"],
+                "gold": r["choices"][gold],
+                "predicted": r["answer"],
+                "probability": round(r["probs"][r["answer_index"]], 4),
+            }
+            for r, gold in zip(self.predict(trunk, batch), batch["labels"].tolist())
+        ]

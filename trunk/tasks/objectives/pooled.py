@@ -3,10 +3,10 @@ multi-label classification, regression)."""
 
 from __future__ import annotations
 
-
 import torch
+
 from trunk.core.contract import TaskSpec
-from trunk.models import Pooling, SequenceClassificationHead, check_pooling, Trunk, TrunkConfig
+from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
 from trunk.tasks.objectives.base import Objective
 
 
@@ -31,8 +31,9 @@ class PooledObjective(Objective):
         self.pooling, self.head_dropout, self.pooler = pooling, head_dropout, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler,
-                                               cfg.init_std)
+        self.head = SequenceClassificationHead(
+            cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler, cfg.init_std
+        )
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, len(label_names)) outputs."""

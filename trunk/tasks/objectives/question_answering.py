@@ -1,4 +1,5 @@
-"""Extractive question answering: the answer's start and end token in the context, chosen across a question's windows."""
+"""Extractive question answering: the answer's start and end token in the context, chosen across a question's
+windows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import string
 
 import torch
 from torchmetrics import MeanMetric, Metric
+
 from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
 from trunk.models import SpanHead, Trunk, TrunkConfig
@@ -24,20 +26,28 @@ class ExtractiveQuestionAnswering(Objective):
     (token overlap), in [0, 1]. Predictions: ``{id, text (the question), answer, score}``.
 
     Args:
-        max_answer_length: the longest answer, in tokens.
-        allow_unanswerable: predict "no answer" when it scores higher than every span.
-        label_smoothing: the share of each target's probability spread over the other tokens of the window (start and end alike): a regulariser against over-confidence (0: none).
+        max_answer_length: the longest answer, in tokens. allow_unanswerable: predict "no answer" when it scores higher
+        than every span. label_smoothing: the share of each target's probability spread over the other tokens of the
+        window (start and end alike): a regulariser against over-confidence (0: none).
     """
 
     kind = "extractive_qa"
     primary = "f1"
     inference_options = ("max_answer_length", "allow_unanswerable")
 
-    def __init__(self, max_answer_length: int = 30, allow_unanswerable: bool = False, label_smoothing: float = 0.0) -> None:
-        super().__init__(max_answer_length=max_answer_length, allow_unanswerable=allow_unanswerable, label_smoothing=label_smoothing)
+    def __init__(
+        self, max_answer_length: int = 30, allow_unanswerable: bool = False, label_smoothing: float = 0.0
+    ) -> None:
+        super().__init__(
+            max_answer_length=max_answer_length, allow_unanswerable=allow_unanswerable, label_smoothing=label_smoothing
+        )
         if max_answer_length < 1:
             raise ValueError(f"max_answer_length must be >= 1 (tokens), got {max_answer_length}.")
-        self.max_answer_length, self.allow_unanswerable, self.label_smoothing = max_answer_length, allow_unanswerable, label_smoothing
+        self.max_answer_length, self.allow_unanswerable, self.label_smoothing = (
+            max_answer_length,
+            allow_unanswerable,
+            label_smoothing,
+        )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.head = SpanHead(cfg.d_model, cfg.init_std)
@@ -62,7 +72,10 @@ class ExtractiveQuestionAnswering(Objective):
         targets = batch["start_positions"], batch["end_positions"]
         if (targets[0] == IGNORE_INDEX).all():  # nothing to learn in this batch (misaligned answers only)
             return start.new_zeros(()) + 0.0 * self.head.weight.sum()
-        return (cross_entropy(start, targets[0], self.label_smoothing) + cross_entropy(end, targets[1], self.label_smoothing)) / 2
+        return (
+            cross_entropy(start, targets[0], self.label_smoothing)
+            + cross_entropy(end, targets[1], self.label_smoothing)
+        ) / 2
 
     @torch.no_grad()
     def decode(self, batch: dict, start: torch.Tensor, end: torch.Tensor) -> list[dict]:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, PearsonCorrCoef, SpearmanCorrCoef
+
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
 from trunk.tasks.objectives.pooled import PooledObjective
@@ -44,18 +45,33 @@ class SequenceRegression(PooledObjective):
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
                  huber_delta: float = 1.0, standardize: bool = True,
                  primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson", pooler: bool = True) -> None:
-        super().__init__(pooling, head_dropout, pooler, loss=loss, huber_delta=huber_delta, standardize=standardize, primary_metric=primary_metric)
+        super().__init__(
+            pooling,
+            head_dropout,
+            pooler,
+            loss=loss,
+            huber_delta=huber_delta,
+            standardize=standardize,
+            primary_metric=primary_metric,
+        )
         if loss not in ("mse", "huber"):
             raise ValueError(f"loss must be 'mse' or 'huber', got {loss!r}.")
         if not huber_delta > 0:
             raise ValueError(f"huber_delta must be > 0, got {huber_delta}.")
         if primary_metric not in REGRESSION_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(REGRESSION_METRICS)}.")
-        self.loss_kind, self.huber_delta, self.standardize, self.primary = loss, huber_delta, standardize, primary_metric
+        self.loss_kind, self.huber_delta, self.standardize, self.primary = (
+            loss,
+            huber_delta,
+            standardize,
+            primary_metric,
+        )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not self.label_names:
-            raise ValueError(f"Task '{self.name}': regression needs the names of its targets (the data's label columns).")
+            raise ValueError(
+                f"Task '{self.name}': regression needs the names of its targets (the data's label columns)."
+            )
         super().build_head(cfg, trunk, info)
         n = len(self.label_names)
         statistics = info.statistics or {}
@@ -63,11 +79,15 @@ class SequenceRegression(PooledObjective):
         std = statistics.get("target_std") if self.standardize else None
         # Stored with the model: a checkpoint maps its outputs back with the figures it was trained with.
         self.register_buffer("target_mean", torch.tensor(mean if mean is not None else [0.0] * n, dtype=torch.float))
-        self.register_buffer("target_std", torch.tensor(std if std is not None else [1.0] * n, dtype=torch.float).clamp(min=1e-6))
+        self.register_buffer(
+            "target_std", torch.tensor(std if std is not None else [1.0] * n, dtype=torch.float).clamp(min=1e-6)
+        )
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        with warnings.catch_warnings():  # "SpearmanCorrcoef will save all targets and predictions": evaluation sets are small
+        with (
+            warnings.catch_warnings()
+        ):  # "SpearmanCorrcoef will save all targets and predictions": evaluation sets are small
             warnings.simplefilter("ignore")
             spearman = SpearmanCorrCoef(num_outputs=n)
         return {"pearson": PearsonCorrCoef(num_outputs=n), "spearman": spearman, "mse": MeanSquaredError(num_outputs=n),

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, MulticlassAccuracy
+
 from trunk.core.contract import TaskSpec
 from trunk.models import Backbone, ReplacedTokenHead, Trunk, TrunkConfig
-from trunk.tasks.objectives.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
 from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
 
 
 class ReplacedTokenDetection(Objective):
@@ -47,7 +48,10 @@ class ReplacedTokenDetection(Objective):
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not 1 <= self.generator_layers <= cfg.n_layers:
-            raise ValueError(f"generator_layers must be between 1 and the trunk's n_layers={cfg.n_layers}, got {self.generator_layers}.")
+            raise ValueError(
+                f"generator_layers must be between 1 and the trunk's n_layers={cfg.n_layers}, got "
+                f"{self.generator_layers}."
+            )
         self.generator = Backbone(dataclasses.replace(cfg, n_layers=self.generator_layers))
         self.generator_head = tied_mlm_head(trunk)
         self.head = ReplacedTokenHead(cfg.d_model, cfg.activation, cfg.init_std)
@@ -55,10 +59,13 @@ class ReplacedTokenDetection(Objective):
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {
             "ppl": Perplexity(),  # the generator's, on the masked tokens
-            "gen_acc": MulticlassAccuracy(self.generator_head.decoder.out_features, average="micro", validate_args=False),
+            "gen_acc": MulticlassAccuracy(
+                self.generator_head.decoder.out_features, average="micro", validate_args=False
+            ),
             "disc_acc": BinaryAccuracy(validate_args=False),  # over all real tokens
             "disc_f1": BinaryF1Score(validate_args=False),  # of "replaced": the rarer, harder class
-            "gen_loss": MeanMetric(), "disc_loss": MeanMetric(),  # the two parts of the loss
+            "gen_loss": MeanMetric(),
+            "disc_loss": MeanMetric(),  # the two parts of the loss
         }
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:

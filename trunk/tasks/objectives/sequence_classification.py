@@ -15,12 +15,11 @@ class SequenceClassification(Classification):
     Args:
         pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
             maximum over real tokens, as a CNN pools).
-        head_dropout: dropout inside the classification head.
-        primary_metric: the metric that stands for the task in ``val/score``: acc, f1_macro, mcc or f1_positive.
-        positive_label: the label whose F1 is logged as ``f1_positive``.
-        class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for imbalanced labels.
-        label_smoothing: the share of each target's probability spread over the other labels (0: none).
-        pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
+        head_dropout: dropout inside the classification head. primary_metric: the metric that stands for the task in
+        ``val/score``: acc, f1_macro, mcc or f1_positive. positive_label: the label whose F1 is logged as
+        ``f1_positive``. class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for
+        imbalanced labels. label_smoothing: the share of each target's probability spread over the other labels (0:
+        none). pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
     """
 
     kind = "sequence_classification"

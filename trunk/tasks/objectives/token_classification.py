@@ -7,9 +7,10 @@ from typing import Literal
 import torch
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
+
+from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
-from trunk.core.codec import IGNORE_INDEX
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
@@ -74,7 +75,8 @@ class TokenClassification(Objective):
         outside_weight: the weight of the ``O`` label's words in the loss. Below 1 (0.3 to 0.5), the model marks
             entities more readily: for small sets with rare entities, where a model trained from scratch finds few
             of them (recall far below precision).
-        label_smoothing: the share of each target's probability spread over the other labels: a regulariser against over-confidence (0: none).
+        label_smoothing: the share of each target's probability spread over the other labels: a regulariser against
+        over-confidence (0: none).
     """
 
     kind = "token_classification"
@@ -85,12 +87,21 @@ class TokenClassification(Objective):
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
                  outside_weight: float = 1.0, label_smoothing: float = 0.0) -> None:
-        super().__init__(head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight, label_smoothing=label_smoothing)
+        super().__init__(
+            head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight, label_smoothing=label_smoothing
+        )
         if decoding not in ("constrained", "argmax"):
             raise ValueError(f"decoding must be 'constrained' or 'argmax', got {decoding!r}.")
         if not 0 < outside_weight <= 1:
-            raise ValueError(f"outside_weight must be in (0, 1], got {outside_weight}: it scales the loss of the O label's words.")
-        self.head_dropout, self.decoding, self.outside_weight, self.label_smoothing = head_dropout, decoding, outside_weight, label_smoothing
+            raise ValueError(
+                f"outside_weight must be in (0, 1], got {outside_weight}: it scales the loss of the O label's words."
+            )
+        self.head_dropout, self.decoding, self.outside_weight, self.label_smoothing = (
+            head_dropout,
+            decoding,
+            outside_weight,
+            label_smoothing,
+        )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         _, self.entity_types = parse_label_names(self.label_names)
@@ -114,7 +125,11 @@ class TokenClassification(Objective):
     def decode(self, logits: torch.Tensor, word_starts: torch.Tensor, num_words: torch.Tensor) -> torch.Tensor:
         """Sub-token logits -> (B, W) label ids per word, read at each word's first sub-token.
         Words with no sub-token (truncated by max_length) are labelled O."""
-        scores = logits.float().log_softmax(-1).gather(1, word_starts.clamp(min=0).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        scores = (
+            logits.float()
+            .log_softmax(-1)
+            .gather(1, word_starts.clamp(min=0).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        )
         only_outside = torch.full_like(scores[0, 0], -1e4)
         only_outside[self.outside] = 0.0
         scores = torch.where((word_starts < 0).unsqueeze(-1), only_outside, scores)
@@ -132,17 +147,27 @@ class TokenClassification(Objective):
         metrics["acc"].update(logits.argmax(-1).flatten(), labels.flatten())
         if "entities" in metrics:
             predicted = self.decode(logits, batch["word_starts"], batch["num_words"])
-            metrics["entities"].update(self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"]))
+            metrics["entities"].update(
+                self.tags(predicted, batch["num_words"]), self.tags(batch["word_labels"], batch["num_words"])
+            )
         return cross_entropy(logits, labels, self.label_smoothing, self.label_weight)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
         """The sentence with its gold and its predicted entities marked ``[PER Anna Petrova]``."""
         records = []
-        for record, gold_ids, n in zip(self.predict(trunk, batch), batch["word_labels"].tolist(), batch["num_words"].tolist()):
+        for record, gold_ids, n in zip(
+            self.predict(trunk, batch), batch["word_labels"].tolist(), batch["num_words"].tolist()
+        ):
             gold = spans_from_tags([self.label_names[i] for i in gold_ids[:n]])
             predicted = spans_from_tags(record["tags"])
-            records.append({"text": " ".join(record["words"]), "gold": mark_entities(record["words"], gold),
-                            "predicted": mark_entities(record["words"], predicted), "correct": set(gold) == set(predicted)})
+            records.append(
+                {
+                    "text": " ".join(record["words"]),
+                    "gold": mark_entities(record["words"], gold),
+                    "predicted": mark_entities(record["words"], predicted),
+                    "correct": set(gold) == set(predicted),
+                }
+            )
         return records
 
     def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:

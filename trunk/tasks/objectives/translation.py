@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import re
-
 from dataclasses import asdict, replace
 
 import torch
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
-from trunk.core.contract import TaskSpec
+
 from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
+from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
@@ -48,18 +48,31 @@ class Translation(Objective):
     def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
                  generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1) -> None:
         generation = GenerationConfig(**generation) if isinstance(generation, dict) else generation
-        super().__init__(decoder_layers=decoder_layers, share_embeddings=share_embeddings, label_smoothing=label_smoothing,
-                         generation=asdict(generation), val_beam_size=val_beam_size)
-        self.decoder_layers, self.share_embeddings, self.label_smoothing = decoder_layers, share_embeddings, label_smoothing
+        super().__init__(
+            decoder_layers=decoder_layers,
+            share_embeddings=share_embeddings,
+            label_smoothing=label_smoothing,
+            generation=asdict(generation),
+            val_beam_size=val_beam_size,
+        )
+        self.decoder_layers, self.share_embeddings, self.label_smoothing = (
+            decoder_layers,
+            share_embeddings,
+            label_smoothing,
+        )
         self.generation, self.val_beam_size = generation, val_beam_size
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.target_vocab_size = info.target_vocab_size or cfg.vocab_size
         if self.share_embeddings and self.target_vocab_size != cfg.vocab_size:
-            raise ValueError(f"Task '{self.name}': share_embeddings needs one vocabulary for both sides, but the source has "
-                             f"{cfg.vocab_size} tokens and the target {self.target_vocab_size}. Set joint_vocabulary=true in "
-                             "the task's data, or share_embeddings=false.")
-        self.decoder = Decoder(replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers))
+            raise ValueError(
+                f"Task '{self.name}': share_embeddings needs one vocabulary for both sides, but the source has "
+                f"{cfg.vocab_size} tokens and the target {self.target_vocab_size}. Set joint_vocabulary=true in the "
+                "task's data, or share_embeddings=false."
+            )
+        self.decoder = Decoder(
+            replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers)
+        )
         if self.share_embeddings:
             self.decoder.stem.token = trunk.stems["text"].token
 
@@ -84,31 +97,51 @@ class Translation(Objective):
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         labels = batch["labels"]
         scored = labels != IGNORE_INDEX  # the real target positions: the decoder and its output layer skip the padding
-        hidden = self.decoder.hidden(batch["decoder_input_ids"], self.encode(trunk, batch), batch["attention_mask"].bool(),
-                                     target_mask=scored)
+        hidden = self.decoder.hidden(
+            batch["decoder_input_ids"], self.encode(trunk, batch), batch["attention_mask"].bool(), target_mask=scored
+        )
         logits, labels = self.decoder.logits(hidden[scored]).float(), labels[scored]  # (N, V), (N,)
         metrics = self.metrics(stage)
         metrics["acc"].update(logits.argmax(-1), labels)
         if "bleu" in metrics:
             beam_size = self.val_beam_size if stage == "val" else self.generation.beam_size
-            metrics["bleu"].update(self.translate(trunk, batch, beam_size), [[reference] for reference in batch["target"]])
+            metrics["bleu"].update(
+                self.translate(trunk, batch, beam_size), [[reference] for reference in batch["target"]]
+            )
         return cross_entropy(logits, labels, self.label_smoothing)
 
     @torch.no_grad()
-    def generate(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor, beam_size: int | None = None,
-                 use_cache: bool = True) -> torch.Tensor:
+    def generate(
+        self,
+        trunk: Trunk,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        beam_size: int | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
         """Target token ids (B, L), ending with [SEP] (unless cut by the length limit), padded after it."""
         beam_size = beam_size or self.generation.beam_size
         memory, memory_mask = trunk(input_ids, attention_mask), attention_mask.bool()
         steps = self.generation.steps(int(attention_mask.sum(1).max()))
         if beam_size == 1:
             return greedy_search(self.decoder, memory, memory_mask, GENERATION_IDS, steps, use_cache)
-        return beam_search(self.decoder, memory, memory_mask, GENERATION_IDS, steps, beam_size, self.generation.length_penalty, use_cache)
+        return beam_search(
+            self.decoder,
+            memory,
+            memory_mask,
+            GENERATION_IDS,
+            steps,
+            beam_size,
+            self.generation.length_penalty,
+            use_cache,
+        )
 
     def translate(self, trunk: Trunk, batch: dict, beam_size: int | None = None) -> list[str]:
         """Detokenized translations (decoded with the task's target tokenizer)."""
         if self.codec is None:
-            raise RuntimeError(f"Task '{self.name}' has no tokenizer to decode with: the model was built without a codec.")
+            raise RuntimeError(
+                f"Task '{self.name}' has no tokenizer to decode with: the model was built without a codec."
+            )
         tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"], beam_size).tolist()
         cut = [row[: row.index(GENERATION_IDS.eos)] if GENERATION_IDS.eos in row else row for row in tokens]
         return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
@@ -119,13 +152,24 @@ class Translation(Objective):
         from torchmetrics.functional.text import sacre_bleu_score
 
         def sentence_bleu(hypothesis: str, reference: str) -> float:
-            order = max(1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis))))  # n-grams the sentence has (sacreBLEU's "effective order")
+            order = max(
+                1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis)))
+            )  # n-grams the sentence has (sacreBLEU's "effective order")
             return round(100 * float(sacre_bleu_score([hypothesis], [[reference]], n_gram=order, smooth=True)), 2)
 
         hypotheses = self.translate(trunk, batch, self.val_beam_size)
-        return [{"source": source, "reference": reference, "hypothesis": hypothesis, "bleu": sentence_bleu(hypothesis, reference)}
-                for source, reference, hypothesis in zip(batch["source"], batch["target"], hypotheses)]
+        return [
+            {
+                "source": source,
+                "reference": reference,
+                "hypothesis": hypothesis,
+                "bleu": sentence_bleu(hypothesis, reference),
+            }
+            for source, reference, hypothesis in zip(batch["source"], batch["target"], hypotheses)
+        ]
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         translations = self.translate(trunk, batch)
-        return [{"source": source, "translation": translation} for source, translation in zip(batch["source"], translations)]
+        return [
+            {"source": source, "translation": translation} for source, translation in zip(batch["source"], translations)
+        ]

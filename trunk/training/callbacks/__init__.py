@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
 from trunk.training.callbacks.config import LogConfigCallback
 from trunk.training.callbacks.export import ExportTrunk
 from trunk.training.callbacks.norms import Norms
@@ -15,6 +16,23 @@ from trunk.training.callbacks.progress import Throttle, ThrottledBar, TrunkProgr
 from trunk.training.callbacks.samples import PredictionSamples
 from trunk.training.callbacks.summary import TrunkModelSummary
 from trunk.training.callbacks.throughput import Throughput
+
+
+def check_monitors(callbacks: list, tasks: list[str]) -> None:
+    """A checkpoint or early stopping that monitors a metric the run never logs fails at the start, not after an epoch:
+    metrics are ``<stage>/<task>/<metric>`` of the run's ``tasks``, or a stage's score."""
+    for callback in callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if not monitor:
+            continue
+        parts = monitor.split("/")
+        if len(parts) == 3 and parts[1] not in tasks:
+            raise ValueError(f"{type(callback).__name__} monitors {monitor!r}, but this run has no task {parts[1]!r}; "
+                             f"its tasks are {sorted(tasks)}. Monitor val/<task>/<metric> or val/score.")
+        if len(parts) < 3 and monitor not in ("val/score", "test/score", "train/loss"):
+            raise ValueError(f"{type(callback).__name__} monitors {monitor!r}: metrics are named "
+                             f"<stage>/<task>/<metric> (e.g. val/{tasks[0]}/acc) or val/score (the mean of every "
+                             "task's primary metric).")
 
 
 def run_callbacks(trainer_options: dict, given: list) -> list:
@@ -39,5 +57,18 @@ def run_callbacks(trainer_options: dict, given: list) -> list:
     return added
 
 
-__all__ = ["ExportTrunk", "LogConfigCallback", "Norms", "PredictionSamples", "PredictionWriter", "Throttle", "ThrottledBar",
-           "Throughput", "TrunkModelSummary", "TrunkProgressBar", "TrunkTQDMProgressBar", "run_callbacks"]
+__all__ = [
+    "check_monitors",
+    "ExportTrunk",
+    "LogConfigCallback",
+    "Norms",
+    "PredictionSamples",
+    "PredictionWriter",
+    "Throttle",
+    "ThrottledBar",
+    "Throughput",
+    "TrunkModelSummary",
+    "TrunkProgressBar",
+    "TrunkTQDMProgressBar",
+    "run_callbacks",
+]

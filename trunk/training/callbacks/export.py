@@ -9,6 +9,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
+
 from trunk.formats.artifacts import log_trunk_artifact
 from trunk.formats.trunk_dir import check_writable, export_checkpoint
 

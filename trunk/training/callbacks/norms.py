@@ -27,7 +27,9 @@ class Norms(Callback):
         for name, part in [("all", pl_module), *parts.items()]:
             params = [p for p in part.parameters() if p.requires_grad]
             if params:
-                values[f"norms/{name}/weight"] = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p) for p in params]))
+                values[f"norms/{name}/weight"] = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(p) for p in params])
+                )
             grads = grad_norm(part, norm_type=2)  # Lightning's: each gradient's norm and their total
             if grads:
                 values[f"norms/{name}/grad"] = grads["grad_2.0_norm_total"]

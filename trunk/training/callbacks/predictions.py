@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
+
 from trunk.core.atomic import temporary_path
 
 
@@ -30,7 +31,11 @@ class PredictionWriter(BasePredictionWriter):
         self.tasks: list[str] = []  # the tasks that predict (the CLI sets them): several get a file each
 
     def path(self, trainer: L.Trainer, task: str | None = None) -> Path:
-        path = Path(self.output) if self.output else Path(trainer.log_dir or ".") / ("predictions.txt" if self.field else "predictions.jsonl")
+        path = (
+            Path(self.output)
+            if self.output
+            else Path(trainer.log_dir or ".") / ("predictions.txt" if self.field else "predictions.jsonl")
+        )
         if task is not None and len(self.tasks) > 1:
             path = path.with_suffix(f".{task}{path.suffix}")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
@@ -38,24 +43,32 @@ class PredictionWriter(BasePredictionWriter):
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._lines = {}
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
-        # Batches come in order of length: each line is kept with its row's place and written in the file's order at the end.
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
+        # Batches come in order of length: each line is kept with its row's place and written in the file's order at the
+        # end.
         lines = self._lines.setdefault(batch["task"], [])
         for index, record in zip(batch.get("index") or range(len(lines), len(lines) + len(prediction)), prediction):
             if self.field is None:
                 try:
                     lines.append((index, json.dumps(record, ensure_ascii=False, allow_nan=False)))
                 except ValueError:  # bare NaN would make the file invalid JSON
-                    raise ValueError(f"Task '{batch['task']}': a prediction holds NaN or infinity ({record}): the model's outputs "
-                                     "are not finite, so its weights or inputs are broken. Predict with an earlier checkpoint.") from None
+                    raise ValueError(
+                        f"Task '{batch['task']}': a prediction holds NaN or infinity ({record}): the model's outputs "
+                        "are not finite, so its weights or inputs are broken. Predict with an earlier checkpoint."
+                    ) from None
                 continue
             if self.field not in record:
-                raise ValueError(f"predictions.field={self.field!r} is not in task '{batch['task']}''s predictions; its fields "
-                                 f"are {sorted(record)}.")
+                raise ValueError(
+                    f"predictions.field={self.field!r} is not in task '{batch['task']}''s predictions; its fields are "
+                    f"{sorted(record)}."
+                )
             lines.append((index, str(record[self.field]).replace("\n", " ")))
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Written under a temporary name and renamed: an interrupted run leaves the previous file as it was, never a truncated one.
+        # Written under a temporary name and renamed: an interrupted run leaves the previous file as it was, never a
+        # truncated one.
         for task, lines in self._lines.items():
             path = self.path(trainer, task)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,9 @@ class ThrottledBar:
         if self.throttle.due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if self.throttle.due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 

@@ -9,22 +9,22 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
+
 from trunk.tasks.objectives.base import batch_size
 
 
 class PredictionSamples(Callback):
     """At each validation, the first ``rows`` validation examples of every task, with the gold answer and
-    the prediction: the same rows every epoch, so a table compares epochs. Written as JSON lines to
-    ``<log dir>/samples/<task>.jsonl`` (the CSV logger's folder of the run where there is one; one line per example, with ``epoch``, ``step`` and ``id``, its
-    position in the validation split; appended every validation), and logged as the W&B table
-    ``samples/<task>`` when a ``WandbLogger`` is attached (images as images). The columns are the
-    task's (``Objective.samples``): classification text, gold, predicted, probability; NER the sentence
-    and its gold and predicted entities marked; translation source, reference, hypothesis and sentence
-    BLEU; images the image, gold, predicted, probability. Pretraining tasks have no table. Classification
-    tasks (text and images) also get the confusion matrix of the whole validation split, as
-    ``<task>.confusion.jsonl`` beside the samples and the W&B plot ``confusion/<task>``. Under several
-    processes the first process's rows are shown (its shard of the split). The CLI adds it to every
-    logged run; costs one extra forward pass (translation: generation) of the first batches per task.
+    the prediction: the same rows every epoch, so a table compares epochs. Written as JSON lines to ``<log
+    dir>/samples/<task>.jsonl`` (the CSV logger's folder of the run where there is one; one line per example, with
+    ``epoch``, ``step`` and ``id``, its position in the validation split; appended every validation), and logged as the
+    W&B table ``samples/<task>`` when a ``WandbLogger`` is attached (images as images). The columns are the task's
+    (``Objective.samples``): classification text, gold, predicted, probability; NER the sentence and its gold and
+    predicted entities marked; translation source, reference, hypothesis and sentence BLEU; images the image, gold,
+    predicted, probability. Pretraining tasks have no table. Classification tasks (text and images) also get the
+    confusion matrix of the whole validation split, as ``<task>.confusion.jsonl`` beside the samples and the W&B plot
+    ``confusion/<task>``. Under several processes the first process's rows are shown (its shard of the split). The CLI
+    adds it to every logged run; costs one extra forward pass (translation: generation) of the first batches per task.
     """
 
     def __init__(self, rows: int = 16) -> None:
@@ -37,7 +37,9 @@ class PredictionSamples(Callback):
         self._taken: dict[str, list[dict]] = {}
         self._seen: dict[str, int] = {}
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if trainer.sanity_checking:
             return
         task = batch["task"]
@@ -58,8 +60,10 @@ class PredictionSamples(Callback):
         for task, taken in self._taken.items():
             if taken and len(taken) < self.rows and task not in self._warned:
                 self._warned.add(task)
-                rank_zero_warn(f"PredictionSamples: task '{task}' has {self._seen[task]} validation examples (in this process), "
-                               f"fewer than rows={self.rows}; its table shows all {len(taken)}.")
+                rank_zero_warn(
+                    f"PredictionSamples: task '{task}' has {self._seen[task]} validation examples (in this process), "
+                    f"fewer than rows={self.rows}; its table shows all {len(taken)}."
+                )
         if not trainer.is_global_zero:
             return
         # Beside the run's CSV log (its own version folder), where one is kept: W&B's log_dir is shared by its runs.
@@ -83,13 +87,24 @@ class PredictionSamples(Callback):
             counts = matrix.long().tolist()
             if folder is not None:
                 with open(folder / f"{task}.confusion.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"epoch": epoch, "step": step, "labels": labels, "rows_gold_columns_predicted": counts}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"epoch": epoch, "step": step, "labels": labels, "rows_gold_columns_predicted": counts}
+                        )
+                        + "\n"
+                    )
             if wandb_loggers:
                 import wandb
 
-                pairs = [(g, p) for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]  # one per example
-                plot = wandb.plot.confusion_matrix(y_true=[g for g, _ in pairs], preds=[p for _, p in pairs], class_names=labels,
-                                                   title=f"{task}: validation")
+                pairs = [
+                    (g, p) for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)
+                ]  # one per example
+                plot = wandb.plot.confusion_matrix(
+                    y_true=[g for g, _ in pairs],
+                    preds=[p for _, p in pairs],
+                    class_names=labels,
+                    title=f"{task}: validation",
+                )
                 for logger in wandb_loggers:
                     logger.experiment.log({f"confusion/{task}": plot, "trainer/global_step": step})
 

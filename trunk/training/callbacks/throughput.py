@@ -9,8 +9,8 @@ from lightning.pytorch.callbacks import Callback
 
 
 def batch_work(trunk, batch: dict) -> tuple[int, torch.Tensor, int]:
-    """What the trunk computes on for ``batch``: (samples, real tokens as a 0-d tensor on the batch's device, the longest
-    sequence). Padding is not work; an image is its patches and [CLS]."""
+    """What the trunk computes on for ``batch``: (samples, real tokens as a 0-d tensor on the batch's device, the
+    longest sequence). Padding is not work; an image is its patches and [CLS]."""
     if "pixel_values" in batch:
         images = batch["pixel_values"]
         patch = trunk.stems["image"].patch_size
@@ -41,7 +41,13 @@ class Throughput(Callback):
             return self.peak_flops
         from lightning.fabric.utilities.throughput import get_available_flops
 
-        dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float16 if "16" in str(trainer.precision) else torch.float32
+        dtype = (
+            torch.bfloat16
+            if "bf16" in str(trainer.precision)
+            else torch.float16
+            if "16" in str(trainer.precision)
+            else torch.float32
+        )
         return get_available_flops(trainer.strategy.root_device, dtype)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -58,7 +64,10 @@ class Throughput(Callback):
         seconds = time.perf_counter() - self._start
         tokens, flops = float(self._tokens), float(self._flops)  # the window's one device sync
         world = trainer.world_size
-        rates = {"perf/samples_per_sec": world * self._samples / seconds, "perf/tokens_per_sec": world * tokens / seconds}
+        rates = {
+            "perf/samples_per_sec": world * self._samples / seconds,
+            "perf/tokens_per_sec": world * tokens / seconds,
+        }
         peak = self._peak(trainer)
         if peak:
             rates["perf/mfu"] = flops / seconds / peak  # this device's FLOPs over its peak
