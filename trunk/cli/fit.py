@@ -410,24 +410,6 @@ class TrunkCLI(LightningCLI):
 
     @staticmethod
     def _check_task_names(config) -> None:
-        # A later config file's model.tasks / data.tasks replaces the earlier files' whole (the parser does not merge
-        # dicts): a preset that adds a task would silently drop the recipe's. (Command-line --model.tasks.<name> adds.)
-        named: dict[str, tuple[str, set]] = {}
-        for path in config.get("config") or []:
-            recipe = yaml.safe_load(Path(str(path)).read_text()) if Path(str(path)).is_file() else None
-            for section in ("model", "data"):
-                tasks = ((recipe or {}).get(section) or {}).get("tasks") if isinstance(recipe, dict) else None
-                if not isinstance(tasks, dict):
-                    continue
-                earlier, names = named.get(section, ("", set()))
-                if names - set(tasks):
-                    sys.exit(
-                        f"error: {path} sets {section}.tasks, which replaces the {section}.tasks of {earlier} whole "
-                        f"(config files do not merge them), so {sorted(names - set(tasks))} would not be trained. Name "
-                        "every task in the later file, or add a task on the command line "
-                        f"(--{section}.tasks.<name>=...)."
-                    )
-                named[section] = (str(path), set(tasks))
         model_tasks, data_tasks = config.model.get("tasks") or {}, config.data.get("tasks") or {}
         if set(model_tasks) != set(data_tasks):
             sys.exit(
@@ -520,10 +502,12 @@ def _repeated_key(node: yaml.Node) -> yaml.Node | None:
 
 
 def check_config_files(args: list[str]) -> None:
-    """Fail clearly on a config file that names a task (or any key) twice, before LightningCLI reads it."""
+    """Fail clearly on a config file that is not YAML, names a task (or any key) twice, or drops an earlier file's
+    tasks, before LightningCLI reads it: each file is read once here."""
     paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [
         a.split("=", 1)[1] for a in args if a.startswith("--config=")
     ]
+    named: dict[str, tuple[str, set]] = {}  # section -> (the file that set its tasks, their names)
     for path in paths:
         if not Path(path).is_file():
             continue  # LightningCLI reports it
@@ -544,6 +528,29 @@ def check_config_files(args: list[str]) -> None:
                 f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task "
                 "names (and every other key) must be unique: rename one of them."
             )
+        # A later file's model.tasks / data.tasks replaces the earlier files' whole (the parser does not merge dicts):
+        # a preset that adds a task would silently drop the recipe's. (Command-line --model.tasks.<name> adds.)
+        for section in ("model", "data"):
+            tasks = _mapping_keys(tree, section, "tasks")
+            if tasks is None:
+                continue
+            earlier, names = named.get(section, ("", set()))
+            if names - set(tasks):
+                sys.exit(
+                    f"error: {path} sets {section}.tasks, which replaces the {section}.tasks of {earlier} whole "
+                    f"(config files do not merge them), so {sorted(names - set(tasks))} would not be trained. Name "
+                    f"every task in the later file, or add a task on the command line (--{section}.tasks.<name>=...)."
+                )
+            named[section] = (str(path), set(tasks))
+
+
+def _mapping_keys(node: yaml.Node | None, *path: str) -> list[str] | None:
+    """The keys of the mapping at ``path`` in a composed YAML tree; None where there is none."""
+    for key in path:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((value for k, value in node.value if k.value == key), None)
+    return [k.value for k, _ in node.value] if isinstance(node, yaml.MappingNode) else None
 
 
 def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
