@@ -53,7 +53,7 @@ class TrunkConfig:
     token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
     max_len: int | None = None
     # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
-    # attention scores from the query-key distance (trunk/models/positions.py), t5's in relative_buckets learned buckets
+    # attention scores from the query-key distance (trunk/models/positions/), t5's in relative_buckets learned buckets
     positions: str | None = None  # a name of trunk.models.positions.POSITIONS
     norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "relu", "silu"] | None = None
@@ -139,7 +139,7 @@ class Attention(nn.Module):
     For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
     keys and values between calls: self-attention appends the new tokens' and attends to all of
     them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
-    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions.py``).
+    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions/biases.py``).
     """
 
     def __init__(
