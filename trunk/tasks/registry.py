@@ -21,19 +21,8 @@ from trunk.datamodules import (
 )
 from trunk.datamodules.text import TaskData
 from trunk.models import STEM_KINDS
-from trunk.tasks.objectives import (
-    ExtractiveQuestionAnswering,
-    ImageClassification,
-    MaskedLanguageModeling,
-    MultiLabelClassification,
-    MultipleChoice,
-    Objective,
-    ReplacedTokenDetection,
-    SequenceClassification,
-    SequenceRegression,
-    TokenClassification,
-    Translation,
-)
+from trunk.tasks import objectives as o
+from trunk.tasks.objectives import Objective
 
 
 @dataclass(frozen=True)
@@ -43,16 +32,16 @@ class TaskKind:
 
 
 KINDS: dict[str, TaskKind] = {objective.kind: TaskKind(objective, data) for objective, data in (
-    (SequenceClassification, TextClassificationData),
-    (SequenceRegression, TextRegressionData),
-    (MultiLabelClassification, MultiLabelTextData),
-    (MultipleChoice, MultipleChoiceData),
-    (ExtractiveQuestionAnswering, QuestionAnsweringData),
-    (TokenClassification, TokenClassificationData),
-    (MaskedLanguageModeling, CorpusData),
-    (ReplacedTokenDetection, CorpusData),
-    (Translation, TranslationData),
-    (ImageClassification, ImageClassificationData),
+    (o.SequenceClassification, TextClassificationData),
+    (o.SequenceRegression, TextRegressionData),
+    (o.MultiLabelClassification, MultiLabelTextData),
+    (o.MultipleChoice, MultipleChoiceData),
+    (o.ExtractiveQuestionAnswering, QuestionAnsweringData),
+    (o.TokenClassification, TokenClassificationData),
+    (o.MaskedLanguageModeling, CorpusData),
+    (o.ReplacedTokenDetection, CorpusData),
+    (o.Translation, TranslationData),
+    (o.ImageClassification, ImageClassificationData),
 )}
 
 
