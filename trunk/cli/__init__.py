@@ -9,8 +9,9 @@ import sys
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from trunk.cli.config_files import check_config_files
 from trunk.cli.export import export_main
-from trunk.cli.fit import SUBCOMMANDS, TrunkCLI, TrunkTrainer, check_config_files, run_cli
+from trunk.cli.fit import SUBCOMMANDS, TrunkCLI, TrunkTrainer, run_cli
 from trunk.cli.serve import serve_main
 from trunk.training.fault_tolerance import TrainingDiverged
 
