@@ -6,7 +6,7 @@
 1. read the source once: a checkpoint to continue or evaluate (``ckpt_path``), or a trunk directory or
    checkpoint to start from (``init_from``); nothing from scratch;
 2. the codec (the run's tokenizers): the source's, else the data's own (loaded or trained), handed
-   to the data with ``MultiTaskData.connect`` (litgpt's ``DataModule.connect``);
+   to the data with ``TaskSet.connect`` (litgpt's ``DataModule.connect``);
 3. labels reconciled by *name*: a checkpoint being continued or evaluated keeps its trained order (the
    data encodes ids in it); a new run from ``init_from`` keeps the data's order and reorders the
    stored heads' rows (``Objective.load_head``); another label set is an error naming both, or with
@@ -32,7 +32,6 @@ from trunk.assembly.weights import HeadReuse, load_weights
 from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
-from trunk.datamodules.text import TextDataModule
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
 from trunk.models import TrunkConfig
@@ -220,33 +219,6 @@ def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | No
     return out or peft
 
 
-def restore(ckpt: dict, path: str | Path, tasks: dict) -> TrunkModule:
-    """A checkpoint's model as ``--ckpt_path`` rebuilds it, for inference (``trunk.tasks.load``): its own options, its
-    codec handed to ``tasks`` (name -> ``TaskData``: settings without sources, no datamodule), their labels in the
-    trained order and their lengths fitted. The weights are the caller's to load."""
-    check_task_names(tasks)
-    codec = Codec.from_state(ckpt.get("codec", {}))
-    for name, member in tasks.items():
-        member.name = name
-        if isinstance(member, TextDataModule):
-            member.connect(codec.tokenizer, False, codec.targets.get(name))  # as MultiTaskData.connect does
-    return _rebuild(ckpt, path, checkpoint_options(ckpt, {}), tasks, codec)[0]
-
-
-def _rebuild(ckpt: dict, path: str | Path, options: dict, tasks: dict, codec: Codec) -> tuple[TrunkModule, list[str]]:
-    """A checkpoint's model, and the notes of what its labels and lengths changed of ``tasks`` (connected to
-    ``codec``)."""
-    report = []
-    for name, head in ckpt["trunk_meta"]["heads"].items():
-        if head.get("label_names") is not None:
-            note = tasks[name].use_labels_of(head["label_names"], f"--ckpt_path '{path}'")
-            report += [note] if note else []
-    trunk = trunk_config(options["trunk"])
-    report += fit_lengths(tasks, trunk.max_len, f"'{path}'")
-    task_info = {name: member.info() for name, member in tasks.items()}
-    return TrunkModule(**{**options, "trunk": trunk}, task_info=task_info, codec=codec), report
-
-
 def resolve(
     options: dict,
     data,
@@ -259,9 +231,9 @@ def resolve(
     """Decide a run's facts once and build its model (see the module's docstring).
 
     ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
-    ``data``: the run's ``MultiTaskData``; ``init_from``: a path, or a trunk already read; ``checkpoint``:
-    ``ckpt_path``'s contents when already read; ``reuse``: how ``init_from``'s heads start tasks of other names or
-    labels (``trunk.assembly.weights``)."""
+    ``data``: the run's ``TaskSet`` (its ``MultiTaskData``, or the tasks alone for inference); ``init_from``: a path, or
+    a trunk already read; ``checkpoint``: ``ckpt_path``'s contents when already read; ``reuse``: how ``init_from``'s
+    heads start tasks of other names or labels (``trunk.assembly.weights``)."""
     report: list[str] = []
     check_task_names(data.tasks)
     if ckpt_path is not None:
@@ -277,7 +249,14 @@ def resolve(
             check_checkpoint_tasks(ckpt, {name: as_objective(o) for name, o in options["tasks"].items()}, ckpt_path)
         codec = Codec.from_state(ckpt.get("codec", {}))
         data.connect(codec)
-        model, report = _rebuild(ckpt, ckpt_path, checkpoint_options(ckpt, options), data.tasks, codec)
+        options = checkpoint_options(ckpt, options)
+        for name, head in ckpt["trunk_meta"]["heads"].items():
+            if head.get("label_names") is not None:
+                note = data.tasks[name].use_labels_of(head["label_names"], f"--ckpt_path '{ckpt_path}'")
+                report += [note] if note else []
+        trunk = trunk_config(options["trunk"])
+        report += fit_lengths(data.tasks, trunk.max_len, f"'{ckpt_path}'")
+        model = TrunkModule(**{**options, "trunk": trunk}, task_info=data.task_info, codec=codec)
         report.insert(
             0, f"weights, tokenizer and labels from --ckpt_path '{ckpt_path}' (step {ckpt.get('global_step', 0)})"
         )

@@ -8,7 +8,7 @@ from trunk.datamodules.corpus import CorpusData, TokenMasker
 from trunk.datamodules.images import ImageClassificationData
 from trunk.datamodules.multi_label import MultiLabelTextData
 from trunk.datamodules.multiple_choice import MultipleChoiceData
-from trunk.datamodules.multitask import MultiTaskData, TaskSampler
+from trunk.datamodules.multitask import MultiTaskData, TaskSampler, TaskSet
 from trunk.datamodules.question_answering import QuestionAnsweringData
 from trunk.datamodules.sources import read_conll
 from trunk.datamodules.text import TaskData, TextDataModule
@@ -26,6 +26,7 @@ __all__ = [
     "QuestionAnsweringData",
     "TaskData",
     "TaskSampler",
+    "TaskSet",
     "TextClassificationData",
     "TextDataModule",
     "TextRegressionData",

@@ -136,52 +136,14 @@ class MultiTaskStream(IterableDataset):
         return data.sampler().draw(len(self), torch.Generator().manual_seed(seed), data.progress(epoch))
 
 
-class MultiTaskData(L.LightningDataModule):
-    """The datamodule of every run: named tasks' data, the run's tokenizer, and task sampling.
+class TaskSet:
+    """Named tasks' data and the run's codec: what a run's facts are decided on (``trunk.assembly.run.resolve``) and
+    what inference keeps of a run's data. ``MultiTaskData`` is a task set that is also Lightning's datamodule (splits,
+    batches, task sampling). Args: see ``MultiTaskData``."""
 
-    Args:
-        tasks: task name -> its data (a ``TaskData`` subclass: ``TextClassificationData``,
-            ``TokenClassificationData``, ``CorpusData``, ``TranslationData``, ``ImageClassificationData``).
-            The names must be those of ``model.tasks``.
-        sampling: how the next training batch's task is drawn: ``proportional`` (to the tasks'
-            training rows), ``temperature``, ``uniform``, ``fixed`` (``weights``) or ``annealed``
-            (see ``TaskSampler``).
-        temperature: T of temperature sampling (p ∝ n^(1/T)).
-        weights: task -> weight, for ``fixed`` sampling.
-        anneal_to: the exponent ``annealed`` sampling ends at (0: uniform, 1: proportional).
-        steps_per_epoch: training batches per epoch; unset: the batches of one pass over every task
-            (per process).
-        seed: the sampling seed; unset: the run's ``seed_everything`` (else 0).
-        predict_task: with ``trunk predict``, predict only this task; unset: every task whose predict split is set.
-        tokenizer: the run's tokenizer (a tokenizer.json, a directory holding one, or a Trunk .ckpt);
-            unset: trained on the training text of all text tasks (cached). ``model.init_from`` sets it.
-        tokenizer_vocab_size: the vocabulary size when training it (at most: see tokenizer_min_frequency).
-        tokenizer_min_frequency: when training it, the times a piece must occur in the training text to be a token.
-        tokenizer_model: when training it: ``wordpiece`` (BERT's), ``bpe`` (SentencePiece-style, exact
-            detokenization: what translation needs), ``byte_bpe`` (GPT-2's byte level: no text is ever [UNK], for
-            noisy user text), ``word`` (whole words; a word seen fewer than tokenizer_min_frequency times is [UNK]: for
-            classifying a few thousand short texts, see docs/results.md); ``auto``: ``bpe`` when a task generates text,
-            else ``wordpiece``.
-        lowercase: lowercase text when training it.
-    """
-
-    def __init__(
-        self,
-        tasks: dict[str, TaskData],
-        sampling: Sampling = "proportional",
-        temperature: float = 2.0,
-        weights: dict[str, float] | None = None,
-        anneal_to: float = 0.0,
-        steps_per_epoch: int | None = None,
-        seed: int | None = None,
-        predict_task: str | None = None,
-        tokenizer: str | None = None,
-        tokenizer_vocab_size: int = 8192,
-        tokenizer_min_frequency: int = 2,
-        tokenizer_model: Literal["auto", "wordpiece", "bpe", "byte_bpe", "word"] = "auto",
-        lowercase: bool = False,
-    ) -> None:
-        super().__init__()
+    def __init__(self, tasks: dict[str, TaskData], tokenizer: str | None = None, tokenizer_vocab_size: int = 8192,
+                 tokenizer_min_frequency: int = 2, tokenizer_model: str = "auto", lowercase: bool = False) -> None:
+        super().__init__()  # Lightning's datamodule, in a MultiTaskData
         if not tasks:
             raise ValueError("data.tasks is empty: name at least one task and its data.")
         wrong = {name: type(member).__name__ for name, member in tasks.items() if not isinstance(member, TaskData)}
@@ -192,33 +154,11 @@ class MultiTaskData(L.LightningDataModule):
             raise ValueError(f"data.tokenizer_model={tokenizer_model!r}: choose auto, {', '.join(others)} or {last}.")
         if tokenizer_min_frequency < 1:
             raise ValueError(f"data.tokenizer_min_frequency must be >= 1, got {tokenizer_min_frequency}.")
-        if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise ValueError(f"data.steps_per_epoch must be >= 1, got {steps_per_epoch}.")
-        if predict_task is not None and predict_task not in tasks:
-            raise ValueError(
-                f"data.predict_task={predict_task!r} is not a task of this run; the tasks are {sorted(tasks)}."
-            )
         for name, member in tasks.items():
             member.name = name
         self.tasks = dict(tasks)
-        # Under the CLI the hyperparameters are the config (plain values), which lets trunk.tasks.load rebuild
-        # each task's data; data objects built in Python are not stored (checkpoints hold plain values only).
-        # ("data_tasks": Lightning merges these with the model's hyperparameters, which have their own "tasks".)
-        self.save_hyperparameters()
-        specs = self.hparams["tasks"]
-        self.save_hyperparameters(ignore=["tasks"])
-        self.hparams["data_tasks"] = {name: spec if isinstance(spec, dict) else None for name, spec in specs.items()}
-        self.sampling, self.temperature, self.weights, self.anneal_to = sampling, temperature, weights, anneal_to
-        if sampling == "fixed" or weights:
-            TaskSampler(
-                {name: 1 for name in tasks}, sampling, temperature, weights, anneal_to
-            )  # fail now, not after encoding
-        self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
         self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model
-        # Predict batches in order of length (less padding): set by a consumer that restores the rows' order from the
-        # batches' "index" (the CLI, for its PredictionWriter); trainer.predict's own list stays in row order otherwise.
-        self.predict_by_length = False
         self._codec: Codec | None = None
 
     # -- the codec: one per run ------------------------------------------------------------------
@@ -301,6 +241,75 @@ class MultiTaskData(L.LightningDataModule):
         names, lengths, a translation task's target vocabulary."""
         self.codec  # noqa: B018 (text tasks need it to report target vocabularies)
         return {name: member.info() for name, member in self.tasks.items()}
+
+
+class MultiTaskData(TaskSet, L.LightningDataModule):
+    """The datamodule of every run: a ``TaskSet`` (named tasks' data, the run's tokenizer) with task sampling.
+
+    Args:
+        tasks: task name -> its data (a ``TaskData`` subclass: ``TextClassificationData``,
+            ``TokenClassificationData``, ``CorpusData``, ``TranslationData``, ``ImageClassificationData``).
+            The names must be those of ``model.tasks``.
+        sampling: how the next training batch's task is drawn: ``proportional`` (to the tasks'
+            training rows), ``temperature``, ``uniform``, ``fixed`` (``weights``) or ``annealed``
+            (see ``TaskSampler``).
+        temperature: T of temperature sampling (p ∝ n^(1/T)).
+        weights: task -> weight, for ``fixed`` sampling.
+        anneal_to: the exponent ``annealed`` sampling ends at (0: uniform, 1: proportional).
+        steps_per_epoch: training batches per epoch; unset: the batches of one pass over every task
+            (per process).
+        seed: the sampling seed; unset: the run's ``seed_everything`` (else 0).
+        predict_task: with ``trunk predict``, predict only this task; unset: every task whose predict split is set.
+        tokenizer: the run's tokenizer (a tokenizer.json, a directory holding one, or a Trunk .ckpt);
+            unset: trained on the training text of all text tasks (cached). ``model.init_from`` sets it.
+        tokenizer_vocab_size: the vocabulary size when training it (at most: see tokenizer_min_frequency).
+        tokenizer_min_frequency: when training it, the times a piece must occur in the training text to be a token.
+        tokenizer_model: when training it: ``wordpiece`` (BERT's), ``bpe`` (SentencePiece-style, exact
+            detokenization: what translation needs), ``byte_bpe`` (GPT-2's byte level: no text is ever [UNK], for
+            noisy user text), ``word`` (whole words; a word seen fewer than tokenizer_min_frequency times is [UNK]: for
+            classifying a few thousand short texts, see docs/results.md); ``auto``: ``bpe`` when a task generates text,
+            else ``wordpiece``.
+        lowercase: lowercase text when training it.
+    """
+
+    def __init__(
+        self,
+        tasks: dict[str, TaskData],
+        sampling: Sampling = "proportional",
+        temperature: float = 2.0,
+        weights: dict[str, float] | None = None,
+        anneal_to: float = 0.0,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+        predict_task: str | None = None,
+        tokenizer: str | None = None,
+        tokenizer_vocab_size: int = 8192,
+        tokenizer_min_frequency: int = 2,
+        tokenizer_model: Literal["auto", "wordpiece", "bpe", "byte_bpe", "word"] = "auto",
+        lowercase: bool = False,
+    ) -> None:
+        # (zero-argument super: Lightning's save_hyperparameters finds this __init__'s arguments through it)
+        super().__init__(tasks, tokenizer, tokenizer_vocab_size, tokenizer_min_frequency, tokenizer_model, lowercase)
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"data.steps_per_epoch must be >= 1, got {steps_per_epoch}.")
+        if predict_task is not None and predict_task not in tasks:
+            raise ValueError(
+                f"data.predict_task={predict_task!r} is not a task of this run; the tasks are {sorted(tasks)}."
+            )
+        # Under the CLI the hyperparameters are the config (plain values), which lets trunk.tasks.load rebuild
+        # each task's data; data objects built in Python are not stored (checkpoints hold plain values only).
+        # ("data_tasks": Lightning merges these with the model's hyperparameters, which have their own "tasks".)
+        self.save_hyperparameters()
+        specs = self.hparams["tasks"]
+        self.save_hyperparameters(ignore=["tasks"])
+        self.hparams["data_tasks"] = {name: spec if isinstance(spec, dict) else None for name, spec in specs.items()}
+        self.sampling, self.temperature, self.weights, self.anneal_to = sampling, temperature, weights, anneal_to
+        if sampling == "fixed" or weights:  # fail now, not after encoding
+            TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)
+        self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
+        # Predict batches in order of length (less padding): set by a consumer that restores the rows' order from the
+        # batches' "index" (the CLI, for its PredictionWriter); trainer.predict's own list stays in row order otherwise.
+        self.predict_by_length = False
 
     # -- Lightning hooks ---------------------------------------------------------------------------
     def prepare_data(self) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from trunk.assembly.run import read_run_checkpoint, resolve, restore
+from trunk.assembly.run import read_run_checkpoint, resolve
 from trunk.core.checkpoint import is_sharded_checkpoint
-from trunk.datamodules import MultiTaskData
+from trunk.datamodules import TaskSet
 from trunk.datamodules.text import Preprocessor, TaskData, length_order
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.task_dir import read_trunk
@@ -164,7 +164,7 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         heads = {name: head["meta"] for name, head in pretrained.heads.items()}
         tasks = _task_data(pretrained.path, {name: meta.get("data") for name, meta in heads.items()},
                            {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
-        run = MultiTaskData(tasks)  # resolve() decides the tokenizer of a trunk directory's heads with the run's data
+        run = TaskSet(tasks)  # the tasks' data without a datamodule: resolve() connects the directory's tokenizer
         for name, meta in heads.items():
             if meta.get("label_names") is not None:
                 run.tasks[name].use_labels_of(meta["label_names"], f"'{pretrained.path}'")
@@ -180,7 +180,7 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         ckpt = read_run_checkpoint(path)
         specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
         tasks = _task_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
-        model = restore(ckpt, path, tasks)  # no datamodule: each task's settings hand the predictor a preprocessor
+        model = resolve({}, TaskSet(tasks), ckpt_path=path, checkpoint=ckpt).model
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])
     if merge:
