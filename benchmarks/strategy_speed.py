@@ -72,9 +72,8 @@ def run(mode: str, steps: int, precision: str, out: Path) -> None:
     }
     model = TrunkModule({"mlm": MaskedLanguageModeling()}, trunk=trunk, task_info={"mlm": {}})
     g = torch.Generator().manual_seed(0)
-    per_process = (
-        GLOBAL_BATCH if mode == "tp" else GLOBAL_BATCH // processes
-    )  # tensor-parallel processes share the batch
+    # tensor-parallel processes share the batch
+    per_process = (GLOBAL_BATCH if mode == "tp" else GLOBAL_BATCH // processes)
     batches = []
     for _ in range(steps):
         ids = torch.randint(5, 12000, (per_process, LENGTH), generator=g)

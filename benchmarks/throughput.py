@@ -351,9 +351,8 @@ def model_flops(batch: dict, train: bool) -> float:
         total += 2 * int((batch["labels"] != -100).sum()) * (WIDTH * WIDTH + WIDTH * VOCAB)
     if "decoder_input_ids" in batch:
         targets = batch["decoder_attention_mask"].sum(1).double()
-        decoder = (
-            2 * DEPTH * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + 2 * WIDTH * VOCAB
-        )  # self + cross q/out, FFN, output
+        # self + cross q/out, FFN, output
+        decoder = (2 * DEPTH * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + 2 * WIDTH * VOCAB)
         total += float(targets.sum()) * decoder + float(lengths.sum()) * DEPTH * 4 * WIDTH * WIDTH  # cross keys/values
         total += DEPTH * (float((targets ** 2).sum()) * 2 * WIDTH + float((targets * lengths).sum()) * 4 * WIDTH)
     return (3 if train else 1) * total

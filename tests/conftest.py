@@ -18,9 +18,8 @@ os.environ.update(
     TRUNK_CACHE=os.path.join(_TMP, "trunk-cache"),
 )
 os.environ.pop("WANDB_API_KEY", None)
-if os.environ.get(
-    "PYTEST_XDIST_WORKER"
-):  # tests run two at a time (make test): one thread each, in their subprocesses too
+# tests run two at a time (make test): one thread each, in their subprocesses too
+if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 import csv  # noqa: E402

@@ -65,10 +65,8 @@ KINDS = {
         ("train", "validation", "test", "predict"),
         labels=("negative", "positive"),
         inputs=("the film was great", "the plot was not good but the acting was superb"),
-        objective_args=(
-            "--model.class_weights=balanced",
-            "--model.label_smoothing=0.1",
-        ),  # class weights: figures of the training split, which load() must not need
+        # class weights: figures of the training split, which load() must not need
+        objective_args=("--model.class_weights=balanced", "--model.label_smoothing=0.1"),
         recipe_resets=(
             "--data.text_column=text",
             "--data.label_column=label",
@@ -137,10 +135,8 @@ KINDS = {
             {"context": "which of these is about food ?", "choices": ["owl", "soup", "golf"]},
             ("which is about sport ?", ["rain", "tennis"]),
         ),
-        objective_args=(
-            "--model.label_smoothing=0.1",
-            "--model.pooler=false",
-        ),  # smoothing over 2-3 candidates a row: the missing ones get none
+        # smoothing over 2-3 candidates a row: the missing ones get none
+        objective_args=("--model.label_smoothing=0.1", "--model.pooler=false"),
         recipe_resets=("--data.context_column=question", "--data.choices_column=choices", "--data.label_column=answer"),
     ),
     "extractive_qa": Kind(

@@ -28,9 +28,8 @@ def global_batches(n: int) -> list[dict]:
     out = []
     for _ in range(n):
         ids = torch.randint(5, 100, (16, 12), generator=g)
-        mask = (
-            torch.arange(12) < torch.randint(4, 13, (16, 1), generator=g)
-        ).long()  # padded rows: the unpadded path too
+        # padded rows: the unpadded path too
+        mask = (torch.arange(12) < torch.randint(4, 13, (16, 1), generator=g)).long()
         out.append(
             {
                 "task": "s",

@@ -257,9 +257,8 @@ def test_a_stored_head_starts_a_task_of_another_name_with_its_labels_renamed(tra
     with pytest.raises(
         ValueError, match=r"trained on the labels \['negative', 'positive'\], but this run's data has \['bad', 'good'\]"
     ):
-        run_cli(
-            [*new_task, "--model.heads_from={reviews: sentiment}"], run=False
-        )  # other names, and no map: never silent
+        # other names, and no map: never silent
+        run_cli([*new_task, "--model.heads_from={reviews: sentiment}"], run=False)
     with pytest.raises(ValueError, match=r"should start from the head 'sst2', but .* stores the heads \['sentiment'\]"):
         run_cli([*new_task, "--model.heads_from={reviews: sst2}"], run=False)
 

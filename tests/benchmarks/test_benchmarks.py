@@ -226,9 +226,8 @@ def test_the_small_data_benchmark_runs_variants_over_seeds_beside_the_baseline(t
     mean, spread = (float(x) for x in rows["eight"][2].split(" ± "))
     seeds = [float(x) for x in rows["eight"][3].split()]
     assert len(seeds) == 2 and abs(mean - sum(seeds) / 2) < 1e-3 and mean > 0.9  # learned, and the mean is of the seeds
-    assert (
-        rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8"
-    )  # epochs: the variant's arguments applied
+    # epochs: the variant's arguments applied
+    assert (rows["one"][5].strip(" |") == "1" and rows["eight"][5].strip(" |") == "8")
     assert sorted(p.name for p in (tmp_path / "runs" / "reviews" / "eight").iterdir()) == ["seed0", "seed1"]
     # run again (as after a stop): the finished runs are read from results.jsonl, none is trained again
     assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 4
@@ -295,17 +294,15 @@ def test_the_pretraining_variants_benchmark_reads_each_trunk_at_every_length_and
     }
     assert set(rows) == {"variant", "learned", "alibi"} and rows["variant"][1:3] == ["ppl @ 16", "ppl @ 32"]
     for name in ("learned", "alibi"):
-        assert (
-            all(1 < float(rows[name][i]) < 1000 for i in (1, 2)) and rows[name][3] == "6"
-        )  # 6 steps, a perplexity per length
+        # 6 steps, a perplexity per length
+        assert (all(1 < float(rows[name][i]) < 1000 for i in (1, 2)) and rows[name][3] == "6")
     assert rows["learned"][1:3] != rows["alibi"][1:3]
     lines = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6  # 2 trainings, 4 evaluations
     again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0 and again.stdout.splitlines()[-3:] == done.stdout.splitlines()[-3:]
-    assert (
-        len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 6
-    )  # nothing trained or evaluated again:
+    # nothing trained or evaluated again:
+    assert (len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 6)
     assert (
         not list((tmp_path / "runs").glob("*/lightning_logs/version_1"))
         and len(list((tmp_path / "runs").rglob("validate/version_*"))) == 4
@@ -429,10 +426,8 @@ def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new
     assert float(table[("reviews", "full")][3].split("(")[1].rstrip("%) ")) == 100  # every weight trains
     lora = table[("reviews", "lora")]
     assert 0 < float(lora[3].split("(")[1].rstrip("%) ")) < 100  # a share of the model trains
-    assert (
-        float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1
-    )  # a task file, smaller than the trunk; a score
-    again = subprocess.run(
-        command, capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )  # every run is on record: none runs
+    # a task file, smaller than the trunk; a score
+    assert (float(lora[4].split("(")[1].rstrip("%) ")) < 100 and 0 <= float(lora[7]) <= 1)
+    # every run is on record: none runs
+    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0 and " ... " not in again.stderr and again.stdout == done.stdout

@@ -111,9 +111,8 @@ def test_predict_batches_by_length_and_writes_in_the_inputs_order(tiny_cli_args,
     batches = list(loader)
     assert sorted(i for b in batches for i in b["index"]) == list(range(40))
     widths = [b["input_ids"].shape[1] for b in batches]
-    assert widths == sorted(widths) and sum(widths) < 5 * max(
-        widths
-    )  # in row order every batch would be about the widest
+    # in row order every batch would be about the widest
+    assert widths == sorted(widths) and sum(widths) < 5 * max(widths)
     from trunk.tasks import load
 
     assert load(ckpt).predict(inputs, batch_size=8) == written
@@ -158,9 +157,8 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert os.environ["WANDB_MODE"] == "offline"
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))  # the preset logs into the run folder
     assert runs, "no offline W&B run directory was written"
-    version = (
-        tmp_path / "run" / "lightning_logs" / "version_0"
-    )  # metrics.csv and checkpoints where they are without W&B
+    # metrics.csv and checkpoints where they are without W&B
+    version = (tmp_path / "run" / "lightning_logs" / "version_0")
     assert (version / "metrics.csv").is_file() and list((version / "checkpoints").glob("*.ckpt"))
     assert "test/sentiment/acc" in cli.trainer.callback_metrics
     # What `wandb sync` would upload: learning rates, throughput, and a prediction table per validation.
@@ -180,17 +178,15 @@ def test_wandb_logger_runs_offline_without_an_account(tiny_cli_args, tmp_path, m
     assert len(tables) == 2 and all(row["samples/sentiment/nrows"] == 16 for row in tables)  # one per validation
     contents = [json.loads((runs[0] / "files" / row["samples/sentiment/path"]).read_text()) for row in tables]
     assert all(c["columns"] == ["epoch", "id", "text", "gold", "predicted", "probability"] for c in contents)
-    assert (
-        [r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16))
-    )  # the same rows
+    # the same rows
+    assert ([r[1] for r in contents[0]["data"]] == [r[1] for r in contents[1]["data"]] == list(range(16)))
     assert [r[0] for r in contents[1]["data"]] == [1] * 16
     assert sum("confusion/sentiment_table/path" in row or "confusion/sentiment/path" in row for row in rows) == 2, (
         logged
     )
     csv_dir = next(Path(lg.log_dir) for lg in cli.trainer.loggers if type(lg).__name__ == "CSVLogger")
-    assert (
-        len((csv_dir / "samples" / "sentiment.jsonl").read_text().splitlines()) == 32
-    )  # the JSON lines too, in the run's own folder
+    # the JSON lines too, in the run's own folder
+    assert (len((csv_dir / "samples" / "sentiment.jsonl").read_text().splitlines()) == 32)
 
 
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -240,9 +236,8 @@ def test_every_recipe_config_instantiates(config, request, tiny_trunk_dir, tmp_p
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_preset_config_merges_onto_a_recipe(preset, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        base = (
-            "configs/sst2.yaml" if preset.parent.name == "data" else "configs/quickstart.yaml"
-        )  # data presets name sst2
+        # data presets name sst2
+        base = ("configs/sst2.yaml" if preset.parent.name == "data" else "configs/quickstart.yaml")
         run_cli(["fit", "--config", str(REPO / base), "--config", str(preset), "--print_config"])
     assert exit_info.value.code == 0
     merged = yaml.safe_load(capsys.readouterr().out)

@@ -59,9 +59,8 @@ def test_repeated_or_empty_label_names_are_refused(names, message):
 
 
 def test_repeated_label_names_are_refused_from_the_config(tiny_cli_args):
-    with pytest.raises(
-        ValueError, match=r"label_names lists \['negative'\] more than once"
-    ):  # an `error:` line from the command
+    # an `error:` line from the command
+    with pytest.raises(ValueError, match=r"label_names lists \['negative'\] more than once"):
         run_cli([*tiny_cli_args, "--data.tasks.sentiment.label_names=[negative,negative]"], run=False)
 
 
@@ -174,9 +173,8 @@ def test_with_weight_averaging_the_test_after_fit_scores_the_averaged_weights_th
     }
     assert after_fit and all(alone[k] == pytest.approx(v, abs=1e-6) for k, v in after_fit.items())
     raw = torch.load(best, weights_only=True)
-    assert any(
-        not torch.equal(raw["state_dict"][k], raw["current_model_state"][k]) for k in raw["state_dict"]
-    )  # they differ
+    # they differ
+    assert any(not torch.equal(raw["state_dict"][k], raw["current_model_state"][k]) for k in raw["state_dict"])
 
 
 def test_a_run_that_takes_no_step_tests_nothing(tiny_cli_args):
@@ -193,9 +191,8 @@ def test_one_switch_turns_off_every_progress_bar_and_no_library_notice_is_printe
     bars = ("examples/s]", "it/s]", "━")
     quiet = trunk("fit", *tiny_cli_args, "--trainer.max_steps=2", cwd=tmp_path)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
-    lines = [
-        line for line in (quiet.stderr + quiet.stdout).splitlines() if not line.startswith(("┏", "┡", "└"))
-    ]  # rich's tables
+    # rich's tables
+    lines = [line for line in (quiet.stderr + quiet.stdout).splitlines() if not line.startswith(("┏", "┡", "└"))]
     assert not [bar for bar in bars for line in lines if bar in line], quiet.stderr[-3000:]
     assert "Deprecat" not in quiet.stderr, quiet.stderr
     shown = [a for a in tiny_cli_args if "enable_progress_bar" not in a and "default_root_dir" not in a]
@@ -364,9 +361,8 @@ def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the
         run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=5", "--model.optimizer.lr=0.01", "--ckpt_path=last"])
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*changes to them are not used.*")
-        resumed = run_cli(
-            ["fit", *tiny_cli_args, "--trainer.max_steps=7", "--ckpt_path=last"]
-        )  # the same config: no note
+        # the same config: no note
+        resumed = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=7", "--ckpt_path=last"])
     assert resumed.trainer.global_step == 7
     version = tmp_path / "run" / "lightning_logs" / "version_0"
     assert sorted(p.name for p in version.glob("config*.yaml")) == [
@@ -432,9 +428,8 @@ def test_a_split_shipped_as_several_files_is_read_as_one_from_a_list_or_a_patter
     pattern = TextClassificationData(train=str(tmp_path / "dev_*.csv"))
     assert len(listed.raw("train")) == len(pattern.raw("train")) == 30
     assert listed.raw("train")["text"][:10] == [r["text"] for r in rows[0::3]]  # the list's order
-    assert pattern.raw("train")["text"][10:20] == [
-        r["text"] for r in rows[2::3]
-    ]  # the pattern's matches sorted: in, more, out
+    # the pattern's matches sorted: in, more, out
+    assert pattern.raw("train")["text"][10:20] == [r["text"] for r in rows[2::3]]
     rng = random.Random(0)
     conll = [str(write_conll(tmp_path / f"ner_{i}.txt", [ner_sentence(rng) for _ in range(5)])) for i in range(2)]
     tagged = TokenClassificationData(train=conll, validation=str(tmp_path / "ner_*.txt"))

@@ -191,10 +191,8 @@ def test_wordpiece_training_gives_the_same_vocabulary_in_every_process():
     processes = [subprocess.Popen([sys.executable, "-c", train], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     here = {}
     exec(train.replace("sys.stdout.write", "here['out'] = "), {"here": here})
-    runs = [
-        here["out"],
-        *(process.communicate(timeout=300)[0].strip() for process in processes),
-    ]  # strip: the trainer's bar
+    # strip: the trainer's bar
+    runs = [here["out"], *(process.communicate(timeout=300)[0].strip() for process in processes)]
     assert runs[0] == runs[1] == runs[2]
     tokenizer = Tokenizer.from_str(runs[0])
     assert [
@@ -219,9 +217,8 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
     assert "may not exceed model.trunk.max_len" in messages[0]  # the second knob is named
     assert max(len(ids) for ids in data.tasks["sst"]._encoded["train"]["input_ids"]) == 16
     vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
-    assert (
-        len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0]
-    )  # a warning, with its reason
+    # a warning, with its reason
+    assert (len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0])
 
 
 def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):
@@ -266,9 +263,8 @@ def test_temperature_and_annealed_sampling_follow_their_formulas():
     assert t2 == pytest.approx({k: v / sum(root.values()) for k, v in root.items()})  # p ∝ n^(1/T), exactly
     annealed = TaskSampler(SIZES, "annealed", anneal_to=0.0)
     assert annealed.probabilities(0.0) == pytest.approx(TaskSampler(SIZES).probabilities())  # proportional at the start
-    assert annealed.probabilities(1.0) == pytest.approx(
-        TaskSampler(SIZES, "uniform").probabilities()
-    )  # uniform at the end
+    # uniform at the end
+    assert annealed.probabilities(1.0) == pytest.approx(TaskSampler(SIZES, "uniform").probabilities())
     half = {k: v ** 0.5 for k, v in SIZES.items()}
     assert annealed.probabilities(0.5) == pytest.approx({k: v / sum(half.values()) for k, v in half.items()})
 
@@ -544,9 +540,8 @@ def test_one_example_per_line_in_its_own_shape_and_encoding_is_read_by_line_patt
         ]
     ]
     path = tmp_path / "train_5500.label"
-    path.write_bytes(
-        ("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n").encode("latin-1")
-    )  # a blank line is skipped
+    # a blank line is skipped
+    path.write_bytes(("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n").encode("latin-1"))
     member = TextClassificationData(train=str(path), line_pattern=TREC_PATTERN, encoding="latin-1", val_fraction=0.25)
     data = run_data(member, "trec")
     rows = member.raw("train")

@@ -59,9 +59,8 @@ def test_the_second_run_maps_the_cache_instead_of_encoding(rows_file, count_enco
 
 def test_the_cache_is_rebuilt_when_the_tokenizer_the_data_or_an_option_changes(rows_file, count_encodes, tmp_path):
     sentiment_run(rows_file).setup("fit")
-    run = MultiTaskData(
-        {"sst": TextClassificationData(train=str(rows_file))}, tokenizer_vocab_size=200
-    )  # another tokenizer
+    # another tokenizer
+    run = MultiTaskData({"sst": TextClassificationData(train=str(rows_file))}, tokenizer_vocab_size=200)
     run.setup("fit")
     assert len(count_encodes) == 2
     sentiment_run(rows_file, max_length=8).setup("fit")  # an encoding option
@@ -182,9 +181,8 @@ def test_under_ddp_one_process_encodes_and_the_other_reads_the_cache(tiny_cli_ar
     assert done.returncode == 0, done.stderr[-3000:]
     lines = record.read_text().split("\n")[:-1]
     assert {line.split()[0] for line in lines} == {"0"}, lines  # the other process only read the cache
-    assert sorted(line.split()[1] for line in lines) == sorted(set(line.split()[1] for line in lines)), (
-        lines
-    )  # each split once
+    # each split once
+    assert sorted(line.split()[1] for line in lines) == sorted(set(line.split()[1] for line in lines)), (lines)
     assert {"train", "validation"} <= {line.split()[1] for line in lines}
 
 

@@ -29,9 +29,8 @@ def test_the_model_card_says_what_the_model_is_and_how_to_load_it(exported):
     card = (directory / "README.md").read_text()
     trunk = cli.model.trunk.cfg
     assert f"| `d_model` | {trunk.d_model} |" in card and f"| `n_layers` | {trunk.n_layers} |" in card
-    assert (
-        "| `sentiment` | sequence_classification | negative, positive | `train.csv` |" in card
-    )  # the file the run trained on
+    # the file the run trained on
+    assert ("| `sentiment` | sequence_classification | negative, positive | `train.csv` |" in card)
     best = float(cli.trainer.checkpoint_callback.best_model_score)
     assert f"| `best val/score` | {best:.4f} |" in card and "| `global_step` |" in card
     assert f"--model.init_from={directory}" in card and f"model = load({str(directory)!r})" in card
@@ -54,9 +53,8 @@ def test_an_hf_reference_is_used_like_a_directory_once_downloaded(exported, monk
         run=False,
     )
     assert any("weights from model.init_from" in line and str(directory) in line for line in reused.run.report)
-    (directory / "model.safetensors").write_bytes(
-        b"damaged"
-    )  # the downloaded copy is checked as any trunk directory is
+    # the downloaded copy is checked as any trunk directory is
+    (directory / "model.safetensors").write_bytes(b"damaged")
     with pytest.raises(ValueError, match="does not match the checksum"):
         load("hf://my-org/sentiment")
 

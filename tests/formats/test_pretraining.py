@@ -213,12 +213,8 @@ def pretrained(corpus_file, tmp_path):
 
 def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pretrained, sentiment_files, tmp_path):
     cli, trunk_dir = pretrained
-    assert {p.name for p in trunk_dir.iterdir()} == {
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "README.md",
-    }  # README.md: the model card
+    # README.md: the model card
+    assert {p.name for p in trunk_dir.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json", "README.md"}
     assert {"val/mlm/ppl", "val/mlm/acc", "val/mlm/loss", "val/score"} <= cli.trainer.callback_metrics.keys()
     assert cli.trainer.callback_metrics["val/mlm/ppl"] > 1.0
     meta = json.loads((trunk_dir / "config.json").read_text())

@@ -132,9 +132,8 @@ def test_task_files_are_small_and_answer_as_the_run_did(runs):
         TEXTS, task="b"
     )  # any order
     a, b, c = (files.predict(TEXTS, task=t) for t in "abc")
-    assert (
-        [r["probs"] for r in a] != [r["probs"] for r in c] != [r["probs"] for r in b]
-    )  # each task's delta and head answer
+    # each task's delta and head answer
+    assert ([r["probs"] for r in a] != [r["probs"] for r in c] != [r["probs"] for r in b])
 
 
 def test_requests_for_different_tasks_share_one_trunk_pass_and_answer_as_each_task_alone(runs):
@@ -151,9 +150,8 @@ def test_requests_for_different_tasks_share_one_trunk_pass_and_answer_as_each_ta
     assert_same_records(mixed, alone)  # equal up to float rounding: the rows share a batch of another shape
     assert len(passes) == 1  # one trunk pass for the four tasks' different inputs
     truth = {"b": model.predict(TEXTS[1:], task="b")}
-    assert (
-        model.predict_encoded({"b": model.encode("b", TEXTS[1:])}, shared=False) == truth
-    )  # one task alone: the same path
+    # one task alone: the same path
+    assert (model.predict_encoded({"b": model.encode("b", TEXTS[1:])}, shared=False) == truth)
 
 
 def test_a_task_file_is_refused_on_another_trunk_or_twice_or_alone(runs, tmp_path):
@@ -289,12 +287,10 @@ def test_a_new_task_composes_stored_deltas_and_its_task_file_holds_them(runs, tm
     fit = run_cli(["fit", *args, "--model.peft={d: {method: lora, r: 2, compose: [a, b]}}"])
     delta = fit.model.objectives["d"].delta
     a = load([runs["trunk"], runs["a"]]).model.objectives["a"].delta
-    assert all(
-        torch.equal(v, a.state_dict()[k]) for k, v in delta.sources["a"].state_dict().items()
-    )  # frozen: as stored
-    assert list(delta.sources) == ["a", "b"] and not torch.equal(
-        delta.mix, torch.full_like(delta.mix, 0.5)
-    )  # the mix learned
+    # frozen: as stored
+    assert all(torch.equal(v, a.state_dict()[k]) for k, v in delta.sources["a"].state_dict().items())
+    # the mix learned
+    assert list(delta.sources) == ["a", "b"] and not torch.equal(delta.mix, torch.full_like(delta.mix, 0.5))
     export_main([last_checkpoint(fit), str(tmp_path / "task_d_only"), "--task", "d"])
     alone = load([runs["trunk"], tmp_path / "task_d_only"], precision="32-true")  # the sources travel in d's own file
     assert alone.predict(TEXTS, task="d") == load(last_checkpoint(fit), precision="32-true").predict(TEXTS)

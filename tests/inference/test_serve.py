@@ -171,9 +171,8 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             status, records = server.post({"inputs": inputs, "task": name})
             assert status == 200, records
             assert same_records(records, expected, 1e-5), (name, records, expected)
-            status, record = server.post(
-                {"input": inputs[1], "task": name}
-            )  # alone (generation's length follows its batch)
+            # alone (generation's length follows its batch)
+            status, record = server.post({"input": inputs[1], "task": name})
             assert status == 200 and same_records(
                 record, model.predict([decoded(inputs[1], name)], task=name)[0], 1e-5
             ), name

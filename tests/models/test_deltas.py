@@ -85,9 +85,8 @@ def test_one_batch_of_several_tasks_equals_each_task_alone(kind, padded):
                 alone.append(trunk(ids[rows], mask[rows]))
     real = mask.bool()
     torch.testing.assert_close(mixed[real], torch.cat(alone)[real], atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(
-        alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3
-    )  # the deltas do something
+    # the deltas do something
+    assert not torch.allclose(alone[0][0], trunk_with({})[0](ids[:1], mask[:1])[0], atol=1e-3)
 
 
 def test_norm_shifts_add_a_gain_and_a_bias_to_every_layernorm_of_their_blocks_and_the_final_one():
@@ -196,9 +195,8 @@ def test_a_peft_run_trains_only_the_deltas_and_heads_and_predicts_through_them(o
     model = load(ckpt, precision="32-true")
     texts = ["the film was great", "a dull and tedious plot"]
     with_delta = model.predict(texts)
-    export_main(
-        [ckpt, str(tmp_path / "exported")]
-    )  # the trunk directory keeps the delta with the head, and says how it was made
+    # the trunk directory keeps the delta with the head, and says how it was made
+    export_main([ckpt, str(tmp_path / "exported")])
     assert load(tmp_path / "exported", precision="32-true").predict(texts) == with_delta
     model.model.router.deltas.clear()  # the same weights without the delta: other answers
     assert [r["probs"] for r in model.predict(texts)] != [r["probs"] for r in with_delta]

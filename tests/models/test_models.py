@@ -251,9 +251,8 @@ def test_sliding_window_attention_is_attention_under_its_window_and_global_mask(
         got = sliding_window_attention(q, k, v, window)
         seen = allowed.expand(B, H, T, T).any(-1)  # queries with a key in reach; the others: finite, whatever they hold
         torch.testing.assert_close(got[seen], expected[seen], atol=1e-12, rtol=1e-12)
-        assert torch.isfinite(got).all() and (
-            n_global > 0 or not seen.all()
-        )  # without globals, example 2 has such queries
+        # without globals, example 2 has such queries
+        assert torch.isfinite(got).all() and (n_global > 0 or not seen.all())
         got.square().sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 

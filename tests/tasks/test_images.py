@@ -41,9 +41,8 @@ def test_learned_positions_are_interpolated_for_other_image_sizes():
     patches = stem("learned")
     assert torch.equal(patches.positions(7, 7), patches.position)  # the trained size: the table itself
     with torch.no_grad():
-        patches.position.copy_(
-            torch.linspace(0, 1, 7).repeat_interleave(7)[None, :, None].expand(1, 49, 32)
-        )  # rows 0..1
+        # rows 0..1
+        patches.position.copy_(torch.linspace(0, 1, 7).repeat_interleave(7)[None, :, None].expand(1, 49, 32))
     resized = patches.positions(10, 10).reshape(10, 10, 32)
     assert resized.shape == (10, 10, 32)
     assert torch.allclose(resized[:, 0, 0], resized[:, 9, 0])  # still constant along each row
@@ -55,9 +54,8 @@ def test_sinusoidal_2d_positions_are_recomputed_and_rope_adds_none():
     patches = stem("sinusoidal")
     table = patches.positions(5, 6)[0]
     assert torch.allclose(table, sinusoidal_positions_2d(5, 6, 32))
-    assert torch.allclose(
-        table.reshape(5, 6, 32)[2, :, :16], table.reshape(5, 6, 32)[2, 0, :16].expand(6, 16)
-    )  # row half
+    # row half
+    assert torch.allclose(table.reshape(5, 6, 32)[2, :, :16], table.reshape(5, 6, 32)[2, 0, :16].expand(6, 16))
     assert stem("rope").positions(7, 7) is None
 
 
@@ -197,9 +195,8 @@ def test_fit_test_predict_through_the_cli(tmp_path):
     cli = run_cli(["fit", *shapes_args(tmp_path)])
     labels = cli.model.objectives["shapes"].label_names
     assert labels == ["cross", "diagonal", "horizontal", "square", "vertical"]
-    assert (
-        cli.trainer.callback_metrics["test/shapes/acc"] > 0.8
-    )  # chance is 0.2; after fit, the CLI tests the best checkpoint
+    # chance is 0.2; after fit, the CLI tests the best checkpoint
+    assert (cli.trainer.callback_metrics["test/shapes/acc"] > 0.8)
     samples = [
         json.loads(line) for line in (Path(cli.trainer.log_dir) / "samples" / "shapes.jsonl").read_text().splitlines()
     ]

@@ -124,9 +124,8 @@ def test_label_smoothing_spreads_the_target_over_the_other_labels():
     """With smoothing e over 3 labels, the target is 1 - e + e/3 on the gold label and e/3 on each other one."""
     smoothed, plain = classifier(label_smoothing=0.3), classifier()
     with torch.no_grad():
-        smoothed.objectives["t"].head.classifier.bias.copy_(
-            torch.tensor([3.0, 0.0, -3.0])
-        )  # confident: smoothing matters
+        # confident: smoothing matters
+        smoothed.objectives["t"].head.classifier.bias.copy_(torch.tensor([3.0, 0.0, -3.0]))
     plain.load_state_dict(smoothed.state_dict())
     batch = random_batches(1)[0]
     logits = smoothed.objectives["t"](smoothed.trunk, batch).float()
@@ -640,9 +639,8 @@ def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(
         "val/qa/exact_match",
         "val/score",
     ]
-    for name in (
-        names
-    ):  # 64, 40, 64, 64, 48 rows and 96 questions (each with all its windows): no padding duplicates on 2 ranks
+    # 64, 40, 64, 64, 48 rows and 96 questions (each with all its windows): no padding duplicates on 2 ranks
+    for name in (names):
         line = next(line for line in two.stdout.splitlines() if f" {name} " in f" {line.replace('│', ' ')} ")
         # 20 steps leave the regressor's outputs nearly constant: their Pearson is a ratio of tiny moments, which
         # rounding in

@@ -107,9 +107,8 @@ def test_inverse_sqrt_is_the_transformer_papers_schedule():
     for s in (1, 100, 3999, 4000, 4001, 16000, 100_000):
         paper = d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
         assert cfg.lr * lr_lambda(s - 1, 200_000, cfg) == pytest.approx(paper, rel=1e-9), s
-    assert lr_lambda(4 * warmup - 1, 10, cfg) == pytest.approx(
-        0.5
-    )  # a quarter of the rate 4x later, whatever the run's length
+    # a quarter of the rate 4x later, whatever the run's length
+    assert lr_lambda(4 * warmup - 1, 10, cfg) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="inverse_sqrt' with warmup=0"):
         OptimConfig(schedule="inverse_sqrt", warmup=0)
     with pytest.raises(ValueError, match=r"schedule='noam' \(one of"):
@@ -158,9 +157,8 @@ def test_lamb_matches_the_papers_update_and_leaves_no_decay_tensors_to_plain_ada
 
 def test_lamb_trains_through_the_module_and_its_state_resumes():
     torch.manual_seed(0)
-    model = classifier(
-        optimizer=OptimConfig(name="lamb", lr=5e-2, schedule="inverse_sqrt", warmup=10)
-    )  # lr: a share of each norm
+    # lr: a share of each norm
+    model = classifier(optimizer=OptimConfig(name="lamb", lr=5e-2, schedule="inverse_sqrt", warmup=10))
     params = [p for p in model.parameters() if p.requires_grad]
     built = build_optimizer([{"params": params, "weight_decay": 0.01}], model.optim_config, total_steps=60)
     optimizer = built["optimizer"]
@@ -177,9 +175,8 @@ def test_lamb_trains_through_the_module_and_its_state_resumes():
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0]
     again = Lamb([{"params": params, "weight_decay": 0.01}])
-    again.load_state_dict(
-        torch.load(_saved(optimizer.state_dict()), weights_only=True)
-    )  # plain tensors: checkpoints load safely
+    # plain tensors: checkpoints load safely
+    again.load_state_dict(torch.load(_saved(optimizer.state_dict()), weights_only=True))
     assert again.state[params[0]]["step"].item() == 60
 
 

@@ -214,9 +214,8 @@ def test_learns_to_reverse_exactly_then_tests_and_predicts_through_the_cli(rever
             f"--ckpt_path={ckpt}",
         ]
     )
-    assert (
-        tested.model.objectives["translate"].generation.max_length == 2
-    )  # generation options are the config's, not the checkpoint's
+    # generation options are the config's, not the checkpoint's
+    assert (tested.model.objectives["translate"].generation.max_length == 2)
     assert tested.trainer.callback_metrics["test/translate/bleu"] < 50  # two tokens cannot spell the reversed sentences
     sources = ["cat dog fish", "hat egg apple bird goat"]
     (tmp_path / "new.src").write_text("".join(s + "\n" for s in sources))

@@ -115,9 +115,8 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(
     root = tmp_path / "run"
     result = trunk([*fit_args(root, sentiment_files, ner_files), *signal_at(7, signum)], tmp_path)
     assert result.returncode == code, result.stderr[-3000:]
-    assert (
-        torch.load(last(root), weights_only=True)["global_step"] == 7
-    )  # the step it was at, not the last periodic one
+    # the step it was at, not the last periodic one
+    assert (torch.load(last(root), weights_only=True)["global_step"] == 7)
     assert f"Received {signal.Signals(signum).name}" in result.stderr
     command = next(line for line in result.stderr.splitlines() if line.startswith("  trunk fit"))
     assert command.endswith(f"--ckpt_path={last(root)}") and "--trainer.max_epochs=2" in command

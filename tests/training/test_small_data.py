@@ -34,9 +34,8 @@ def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_ro
     aux = [float(r["train/sentiment/aux_mlm_loss_epoch"]) for r in rows if r.get("train/sentiment/aux_mlm_loss_epoch")]
     assert len(aux) == 3 and aux[-1] < aux[0]  # logged every epoch, and learned
     model = fit.model
-    assert (
-        model.aux_mlm_head.decoder.weight is model.trunk.stems["text"].token.weight
-    )  # tied: no second vocabulary matrix
+    # tied: no second vocabulary matrix
+    assert (model.aux_mlm_head.decoder.weight is model.trunk.stems["text"].token.weight)
     # the step's loss is the task's loss plus the weighted masked-LM loss of the same batch
     batch = next(iter(fit.datamodule.train_dataloader()))
     model.train()
@@ -44,9 +43,8 @@ def test_aux_mlm_adds_a_masked_lm_loss_on_the_tasks_own_batches_and_the_model_ro
     torch.manual_seed(0)
     total = model(batch, "train")
     torch.manual_seed(0)
-    task = model.objective("sentiment").loss(
-        model.trunk, batch, "train"
-    )  # first: the step draws its randomness in this order
+    # first: the step draws its randomness in this order
+    task = model.objective("sentiment").loss(model.trunk, batch, "train")
     assert total.item() == pytest.approx(
         (task + 0.5 * auxiliary_mlm_loss(model.aux_mlm_head, model.trunk, batch, model._special_ids)).item(), rel=1e-5
     )
@@ -83,9 +81,8 @@ def test_reinit_top_starts_the_top_blocks_afresh_and_keeps_the_rest_pretrained(t
     assert not any(
         ok for name, ok in same.items() if name.startswith(top) and name.endswith("weight") and "norm" not in name
     )
-    assert all(
-        ok for name, ok in same.items() if not name.startswith(top)
-    )  # embeddings, lower blocks, final norm: pretrained
+    # embeddings, lower blocks, final norm: pretrained
+    assert all(ok for name, ok in same.items() if not name.startswith(top))
     with pytest.raises(ValueError, match="finetune.reinit_top=3 exceeds the trunk's 2 blocks"):
         run_cli([*args, "--model.finetune.reinit_top=3"], run=False)
 

@@ -282,12 +282,10 @@ def resolve(
             report.append(f"tokenizer from '{source}' ({tokenizer.get_vocab_size()} tokens, "
                           f"{'lowercasing' if lowercases(tokenizer) else 'keeping case'})")
             data.connect(Codec(tokenizer, dict(pretrained.codec.targets)))  # a stored head's target vocabulary with it
-            targets = {
-                name: member.own_target_tokenizer() for name, member in data.text_tasks.items()
-            }  # else the data's own
-            if data.lowercase != lowercases(tokenizer) and not any(
-                targets.values()
-            ):  # it would train no tokenizer here
+            # else the data's own
+            targets = {name: member.own_target_tokenizer() for name, member in data.text_tasks.items()}
+            # it would train no tokenizer here
+            if data.lowercase != lowercases(tokenizer) and not any(targets.values()):
                 report.append(
                     f"data.lowercase={data.lowercase} is not used: the tokenizer brings its own normalisation"
                 )
@@ -297,9 +295,8 @@ def resolve(
             data.connect(data.build_codec())
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
         trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
-        report += fit_lengths(
-            data.tasks, trunk.max_len, f"'{source}'"
-        )  # the pretrained max_len, or a new one without a table
+        # the pretrained max_len, or a new one without a table
+        report += fit_lengths(data.tasks, trunk.max_len, f"'{source}'")
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},
                             task_info=data.task_info, codec=data.codec)
         source_tokenizer = str(source) if "text" in pretrained.stems else None

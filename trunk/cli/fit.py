@@ -129,9 +129,8 @@ class TrunkCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Parse -> resolve -> Trainer: the data and the objectives from the config, then the run's facts and its
         model from ``resolve`` (reading any checkpoint or trunk directory once), then the Trainer."""
-        instantiate = (
-            getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes
-        )  # renamed in jsonargparse 4.49
+        # renamed in jsonargparse 4.49
+        instantiate = (getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes)
         self.config_init = instantiate(self.config)
         self.datamodule = self._get(self.config_init, "data")
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -156,9 +155,8 @@ class TrunkCLI(LightningCLI):
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
         if isinstance(writer, PredictionWriter):
-            writer.tasks = (
-                self.datamodule.predict_tasks
-            )  # which tasks write files decides their names, before any batch
+            # which tasks write files decides their names, before any batch
+            writer.tasks = (self.datamodule.predict_tasks)
             self.datamodule.predict_by_length = True  # the writer puts the lines back in the input's order
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
@@ -169,9 +167,8 @@ class TrunkCLI(LightningCLI):
         ran rather than what was overridden: the checkpoint's model options, the trunk's architecture and
         vocabulary, the tokenizer, each task's lengths and label order."""
         model, data, sub = self.model, self.datamodule, self.subcommand
-        if (
-            self.run.checkpoint_path is not None
-        ):  # Lightning's own merge of a checkpoint's options, as it would have done
+        # Lightning's own merge of a checkpoint's options, as it would have done
+        if (self.run.checkpoint_path is not None):
             options = copy.deepcopy(
                 {
                     k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
@@ -244,9 +241,8 @@ class TrunkCLI(LightningCLI):
         default logger writes under it). With ``monitor: val/score`` (the mean of the tasks' primary metrics) in its
         checkpoint callback, renaming or copying a recipe's task is the one edit of its key."""
         files = [Path(str(path)) for path in config.get("config") or []]
-        if (
-            config.trainer.get("default_root_dir") is None and files
-        ):  # the recipe: the first file (presets come after it)
+        # the recipe: the first file (presets come after it)
+        if (config.trainer.get("default_root_dir") is None and files):
             config.trainer.default_root_dir = str(Path("runs") / files[0].stem)
         # a logger with an empty save_dir (the W&B preset's) writes into the run folder too
         loggers = config.trainer.get("logger")
@@ -271,9 +267,8 @@ class TrunkCLI(LightningCLI):
                 sys.exit(
                     "error: --ckpt_path best: a run resumes from its last checkpoint (--ckpt_path last) or from a path."
                 )
-            newest = max(
-                found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime
-            )  # holds the newest ModelCheckpoint state
+            # holds the newest ModelCheckpoint state
+            newest = max(found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
             states = (load_checkpoint(newest).get("callbacks") or {}).values()
             best = next(
                 (s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None
@@ -304,10 +299,8 @@ class TrunkCLI(LightningCLI):
         if self.subcommand in ("validate", "test", "predict"):
             self._evaluation_only(config)
         configured = config.get("callbacks") or []
-        given = [
-            *callbacks,
-            *(configured if isinstance(configured, list) else [configured]),
-        ]  # the CLI's and the user's
+        # the CLI's and the user's
+        given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]
         callbacks = [*callbacks, *run_callbacks(config, given)]
         trainer = super()._instantiate_trainer(config, callbacks)
         (
@@ -421,9 +414,8 @@ class TrunkCLI(LightningCLI):
         """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
         if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
-        if (
-            self.trainer.global_step == 0
-        ):  # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
+        # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
+        if (self.trainer.global_step == 0):
             rank_zero_warn(
                 "No training step was taken, so the test splits are not evaluated (they would score untrained "
                 "weights). Evaluate a trained checkpoint with `trunk test --ckpt_path ...`."

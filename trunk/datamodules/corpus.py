@@ -167,9 +167,8 @@ class CorpusData(TextDataModule):
         """One source's documents; ``lazy``: tabular and hub rows streamed rather than loaded (text files are always
         read a line at a time)."""
         path = Path(source).expanduser()
-        if (
-            self.dataset is not None or self.reading.file_type or self.reading.suffix(path) in (*FILE_FORMATS, LINES)
-        ):  # rows
+        # rows
+        if (self.dataset is not None or self.reading.file_type or self.reading.suffix(path) in (*FILE_FORMATS, LINES)):
             if not lazy:
                 ds = load_split(self.dataset, self.dataset_config, source, role, self.reading)
                 check_columns(ds, {"text_column": self.text_column}, role)

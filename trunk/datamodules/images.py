@@ -224,9 +224,8 @@ class ImageClassificationData(TaskData):
             images = torch.cat(conformed)
         else:
             images = torch.from_numpy(np.array(rows["images"]))  # a writable copy
-            images = self._conform(
-                images[..., None] if images.ndim == 3 else images, role
-            )  # (N, H, W) grey -> (N, H, W, 1)
+            # (N, H, W) grey -> (N, H, W, 1)
+            images = self._conform(images[..., None] if images.ndim == 3 else images, role)
         images = images.permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
         labels = None
         if rows["labels"] is not None:

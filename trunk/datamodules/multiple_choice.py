@@ -147,9 +147,8 @@ class MultipleChoiceData(TextDataModule):
                                 [list(r["choices"]) for r in rows], [None] * len(rows), "predict")
 
     def collate(self, examples: list[dict]) -> dict:
-        input_ids = pad(
-            [ids for e in examples for ids in e["input_ids"]], self.pad_id
-        )  # every candidate of every row: (M, T)
+        # every candidate of every row: (M, T)
+        input_ids = pad([ids for e in examples for ids in e["input_ids"]], self.pad_id)
         batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long(),
                  "choice_counts": torch.tensor([len(e["input_ids"]) for e in examples]),
                  "text": [e["text"] for e in examples], "choices": [e["choices"] for e in examples]}

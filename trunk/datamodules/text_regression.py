@@ -34,9 +34,8 @@ class TextRegressionData(TextRowsData):
         **kwargs,
     ) -> None:
         super().__init__(text_column, text_pair_column, label_column, **kwargs)
-        self._label_names = (
-            [label_column] if isinstance(label_column, str) else list(label_column)
-        )  # the targets' names
+        # the targets' names
+        self._label_names = ([label_column] if isinstance(label_column, str) else list(label_column))
         if not self._label_names:
             raise ValueError("label_column: give the column of the target (or a list of columns).")
 

@@ -57,9 +57,8 @@ def _trained(tokenizer: Tokenizer, trainer_class, texts: Iterable[str], vocab_si
         **options,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    if (
-        first_pieces
-    ):  # the trainer took them as special tokens, which would match their literal text before splitting: undo that
+    # the trainer took them as special tokens, which would match their literal text before splitting: undo that
+    if (first_pieces):
         state = json.loads(tokenizer.to_str())
         state["added_tokens"] = [token for token in state["added_tokens"] if token["content"] in SPECIAL_TOKENS]
         tokenizer = Tokenizer.from_str(json.dumps(state))
@@ -158,9 +157,8 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
 
     Under DDP the launching process trains and caches before the other ranks start, and every rank reads that file.
     """
-    options = [key, model, vocab_size, lowercase] + (
-        [min_frequency] if min_frequency != 2 else []
-    )  # 2: the key as before
+    # 2: the key as before
+    options = [key, model, vocab_size, lowercase] + ([min_frequency] if min_frequency != 2 else [])
     digest = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{digest}.json"
     if path.is_file():
@@ -168,9 +166,8 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
             return load_tokenizer(path)
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
-    rank_zero_info(
-        f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)..."
-    )  # not a silent pause
+    # not a silent pause
+    rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")
     tokenizer = TRAINERS[model](_Rereadable(texts), vocab_size, lowercase, min_frequency)
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_warn(

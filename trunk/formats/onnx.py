@@ -57,9 +57,8 @@ def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dic
     out.mkdir(exist_ok=True)
     cls, sep, pad = (tokenizer.token_to_id(t) for t in (CLS, SEP, PAD))
     word = tokenizer.get_vocab_size() - 1
-    example = torch.tensor(
-        [[cls, word, word, word, sep], [cls, word, sep, pad, pad]]
-    )  # with padding: the mask's path is traced
+    # with padding: the mask's path is traced
+    example = torch.tensor([[cls, word, word, word, sep], [cls, word, sep, pad, pad]])
     mask = (example != pad).long()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=model.trunk.cfg.max_len)
     written, listing = {}, {}

@@ -229,10 +229,8 @@ def pretrained_trunk_config(
             # no position table to size: the longer of the run's max_len (its default included) and the trained one, so
             # an explicit max_len equal to the default is not mistaken for an unset one
             values[name] = max(values[name] or defaults[name], pretrained.max_len)
-        elif name != "vocab_size" and values[name] in (
-            None,
-            defaults[name],
-        ):  # None: unset (TrunkConfig's shape fields)
+        # None: unset (TrunkConfig's shape fields)
+        elif name != "vocab_size" and values[name] in (None, defaults[name]):
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
     return trunk_config(values)

@@ -85,12 +85,10 @@ class Predictor:
         if shared:
             first = next(iter(examples))
             units = [[(name, i) for name in examples] for i in range(len(examples[first]))]  # an input, for every task
-            deltas = sum(
-                name in self.model.router.deltas for name in examples
-            )  # each takes rows of its own above the fork
-            batch_size = max(
-                1, batch_size // max(1, deltas + (deltas < len(examples)))
-            )  # so a pass holds ~batch_size rows
+            # each takes rows of its own above the fork
+            deltas = sum(name in self.model.router.deltas for name in examples)
+            # so a pass holds ~batch_size rows
+            batch_size = max(1, batch_size // max(1, deltas + (deltas < len(examples))))
         else:
             units = [[(name, i)] for name in examples for i in range(len(examples[name]))]
         units = [units[k] for k in length_order([length(*unit[0]) for unit in units])]
@@ -168,9 +166,8 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         for name, meta in heads.items():
             if meta.get("label_names") is not None:
                 run.tasks[name].use_labels_of(meta["label_names"], f"'{pretrained.path}'")
-        peft = {
-            name: meta["peft"] for name, meta in heads.items() if meta.get("peft")
-        }  # heads trained with a delta bring it
+        # heads trained with a delta bring it
+        peft = {name: meta["peft"] for name, meta in heads.items() if meta.get("peft")}
         model = resolve(
             {"tasks": {name: meta["objective"] for name, meta in heads.items()}, **({"peft": peft} if peft else {})},
             run,

@@ -155,17 +155,15 @@ class TrunkOnce:
                 for name in names:
                     self.outputs[name] = (*own[name], stem, out)
             return
-        length = (
-            max(x.shape[1] for x, _ in distinct) if distinct[0][1] is not None else None
-        )  # masked: pad to one length
+        # masked: pad to one length
+        length = (max(x.shape[1] for x, _ in distinct) if distinct[0][1] is not None else None)
         inputs = torch.cat([_pad_to(x, length) for x, _ in distinct])
         mask = None if distinct[0][1] is None else torch.cat([_pad_to(m, length) for _, m in distinct])
         starts = torch.tensor([0, *[len(x) for x, _ in distinct]]).cumsum(0).tolist()
         rows = [torch.arange(starts[which], starts[which + 1]) for _, which, _ in segments]
         fork = None
-        if sum(len(r) for r in rows) != len(
-            inputs
-        ):  # an input read by several deltas: its rows repeat from the fork on
+        # an input read by several deltas: its rows repeat from the fork on
+        if sum(len(r) for r in rows) != len(inputs):
             fork = (
                 router.lowest_layer([route for route, _, _ in segments if route]),
                 torch.cat(rows).to(inputs.device),

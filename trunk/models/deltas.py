@@ -187,9 +187,8 @@ class TaskDelta(nn.Module):
         parts = {}
         for name, module in backbone.named_modules():
             leaf = name.rsplit(".", 1)[-1]
-            in_layers = (
-                leaf == "final_norm" or block_of(name, n_layers) in layers
-            )  # the final norm sits above every block
+            # the final norm sits above every block
+            in_layers = (leaf == "final_norm" or block_of(name, n_layers) in layers)
             if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and in_layers:
                 parts[name] = NormShift(module)
             if not name.startswith("blocks.") or not in_layers:
@@ -202,9 +201,8 @@ class TaskDelta(nn.Module):
                 parts[name] = Bottleneck(backbone.cfg.d_model, config.r)
         if not parts:
             raise ValueError(f"peft {config.method}: no layer of this trunk matches.")
-        self.parts = nn.ModuleDict(
-            {key.replace(".", "__"): part for key, part in parts.items()}
-        )  # ModuleDict keys have no dots
+        # ModuleDict keys have no dots
+        self.parts = nn.ModuleDict({key.replace(".", "__"): part for key, part in parts.items()})
         self.n_layers = n_layers
 
     def part(self, layer: str) -> nn.Module | None:

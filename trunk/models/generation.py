@@ -68,9 +68,8 @@ def greedy_search(decoder: Decoder, memory: torch.Tensor, memory_mask: torch.Ten
     finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
     cache = decoder.new_cache() if use_cache else None
     for _ in range(max_steps):
-        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(
-            -1
-        )  # the log-softmax keeps the order
+        # the log-softmax keeps the order
+        best = _next_logits(decoder, tokens, memory, memory_mask, cache, ids).argmax(-1)
         best = best.masked_fill(finished, ids.pad)
         tokens = torch.cat([tokens, best[:, None]], dim=1)
         finished |= best == ids.eos

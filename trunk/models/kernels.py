@@ -23,9 +23,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.device.type != "cpu" or not 0.0 < p < 1.0:
         return F.dropout(x, p, training)
     n = x.numel()
-    bits = (
-        torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF
-    )  # uniform in [0, 32768)
+    # uniform in [0, 32768)
+    bits = (torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n] & 0x7FFF)
     keep_scaled = torch.where(bits >= round(p * 32768), 1.0 / (1.0 - p), 0.0).to(x.dtype)
     return x * keep_scaled.view(x.shape)
 

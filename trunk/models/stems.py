@@ -113,9 +113,8 @@ def build_stem(kind: str, cfg: TrunkConfig, options: dict | None = None) -> nn.M
         init_weights(stem, cfg.init_std)
         return stem
     if kind == "image":
-        return PatchStem(
-            cfg, **(options or {})
-        )  # initialises its own [CLS] and positions; the projection keeps conv init
+        # initialises its own [CLS] and positions; the projection keeps conv init
+        return PatchStem(cfg, **(options or {}))
     raise ValueError(f"Unknown stem {kind!r}; stems are {STEM_KINDS}.")
 
 

@@ -29,9 +29,8 @@ from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, sche
 PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=128),
     "small": dict(d_model=128, n_layers=2, n_heads=4, d_ff=512),
-    "base": dict(
-        d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, positions="rope"
-    ),  # configs/pretrain.yaml's
+    # configs/pretrain.yaml's
+    "base": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128, positions="rope"),
 }
 SHAPE_DEFAULTS = dict(
     d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512, positions="learned", norm="pre", activation="gelu"
@@ -172,9 +171,8 @@ class Attention(nn.Module):
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x))
         B, T, C = q.shape
-        q = q.view(B, T, -1, self.head_dim).transpose(
-            1, 2
-        )  # (B, H, T, D); H: this process's heads under tensor parallelism
+        # (B, H, T, D); H: this process's heads under tensor parallelism
+        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
         if context is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
         else:
@@ -195,9 +193,8 @@ class Attention(nn.Module):
         if isinstance(local, SlidingWindow):
             return self.out_proj(self.merge_heads(sliding_window_attention(q, k, v, local, p), unpadded))
 
-        mask = (
-            None if local is None else local_mask(T, *local, x.device)
-        )  # traced: the same attention, as a (T, T) mask
+        # traced: the same attention, as a (T, T) mask
+        mask = (None if local is None else local_mask(T, *local, x.device))
         if key_padding_mask is not None:
             padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
             mask = padding if mask is None else mask & padding

@@ -300,9 +300,8 @@ class FaultTolerance(Callback):
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
         args = without_option(sys.argv[1:], "--ckpt_path")
-        args = (
-            args[1:] if args[:1] == ["fit"] else args
-        )  # (scripts such as benchmarks/fit.py add the subcommand themselves)
+        # (scripts such as benchmarks/fit.py add the subcommand themselves)
+        args = (args[1:] if args[:1] == ["fit"] else args)
         if trainer.is_global_zero and trainer.checkpoint_callback is None:
             print(
                 f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.",
@@ -361,9 +360,8 @@ class FaultTolerance(Callback):
             and torch.distributed.get_world_size() > 1
         ):
             ranks = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(
-                ranks, random_state
-            )  # every process saves (dump_checkpoint runs on each)
+            # every process saves (dump_checkpoint runs on each)
+            torch.distributed.all_gather_object(ranks, random_state)
             return {**random_state, "ranks": ranks, "skipped": self.skipped}
         return {**random_state, "skipped": self.skipped}
 

@@ -132,9 +132,8 @@ class Lamb(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros(
-                        (), dtype=torch.float32
-                    )  # a tensor, as torch's Adam keeps it (checkpoints)
+                    # a tensor, as torch's Adam keeps it (checkpoints)
+                    state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
                 state["step"] += 1
                 t = state["step"].item()

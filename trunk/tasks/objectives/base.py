@@ -216,9 +216,8 @@ class Objective(nn.Module):
         else an error. Returns how the labels were matched, when not one to one."""
         state = dict(state)
         how = None
-        stored = [
-            _stored_name(name, label_map or {}) for name in self.label_names or []
-        ]  # this task's labels as stored
+        # this task's labels as stored
+        stored = [_stored_name(name, label_map or {}) for name in self.label_names or []]
         if self.label_keys and label_names is not None and self.label_names is not None and label_names != stored:
             shared = [i for i, name in enumerate(stored) if name in label_names]
             if sorted(label_names) == sorted(stored):
@@ -272,9 +271,8 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: f
     candidates = logp > float("-inf")
     weight = torch.ones_like(logp[0]) if weight is None else weight.to(logp)
     nll = -logp.gather(-1, labels[:, None]).squeeze(-1) * weight[labels]
-    spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(
-        -1
-    )  # -log p, averaged over candidates
+    # -log p, averaged over candidates
+    spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(-1)
     return ((1 - label_smoothing) * nll + label_smoothing * spread).sum() / weight[labels].sum()
 
 

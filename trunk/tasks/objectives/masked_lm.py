@@ -56,10 +56,8 @@ def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_id
     """``model.aux_mlm``: the masked-LM loss of a text task's own training batch, masked afresh as BERT does (the task's
     loss saw it whole). ``special_ids``: the run's tokenizer's ids of ``SPECIAL_TOKENS`` (never masked)."""
     ids, mask = batch["input_ids"], batch.get("attention_mask")
-    ids, mask = (
-        ids.reshape(-1, ids.shape[-1]),
-        None if mask is None else mask.reshape(-1, mask.shape[-1]),
-    )  # choices: rows
+    # choices: rows
+    ids, mask = (ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1]))
     masked, targets = mask_tokens(
         ids, torch.tensor(special_ids, device=ids.device), special_ids[SPECIAL_TOKENS.index(MASK)], trunk.cfg.vocab_size
     )

@@ -85,9 +85,8 @@ class SequenceRegression(PooledObjective):
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        with (
-            warnings.catch_warnings()
-        ):  # "SpearmanCorrcoef will save all targets and predictions": evaluation sets are small
+        # "SpearmanCorrcoef will save all targets and predictions": evaluation sets are small
+        with (warnings.catch_warnings()):
             warnings.simplefilter("ignore")
             spearman = SpearmanCorrCoef(num_outputs=n)
         return {"pearson": PearsonCorrCoef(num_outputs=n), "spearman": spearman, "mse": MeanSquaredError(num_outputs=n),

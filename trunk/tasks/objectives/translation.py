@@ -152,9 +152,8 @@ class Translation(Objective):
         from torchmetrics.functional.text import sacre_bleu_score
 
         def sentence_bleu(hypothesis: str, reference: str) -> float:
-            order = max(
-                1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis)))
-            )  # n-grams the sentence has (sacreBLEU's "effective order")
+            # n-grams the sentence has (sacreBLEU's "effective order")
+            order = max(1, min(4, len(re.findall(r"\w+|[^\w\s]", hypothesis))))
             return round(100 * float(sacre_bleu_score([hypothesis], [[reference]], n_gram=order, smooth=True)), 2)
 
         hypotheses = self.translate(trunk, batch, self.val_beam_size)

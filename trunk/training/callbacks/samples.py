@@ -96,9 +96,8 @@ class PredictionSamples(Callback):
             if wandb_loggers:
                 import wandb
 
-                pairs = [
-                    (g, p) for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)
-                ]  # one per example
+                # one per example
+                pairs = [(g, p) for g, row in enumerate(counts) for p, n in enumerate(row) for _ in range(n)]
                 plot = wandb.plot.confusion_matrix(
                     y_true=[g for g, _ in pairs],
                     preds=[p for _, p in pairs],
