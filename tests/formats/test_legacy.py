@@ -58,3 +58,22 @@ def test_load_builds_no_training_datamodule(source, monkeypatch):
     if "sentiment" in model.tasks:
         assert_same_records(model.predict(EXPECTED["texts"], task="sentiment"), EXPECTED["records"]["sentiment"])
     assert_same_records(model.predict(EXPECTED["sentences"], task="ner"), EXPECTED["records"]["ner"])
+
+
+@pytest.mark.parametrize("where", ["objective", "data"])
+def test_a_stored_class_path_that_is_not_trunks_kind_is_refused_before_it_is_called(where, tmp_path):
+    """A checkpoint naming ``subprocess.Popen`` as an objective or data class: refused by type, and nothing runs."""
+    import torch
+
+    from trunk.tasks import load
+
+    ckpt = torch.load(LEGACY / "joint.ckpt", weights_only=True)
+    hostile = {"class_path": "subprocess.Popen", "init_args": {"args": ["touch", str(tmp_path / "ran")]}}
+    if where == "objective":
+        ckpt["hyper_parameters"]["tasks"]["sentiment"] = hostile
+    else:
+        ckpt["datamodule_hyper_parameters"]["data_tasks"]["sentiment"] = hostile
+    torch.save(ckpt, tmp_path / "hostile.ckpt")
+    with pytest.raises(ValueError, match="'subprocess.Popen' is not a .* class"):
+        load(tmp_path / "hostile.ckpt")
+    assert not (tmp_path / "ran").exists()

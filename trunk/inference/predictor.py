@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import without_splits
 from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
+from trunk.tasks.registry import stored_class
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
 
@@ -211,11 +211,9 @@ def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dic
             "data={task: TextClassificationData(...), ...})."
         )
     for name, member in tasks.items():
-        member.name = name  # for its messages
         member.load_state_dict(states.get(name, {}))
     return tasks
 
 
-def _instantiate(spec: dict):
-    module, _, name = spec["class_path"].rpartition(".")
-    return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))
+def _instantiate(spec: dict) -> TaskData:
+    return stored_class(spec["class_path"], TaskData)(**spec.get("init_args", {}))

@@ -60,14 +60,24 @@ def stems_of(objectives: dict[str, Objective]) -> dict[str, dict]:
     return dict(sorted(stems.items(), key=lambda item: STEM_KINDS.index(item[0])))
 
 
-def objective_class(class_path: str) -> type[Objective]:
+def stored_class(class_path: str, base: type) -> type:
+    """The class a config or a stored file names, refused unless it is a ``base`` (an objective, a data class) before
+    anything calls it. (Importing its module still runs that module: issue 48 narrows what a stored file may name.)"""
     module, _, name = class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name, None)
     except ModuleNotFoundError:
-        if module.startswith("trunk.tasks."):  # stored by a version whose objectives lived in other files
-            return getattr(importlib.import_module("trunk.tasks"), name)
-        raise
+        if not module.startswith("trunk.tasks."):
+            raise
+        cls = getattr(importlib.import_module("trunk.tasks"), name, None)  # stored when objectives lived elsewhere
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{class_path!r} is not a {base.__name__} class: a stored or configured class path must name "
+                         "one (e.g. trunk.tasks.SequenceClassification, trunk.datamodules.TextClassificationData).")
+    return cls
+
+
+def objective_class(class_path: str) -> type[Objective]:
+    return stored_class(class_path, Objective)
 
 
 def as_objective(value) -> Objective:
