@@ -197,8 +197,9 @@ def fit_lengths(tasks: dict, max_len: int, fixed_by: str | None) -> list[str]:
 
 
 def lowercases(tokenizer) -> bool:
-    """Whether a tokenizer lowercases its input (a step of its normalizer)."""
-    return '"Lowercase"' in json.dumps(json.loads(tokenizer.to_str()).get("normalizer"))
+    """Whether a tokenizer lowercases its input (a step of its normalizer: Lowercase, or BERT's with lowercase on)."""
+    normalizer = json.dumps(json.loads(tokenizer.to_str()).get("normalizer"))
+    return '"Lowercase"' in normalizer or '"lowercase": true' in normalizer
 
 
 def composed_deltas(peft: dict | None, pretrained: PretrainedTrunk) -> dict | None:

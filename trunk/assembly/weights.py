@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import (
     TEXT_STEM_FIELDS,
@@ -16,7 +18,7 @@ from trunk.formats.trunk_dir import (
     check_architecture,
     pretrained_trunk_config,
 )
-from trunk.models import TrunkConfig, init_weights
+from trunk.models import SequenceClassificationHead, TrunkConfig, init_weights
 from trunk.models.deltas import DeltaConfig
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.registry import stems_of
@@ -113,7 +115,8 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
         stored = heads_from.get(name, name)
         head = pretrained.heads.get(stored)
         if head is None or head["meta"]["kind"] != objective.kind:
-            notes.append(f"task '{name}': a fresh head" + _composed_sources(objective, pretrained))
+            pooler = ", its pooler the pretrained one" if _start_pooler(objective, pretrained.pooler) else ""
+            notes.append(f"task '{name}': a fresh head{pooler}" + _composed_sources(objective, pretrained))
             continue
         source = head.get("source", pretrained.path)  # a task directory's, or the trunk's
         state, fresh_delta = _with_delta(objective, head, source)
@@ -125,6 +128,17 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     if fresh:
         notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
     return notes
+
+
+def _start_pooler(objective: Objective, pooler: dict[str, torch.Tensor]) -> bool:
+    """A fresh [CLS]-pooled head starts its pooler (dense + tanh) from a pretrained one, as ``transformers``' task
+    models do."""
+    head = getattr(objective, "head", None)
+    dense = getattr(head, "dense", None) if isinstance(head, SequenceClassificationHead) else None
+    if not pooler or dense is None or head.pooling != "cls" or dense.weight.shape != pooler["weight"].shape:
+        return False
+    dense.load_state_dict(pooler)
+    return True
 
 
 def _composed_sources(objective: Objective, pretrained: PretrainedTrunk) -> str:

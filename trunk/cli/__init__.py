@@ -12,10 +12,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from trunk.cli.config_files import check_config_files
 from trunk.cli.export import export_main
 from trunk.cli.fit import SUBCOMMANDS, TrunkCLI, TrunkTrainer, run_cli
+from trunk.cli.import_model import import_main
 from trunk.cli.serve import serve_main
 from trunk.training.fault_tolerance import TrainingDiverged
 
-COMMANDS = {"export": export_main, "serve": serve_main}  # name -> main(args)
+COMMANDS = {"export": export_main, "import": import_main, "serve": serve_main}  # name -> main(args)
 
 
 def is_collective_failure(err: BaseException) -> bool:
@@ -60,6 +61,7 @@ __all__ = [
     "TrunkTrainer",
     "check_config_files",
     "export_main",
+    "import_main",
     "main",
     "run_cli",
     "serve_main",

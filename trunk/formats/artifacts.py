@@ -67,7 +67,8 @@ def resolve_init_from(reference: str | Path) -> Path:
     """``model.init_from`` as a local path: a W&B artifact or Hugging Face Hub reference is downloaded (once), anything
     else is a path."""
     reference = str(reference)
-    from trunk.formats.hub import HUB_PREFIX, download
+    from trunk.formats.hf import download
+    from trunk.formats.hub import HUB_PREFIX
 
     if reference.startswith(HUB_PREFIX):
         return download(reference)

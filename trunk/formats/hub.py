@@ -22,8 +22,8 @@ def parse_reference(reference: str) -> tuple[str, str | None]:
     return repo, revision or None
 
 
-def download(reference: str) -> Path:
-    """The local folder of a Hub trunk: the cached copy, else a download of its trunk files."""
+def download(reference: str, patterns: list[str] = TRUNK_FILES) -> Path:
+    """The local folder of a Hub trunk: the cached copy, else a download of its files (those matching ``patterns``)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -38,7 +38,7 @@ def download(reference: str) -> Path:
         "--local-dir DIR`) and pass that directory as model.init_from."
     )
     try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=TRUNK_FILES))
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
     except (RepositoryNotFoundError, RevisionNotFoundError) as err:
         raise ValueError(
             f"model.init_from={reference!r}: the Hub has no such repository or revision ({type(err).__name__}). Check "

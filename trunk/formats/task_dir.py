@@ -20,11 +20,13 @@ import shutil
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.codec import load_tokenizer
+from trunk.formats.hf import convert, is_hf_folder
 from trunk.formats.trunk_dir import (
     CONFIG_FILE,
     TARGET_TOKENIZER_FILE,
@@ -116,6 +118,15 @@ def read_task(path: Path) -> tuple[str, dict, str, object | None]:
     )
 
 
+def load_trunk(path: Path) -> PretrainedTrunk:
+    """A trunk directory or checkpoint, or a Hugging Face model folder read as one (``trunk.formats.hf``)."""
+    if not is_hf_folder(path):
+        return load_pretrained(path)
+    pretrained, notes = convert(path)
+    rank_zero_info(f"'{path}' is a Hugging Face model, read as a trunk" + (f": {'; '.join(notes)}" if notes else "."))
+    return pretrained
+
+
 def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
     """A trunk (directory or checkpoint) with the heads of any task directories given beside it, in any order
     (``model.init_from``, ``load``). References (hf://, wandb-artifact://) are fetched first."""
@@ -123,14 +134,14 @@ def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
 
     paths = [resolve_init_from(source) for source in (sources if isinstance(sources, (list, tuple)) else [sources])]
     if len(paths) == 1:
-        return load_pretrained(paths[0])  # (a task directory alone is refused there, with what to add)
+        return load_trunk(paths[0])  # (a task directory alone is refused there, with what to add)
     task_dirs = [p for p in paths if task_meta(p) is not None]
     trunks = [p for p in paths if p not in task_dirs]
     if len(trunks) != 1:
         raise ValueError(f"Give one trunk (a trunk directory or a checkpoint) and any number of task directories; "
                          f"{'none of' if not trunks else f'{len(trunks)} of'} {[str(p) for p in paths]} "
                          f"{'is a trunk' if not trunks else 'are trunks'}.")
-    pretrained = load_pretrained(trunks[0])
+    pretrained = load_trunk(trunks[0])
     fingerprint, origin = trunk_fingerprint(pretrained.trunk_weights), {name: trunks[0] for name in pretrained.heads}
     for path in task_dirs:
         task, head, trained_on, target = read_task(path)

@@ -2,7 +2,8 @@
 
     <dir>/config.json        {"format": "trunk", "format_version": 2, "trunk": {TrunkConfig},
                               "stems": {"text": {}, "image": {...}}, "heads": {task: {kind, label_names, objective}}}
-    <dir>/model.safetensors  "trunk.*" (stems and backbone) and "heads.<task>.*" (each task's head)
+    <dir>/model.safetensors  "trunk.*" (stems and backbone), "heads.<task>.*" (each task's head) and, from a model
+                             pretrained elsewhere, "pooler.*" (BERT's pooler: it starts every [CLS]-pooled head)
     <dir>/tokenizer.json     the tokenizer the text stem was trained with (when it has one)
     <dir>/target_tokenizer.<task>.json   a translation task's own target vocabulary, if any
 
@@ -37,8 +38,10 @@ CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", 
 TARGET_TOKENIZER_FILE = "target_tokenizer.{task}.json"
 # The fields that fix the shapes and the computation; dropout and init_std may differ per run.
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "positions", "norm",
-                       "activation", "layer_norm_eps")
-TEXT_STEM_FIELDS = ("vocab_size", "max_len")  # what only the text stem depends on
+                       "activation", "layer_norm_eps", "segments", "embedding_norm", "position_offset",
+                       "embedding_size")
+# what only the text stem depends on
+TEXT_STEM_FIELDS = ("vocab_size", "max_len", "segments", "position_offset", "embedding_size")
 
 
 def architecture_fields(pretrained: TrunkConfig) -> tuple[str, ...]:
@@ -60,6 +63,7 @@ class PretrainedTrunk:
     # task -> {"meta": {kind, label_names, objective}, "state": {...}}; "source": its task directory, if read from one
     heads: dict[str, dict] = field(default_factory=dict)
     codec: Codec = field(default_factory=Codec)
+    pooler: dict[str, torch.Tensor] = field(default_factory=dict)  # a pretrained pooler's dense layer: weight, bias
 
 
 def check_writable(directory: Path, overwrite: bool) -> None:
@@ -109,6 +113,7 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     tensors = {f"trunk.{k}": v for k, v in pretrained.trunk_weights.items()}
     for task, head in pretrained.heads.items():
         tensors.update({f"heads.{task}.{k}": v for k, v in head["state"].items()})
+    tensors.update({f"pooler.{k}": v for k, v in pretrained.pooler.items()})
     tensors, tied = _untie(tensors)
     meta = {
         "format": FORMAT_NAME,
@@ -287,7 +292,7 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
             f"were trained with vocab_size={config.vocab_size}. The tokenizer does not belong to these weights: "
             "re-export the trunk from its checkpoint."
         )
-    return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, codec)
+    return PretrainedTrunk(path, config, meta["stems"], trunk_weights, heads, codec, _strip(tensors, "pooler."))
 
 
 def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str, torch.Tensor], source: Path) -> None:

@@ -68,14 +68,13 @@ class MaskedLMHead(nn.Module):
     """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
     weight is the token embedding (tied: one matrix for reading and writing tokens)."""
 
-    def __init__(
-        self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5, init_std: float = 0.02
-    ) -> None:
+    def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5,
+                 init_std: float = 0.02, d_model: int | None = None) -> None:
         super().__init__()
-        vocab_size, d_model = token_embedding.weight.shape
-        self.dense = nn.Linear(d_model, d_model)
+        vocab_size, width = token_embedding.weight.shape  # d_model (None: the same) -> width (ELECTRA's 256 -> 128)
+        self.dense = nn.Linear(d_model or width, width)
         self.act = ACTIVATIONS[activation]()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(width, eps=eps)
         self.decoder = nn.Linear(d_model, vocab_size)
         self.decoder.weight = token_embedding.weight
         init_weights(self.dense, init_std)  # not the decoder: its weight is the embedding

@@ -5,32 +5,46 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trunk.core.codec import SEP, SPECIAL_IDS
 from trunk.models.kernels import Dropout
 from trunk.models.positions import POSITIONS
 from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
 
 
 class TokenStem(nn.Module):
-    """Token embedding + position embedding (learned or sinusoidal; none for rope), then dropout.
+    """Token embedding + position embedding (learned or sinusoidal; none for rope) + segment embedding (with
+    ``cfg.segments``), then dropout.
 
-    Post-LN models (BERT) also normalise the embeddings; pre-LN models leave that to the first block.
+    Post-LN models (BERT) also normalise the embeddings (``cfg.embedding_norm``); pre-LN models leave that to the first
+    block. Embeddings narrower than the trunk (``cfg.embedding_size``, ELECTRA-small's) are projected up after that.
+    A token's segment is the number of [SEP]s before it (``separator_id``: the run's tokenizer's, set by
+    ``TrunkModule.connect``), so every sentence-pair task gets BERT's token types from its ids alone.
     While training, ``token_dropout`` of the tokens lose their embedding (their position stays): the model
     cannot lean on any one word, a regulariser for small sets (token cutoff, Shen et al. 2020).
     """
 
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
-        self.max_len = cfg.max_len
-        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.max_len, self.position_offset = cfg.max_len, cfg.position_offset
+        width = cfg.embedding_size
+        self.token = nn.Embedding(cfg.vocab_size, width)
         self.scheme = POSITIONS[cfg.positions]  # learned, sinusoidal: a table here; rope, alibi, t5: in attention
-        self.scheme.add_token_table(self, cfg.max_len, cfg.d_model)
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
+        self.scheme.add_token_table(self, cfg.position_offset + cfg.max_len, width)
+        self.segment = nn.Embedding(cfg.segments, width) if cfg.segments else None
+        self.separator_id = SPECIAL_IDS[SEP]  # Trunk's own tokenizers'; an imported one's is set by connect()
+        self.norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
         self.drop = Dropout(cfg.dropout)
+        self.project = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.token_dropout = cfg.token_dropout
 
     def no_weight_decay(self) -> set[str]:
         """Position tables are offsets the model reads, not features to shrink (timm's convention)."""
         return {"position.weight"} if hasattr(self, "position") else set()
+
+    def segments(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) segment ids: the [SEP]s strictly before each token, capped at the last segment."""
+        separators = (input_ids == self.separator_id).long()
+        return (separators.cumsum(1) - separators).clamp(max=self.segment.num_embeddings - 1)
 
     def forward(self, input_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """input_ids: (B, T) -> (B, T, C). ``offset``: the position of the first token (incremental decoding)."""
@@ -43,10 +57,13 @@ class TokenStem(nn.Module):
         x = self.token(input_ids)
         if self.training and self.token_dropout > 0:
             x = x * (torch.rand(input_ids.shape, device=x.device) >= self.token_dropout).unsqueeze(-1).to(x.dtype)
-        table = self.scheme.token_table(self, offset, T)
+        table = self.scheme.token_table(self, self.position_offset + offset, self.position_offset + T)
         if table is not None:
             x = x + table
-        return self.drop(self.norm(x))
+        if self.segment is not None:
+            x = x + self.segment(self.segments(input_ids))
+        x = self.drop(self.norm(x))
+        return x if self.project is None else self.project(x)
 
 
 class PatchStem(nn.Module):
@@ -73,7 +90,7 @@ class PatchStem(nn.Module):
         nn.init.normal_(self.cls, std=cfg.init_std)
         self.scheme = POSITIONS[cfg.positions]
         self.scheme.add_grid_table(self, self.grid, cfg.d_model, cfg.init_std)
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "post" else nn.Identity()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
         self.drop = Dropout(cfg.dropout)
 
     def no_weight_decay(self) -> set[str]:

@@ -55,8 +55,17 @@ class TrunkConfig:
     # attention scores from the query-key distance (trunk/models/positions/), t5's in relative_buckets learned buckets
     positions: str | None = None  # a name of trunk.models.positions.POSITIONS
     norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
-    activation: Literal["gelu", "relu", "silu"] | None = None
+    activation: Literal["gelu", "gelu_tanh", "relu", "silu"] | None = None  # gelu_tanh: GPT-2's and ELECTRA's
     layer_norm_eps: float = 1e-5
+    # The text stem, for checkpoints pretrained elsewhere (trunk/formats/hf.py) and for Trunk's own trunks alike:
+    # segments: token-type embeddings (BERT's 2), a token's type being the number of [SEP]s before it, so a sentence
+    # pair reads [CLS] a [SEP] as 0 and b [SEP] as 1 (0: none); embedding_norm: a LayerNorm on the embeddings (None:
+    # with post-LN, as BERT); position_offset: learned position rows before the first token's (RoBERTa's 2);
+    # embedding_size: the width of the embedding tables when narrower than d_model, projected up (ELECTRA-small's 128)
+    segments: int = 0
+    embedding_norm: bool | None = None
+    position_offset: int = 0
+    embedding_size: int | None = None
     init_std: float = 0.02
     relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
     relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
@@ -74,16 +83,22 @@ class TrunkConfig:
         for name, value in {**SHAPE_DEFAULTS, **PRESETS.get(self.preset, {})}.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if self.embedding_norm is None:
+            self.embedding_norm = self.norm == "post"
+        if self.embedding_size is None:
+            self.embedding_size = self.d_model
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 "choose n_heads so that each head gets d_model / n_heads channels."
             )
         scheme(self.positions).check(self)
-        for name in ("local_window", "global_tokens"):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"TrunkConfig.activation={self.activation!r}: choose {', '.join(ACTIVATIONS)}.")
+        for name in ("local_window", "global_tokens", "segments", "position_offset"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "embedding_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("dropout", "attn_dropout", "token_dropout"):
@@ -120,7 +135,7 @@ class TrunkConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
 
 
 def position_bias(cfg: TrunkConfig, causal: bool = False) -> nn.Module | None:

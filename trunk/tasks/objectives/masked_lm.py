@@ -49,7 +49,7 @@ def tied_mlm_head(trunk: Trunk) -> MaskedLMHead:
     cfg = trunk.cfg
     if "text" not in trunk.stems:
         raise ValueError("Masked-LM needs the trunk's text stem.")
-    return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std)
+    return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std, cfg.d_model)
 
 
 def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_ids: list[int]) -> torch.Tensor:

@@ -71,7 +71,8 @@ class Translation(Objective):
                 "task's data, or share_embeddings=false."
             )
         self.decoder = Decoder(
-            replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers)
+            replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers, segments=0,
+                    embedding_size=None)  # targets are one segment, embedded at the width the logits read
         )
         if self.share_embeddings:
             self.decoder.stem.token = trunk.stems["text"].token

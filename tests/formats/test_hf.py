@@ -1,0 +1,212 @@
+"""Hugging Face checkpoints into the trunk (trunk/formats/hf.py), checked against ``transformers`` itself: tiny random
+models of each family built here (no network), saved as ``save_pretrained`` writes them, imported, and compared."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from trunk.cli.import_model import import_main  # noqa: E402
+from trunk.formats.hf import FAMILIES, convert, map_weights  # noqa: E402
+from trunk.formats.trunk_dir import load_pretrained  # noqa: E402
+from trunk.models import build_trunk  # noqa: E402
+from trunk.tasks.objectives.masked_lm import tied_mlm_head  # noqa: E402
+
+WORDS = ["the", "a", "film", "movie", "is", "was", "good", "bad", "great", "awful", "plot", "actor", ",", ".", "!",
+         "and", "but", "not", "very", "quite", "funny", "dull", "story", "ending", "cast", "music"]
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+SENTENCES = ["the film was great .", "a very dull plot , but the cast is funny !", "awful"]
+PAIRS = [("the film was great .", "the plot was not"), ("awful", "a very good story and a great ending ! ! !")]
+
+
+def write_vocab(folder: Path, pieces: list[str] = ()) -> list[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [*BERT_SPECIALS, *[f"[unused{i}]" for i in range(3)], *WORDS, *[f"##{c}" for c in letters], *letters,
+             *",.!", *pieces]
+    vocab = list(dict.fromkeys(vocab))  # once each: a WordPiece vocabulary's ids are its line numbers
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    return vocab
+
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
+    """A random ``transformers`` model of ``model_type`` saved to ``folder`` with a BERT vocabulary, and the model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_vocab(folder)
+    torch.manual_seed(0)
+    if model_type == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                               max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                                               **options)
+    else:
+        config = transformers.AutoConfig.for_model(model_type, vocab_size=len(vocab), **{**TINY, **options})
+    auto = transformers.AutoModelForMaskedLM if masked_lm else transformers.AutoModel
+    model = auto.from_config(config).eval()
+    with torch.no_grad():  # LayerNorms and biases off their init values, so a wrong mapping shows
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return model
+
+
+def trunk_of(pretrained):
+    trunk = build_trunk(pretrained.config)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    trunk.stems["text"].separator_id = pretrained.codec.tokenizer.token_to_id("[SEP]")  # TrunkModule.connect's job
+    return trunk.eval()
+
+
+def batch(tokenizer, texts):
+    """Padded ids, mask and token types as the model's own tokenizer makes them."""
+    encodings = [tokenizer.encode(*t) if isinstance(t, tuple) else tokenizer.encode(t) for t in texts]
+    length = max(len(e.ids) for e in encodings)
+    ids = torch.tensor([e.ids + [0] * (length - len(e.ids)) for e in encodings])
+    types = torch.tensor([e.type_ids + [0] * (length - len(e.ids)) for e in encodings])
+    return ids, (ids != 0).long(), types
+
+
+def hf_hidden(model, ids, mask, types):
+    base = model.base_model
+    kwargs = {} if "distilbert" in type(model).__name__.lower() else {"token_type_ids": types}
+    return base(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
+
+
+@pytest.mark.parametrize("model_type,options", [
+    ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}),
+    ("electra", {"embedding_size": 16}), ("electra", {}),
+])
+def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, options, tmp_path):
+    """fp32, padded batches of single sentences and of pairs: every real position within 1e-5 of transformers, and the
+    masked-LM head's logits too."""
+    model = tiny(model_type, tmp_path / "hf", **options)
+    pretrained, notes = convert(tmp_path / "hf")
+    trunk = trunk_of(pretrained)
+    head = tied_mlm_head(trunk)
+    head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
+    for texts in (SENTENCES, PAIRS):
+        ids, mask, types = batch(pretrained.codec.tokenizer, texts)
+        if texts is PAIRS:
+            assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
+        with torch.no_grad():
+            expected, ours = hf_hidden(model, ids, mask, types), trunk(ids, mask)
+            real = mask.bool()
+            assert (expected - ours)[real].abs().max() < 1e-5
+            kwargs = {} if model_type == "distilbert" else {"token_type_ids": types}
+            logits = model(input_ids=ids, attention_mask=mask, **kwargs).logits
+            assert (logits - head(ours))[real].abs().max() < 1e-4  # vocabulary logits: larger values
+    assert "the pretrained masked-LM head, as task 'mlm'" in notes
+
+
+def test_base_model_without_a_head_imports_with_its_pooler(tmp_path):
+    model = tiny("bert", tmp_path / "hf", masked_lm=False)
+    pretrained, notes = convert(tmp_path / "hf")
+    assert pretrained.heads == {}
+    assert torch.equal(pretrained.pooler["weight"], model.pooler.dense.weight)
+    assert any("pooler" in note for note in notes)
+
+
+def test_tokenizer_file_settings_that_would_corrupt_a_run_are_cleared(tmp_path):
+    """A tokenizer.json that pads every input to a fixed length (as the shipped MiniLM's does) is read without it."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    tiny("bert", tmp_path / "hf")
+    tokenizer = BertWordPieceTokenizer(str(tmp_path / "hf" / "vocab.txt"), lowercase=True)._tokenizer
+    tokenizer.enable_padding(length=40)
+    tokenizer.enable_truncation(40)
+    tokenizer.save(str(tmp_path / "hf" / "tokenizer.json"))
+    pretrained, notes = convert(tmp_path / "hf")
+    assert len(pretrained.codec.tokenizer.encode("the film").ids) == 4  # [CLS] the film [SEP], not 40
+    assert any("padding to 40" in note and "truncation at 40" in note for note in notes)
+
+
+def test_real_size_configs_map_on_the_meta_device():
+    """BERT-base, DistilBERT-base, ELECTRA-small's discriminator and generator, RoBERTa-base: every weight of a
+    transformers model of that size maps, none is left over, without allocating any."""
+    configs = {
+        "bert": transformers.BertConfig(),
+        "distilbert": transformers.DistilBertConfig(),
+        "electra": transformers.ElectraConfig(),  # ELECTRA-small: embeddings 128 wide, projected to 256
+        "roberta": transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
+    }
+    for model_type, config in configs.items():
+        with torch.device("meta"):
+            model = transformers.AutoModelForMaskedLM.from_config(config)
+        mapped = map_weights(config.to_dict(), model.state_dict(), model_type)
+        ours = sum(v.numel() for v in mapped.trunk.values()) + sum(
+            v.numel() for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight"
+        )
+        theirs = sum(p.numel() for p in model.parameters())
+        assert ours == theirs, model_type
+    assert set(configs) <= set(FAMILIES)
+
+
+def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head(tmp_path):
+    tiny("bert", tmp_path / "hf")
+    out = subprocess.run([sys.executable, "-m", "trunk.cli", "import", str(tmp_path / "hf"), str(tmp_path / "trunk")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Wrote" in out.stdout and "masked-LM head" in out.stdout
+    pretrained = load_pretrained(tmp_path / "trunk")
+    assert pretrained.config.segments == 2 and list(pretrained.heads) == ["mlm"]  # BertForMaskedLM has no pooler
+    # the same weights as read straight from the folder
+    direct, _ = convert(tmp_path / "hf")
+    assert all(torch.equal(direct.trunk_weights[k], v) for k, v in pretrained.trunk_weights.items())
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda cfg, folder: cfg.update(model_type="albert"), "albert model, which Trunk cannot import: ALBERT shares"),
+    (lambda cfg, folder: cfg.update(model_type="gpt-neo"), "'gpt-neo' model; Trunk imports the model types bert"),
+    (lambda cfg, folder: cfg.update(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
+    (lambda cfg, folder: cfg.update(hidden_act="quick_gelu"), "activation 'quick_gelu' is not one the trunk has"),
+    (lambda cfg, folder: cfg.update(num_hidden_layers=3), r"missing \['bert.encoder.layer.2"),
+    (lambda cfg, folder: cfg.update(num_hidden_layers=1), r"unexpected \['bert.encoder.layer.1"),
+    (lambda cfg, folder: cfg.update(vocab_size=cfg["vocab_size"] + 1), "does not match its config.json"),
+    (lambda cfg, folder: (folder / "vocab.txt").write_text("\n".join(BERT_SPECIALS + ["x"])),
+     "The tokenizer has 6 tokens, but .* rows in its embedding table"),
+    (lambda cfg, folder: (folder / "model.safetensors").unlink(), "holds no weights"),
+    (lambda cfg, folder: (folder / "model.safetensors").write_bytes(b"\x00" * 64), "corrupted or not a weights file"),
+])
+def test_bad_checkpoints_are_one_clear_error_and_nothing_is_written(change, message, tmp_path):
+    tiny("bert", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    change(config, tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_info:
+        import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    said = str(exit_info.value.code)
+    assert said.startswith("error: ") and len(said.splitlines()) == 1, said
+    assert re.search(message, said), said
+    assert not (tmp_path / "trunk").exists() and not list(tmp_path.glob(".trunk*"))
+
+
+def test_pickled_weights_load_with_weights_only(tmp_path):
+    """pytorch_model.bin is read with weights_only=True: the same weights as safetensors, and a pickle that would run
+    code is refused, not run."""
+    model = tiny("bert", tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "hf" / "pytorch_model.bin")
+    pretrained, _ = convert(tmp_path / "hf")
+    embeddings = model.bert.embeddings.word_embeddings.weight
+    assert torch.equal(pretrained.trunk_weights["stems.text.token.weight"], embeddings)
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    torch.save({"x": Evil()}, tmp_path / "hf" / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="holds more than tensors .* refused"):
+        convert(tmp_path / "hf")
+    assert not (tmp_path / "ran").exists()

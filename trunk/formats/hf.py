@@ -1,0 +1,381 @@
+"""Hugging Face model folders in: a ``transformers`` checkpoint (``config.json`` + ``model.safetensors`` or
+``pytorch_model.bin``, with its tokenizer files) read without ``transformers`` into a ``PretrainedTrunk``, which
+``trunk import`` writes as a trunk directory and ``model.init_from`` takes directly.
+
+One ``Family`` per architecture: how its ``config.json`` reads as a ``TrunkConfig`` (refusing by name what the trunk
+cannot compute), and one mapping table from Trunk's module names to the family's (litgpt's
+``convert_hf_checkpoint``, timm's ``checkpoint_filter_fn``). A weight the table does not name, or one it names that
+the file lacks, is an error naming it. The pretrained masked-LM head comes along as the head of a task ``mlm``
+(``MaskedLanguageModeling`` goes on pretraining from it); BERT's pooler starts the pooler of every [CLS]-pooled head
+trained from the trunk, as ``transformers`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
+
+from trunk.core.checkpoint import check_readable
+from trunk.core.codec import SPECIAL_TOKENS, Codec
+from trunk.formats import hub
+from trunk.formats.hub import TRUNK_FILES
+from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
+from trunk.models import TrunkConfig, build_trunk
+from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling, tied_mlm_head
+
+CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
+    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+)
+# what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
+# others), the tokenizer files
+HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"]
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+               "relu": "relu", "silu": "silu", "swish": "silu"}
+# families whose architecture the trunk cannot compute, and why: refused by name
+REFUSED = {
+    "albert": "ALBERT shares one set of layer weights across its depth and factorises its embeddings",
+    "deberta": "DeBERTa's disentangled attention scores content and relative position separately",
+    "deberta-v2": "DeBERTa's disentangled attention scores content and relative position separately",
+    "longformer": "Longformer's attention has separate global-attention projections",
+    "xlnet": "XLNet is a permutation language model with two-stream attention",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one ``model_type`` maps into the trunk. ``table``: Trunk module -> the family's module (several: fused in
+    order, queries then keys then values; ``{i}``: a block's number), inside the base model whose weights start with
+    one of ``prefixes`` (a task model's, ``bert.``) or none (the base model saved alone). ``mlm``: the masked-LM
+    head's table (its decoder is the token embedding). ``ignored``: weights of the family with no use here (a
+    pre-training head Trunk has no kind for, the tied copy of the embeddings), by pattern."""
+
+    config: Callable[[dict], TrunkConfig]
+    table: dict[str, str | tuple[str, ...]]
+    prefixes: tuple[str, ...]
+    mlm: dict[str, str] = field(default_factory=dict)
+    pooler: str | None = None  # the module of the pretrained pooler (dense + tanh on [CLS])
+    ignored: tuple[str, ...] = ()
+
+
+def _block(attention: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+    return {f"backbone.blocks.{{i}}.{ours}": theirs for ours, theirs in attention.items()}
+
+
+BERT_BLOCK = _block({
+    "attn.q_proj": "encoder.layer.{i}.attention.self.query",
+    "attn.kv_proj": ("encoder.layer.{i}.attention.self.key", "encoder.layer.{i}.attention.self.value"),
+    "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+    "norm_attn": "encoder.layer.{i}.attention.output.LayerNorm",
+    "ff.fc_in": "encoder.layer.{i}.intermediate.dense",
+    "ff.fc_out": "encoder.layer.{i}.output.dense",
+    "norm_ff": "encoder.layer.{i}.output.LayerNorm",
+})
+BERT_EMBEDDINGS = {
+    "stems.text.token": "embeddings.word_embeddings",
+    "stems.text.position": "embeddings.position_embeddings",
+    "stems.text.segment": "embeddings.token_type_embeddings",
+    "stems.text.norm": "embeddings.LayerNorm",
+}
+
+
+def _check(values: dict, model_type: str) -> None:
+    """Refuse, by name, the options of a BERT-like config that the trunk cannot honour."""
+    refused = {
+        "position_embedding_type": (values.get("position_embedding_type", "absolute"), "absolute"),
+        "is_decoder": (values.get("is_decoder", False), False),
+        "add_cross_attention": (values.get("add_cross_attention", False), False),
+    }
+    for name, (value, supported) in refused.items():
+        if value != supported:
+            raise ValueError(f"The {model_type} checkpoint has {name}={value!r}, which the trunk cannot compute "
+                             f"(it supports {name}={supported!r} only).")
+    act = values.get("hidden_act", values.get("activation", "gelu"))
+    if act not in ACTIVATIONS:
+        raise ValueError(f"The {model_type} checkpoint's activation {act!r} is not one the trunk has "
+                         f"({', '.join(ACTIVATIONS)}).")
+
+
+def bert_config(values: dict, model_type: str = "bert", position_offset: int = 0) -> TrunkConfig:
+    _check(values, model_type)
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
+        n_heads=values["num_attention_heads"], d_ff=values["intermediate_size"],
+        dropout=values.get("hidden_dropout_prob", 0.1), attn_dropout=values.get("attention_probs_dropout_prob", 0.1),
+        max_len=values.get("max_position_embeddings", 512) - position_offset, position_offset=position_offset,
+        positions="learned", norm="post", embedding_norm=True, activation=ACTIVATIONS[values.get("hidden_act", "gelu")],
+        layer_norm_eps=values.get("layer_norm_eps", 1e-12), segments=values.get("type_vocab_size", 2),
+        init_std=values.get("initializer_range", 0.02), embedding_size=values.get("embedding_size"),
+    )
+
+
+def roberta_config(values: dict) -> TrunkConfig:
+    # positions count from the padding id + 1 (fairseq's convention): the first rows of the table are never read
+    return bert_config(values, values.get("model_type", "roberta"), position_offset=values.get("pad_token_id", 1) + 1)
+
+
+def distilbert_config(values: dict) -> TrunkConfig:
+    _check(values, "distilbert")
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["dim"], n_layers=values["n_layers"],
+        n_heads=values["n_heads"], d_ff=values["hidden_dim"], dropout=values.get("dropout", 0.1),
+        attn_dropout=values.get("attention_dropout", 0.1), max_len=values.get("max_position_embeddings", 512),
+        positions="learned", norm="post", embedding_norm=True, activation=ACTIVATIONS[values.get("activation", "gelu")],
+        layer_norm_eps=1e-12, segments=0, init_std=values.get("initializer_range", 0.02),
+    )
+
+
+BERT = Family(
+    bert_config, {**BERT_EMBEDDINGS, **BERT_BLOCK}, ("bert.",),
+    mlm={"head.dense": "cls.predictions.transform.dense", "head.norm": "cls.predictions.transform.LayerNorm",
+         "head.decoder": "cls.predictions"},
+    pooler="pooler.dense",
+    ignored=(r"cls\.seq_relationship\..*", r"cls\.predictions\.decoder\.(weight|bias)", r".*position_ids"),
+)
+ROBERTA = Family(
+    roberta_config, {**BERT_EMBEDDINGS, **BERT_BLOCK}, ("roberta.",),
+    mlm={"head.dense": "lm_head.dense", "head.norm": "lm_head.layer_norm", "head.decoder": "lm_head"},
+    pooler="pooler.dense",
+    ignored=(r"lm_head\.decoder\.(weight|bias)", r".*position_ids"),
+)
+ELECTRA = Family(
+    bert_config, {**BERT_EMBEDDINGS, "stems.text.project": "embeddings_project", **BERT_BLOCK}, ("electra.",),
+    # a generator checkpoint's head; a discriminator's replaced-token head has no generator beside it to train with
+    mlm={"head.dense": "generator_predictions.dense", "head.norm": "generator_predictions.LayerNorm",
+         "head.decoder": "generator_lm_head"},
+    ignored=(r"generator_lm_head\.weight", r"discriminator_predictions\..*", r".*position_ids"),
+)
+DISTILBERT = Family(
+    distilbert_config,
+    {
+        "stems.text.token": "embeddings.word_embeddings",
+        "stems.text.position": "embeddings.position_embeddings",
+        "stems.text.norm": "embeddings.LayerNorm",
+        **_block({
+            "attn.q_proj": "transformer.layer.{i}.attention.q_lin",
+            "attn.kv_proj": ("transformer.layer.{i}.attention.k_lin", "transformer.layer.{i}.attention.v_lin"),
+            "attn.out_proj": "transformer.layer.{i}.attention.out_lin",
+            "norm_attn": "transformer.layer.{i}.sa_layer_norm",
+            "ff.fc_in": "transformer.layer.{i}.ffn.lin1",
+            "ff.fc_out": "transformer.layer.{i}.ffn.lin2",
+            "norm_ff": "transformer.layer.{i}.output_layer_norm",
+        }),
+    },
+    ("distilbert.",),
+    mlm={"head.dense": "vocab_transform", "head.norm": "vocab_layer_norm", "head.decoder": "vocab_projector"},
+    ignored=(r"vocab_projector\.weight", r".*position_ids"),
+)
+FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
+                               "distilbert": DISTILBERT}
+
+
+def download(reference: str) -> Path:
+    """``hf://ORG/NAME``: a Trunk directory's files or a Hugging Face model's (pickled weights only where it has no
+    safetensors)."""
+    patterns = [*TRUNK_FILES, *HF_FILES]
+    folder = hub.download(reference, patterns)
+    return hub.download(reference, [*patterns, PICKLE]) if is_hf_folder(folder) and not weight_files(folder) else folder
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder of a ``transformers`` model: a config.json with a ``model_type`` and no Trunk format."""
+    config = Path(path) / CONFIG
+    if not config.is_file():
+        return False
+    try:
+        meta = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(meta, dict) and "model_type" in meta and "format" not in meta
+
+
+def family_of(values: dict, source: Path) -> Family:
+    model_type = values.get("model_type")
+    if model_type in REFUSED:
+        raise ValueError(f"'{source}' is a {model_type} model, which Trunk cannot import: {REFUSED[model_type]}, "
+                         f"which the trunk does not compute. Supported model types: {', '.join(FAMILIES)}.")
+    if model_type not in FAMILIES:
+        raise ValueError(f"'{source}' is a {model_type!r} model; Trunk imports the model types "
+                         f"{', '.join(FAMILIES)}.")
+    return FAMILIES[model_type]
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files holding a model folder's weights: safetensors (one file, or the shards its index lists), else a
+    pickled ``pytorch_model.bin``; [] if none."""
+    index = folder / SAFETENSORS_INDEX
+    if (folder / SAFETENSORS).is_file():
+        return [folder / SAFETENSORS]
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [folder / PICKLE] if (folder / PICKLE).is_file() else []
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights (``weight_files``), pickles read with ``weights_only=True`` (tensors only: a pickle that
+    would run code is refused). Old checkpoints' LayerNorm ``gamma`` / ``beta`` are read as ``weight`` / ``bias``."""
+    files = weight_files(folder)
+    if not files:
+        raise FileNotFoundError(f"'{folder}' holds no weights: a Hugging Face model folder has {SAFETENSORS} (or "
+                                f"shards with {SAFETENSORS_INDEX}) or {PICKLE}.")
+    check_readable(*files)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".bin":
+                tensors.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+            else:
+                tensors.update(load_file(str(file)))
+        except pickle.UnpicklingError:
+            raise ValueError(f"'{file}' holds more than tensors (a pickle that loads only by running its code), so it "
+                             "is refused: Trunk reads pickled weights with weights_only=True. Convert it to "
+                             "safetensors where you trust its source.") from None
+        except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+            raise ValueError(f"'{file}' is corrupted or not a weights file ({str(err).splitlines()[0]}). Download "
+                             "the model again.") from None
+    return {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)): v
+            for k, v in tensors.items()}
+
+
+def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
+    """The model's own tokenizer as it ships (``tokenizer.json``, else BERT's ``vocab.txt`` with its lowercasing), and
+    what was changed: padding and truncation switched on in the file are cleared (the data pads and cuts per batch;
+    a fixed padding would make every input that long)."""
+    config = _json(folder / "tokenizer_config.json")
+    if (folder / "tokenizer.json").is_file():
+        try:
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as err:  # the Rust error names no file
+            raise ValueError(f"Could not read '{folder / 'tokenizer.json'}': {err}") from None
+    elif (folder / "vocab.txt").is_file():
+        tokenizer = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=config.get("do_lower_case", True),
+                                           strip_accents=config.get("strip_accents"))._tokenizer
+    else:
+        raise FileNotFoundError(f"'{folder}' has no tokenizer (tokenizer.json or vocab.txt). Give the model's "
+                                "tokenizer folder with --tokenizer DIR.")
+    cleared = []
+    if tokenizer.padding is not None:
+        cleared.append(f"padding to {tokenizer.padding.get('length') or 'the longest'}")
+        tokenizer.no_padding()
+    if tokenizer.truncation is not None:
+        cleared.append(f"truncation at {tokenizer.truncation['max_length']}")
+        tokenizer.no_truncation()
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"The tokenizer in '{folder}' lacks the special tokens {missing}, which Trunk's data reads "
+                         f"by name ({SPECIAL_TOKENS}).")
+    return tokenizer, cleared
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _expand(table: dict[str, str | tuple[str, ...]], n_layers: int) -> dict[str, tuple[str, ...]]:
+    """The table with one entry per block, each value a tuple of the family's modules."""
+    out = {}
+    for ours, theirs in table.items():
+        theirs = (theirs,) if isinstance(theirs, str) else theirs
+        for i in range(n_layers) if "{i}" in ours else [None]:
+            out[ours.format(i=i)] = tuple(t.format(i=i) for t in theirs)
+    return out
+
+
+def _take(expected: dict[str, torch.Size], table: dict[str, tuple[str, ...]], tensors: dict[str, torch.Tensor],
+          prefix: str, used: set[str], missing: list[str]) -> dict[str, torch.Tensor]:
+    """Each expected Trunk weight from its module's entry in ``table`` (fused ones concatenated on the output axis)."""
+    out = {}
+    for name in expected:
+        module, leaf = name.rsplit(".", 1)
+        if module not in table:
+            missing.append(f"{name} (no entry in the mapping)")
+            continue
+        names = [f"{prefix}{theirs}.{leaf}" for theirs in table[module]]
+        absent = [n for n in names if n not in tensors]
+        if absent:
+            missing.extend(absent)
+            continue
+        used.update(names)
+        out[name] = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names])
+    return out
+
+
+@dataclass
+class Mapped:
+    """A foreign checkpoint's weights in Trunk's names."""
+
+    config: TrunkConfig
+    trunk: dict[str, torch.Tensor]
+    heads: dict[str, dict]
+    pooler: dict[str, torch.Tensor]
+    notes: list[str]
+
+
+def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Path) -> Mapped:
+    """A Hugging Face config (``config.json``'s values) and its weights in Trunk's names: the trunk's, the masked-LM
+    head's (task ``mlm``) and the pooler's. Works on meta tensors too (the mapping of a real-size config, checked
+    without memory)."""
+    family = family_of(values, source)
+    config = family.config(values)
+    prefix = next((p for p in family.prefixes if any(k.startswith(p) for k in tensors)), "")
+    with torch.device("meta"):  # names and shapes only
+        trunk = build_trunk(config)
+        expected = {k: v.shape for k, v in trunk.state_dict().items()}
+        head = {f"head.{k}": v.shape for k, v in tied_mlm_head(trunk).state_dict().items() if k != "decoder.weight"}
+    used: set[str] = set()
+    missing: list[str] = []
+    trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)
+    heads, notes, pooler = {}, [], {}
+    if any(k.startswith(tuple(f"{theirs}." for theirs in family.mlm.values())) for k in tensors):
+        state = _take(head, {k: (v,) for k, v in family.mlm.items()}, tensors, "", used, missing)
+        state["head.decoder.weight"] = trunk_weights.get("stems.text.token.weight")  # tied: the token embedding
+        heads["mlm"] = {"meta": MaskedLanguageModeling().head_meta(), "state": state}
+        notes.append("the pretrained masked-LM head, as task 'mlm'")
+    if family.pooler and f"{prefix}{family.pooler}.weight" in tensors:
+        names = {leaf: f"{prefix}{family.pooler}.{leaf}" for leaf in ("weight", "bias")}
+        pooler = {leaf: tensors[name] for leaf, name in names.items()}
+        used.update(names.values())
+        notes.append("its pooler, which starts the pooler of every [CLS]-pooled head")
+    unexpected = sorted(k for k in tensors.keys() - used if not any(re.fullmatch(p, k) for p in family.ignored))
+    if missing or unexpected:
+        raise ValueError(f"'{source}' does not map onto a {values['model_type']} trunk: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}{' ...' if len(missing) > 5 or len(unexpected) > 5 else ''}. "
+                         "Is it a complete checkpoint of a supported architecture?")
+    wrong = [f"{k}: {tuple(v.shape)}, the config says {tuple(expected[k])}" for k, v in trunk_weights.items()
+             if v.shape != expected[k]]
+    if wrong:
+        raise ValueError(f"'{source}' does not match its {CONFIG}: {wrong[:5]}.")
+    return Mapped(config, trunk_weights, heads, pooler, notes)
+
+
+def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> tuple[PretrainedTrunk, list[str]]:
+    """A Hugging Face model folder as a ``PretrainedTrunk``, and notes on what was done (in words)."""
+    folder = Path(folder)
+    if not (folder / CONFIG).is_file():
+        raise FileNotFoundError(f"'{folder}' is not a Hugging Face model folder: it has no {CONFIG}.")
+    try:
+        values = json.loads((folder / CONFIG).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"'{folder / CONFIG}' is not valid JSON ({err}).") from None
+    family_of(values, folder)  # before reading any weights
+    mapped = map_weights(values, read_weights(folder), folder)
+    tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
+    if tokenizer.get_vocab_size() != mapped.config.vocab_size:
+        raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens, but '{folder}' has "
+                         f"{mapped.config.vocab_size} rows in its embedding table: they do not belong together. Give "
+                         "the model's own tokenizer (--tokenizer DIR).")
+    notes = mapped.notes + ([f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)"]
+                            if cleared else [])
+    check_weights(mapped.config, {"text": {}}, mapped.trunk, folder / CONFIG)  # and that every value is finite
+    codec = Codec(tokenizer)
+    return PretrainedTrunk(folder, mapped.config, {"text": {}}, mapped.trunk, mapped.heads, codec, mapped.pooler), notes
