@@ -14,7 +14,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import single_task  # noqa: E402
+from test_pretraining import finetune_args  # noqa: E402
+
+from trunk.cli import run_cli  # noqa: E402
 from trunk.cli.import_model import import_main  # noqa: E402
+from trunk.core.codec import PAD, SEP, special_id  # noqa: E402
 from trunk.formats.hf import FAMILIES, convert, map_weights  # noqa: E402
 from trunk.formats.trunk_dir import load_pretrained  # noqa: E402
 from trunk.models import build_trunk  # noqa: E402
@@ -22,15 +27,15 @@ from trunk.tasks.objectives.masked_lm import tied_mlm_head  # noqa: E402
 
 WORDS = ["the", "a", "film", "movie", "is", "was", "good", "bad", "great", "awful", "plot", "actor", ",", ".", "!",
          "and", "but", "not", "very", "quite", "funny", "dull", "story", "ending", "cast", "music"]
-BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SENTENCES = ["the film was great .", "a very dull plot , but the cast is funny !", "awful"]
 PAIRS = [("the film was great .", "the plot was not"), ("awful", "a very good story and a great ending ! ! !")]
 
 
 def write_vocab(folder: Path, pieces: list[str] = ()) -> list[str]:
     letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = [*BERT_SPECIALS, *[f"[unused{i}]" for i in range(3)], *WORDS, *[f"##{c}" for c in letters], *letters,
-             *",.!", *pieces]
+    # BERT's layout: [PAD] 0, unused rows, then [UNK] [CLS] [SEP] [MASK] (ids 100-103 in bert-base's; 6-9 here)
+    vocab = ["[PAD]", *[f"[unused{i}]" for i in range(5)], "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS,
+             *[f"##{c}" for c in letters], *letters, *",.!", *pieces]
     vocab = list(dict.fromkeys(vocab))  # once each: a WordPiece vocabulary's ids are its line numbers
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return vocab
@@ -40,10 +45,25 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
+def write_bpe(folder: Path) -> list[str]:
+    """RoBERTa's kind of tokenizer files: a byte-level BPE vocab.json and merges.txt, <s> <pad> </s> <unk> first."""
+    from tokenizers.implementations import ByteLevelBPETokenizer
+
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator([" ".join(WORDS)] * 4 + SENTENCES, vocab_size=300, min_frequency=1,
+                                  special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
+    tokenizer.save_model(str(folder))
+    return list(tokenizer.get_vocab())
+
+
 def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
-    """A random ``transformers`` model of ``model_type`` saved to ``folder`` with a BERT vocabulary, and the model."""
+    """A random ``transformers`` model of ``model_type`` saved to ``folder`` with its family's kind of vocabulary, and
+    the model."""
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_vocab(folder)
+    vocab = write_bpe(folder) if model_type == "roberta" else write_vocab(folder)
+    if model_type == "roberta":  # fairseq's ids: padding 1, positions from 2 on
+        options = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "type_vocab_size": 1,
+                   "max_position_embeddings": 66, **options}
     torch.manual_seed(0)
     if model_type == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
@@ -65,17 +85,17 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
 def trunk_of(pretrained):
     trunk = build_trunk(pretrained.config)
     trunk.load_state_dict(pretrained.trunk_weights)
-    trunk.stems["text"].separator_id = pretrained.codec.tokenizer.token_to_id("[SEP]")  # TrunkModule.connect's job
+    trunk.stems["text"].separator_id = special_id(pretrained.codec.tokenizer, SEP)  # TrunkModule.connect's job
     return trunk.eval()
 
 
 def batch(tokenizer, texts):
     """Padded ids, mask and token types as the model's own tokenizer makes them."""
     encodings = [tokenizer.encode(*t) if isinstance(t, tuple) else tokenizer.encode(t) for t in texts]
-    length = max(len(e.ids) for e in encodings)
-    ids = torch.tensor([e.ids + [0] * (length - len(e.ids)) for e in encodings])
+    length, pad = max(len(e.ids) for e in encodings), special_id(tokenizer, PAD)
+    ids = torch.tensor([e.ids + [pad] * (length - len(e.ids)) for e in encodings])
     types = torch.tensor([e.type_ids + [0] * (length - len(e.ids)) for e in encodings])
-    return ids, (ids != 0).long(), types
+    return ids, (ids != pad).long(), types
 
 
 def hf_hidden(model, ids, mask, types):
@@ -85,7 +105,7 @@ def hf_hidden(model, ids, mask, types):
 
 
 @pytest.mark.parametrize("model_type,options", [
-    ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}),
+    ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}),
     ("electra", {"embedding_size": 16}), ("electra", {}),
 ])
 def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, options, tmp_path):
@@ -98,7 +118,7 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
     head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
     for texts in (SENTENCES, PAIRS):
         ids, mask, types = batch(pretrained.codec.tokenizer, texts)
-        if texts is PAIRS:
+        if texts is PAIRS and model_type != "roberta":  # RoBERTa has one segment
             assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
         with torch.no_grad():
             expected, ours = hf_hidden(model, ids, mask, types), trunk(ids, mask)
@@ -174,7 +194,7 @@ def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head
     (lambda cfg, folder: cfg.update(num_hidden_layers=3), r"missing \['bert.encoder.layer.2"),
     (lambda cfg, folder: cfg.update(num_hidden_layers=1), r"unexpected \['bert.encoder.layer.1"),
     (lambda cfg, folder: cfg.update(vocab_size=cfg["vocab_size"] + 1), "does not match its config.json"),
-    (lambda cfg, folder: (folder / "vocab.txt").write_text("\n".join(BERT_SPECIALS + ["x"])),
+    (lambda cfg, folder: (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx"),
      "The tokenizer has 6 tokens, but .* rows in its embedding table"),
     (lambda cfg, folder: (folder / "model.safetensors").unlink(), "holds no weights"),
     (lambda cfg, folder: (folder / "model.safetensors").write_bytes(b"\x00" * 64), "corrupted or not a weights file"),
@@ -210,3 +230,39 @@ def test_pickled_weights_load_with_weights_only(tmp_path):
     with pytest.raises(ValueError, match="holds more than tensors .* refused"):
         convert(tmp_path / "hf")
     assert not (tmp_path / "ran").exists()
+
+
+def test_fine_tuning_from_a_folder_reads_segments_off_its_sep_and_starts_from_its_pooler(sentiment_files, tmp_path):
+    model = tiny("bert", tmp_path / "hf", masked_lm=False)
+    cli = run_cli(finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), run=False)
+    trunk = cli.model.trunk
+    assert trunk.stems["text"].separator_id == 8  # this vocabulary's [SEP], not Trunk's own 3
+    assert torch.equal(trunk.stems["text"].segment.weight, model.embeddings.token_type_embeddings.weight)
+    head = cli.model.objectives["sentiment"].head
+    assert torch.equal(head.dense.weight, model.pooler.dense.weight)  # the pretrained pooler
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_masked_lm_goes_on_pretraining_from_the_imported_head(tmp_path):
+    """Domain-adaptive pretraining: MaskedLanguageModeling on the user's text starts from RoBERTa's own head, its
+    special tokens spelt <s> </s> <pad> <mask>."""
+    model = tiny("roberta", tmp_path / "hf")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES * 50) + "\n")
+    args = single_task(["fit", "--model=trunk.tasks.MaskedLanguageModeling", f"--model.init_from={tmp_path / 'hf'}",
+                        "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}", "--data.max_length=32",
+                        "--data.batch_size=8", "--trainer.max_steps=3", "--trainer.accelerator=cpu",
+                        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                        f"--trainer.default_root_dir={tmp_path / 'run'}"], "mlm")
+    cli = run_cli(args[1:], run=False)
+    head = cli.model.objectives["mlm"].head
+    assert torch.equal(head.dense.weight, model.lm_head.dense.weight)
+    assert torch.equal(head.decoder.bias, model.lm_head.bias)
+    assert head.decoder.weight is cli.model.trunk.stems["text"].token.weight  # still tied
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    tokenizer = cli.datamodule.tokenizer
+    assert (batch["input_ids"][:, 0] == tokenizer.token_to_id("<s>")).all()
+    assert (batch["input_ids"] == tokenizer.token_to_id("<mask>")).any()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])

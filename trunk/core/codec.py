@@ -17,6 +17,9 @@ from trunk.core.checkpoint import load_checkpoint
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # PAD is id 0, UNK 1, CLS 2, SEP 3, MASK 4
 SPECIAL_IDS = {token: i for i, token in enumerate(SPECIAL_TOKENS)}  # every Trunk tokenizer has these ids
+# the same roles as RoBERTa's (byte-level BPE) and many SentencePiece tokenizers spell them: an imported model's
+# tokenizer keeps its own spelling, and Trunk finds each role by either (``special_id``)
+OTHER_SPELLING = {PAD: "<pad>", UNK: "<unk>", CLS: "<s>", SEP: "</s>", MASK: "<mask>"}
 IGNORE_INDEX = -100  # label positions that take no loss (cross_entropy's default ignore_index)
 
 
@@ -52,6 +55,13 @@ class Codec:
 TARGET_KEY = "target_tokenizer_json"
 
 
+def special_id(tokenizer: Tokenizer, token: str) -> int | None:
+    """The id of the special token of ``token``'s role (one of ``SPECIAL_TOKENS``), as BERT spells it or as RoBERTa
+    does (``OTHER_SPELLING``); None if the tokenizer has neither."""
+    found = tokenizer.token_to_id(token)
+    return found if found is not None else tokenizer.token_to_id(OTHER_SPELLING[token])
+
+
 def tokenizer_from_checkpoint(path: Path, ckpt: dict | None = None, key: str = "tokenizer_json") -> Tokenizer:
     """The tokenizer a Trunk run stored inside a Lightning checkpoint (``ckpt``: already loaded)."""
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
@@ -81,9 +91,10 @@ def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> 
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # the Rust error says little about which file was bad
             raise ValueError(f"Could not read tokenizer file '{path}': {err}") from err
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    missing = [t for t in SPECIAL_TOKENS if special_id(tokenizer, t) is None]
     if missing:
-        raise ValueError(f"Tokenizer '{path}' lacks the special tokens {missing}; Trunk needs {SPECIAL_TOKENS}.")
+        raise ValueError(f"Tokenizer '{path}' lacks the special tokens {missing}; Trunk needs {SPECIAL_TOKENS} (or "
+                         f"{list(OTHER_SPELLING.values())}).")
     return tokenizer
 
 

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 
-from trunk.core.codec import PAD, fingerprint
+from trunk.core.codec import PAD, fingerprint, special_id
 from trunk.datamodules.encoded import encoded_split
 from trunk.datamodules.sources import (
     BUILTIN_PREFIX,
@@ -570,7 +570,7 @@ class TextDataModule(TaskData):
 
     @property
     def pad_id(self) -> int:
-        return self.tokenizer.token_to_id(PAD)
+        return special_id(self.tokenizer, PAD)
 
     def tokenize(self, texts: list, role: str, is_pretokenized: bool = False) -> list[Encoding]:
         """Encode texts (str, (str, str) pairs, or word lists with ``is_pretokenized``), truncating

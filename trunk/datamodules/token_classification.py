@@ -7,7 +7,7 @@ import dataclasses
 import datasets
 import torch
 
-from trunk.core.codec import CLS, IGNORE_INDEX, SEP
+from trunk.core.codec import CLS, IGNORE_INDEX, SEP, special_id
 from trunk.core.tagging import (
     Scheme,
     Span,
@@ -199,7 +199,7 @@ class TokenClassificationData(TextDataModule):
         )
         pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
         documents, room = column(ds, "document"), self.max_length - 2
-        cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+        cls_id, sep_id = special_id(tokenizer, CLS), special_id(tokenizer, SEP)
         windows = []
         for i, ids in enumerate(pieces):
             budget = min(self.context_length, max(room - len(ids), 0))

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from tokenizers import Tokenizer
-from tokenizers.implementations import BertWordPieceTokenizer
+from tokenizers import Tokenizer, processors
+from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from trunk.core.checkpoint import check_readable
-from trunk.core.codec import SPECIAL_TOKENS, Codec
+from trunk.core.codec import OTHER_SPELLING, SPECIAL_TOKENS, Codec, special_id
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
@@ -257,12 +257,19 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as err:  # the Rust error names no file
             raise ValueError(f"Could not read '{folder / 'tokenizer.json'}': {err}") from None
-    elif (folder / "vocab.txt").is_file():
+    elif (folder / "vocab.txt").is_file():  # BERT's WordPiece: [CLS] a [SEP] b [SEP]
         tokenizer = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=config.get("do_lower_case", True),
                                            strip_accents=config.get("strip_accents"))._tokenizer
+    elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():  # RoBERTa's: <s> a </s></s> b </s>
+        prefix_space = config.get("add_prefix_space", False)
+        tokenizer = ByteLevelBPETokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"),
+                                          add_prefix_space=prefix_space)._tokenizer
+        tokenizer.add_special_tokens([t for t in OTHER_SPELLING.values() if tokenizer.token_to_id(t) is not None])
+        sep, cls = (("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")))
+        tokenizer.post_processor = processors.RobertaProcessing(sep, cls, add_prefix_space=prefix_space)
     else:
-        raise FileNotFoundError(f"'{folder}' has no tokenizer (tokenizer.json or vocab.txt). Give the model's "
-                                "tokenizer folder with --tokenizer DIR.")
+        raise FileNotFoundError(f"'{folder}' has no tokenizer (tokenizer.json, BERT's vocab.txt, or RoBERTa's "
+                                "vocab.json and merges.txt). Give the model's tokenizer folder with --tokenizer DIR.")
     cleared = []
     if tokenizer.padding is not None:
         cleared.append(f"padding to {tokenizer.padding.get('length') or 'the longest'}")
@@ -270,10 +277,10 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
     if tokenizer.truncation is not None:
         cleared.append(f"truncation at {tokenizer.truncation['max_length']}")
         tokenizer.no_truncation()
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    missing = [t for t in SPECIAL_TOKENS if special_id(tokenizer, t) is None]
     if missing:
-        raise ValueError(f"The tokenizer in '{folder}' lacks the special tokens {missing}, which Trunk's data reads "
-                         f"by name ({SPECIAL_TOKENS}).")
+        raise ValueError(f"The tokenizer in '{folder}' has no {missing} (or {[OTHER_SPELLING[t] for t in missing]}), "
+                         "which Trunk's data reads by name.")
     return tokenizer, cleared
 
 

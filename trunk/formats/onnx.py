@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trunk.core.codec import CLS, PAD, SEP
+from trunk.core.codec import CLS, PAD, SEP, special_id
 
 
 class TaskGraph(nn.Module):
@@ -55,7 +55,7 @@ def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dic
         )
     out = directory / "onnx"
     out.mkdir(exist_ok=True)
-    cls, sep, pad = (tokenizer.token_to_id(t) for t in (CLS, SEP, PAD))
+    cls, sep, pad = (special_id(tokenizer, t) for t in (CLS, SEP, PAD))
     word = tokenizer.get_vocab_size() - 1
     # with padding: the mask's path is traced
     example = torch.tensor([[cls, word, word, word, sep], [cls, word, sep, pad, pad]])
