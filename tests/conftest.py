@@ -346,3 +346,23 @@ def fresh_wandb():
         if wandb.run is not None:
             wandb.finish()
         wandb.teardown()
+
+
+@pytest.fixture
+def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
+    """A small pretrained-trunk directory for recipes that fine-tune (model.init_from)."""
+    import csv
+
+    from trunk.core.codec import Codec
+    from trunk.datamodules.tokenizer import train_wordpiece
+    from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
+    from trunk.models import TrunkConfig, build_trunk
+
+    with sentiment_files["train"].open() as f:
+        tokenizer = train_wordpiece([row["text"] for row in csv.DictReader(f)], vocab_size=300)
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=128,
+                         positions="rope")
+    trunk = build_trunk(config)
+    return save_pretrained(
+        tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer))
+    )

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import single_task  # noqa: E402
 from test_pretraining import finetune_args  # noqa: E402
 
-from trunk.cli import run_cli  # noqa: E402
+from trunk.cli import export_main, run_cli  # noqa: E402
 from trunk.cli.import_model import import_main  # noqa: E402
 from trunk.core.codec import PAD, SEP, special_id  # noqa: E402
 from trunk.formats.hf import FAMILIES, convert, map_weights  # noqa: E402
@@ -266,3 +266,47 @@ def test_masked_lm_goes_on_pretraining_from_the_imported_head(tmp_path):
     assert (batch["input_ids"] == tokenizer.token_to_id("<mask>")).any()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra"])
+def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_path):
+    """import -> export --format hf -> transformers: every weight equal to the original's, and the same logits."""
+    model = tiny(model_type, tmp_path / "hf", **({"embedding_size": 16} if model_type == "electra" else {}))
+    import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
+    back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is type(model)
+    original = model.state_dict()
+    for name, tensor in back.state_dict().items():
+        if name in original:
+            assert torch.equal(tensor, original[name]), name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    ids = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert ids["input_ids"][0, 0] == special_id(convert(tmp_path / "hf")[0].codec.tokenizer, "[CLS]")
+    with torch.no_grad():
+        assert torch.allclose(back(**ids).logits, model(**ids).logits, atol=1e-5)
+
+
+def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(sentiment_files, tmp_path):
+    from trunk.inference.predictor import load
+
+    tiny("bert", tmp_path / "hf", masked_lm=False)
+    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run")])
+    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "out"), "--format", "hf"])
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    texts = ["the film was great", "a dull plot and an awful ending"]
+    with torch.no_grad():
+        logits = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits
+    records = load(ckpt, precision="32-true").predict(texts)
+    probs = torch.tensor([[r["probs"]["negative"], r["probs"]["positive"]] for r in records])
+    assert torch.allclose(logits.softmax(-1), probs, atol=1e-5)
+
+
+def test_export_refuses_what_transformers_cannot_compute(tmp_path, tiny_trunk_dir):
+    with pytest.raises(SystemExit, match=r"error: --format hf writes BERT-family models, and this trunk has "
+                                         r"positions='rope' \(BERT: 'learned'\), norm='pre'"):
+        export_main([str(tiny_trunk_dir), str(tmp_path / "out"), "--format", "hf"])
+    assert not (tmp_path / "out").exists()

@@ -55,7 +55,14 @@ def export_main(args: list[str]) -> None:
         "offline without an API key (`wandb sync` uploads it)",
     )
     parser.add_argument("--artifact-name", help="the artifact's name (default: trunk-<DIR's name>)")
+    parser.add_argument(
+        "--format", choices=("trunk", "hf"), default="trunk",
+        help="hf: a Hugging Face model folder that transformers' AutoModel...from_pretrained loads (BERT-family "
+        "trunks; with the head of --task NAME, or the model's only head transformers has a class for)",
+    )
     options = parser.parse_args(args)
+    if options.format == "hf":
+        return export_hf_main(options)
     if options.task:
         return export_task_main(options)
     try:
@@ -94,6 +101,23 @@ def export_main(args: list[str]) -> None:
         with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
             log_trunk_artifact(run, path, name, ["latest"])
         print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
+
+
+def export_hf_main(options) -> None:
+    """``trunk export SRC DIR --format hf``: a checkpoint or trunk directory as a transformers model folder."""
+    from trunk.formats.hf_export import export_hf
+    from trunk.formats.task_dir import read_trunk
+
+    others = [flag for flag, given in (("--trunk-only", options.trunk_only), ("--onnx", options.onnx),
+                                       ("--push-to-hub", options.push_to_hub),
+                                       ("--wandb-project", options.wandb_project)) if given]
+    if others:
+        sys.exit(f"error: --format hf writes a transformers folder; {', '.join(others)} applies to trunk directories.")
+    try:
+        path, architecture = export_hf(read_trunk(options.ckpt), options.dir, options.task, options.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"error: {err}")
+    print(f"Wrote {path} ({architecture}): transformers.AutoModel.from_pretrained('{path}'), or {architecture} itself")
 
 
 def export_task_main(options) -> None:

@@ -1,0 +1,192 @@
+"""Hugging Face model folders out: a trunk of BERT's shape (imported, or trained here with ``norm: post``, learned
+positions and an embedding LayerNorm) and one of its heads written as a folder ``transformers`` loads with
+``AutoModel…from_pretrained`` (``trunk export CKPT DIR --format hf``). The mapping tables are the import's
+(``trunk.formats.hf``), read backwards.
+
+A head goes where ``transformers`` has the same head: sequence classification and multi-label classification on
+[CLS] through a pooler (``BertForSequenceClassification``), token classification (``…ForTokenClassification``),
+extractive QA (``…ForQuestionAnswering``) and the masked-LM head (``…ForMaskedLM``); the trunk alone is a
+``BertModel`` (``…Model``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from trunk.core.atomic import replace_directory, temporary_path
+from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
+from trunk.formats.hf import BERT, ELECTRA, ROBERTA, Family, _expand
+from trunk.formats.trunk_dir import PretrainedTrunk
+from trunk.models import TrunkConfig
+
+POOLED = ("sequence_classification", "multi_label_classification")
+# a head's kind -> (the transformers class suffix, its weights' names there) per model type. A pooled head is BERT's
+# pooler + classifier, and RoBERTa's classification head (dense + tanh + out_proj on <s>); ELECTRA's uses GELU there,
+# so it has no such class.
+ARCHITECTURES = {
+    "bert": {kind: ("ForSequenceClassification", {"head.dense": "bert.pooler.dense", "head.classifier": "classifier"})
+             for kind in POOLED},
+    "roberta": {kind: ("ForSequenceClassification", {"head.dense": "classifier.dense",
+                                                     "head.classifier": "classifier.out_proj"}) for kind in POOLED},
+    "electra": {},
+}
+for heads in ARCHITECTURES.values():
+    heads.update(token_classification=("ForTokenClassification", {"head.classifier": "classifier"}),
+                 extractive_qa=("ForQuestionAnswering", {"head": "qa_outputs"}))
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+def family_for(config: TrunkConfig) -> tuple[str, Family]:
+    """The BERT-family model type that computes what this trunk computes: ELECTRA for a narrower embedding, RoBERTa
+    for a position offset, else BERT; an error naming the fields none of them has."""
+    wanted = {"positions": "learned", "norm": "post", "embedding_norm": True, "local_window": 0}
+    wrong = [f"{name}={getattr(config, name)!r} (BERT: {value!r})" for name, value in wanted.items()
+             if getattr(config, name) != value]
+    if config.activation not in ACTIVATIONS:
+        wrong.append(f"activation={config.activation!r}")
+    if wrong:
+        raise ValueError(f"--format hf writes BERT-family models, and this trunk has {', '.join(wrong)}, which "
+                         "transformers' BERT does not compute. Use the trunk directory (or --onnx) instead.")
+    if config.embedding_size != config.d_model:
+        return "electra", ELECTRA
+    return ("roberta", ROBERTA) if config.position_offset else ("bert", BERT)
+
+
+def hf_config(model_type: str, config: TrunkConfig, pad_id: int) -> dict:
+    values = {
+        "model_type": model_type, "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
+        "intermediate_size": config.d_ff, "hidden_act": ACTIVATIONS[config.activation],
+        "hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.attn_dropout,
+        "max_position_embeddings": config.max_len + config.position_offset,
+        "type_vocab_size": max(config.segments, 1), "layer_norm_eps": config.layer_norm_eps,
+        "initializer_range": config.init_std, "pad_token_id": pad_id, "position_embedding_type": "absolute",
+    }
+    if model_type == "electra":
+        values["embedding_size"] = config.embedding_size
+    return values
+
+
+def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Tensor], prefix: str
+               ) -> dict[str, torch.Tensor]:
+    """The trunk's weights in the family's names (fused projections split again)."""
+    table = _expand(family.table, config.n_layers)
+    out = {}
+    for name, tensor in weights.items():
+        module, leaf = name.rsplit(".", 1)
+        if module == "stems.text.segment" and not config.segments:
+            continue
+        theirs = table[module]
+        for part, chunk in zip(theirs, tensor.chunk(len(theirs))):
+            out[f"{prefix}{part}.{leaf}"] = chunk.contiguous()
+    if not config.segments:  # transformers' BERT always adds a segment row: a zero one changes nothing
+        out[f"{prefix}embeddings.token_type_embeddings.weight"] = torch.zeros(1, config.embedding_size)
+    return out
+
+
+def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | None = None, overwrite: bool = False
+              ) -> tuple[Path, str]:
+    """Write ``pretrained`` (with the head of ``task``, or its only head that transformers has) as a Hugging Face
+    model folder; returns the folder and the transformers class that loads it."""
+    directory = Path(directory)
+    if "text" not in pretrained.stems or pretrained.codec.tokenizer is None:
+        raise ValueError("--format hf writes text models; this one has no text stem.")
+    model_type, family = family_for(pretrained.config)
+    tokenizer, config = pretrained.codec.tokenizer, pretrained.config
+    pad_id = special_id(tokenizer, PAD)
+    if model_type == "roberta" and config.position_offset != pad_id + 1:
+        raise ValueError(f"RoBERTa counts positions from its padding id + 1 ({pad_id + 1}), and this trunk's "
+                         f"position_offset is {config.position_offset}: transformers would read other position rows.")
+    head_task = pick_head(pretrained, task, ARCHITECTURES[model_type])
+    prefix = {"bert": "bert.", "roberta": "roberta.", "electra": "electra."}[model_type]
+    values = hf_config(model_type, config, pad_id)
+    tensors = hf_weights(family, config, pretrained.trunk_weights, prefix if head_task else "")
+    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra"}[model_type]
+    architecture = f"{name}Model"
+    if head_task is None and pretrained.pooler and family.pooler:
+        tensors.update({f"{family.pooler}.{k}": v for k, v in pretrained.pooler.items()})
+    if head_task is not None:
+        head = pretrained.heads[head_task]
+        kind = head["meta"]["kind"]
+        if head["meta"].get("peft"):
+            raise ValueError(f"Task '{head_task}' was trained with a {head['meta']['peft']['method']} delta on the "
+                             "frozen trunk, which a transformers folder has no place for; export it as a Trunk task "
+                             "directory (trunk export CKPT DIR --task NAME).")
+        state = head["state"]
+        if kind == "masked_lm":
+            suffix, table = "ForMaskedLM", family.mlm
+        else:
+            suffix, table = ARCHITECTURES[model_type][kind]
+            options = head["meta"]["objective"].get("init_args") or {}
+            if kind in POOLED and (options.get("pooling", "cls") != "cls" or not options.get("pooler", True)):
+                raise ValueError(f"Task '{head_task}' pools with pooling={options.get('pooling')!r}, "
+                                 f"pooler={options.get('pooler', True)}; transformers' {name}{suffix} reads [CLS] "
+                                 "through a pooler (pooling: cls, pooler: true).")
+        for key, tensor in state.items():
+            module, leaf = key.rsplit(".", 1)
+            if module == "head.decoder" and leaf == "weight":
+                continue  # the token embedding (tied)
+            if module not in table:
+                raise ValueError(f"Task '{head_task}': its head's weight {key} has no place in {name}{suffix}.")
+            tensors[f"{table[module]}.{leaf}"] = tensor.contiguous()
+        architecture = f"{name}{suffix}"
+        labels = head["meta"].get("label_names") or []
+        if labels and kind != "masked_lm":
+            values.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)},
+                          num_labels=len(labels))
+        if kind == "multi_label_classification":
+            values["problem_type"] = "multi_label_classification"
+    values["architectures"] = [architecture]
+    tmp = temporary_path(directory)
+    shutil.rmtree(tmp, ignore_errors=True)
+    check_hf_writable(directory, overwrite)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    roles = {"cls_token": CLS, "sep_token": SEP, "pad_token": PAD, "mask_token": MASK, "unk_token": UNK}
+    spelled = {key: token if tokenizer.token_to_id(token) is not None else OTHER_SPELLING[token]
+               for key, token in roles.items()}
+    (tmp / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_len, **spelled}, indent=2
+    ) + "\n")
+    replace_directory(tmp, directory)
+    return directory, architecture
+
+
+def pick_head(pretrained: PretrainedTrunk, task: str | None, architectures: dict) -> str | None:
+    """The task whose head goes into the folder: ``task``, else the only one transformers has a class for (none:
+    the trunk alone)."""
+    kinds = [*architectures, "masked_lm"]
+    exportable = [t for t, h in pretrained.heads.items() if h["meta"]["kind"] in kinds]
+    if task is not None:
+        if task not in pretrained.heads:
+            raise ValueError(f"--task {task}: the model's tasks are {sorted(pretrained.heads)}.")
+        if task not in exportable:
+            raise ValueError(f"--task {task}: a {pretrained.heads[task]['meta']['kind']} head has no transformers "
+                             f"class of this family; the kinds that have one are {', '.join(kinds)}.")
+        return task
+    if len(exportable) > 1:
+        raise ValueError(f"The model has several heads transformers can hold ({exportable}), and a folder holds one: "
+                         "choose it with --task NAME.")
+    return exportable[0] if exportable else None
+
+
+def check_hf_writable(directory: Path, overwrite: bool) -> None:
+    """A new or empty folder, or (with ``overwrite``) a model folder written before: never a user's other files."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
+    contents = sorted(p.name for p in directory.iterdir())
+    ours = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    if contents and (not overwrite or set(contents) - ours):
+        raise FileExistsError(
+            f"'{directory}' is not empty ({contents[:5]}): choose a new or empty directory"
+            + (", or pass --overwrite to replace a folder written by --format hf." if set(contents) <= ours else ".")
+        )
