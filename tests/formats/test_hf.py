@@ -152,6 +152,15 @@ def test_tokenizer_file_settings_that_would_corrupt_a_run_are_cleared(tmp_path):
     assert any("padding to 40" in note and "truncation at 40" in note for note in notes)
 
 
+def saved(model) -> dict[str, torch.Tensor]:
+    """A model's weights under the names ``save_pretrained`` writes (transformers 5 renames some modules in memory)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: the names in memory are the file's
+        return model.state_dict()
+    return revert_weight_conversion(model, model.state_dict())
+
+
 def test_real_size_configs_map_on_the_meta_device():
     """BERT-base, DistilBERT-base, ELECTRA-small's discriminator and generator, RoBERTa-base: every weight of a
     transformers model of that size maps, none is left over, without allocating any."""
@@ -164,13 +173,19 @@ def test_real_size_configs_map_on_the_meta_device():
     for model_type, config in configs.items():
         with torch.device("meta"):
             model = transformers.AutoModelForMaskedLM.from_config(config)
-        mapped = map_weights(config.to_dict(), model.state_dict(), model_type)
+        mapped = map_weights(config.to_dict(), saved(model), model_type)
         ours = sum(v.numel() for v in mapped.trunk.values()) + sum(
             v.numel() for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight"
         )
         theirs = sum(p.numel() for p in model.parameters())
         assert ours == theirs, model_type
     assert set(configs) <= set(FAMILIES)
+    with torch.device("meta"):
+        vit = transformers.ViTModel(transformers.ViTConfig())  # ViT-B/16 at 224
+    mapped = map_weights(vit.config.to_dict(), saved(vit), "vit")
+    pooler = sum(p.numel() for p in vit.pooler.parameters())
+    # [CLS]'s position row is folded into [CLS]
+    assert sum(v.numel() for v in mapped.trunk.values()) == sum(p.numel() for p in vit.parameters()) - pooler - 768
 
 
 def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head(tmp_path):
@@ -310,3 +325,51 @@ def test_export_refuses_what_transformers_cannot_compute(tmp_path, tiny_trunk_di
                                          r"positions='rope' \(BERT: 'learned'\), norm='pre'"):
         export_main([str(tiny_trunk_dir), str(tmp_path / "out"), "--format", "hf"])
     assert not (tmp_path / "out").exists()
+
+
+def tiny_vit(folder: Path, **options):
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    shape = {k: v for k, v in TINY.items() if k != "max_position_embeddings"}  # a ViT's positions are its patches'
+    config = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3, **shape, **options)
+    model = transformers.ViTModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    return model
+
+
+def test_vit_outputs_equal_transformers_at_its_size_and_at_another(tmp_path):
+    """ViT: [CLS]'s position row folded into [CLS], the patch table as the stem's; a larger image reads the table
+    resized as transformers' interpolate_pos_encoding resizes it."""
+    model = tiny_vit(tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    assert pretrained.stems == {"image": {"image_size": 32, "patch_size": 8, "channels": 3}}
+    assert pretrained.codec.tokenizer is None and any("mean [0.5, 0.5, 0.5]" in note for note in notes)
+    trunk = build_trunk(pretrained.config, pretrained.stems)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    trunk.eval()
+    for size in (32, 48):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            expected = model(pixels, interpolate_pos_encoding=size != 32).last_hidden_state
+            assert (expected - trunk(pixels, stem="image")).abs().max() < 1e-5, size
+
+
+def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resized(tmp_path):
+    from trunk.assembly.weights import from_pretrained
+    from trunk.tasks import ImageClassification
+
+    model = tiny_vit(tmp_path / "hf")
+    task = ImageClassification(image_size=48, patch_size=8, channels=3)
+    built = from_pretrained(tmp_path / "hf", {"shapes": task}, task_info={"shapes": {"label_names": ["a", "b"],
+                                                                                    "stem": "image"}})
+    built.eval()
+    pixels = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        expected = model(pixels, interpolate_pos_encoding=True).last_hidden_state
+        assert (expected - built.trunk(pixels, stem="image")).abs().max() < 1e-5
+    assert built.trunk.stems["image"].position.shape == (1, 36, 32)  # the 6x6 grid's own table

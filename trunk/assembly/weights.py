@@ -20,6 +20,7 @@ from trunk.formats.trunk_dir import (
 )
 from trunk.models import SequenceClassificationHead, TrunkConfig, init_weights
 from trunk.models.deltas import DeltaConfig
+from trunk.models.positions import resize_grid
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.registry import stems_of
 from trunk.training.module import TrunkModule
@@ -91,17 +92,14 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     shared = [kind for kind in trunk.stems if kind in pretrained.stems]
     names = [n for n in architecture_fields(pretrained.config) if "text" in shared or n not in TEXT_STEM_FIELDS]
     check_architecture(model.trunk_config, pretrained.config, pretrained.path, names)
-    if "image" in shared and pretrained.stems["image"] != stems_of(dict(objectives))["image"]:
-        raise ValueError(
-            f"'{pretrained.path}' has an image stem with {pretrained.stems['image']}, this run's image tasks need "
-            f"{stems_of(dict(objectives))['image']}."
-        )
     state = {
         k: v for k, v in pretrained.trunk_weights.items() if k.startswith("backbone.") or k.split(".")[1] in shared
     }
+    notes = []
+    if "image" in shared and pretrained.stems["image"] != stems_of(dict(objectives))["image"]:
+        notes.append(_resize_image_stem(state, pretrained, stems_of(dict(objectives))["image"]))
     missing, unexpected = trunk.load_state_dict(state, strict=False)
     assert not unexpected, unexpected
-    notes = []
     if model.finetune.reinit_top:
         blocks = trunk.backbone.blocks
         if model.finetune.reinit_top > len(blocks):
@@ -128,6 +126,20 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     if fresh:
         notes.append(f"{pretrained.path} has no {fresh} stem: it starts from a fresh initialisation")
     return notes
+
+
+def _resize_image_stem(state: dict[str, torch.Tensor], pretrained: PretrainedTrunk, wanted: dict) -> str:
+    """A patch stem trained at another image size: its learned position table resized to the run's patch grid (the
+    patches and channels must be the same)."""
+    stored = pretrained.stems["image"]
+    if {k: v for k, v in stored.items() if k != "image_size"} != {k: v for k, v in wanted.items() if k != "image_size"}:
+        raise ValueError(f"'{pretrained.path}' has an image stem with {stored}, this run's image tasks need {wanted}: "
+                         "the patch size and the channels must be the trunk's (the image size may differ).")
+    grid = wanted["image_size"] // wanted["patch_size"]
+    if "stems.image.position" in state:
+        state["stems.image.position"] = resize_grid(state["stems.image.position"], grid, grid)
+    old = stored["image_size"] // stored["patch_size"]
+    return f"its patch positions resized from a {old}x{old} grid to {grid}x{grid} (image_size {wanted['image_size']})"
 
 
 def _start_pooler(objective: Objective, pooler: dict[str, torch.Tensor]) -> bool:

@@ -38,8 +38,8 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
 )
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
-HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"]
+HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
+            "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "relu": "relu", "silu": "silu", "swish": "silu"}
 # families whose architecture the trunk cannot compute, and why: refused by name
@@ -49,6 +49,7 @@ REFUSED = {
     "deberta-v2": "DeBERTa's disentangled attention scores content and relative position separately",
     "longformer": "Longformer's attention has separate global-attention projections",
     "xlnet": "XLNet is a permutation language model with two-stream attention",
+    "deit": "distilled DeiT adds a distillation token beside [CLS] (DeiT without one ships as model type vit)",
 }
 
 
@@ -66,6 +67,10 @@ class Family:
     mlm: dict[str, str] = field(default_factory=dict)
     pooler: str | None = None  # the module of the pretrained pooler (dense + tanh on [CLS])
     ignored: tuple[str, ...] = ()
+    stems: Callable[[dict], dict] = lambda values: {"text": {}}  # the stems the trunk reads with, and their options
+    # the family's tensors rewritten where Trunk keeps the same numbers in another form (ViT's [CLS] position folded
+    # into [CLS]): (config values, tensors, prefix) -> tensors
+    adjust: Callable[[dict, dict, str], dict] | None = None
 
 
 def _block(attention: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
@@ -175,8 +180,63 @@ DISTILBERT = Family(
     mlm={"head.dense": "vocab_transform", "head.norm": "vocab_layer_norm", "head.decoder": "vocab_projector"},
     ignored=(r"vocab_projector\.weight", r".*position_ids"),
 )
+
+
+def vit_config(values: dict) -> TrunkConfig:
+    if not values.get("qkv_bias", True):
+        raise ValueError("The vit checkpoint has qkv_bias=False, which the trunk cannot compute (its attention "
+                         "projections have biases).")
+    _check(values, "vit")
+    grid = values.get("image_size", 224) // values.get("patch_size", 16)
+    return TrunkConfig(
+        vocab_size=1, d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
+        n_heads=values["num_attention_heads"], d_ff=values["intermediate_size"],
+        dropout=values.get("hidden_dropout_prob", 0.0), attn_dropout=values.get("attention_probs_dropout_prob", 0.0),
+        max_len=1 + grid * grid, positions="learned", norm="pre", embedding_norm=False,
+        activation=ACTIVATIONS[values.get("hidden_act", "gelu")], layer_norm_eps=values.get("layer_norm_eps", 1e-12),
+        init_std=values.get("initializer_range", 0.02),
+    )
+
+
+def vit_positions(values: dict, tensors: dict, prefix: str) -> dict:
+    """ViT adds a position row to [CLS] too; the patch stem keeps [CLS] without one: that row is folded into [CLS]
+    (the same sum), the rest is the patch grid's table."""
+    cls, positions = f"{prefix}embeddings.cls_token", f"{prefix}embeddings.position_embeddings"
+    if cls not in tensors or positions not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    table = tensors.pop(positions)
+    tensors[f"{prefix}embeddings.cls"] = tensors.pop(cls) + table[:, :1]
+    tensors[f"{prefix}embeddings.position"] = table[:, 1:]
+    return tensors
+
+
+VIT = Family(
+    vit_config,
+    {
+        "stems.image": "embeddings",  # its cls and position (vit_positions)
+        "stems.image.proj": "embeddings.patch_embeddings.projection",
+        **_block({
+            "attn.q_proj": "encoder.layer.{i}.attention.attention.query",
+            "attn.kv_proj": tuple(f"encoder.layer.{{i}}.attention.attention.{kv}" for kv in ("key", "value")),
+            "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+            "norm_attn": "encoder.layer.{i}.layernorm_before",
+            "ff.fc_in": "encoder.layer.{i}.intermediate.dense",
+            "ff.fc_out": "encoder.layer.{i}.output.dense",
+            "norm_ff": "encoder.layer.{i}.layernorm_after",
+        }),
+        "backbone.final_norm": "layernorm",
+    },
+    ("vit.",),
+    pooler="pooler.dense",
+    # an image classifier's output layer (ImageNet's labels, say): a new task trains its own
+    ignored=(r"classifier\.(weight|bias)", r".*mask_token"),
+    stems=lambda values: {"image": {"image_size": values.get("image_size", 224), "patch_size": values.get(
+        "patch_size", 16), "channels": values.get("num_channels", 3)}},
+    adjust=vit_positions,
+)
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT}
+                               "distilbert": DISTILBERT, "vit": VIT}
 
 
 def download(reference: str) -> Path:
@@ -322,6 +382,7 @@ class Mapped:
     """A foreign checkpoint's weights in Trunk's names."""
 
     config: TrunkConfig
+    stems: dict[str, dict]
     trunk: dict[str, torch.Tensor]
     heads: dict[str, dict]
     pooler: dict[str, torch.Tensor]
@@ -333,12 +394,16 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     head's (task ``mlm``) and the pooler's. Works on meta tensors too (the mapping of a real-size config, checked
     without memory)."""
     family = family_of(values, source)
-    config = family.config(values)
+    config, stems = family.config(values), family.stems(values)
     prefix = next((p for p in family.prefixes if any(k.startswith(p) for k in tensors)), "")
+    if family.adjust is not None:
+        tensors = family.adjust(values, tensors, prefix)
     with torch.device("meta"):  # names and shapes only
-        trunk = build_trunk(config)
+        trunk = build_trunk(config, stems)
         expected = {k: v.shape for k, v in trunk.state_dict().items()}
-        head = {f"head.{k}": v.shape for k, v in tied_mlm_head(trunk).state_dict().items() if k != "decoder.weight"}
+        head = {} if "text" not in stems else {
+            f"head.{k}": v.shape for k, v in tied_mlm_head(trunk).state_dict().items() if k != "decoder.weight"
+        }
     used: set[str] = set()
     missing: list[str] = []
     trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)
@@ -362,7 +427,7 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
              if v.shape != expected[k]]
     if wrong:
         raise ValueError(f"'{source}' does not match its {CONFIG}: {wrong[:5]}.")
-    return Mapped(config, trunk_weights, heads, pooler, notes)
+    return Mapped(config, stems, trunk_weights, heads, pooler, notes)
 
 
 def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> tuple[PretrainedTrunk, list[str]]:
@@ -376,13 +441,19 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
         raise ValueError(f"'{folder / CONFIG}' is not valid JSON ({err}).") from None
     family_of(values, folder)  # before reading any weights
     mapped = map_weights(values, read_weights(folder), folder)
-    tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
-    if tokenizer.get_vocab_size() != mapped.config.vocab_size:
-        raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens, but '{folder}' has "
-                         f"{mapped.config.vocab_size} rows in its embedding table: they do not belong together. Give "
-                         "the model's own tokenizer (--tokenizer DIR).")
-    notes = mapped.notes + ([f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)"]
-                            if cleared else [])
-    check_weights(mapped.config, {"text": {}}, mapped.trunk, folder / CONFIG)  # and that every value is finite
-    codec = Codec(tokenizer)
-    return PretrainedTrunk(folder, mapped.config, {"text": {}}, mapped.trunk, mapped.heads, codec, mapped.pooler), notes
+    notes, codec = list(mapped.notes), Codec()
+    if "text" in mapped.stems:
+        tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
+        if tokenizer.get_vocab_size() != mapped.config.vocab_size:
+            raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens, but '{folder}' has "
+                             f"{mapped.config.vocab_size} rows in its embedding table: they do not belong together. "
+                             "Give the model's own tokenizer (--tokenizer DIR).")
+        if cleared:
+            notes.append(f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)")
+        codec = Codec(tokenizer)
+    processor = _json(folder / "preprocessor_config.json")
+    if "image" in mapped.stems and processor.get("image_mean"):
+        notes.append(f"it was pretrained on images normalised with mean {processor['image_mean']} and std "
+                     f"{processor.get('image_std')}: give the task's data these (data.tasks.<task>.mean / std)")
+    check_weights(mapped.config, mapped.stems, mapped.trunk, folder / CONFIG)  # and that every value is finite
+    return PretrainedTrunk(folder, mapped.config, mapped.stems, mapped.trunk, mapped.heads, codec, mapped.pooler), notes

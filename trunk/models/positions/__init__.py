@@ -5,7 +5,13 @@ learned, sinusoidal), rotary (``rotary.py``: rope) and attention biases (``biase
 from trunk.models.positions.base import POSITIONS, PositionScheme, scheme
 from trunk.models.positions.biases import T5, Alibi, PositionBias, alibi_slopes, relative_buckets
 from trunk.models.positions.rotary import Rotary, rotary_table, rotate
-from trunk.models.positions.tables import Learned, Sinusoidal, sinusoidal_positions, sinusoidal_positions_2d
+from trunk.models.positions.tables import (
+    Learned,
+    Sinusoidal,
+    resize_grid,
+    sinusoidal_positions,
+    sinusoidal_positions_2d,
+)
 
 __all__ = [
     "POSITIONS",
@@ -22,5 +28,6 @@ __all__ = [
     "rotate",
     "scheme",
     "sinusoidal_positions",
+    "resize_grid",
     "sinusoidal_positions_2d",
 ]
