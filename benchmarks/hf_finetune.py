@@ -1,0 +1,226 @@
+"""Fine-tune the same pretrained model with Trunk and with Hugging Face transformers, side by side in one process.
+
+    pip install -e ".[bench]"
+    python benchmarks/hf_finetune.py --model ../shared/data/pretrained/all-MiniLM-L6-v2 --data ../shared/data \\
+        --task sst2 --task conll --precision 32-true --precision bf16-mixed
+
+Both sides start from the same weights and read the same files with the same epochs, learning rate, schedule (linear,
+10% warmup), weight decay (0.01, none on biases and LayerNorms), batch size, maximum length and seed. Trunk runs the
+shipped recipe (configs/minilm_sst2.yaml, configs/minilm_conll2003.yaml) with those values set on its command line;
+transformers runs the plain loop of its examples (``run_glue_no_trainer.py``, ``run_ner_no_trainer.py``): an
+``AutoModelFor...`` head, batches padded to their longest sequence (``DataCollatorWithPadding`` /
+``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for
+bf16. Trunk batches by length and computes on real tokens only (its default). Printed: each side's dev metric (SST-2
+accuracy; CoNLL-2003 entity F1 by seqeval, first sub-token of each word) and training seconds per epoch (validation
+excluded), and the ratio. The sides alternate task by task and precision by precision in the same process, so a
+machine that slows down or speeds up meanwhile weighs on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = {"sst2": "configs/minilm_sst2.yaml", "conll": "configs/minilm_conll2003.yaml"}
+
+
+def read_sst2(path: Path) -> tuple[list[str], list[int]]:
+    rows = [line.rstrip("\n").split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
+    return [r[0].strip() for r in rows], [int(r[1]) for r in rows]
+
+
+def read_conll(path: Path) -> list[tuple[list[str], list[str]]]:
+    sentences, words, tags = [], [], []
+    for line in path.read_text().splitlines() + [""]:
+        if not line.strip() or line.startswith("-DOCSTART-"):
+            if words:
+                sentences.append((words, tags))
+            words, tags = [], []
+            continue
+        parts = line.split()
+        words.append(parts[0])
+        tags.append(parts[-1])
+    return sentences
+
+
+def hf_optimizer(model, lr: float, steps: int):
+    """AdamW and get_linear_schedule_with_warmup's schedule, written out: importing it from transformers imports
+    ``peft``, which this folder's peft.py shadows."""
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": 0.01},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer, warmup = torch.optim.AdamW(groups, lr=lr), int(0.1 * steps)
+    factor = lambda step: step / max(1, warmup) if step < warmup else max(0.0, (steps - step) / max(1, steps - warmup))  # noqa: E731
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def hf_run(task: str, args, precision: str) -> tuple[float, list[float]]:
+    """The transformers side: (dev metric, training seconds of each epoch)."""
+    import transformers
+    from transformers import AutoTokenizer, DataCollatorForTokenClassification, DataCollatorWithPadding
+
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    data = Path(args.data)
+    if task == "sst2":
+        texts, labels = read_sst2(data / "sst2" / "train.tsv")
+        dev_texts, dev_labels = read_sst2(data / "sst2" / "dev.tsv")
+        encode = lambda t, y: [{**tokenizer(a, truncation=True, max_length=args.max_length), "labels": b}  # noqa: E731
+                               for a, b in zip(t, y)]
+        train, dev = encode(texts, labels), encode(dev_texts, dev_labels)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
+        collate = DataCollatorWithPadding(tokenizer)
+    else:
+        train_rows, dev_rows = (read_conll(data / "conll2003" / f"{split}.txt") for split in ("train", "valid"))
+        names = sorted({t for _, tags in train_rows for t in tags})
+        index = {name: i for i, name in enumerate(names)}
+
+        def encode(rows):
+            out = []
+            for words, tags in rows:
+                enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=args.max_length)
+                previous, labels = None, []
+                for word in enc.word_ids():  # the first sub-token of each word carries its tag
+                    labels.append(-100 if word is None or word == previous else index[tags[word]])
+                    previous = word
+                out.append({**enc, "labels": labels})
+            return out
+
+        train, dev = encode(train_rows), encode(dev_rows)
+        model = transformers.AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(names))
+        collate = DataCollatorForTokenClassification(tokenizer)
+    generator = torch.Generator().manual_seed(args.seed)
+    loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate,
+                                         generator=generator)
+    batches = min(len(loader), args.max_batches or len(loader))
+    optimizer, schedule = hf_optimizer(model, args.lr, batches * args.epochs)
+    bf16 = precision == "bf16-mixed"
+    seconds, scores = [], []
+    for _ in range(args.epochs):
+        model.train()
+        start = time.perf_counter()
+        for i, batch in enumerate(loader):
+            if i == batches:
+                break
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        seconds.append(time.perf_counter() - start)
+        scores.append(hf_evaluate(model, dev, collate, bf16, None if task == "sst2" else names))
+    return max(scores), seconds  # the best epoch, as Trunk's checkpoint keeps its best
+
+
+def hf_evaluate(model, dev: list[dict], collate, bf16: bool, tag_names: list[str] | None) -> float:
+    """Dev accuracy, or (``tag_names``) entity F1 by seqeval over each word's first sub-token."""
+    model.eval()
+    predicted, gold = [], []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        for batch in torch.utils.data.DataLoader(dev, batch_size=64, collate_fn=collate):
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            predicted += logits.argmax(-1).tolist()
+            gold += batch["labels"].tolist()
+    if tag_names is None:
+        return sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+    from seqeval.metrics import f1_score
+
+    kept = [[(tag_names[p], tag_names[g]) for p, g in zip(ps, gs) if g != -100] for ps, gs in zip(predicted, gold)]
+    return float(f1_score([[g for _, g in row] for row in kept], [[p for p, _ in row] for row in kept]))
+
+
+class EpochTimer(L.Callback):
+    """Training seconds of each epoch, validation excluded."""
+
+    def __init__(self) -> None:
+        self.seconds, self.paused, self.start, self.validating = [], 0.0, 0.0, 0.0
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def on_validation_start(self, trainer, module) -> None:
+        self.validating = time.perf_counter()
+
+    def on_validation_end(self, trainer, module) -> None:
+        if not trainer.sanity_checking:
+            self.paused += time.perf_counter() - self.validating
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        self.seconds.append(time.perf_counter() - self.start - self.paused)
+
+
+def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[float]]:
+    """The Trunk side: the recipe with the shared settings; (best dev metric, training seconds of each epoch)."""
+    from trunk.cli import run_cli
+
+    data = Path(args.data)
+    name = "sst2" if task == "sst2" else "conll"
+    files = ({"train": data / "sst2/train.tsv", "validation": data / "sst2/dev.tsv"} if task == "sst2"
+             else {"train": data / "conll2003/train.txt", "validation": data / "conll2003/valid.txt"})
+    timer = EpochTimer()
+    cli = run_cli([
+        "--config", str(REPO / RECIPES[task]), f"--model.init_from={args.model}",
+        *(f"--data.tasks.{name}.init_args.{split}={path}" for split, path in files.items()),
+        f"--data.tasks.{name}.init_args.test=null", f"--data.tasks.{name}.init_args.batch_size={args.batch_size}",
+        f"--data.tasks.{name}.init_args.max_length={args.max_length}", f"--model.optimizer.lr={args.lr}",
+        f"--trainer.max_epochs={args.epochs}", f"--trainer.precision={precision}", f"--seed_everything={args.seed}",
+        "--trainer.val_check_interval=1.0", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
+        *([f"--trainer.limit_train_batches={args.max_batches}"] if args.max_batches else []),
+    ], run=False)
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    metric = cli.trainer.checkpoint_callback.best_model_score
+    return float(metric), timer.seconds
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a Hugging Face BERT-family model folder (config.json, ...)")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the folder of sst2/, conll2003/")
+    parser.add_argument("--task", action="append", choices=list(RECIPES), help="sst2, conll (default: both)")
+    parser.add_argument("--precision", action="append", help="32-true, bf16-mixed (default: 32-true)")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--max-batches", type=int, default=0, help="train on this many batches an epoch (0: all)")
+    parser.add_argument("--root", default="runs/hf_finetune", help="where Trunk's runs write")
+    args = parser.parse_args(argv)
+    from trunk.training.precision import cpu_info
+
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    rows = []
+    for task in args.task or list(RECIPES):
+        for precision in args.precision or ["32-true"]:
+            trunk_metric, trunk_seconds = trunk_run(task, args, precision, Path(args.root) / f"{task}-{precision}")
+            hf_metric, hf_seconds = hf_run(task, args, precision)
+            t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
+            rows.append((task, precision, trunk_metric, hf_metric, t, h))
+            print(f"  {task} {precision}: Trunk {trunk_metric:.4f} in {t:.0f} s/epoch, transformers {hf_metric:.4f} "
+                  f"in {h:.0f} s/epoch", flush=True)
+    metric = {"sst2": "dev acc", "conll": "dev entity F1"}
+    print(f"\nsame weights ({args.model}), {args.epochs} epoch(s), lr {args.lr}, batch {args.batch_size}, "
+          f"max length {args.max_length}, seed {args.seed}" + (f", {args.max_batches} batches an epoch"
+                                                               if args.max_batches else ""))
+    print("| task | precision | Trunk | transformers | Trunk s/epoch | transformers s/epoch | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for task, precision, tm, hm, t, h in rows:
+        print(f"| {task} ({metric[task]}) | {precision} | {tm:.4f} | {hm:.4f} | {t:.0f} | {h:.0f} | "
+              f"{h / t if t and not math.isnan(t) else float('nan'):.2f}x |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""benchmarks/hf_finetune.py end to end on a tiny random BERT and a few lines of each data set: both sides train from
+the same folder and the table comes out."""
+
+import random
+import sys
+
+import pytest
+from conftest import REPO, ner_sentence, write_conll
+
+pytest.importorskip("transformers")
+pytest.importorskip("seqeval")
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def test_both_sides_fine_tune_the_same_folder_and_print_the_table(tmp_path, capsys):
+    import hf_finetune
+    from test_hf import tiny
+
+    from trunk.datamodules.builtin import sentiment_example
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    rng = random.Random(0)
+    (tmp_path / "data" / "sst2").mkdir(parents=True)
+    for split in ("train", "dev"):
+        rows = [sentiment_example(rng) for _ in range(64)]
+        lines = ["sentence\tlabel", *(f"{r['text']}\t{int(r['label'] == 'positive')}" for r in rows)]
+        (tmp_path / "data" / "sst2" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "data" / "conll2003").mkdir()
+    for split in ("train", "valid"):
+        write_conll(tmp_path / "data" / "conll2003" / f"{split}.txt", [ner_sentence(rng) for _ in range(64)])
+    hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--max-batches", "2",
+                      "--batch-size", "8", "--max-length", "32", "--root", str(tmp_path / "runs")])
+    table = capsys.readouterr().out.split("| task |")[1].splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| sst2 (dev acc)", "| conll (dev entity F1)"]
+    for row in table[2:]:
+        cells = row.strip("|").split("|")
+        assert 0.0 <= float(cells[2]) <= 1.0 and 0.0 <= float(cells[3]) <= 1.0 and cells[6].strip().endswith("x")
