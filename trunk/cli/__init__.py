@@ -1,26 +1,35 @@
 """The ``trunk`` command. ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (``fit.py``, their
-summaries in ``SUBCOMMANDS``); the others are plain argparse, one file each, in ``COMMANDS``."""
+summaries in ``SUBCOMMANDS``); the others are plain argparse, one file each, in ``COMMANDS``. Each is imported when it
+runs (and the names below when first used), so ``trunk import`` or ``trunk serve`` does not load Lightning's CLI."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
-import torch
-from lightning.fabric.utilities.exceptions import MisconfigurationException
+COMMANDS = {  # name -> "module:main(args)"
+    "export": "trunk.cli.export:export_main",
+    "import": "trunk.cli.import_model:import_main",
+    "serve": "trunk.cli.serve:serve_main",
+}
+_NAMES = {  # the package's names -> their modules
+    "SUBCOMMANDS": "trunk.cli.fit", "TrunkCLI": "trunk.cli.fit", "TrunkTrainer": "trunk.cli.fit",
+    "run_cli": "trunk.cli.fit", "check_config_files": "trunk.cli.config_files", "export_main": "trunk.cli.export",
+    "import_main": "trunk.cli.import_model", "serve_main": "trunk.cli.serve",
+}
 
-from trunk.cli.config_files import check_config_files
-from trunk.cli.export import export_main
-from trunk.cli.fit import SUBCOMMANDS, TrunkCLI, TrunkTrainer, run_cli
-from trunk.cli.import_model import import_main
-from trunk.cli.serve import serve_main
-from trunk.training.fault_tolerance import TrainingDiverged
 
-COMMANDS = {"export": export_main, "import": import_main, "serve": serve_main}  # name -> main(args)
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    raise AttributeError(f"module 'trunk.cli' has no attribute {name!r}")
 
 
 def is_collective_failure(err: BaseException) -> bool:
     """A DDP collective that timed out or lost its peer (gloo and NCCL say so in RuntimeErrors)."""
+    import torch
+
     text = str(err)
     return isinstance(err, torch.distributed.DistError) or (
         isinstance(err, RuntimeError)
@@ -32,37 +41,30 @@ def is_collective_failure(err: BaseException) -> bool:
 
 
 def main() -> None:
-    command = COMMANDS.get(sys.argv[1]) if len(sys.argv) > 1 else None
-    if command is not None:
-        command(sys.argv[2:])
-    else:
-        try:
-            run_cli()
-        except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
-            sys.exit("\nInterrupted.")
-        except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
-            unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
-            if os.environ.get("TRUNK_TRACEBACK") or unexpected:
-                raise
-            if is_collective_failure(err):
-                err = (
-                    f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): "
-                    "another process stopped responding or died. Its own output says why; a process that is only slow "
-                    "(a long save, a big evaluation) needs a longer --fault_tolerance.ddp_timeout_minutes."
-                )
-            sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
+    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
+        module, function = COMMANDS[sys.argv[1]].split(":")
+        getattr(importlib.import_module(module), function)(sys.argv[2:])
+        return
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from trunk.cli.fit import run_cli
+    from trunk.training.fault_tolerance import TrainingDiverged
+
+    try:
+        run_cli()
+    except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
+        sys.exit("\nInterrupted.")
+    except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
+        unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
+        if os.environ.get("TRUNK_TRACEBACK") or unexpected:
+            raise
+        if is_collective_failure(err):
+            err = (
+                f"a collective between the processes failed or timed out ({str(err).splitlines()[0][:300]}): "
+                "another process stopped responding or died. Its own output says why; a process that is only slow "
+                "(a long save, a big evaluation) needs a longer --fault_tolerance.ddp_timeout_minutes."
+            )
+        sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
 
 
-
-__all__ = [
-    "COMMANDS",
-    "SUBCOMMANDS",
-    "TrunkCLI",
-    "TrunkTrainer",
-    "check_config_files",
-    "export_main",
-    "import_main",
-    "main",
-    "run_cli",
-    "serve_main",
-]
+__all__ = ["COMMANDS", "main", *_NAMES]

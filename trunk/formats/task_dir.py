@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -122,6 +121,8 @@ def load_trunk(path: Path) -> PretrainedTrunk:
     """A trunk directory or checkpoint, or a Hugging Face model folder read as one (``trunk.formats.hf``)."""
     if not is_hf_folder(path):
         return load_pretrained(path)
+    from lightning.pytorch.utilities import rank_zero_info  # here: reading a trunk needs no Lightning
+
     pretrained, notes = convert(path)
     rank_zero_info(f"'{path}' is a Hugging Face model, read as a trunk" + (f": {'; '.join(notes)}" if notes else "."))
     return pretrained

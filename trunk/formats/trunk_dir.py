@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -271,6 +270,8 @@ def load_pretrained(path: str | Path) -> PretrainedTrunk:
             for k, v in tensors.items()
         }
         if meta.get("v1_head"):
+            from lightning.pytorch.utilities import rank_zero_warn  # here: reading a trunk needs no Lightning
+
             rank_zero_warn(
                 f"'{path}' is a format-1 trunk directory: its head has no task name or label names and is not reused. "
                 "Re-export the checkpoint to carry heads over."
