@@ -231,3 +231,23 @@ def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_pat
         load(tmp_path, runtime="onnx")
     with pytest.raises(ValueError, match="runtime='tensorrt': choose 'torch' or 'onnx'"):
         load(tmp_path, runtime="tensorrt")
+
+
+@pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"])
+def test_every_text_kind_from_an_imported_checkpoint(name, request, tmp_path):
+    """The paths of the matrix from a Hugging Face BERT folder (tests/formats/test_hf.py builds a tiny random one):
+    fine-tune, export (ONNX where the kind has it), predict from the checkpoint and the directory alike."""
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "hf", masked_lm=False, max_position_embeddings=128)
+    kind = KINDS[name]
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
+    args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]
+    fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}"])
+    assert fit.model.trunk_config.segments == 2 and fit.model.trunk.stems["text"].separator_id == 8
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "exported"), *(["--onnx"] if kind.onnx else [])])
+    if kind.onnx:
+        onnx_matches_pytorch(tmp_path / "exported")
+    records = load(ckpt).predict(list(kind.inputs))
+    assert len(records) == len(kind.inputs) and records == load(tmp_path / "exported").predict(list(kind.inputs))

@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 from tokenizers import Tokenizer
 
-from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, SPECIAL_TOKENS, TARGET_KEY, fingerprint, load_tokenizer
+from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, TARGET_KEY, fingerprint, load_tokenizer, special_id
 from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
 from trunk.datamodules.tokenizer import cached_tokenizer
@@ -209,28 +209,15 @@ class TranslationData(TextDataModule):
                 )
         return self._target_tokenizer
 
-    def _check_special_ids(self) -> None:
-        """Generation uses fixed ids for padding, start and end: the order of SPECIAL_TOKENS."""
-        for side, tokenizer in (
-            ("data.tokenizer", self.tokenizer),
-            (self.option("target_tokenizer"), self.target_tokenizer),
-        ):
-            for token in (PAD, CLS, SEP):
-                if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token):
-                    raise ValueError(
-                        f"{side}: {token} has id {tokenizer.token_to_id(token)}, but translation needs the special "
-                        f"tokens first, in the order {SPECIAL_TOKENS} (as Trunk's tokenizers have them)."
-                    )
-
     # -- encoding ----------------------------------------------------------------------------------
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
-        self._check_special_ids()
         sources = self.tokenize(column(ds, "source"), role)
         examples = [{"input_ids": e.ids, "source": s} for e, s in zip(sources, column(ds, "source"))]
         if role == "predict" or ds["target"][0] is None:
             return examples
         target_tokenizer = self.target_tokenizer
         target_tokenizer.no_truncation()  # cut here, leaving room for [CLS] / [SEP]
+        start, end = special_id(target_tokenizer, CLS), special_id(target_tokenizer, SEP)  # in either spelling
         targets = target_tokenizer.encode_batch(column(ds, "target"), add_special_tokens=False)
         room = self.target_max_length - 1
         truncated = 0
@@ -238,8 +225,8 @@ class TranslationData(TextDataModule):
             ids = encoding.ids[:room]
             truncated += len(encoding.ids) > room
             example.update(
-                decoder_input_ids=[SPECIAL_TOKENS.index(CLS), *ids],
-                labels=[*ids, SPECIAL_TOKENS.index(SEP)],
+                decoder_input_ids=[start, *ids],
+                labels=[*ids, end],
                 target=text,
             )
         self.warn_truncated(truncated, len(examples), f"{role} (targets)", "target_max_length")
@@ -261,7 +248,9 @@ class TranslationData(TextDataModule):
             "source": [e["source"] for e in examples],
         }
         if "labels" in examples[0]:
-            batch["decoder_input_ids"] = pad([e["decoder_input_ids"] for e in examples], self.pad_id)
+            # no mask on the decoder side: what follows a target's end is never looked back at (causal attention)
+            target_pad = special_id(self.target_tokenizer, PAD)
+            batch["decoder_input_ids"] = pad([e["decoder_input_ids"] for e in examples], target_pad)
             batch["labels"] = pad([e["labels"] for e in examples], IGNORE_INDEX)
             batch["target"] = [e["target"] for e in examples]
         return batch

@@ -6,18 +6,22 @@ import re
 from dataclasses import asdict, replace
 
 import torch
+from tokenizers import Tokenizer
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS, special_id
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
-# The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK].
-GENERATION_IDS = SpecialIds(bos=SPECIAL_IDS[CLS], eos=SPECIAL_IDS[SEP], pad=SPECIAL_IDS[PAD],
-                            banned=tuple(SPECIAL_IDS[t] for t in (PAD, CLS, MASK)))
+
+def generation_ids(tokenizer: Tokenizer | None) -> SpecialIds:
+    """The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK]: their ids in the target
+    vocabulary, whatever their spelling (None: Trunk's own tokenizers', 2, 3 and 0)."""
+    ids = {t: SPECIAL_IDS[t] if tokenizer is None else special_id(tokenizer, t) for t in (PAD, CLS, SEP, MASK)}
+    return SpecialIds(bos=ids[CLS], eos=ids[SEP], pad=ids[PAD], banned=(ids[PAD], ids[CLS], ids[MASK]))
 
 
 class Translation(Objective):
@@ -111,6 +115,10 @@ class Translation(Objective):
             )
         return cross_entropy(logits, labels, self.label_smoothing)
 
+    @property
+    def generation_ids(self) -> SpecialIds:
+        return generation_ids(None if self.codec is None else self.codec.target(self.name))
+
     @torch.no_grad()
     def generate(
         self,
@@ -125,12 +133,12 @@ class Translation(Objective):
         memory, memory_mask = trunk(input_ids, attention_mask), attention_mask.bool()
         steps = self.generation.steps(int(attention_mask.sum(1).max()))
         if beam_size == 1:
-            return greedy_search(self.decoder, memory, memory_mask, GENERATION_IDS, steps, use_cache)
+            return greedy_search(self.decoder, memory, memory_mask, self.generation_ids, steps, use_cache)
         return beam_search(
             self.decoder,
             memory,
             memory_mask,
-            GENERATION_IDS,
+            self.generation_ids,
             steps,
             beam_size,
             self.generation.length_penalty,
@@ -144,7 +152,8 @@ class Translation(Objective):
                 f"Task '{self.name}' has no tokenizer to decode with: the model was built without a codec."
             )
         tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"], beam_size).tolist()
-        cut = [row[: row.index(GENERATION_IDS.eos)] if GENERATION_IDS.eos in row else row for row in tokens]
+        eos = self.generation_ids.eos
+        cut = [row[: row.index(eos)] if eos in row else row for row in tokens]
         return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
