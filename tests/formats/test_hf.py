@@ -182,6 +182,14 @@ def test_real_size_configs_map_on_the_meta_device():
     assert set(configs) <= set(FAMILIES)
     with torch.device("meta"):
         vit = transformers.ViTModel(transformers.ViTConfig())  # ViT-B/16 at 224
+    with torch.device("meta"):
+        bart = transformers.BartForConditionalGeneration(transformers.BartConfig())  # bart-large's shape
+    mapped = map_weights(bart.config.to_dict(), saved(bart), "bart")
+    decoder = mapped.heads["translation"]["state"]
+    ours = sum(v.numel() for v in mapped.trunk.values()) + sum(
+        v.numel() for k, v in decoder.items() if k != "decoder.stem.token.weight"
+    )
+    assert ours == sum(p.numel() for p in bart.parameters()) + bart.final_logits_bias.numel()  # a buffer there
     mapped = map_weights(vit.config.to_dict(), saved(vit), "vit")
     pooler = sum(p.numel() for p in vit.pooler.parameters())
     # [CLS]'s position row is folded into [CLS]
@@ -373,3 +381,79 @@ def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resized(tmp_p
         expected = model(pixels, interpolate_pos_encoding=True).last_hidden_state
         assert (expected - built.trunk(pixels, stem="image")).abs().max() < 1e-5
     assert built.trunk.stems["image"].position.shape == (1, 36, 32)  # the 6x6 grid's own table
+
+
+def tiny_bart(folder: Path):
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_bpe(folder)
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None,
+    )
+    model = transformers.BartForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+        model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_bart_teacher_forced_logits_and_greedy_output_equal_transformers(tmp_path):
+    """BART: the encoder as the trunk, the decoder as the translation head's; under teacher forcing the logits equal
+    transformers' within 1e-5, and greedy generation writes the same tokens."""
+    from trunk.core.contract import TaskSpec
+    from trunk.tasks import Translation
+
+    model = tiny_bart(tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    assert any("decoder" in note and "'translation'" in note for note in notes)
+    trunk = trunk_of(pretrained)
+    objective = Translation(decoder_layers=3)
+    objective.build("translation", trunk, TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    objective.load_head(pretrained.heads["translation"]["state"], None, False, "test")
+    objective.connect(pretrained.codec)
+    objective.eval()
+    tokenizer = pretrained.codec.tokenizer
+    ids, mask, _ = batch(tokenizer, SENTENCES)
+    targets, _, _ = batch(tokenizer, ["a good film", "the plot is dull and the music is not", "great"])
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
+        ours = objective(trunk, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": targets})
+        real = targets != special_id(tokenizer, PAD)
+        assert (expected - ours)[real].abs().max() < 1e-5
+        ids_ = objective.generation_ids
+        generated = objective.generate(trunk, ids, mask, beam_size=1)
+        steps = generated.shape[1]
+        reference = model.generate(
+            input_ids=ids, attention_mask=mask, decoder_start_token_id=ids_.bos, eos_token_id=ids_.eos,
+            pad_token_id=ids_.pad, bad_words_ids=[[t] for t in ids_.banned], num_beams=1, do_sample=False,
+            max_new_tokens=steps, min_length=0, no_repeat_ngram_size=0,
+        )[:, 1:]
+    for ours_row, theirs_row in zip(generated.tolist(), reference.tolist()):
+        cut = lambda row: row[: row.index(ids_.eos) + 1] if ids_.eos in row else row  # noqa: E731
+        assert cut(ours_row) == cut(theirs_row)
+
+
+def test_a_translation_task_fine_tunes_from_the_pretrained_bart_decoder(request, tmp_path):
+    from kinds import DATA_FILES, KINDS
+    from test_matrix import kind_args
+
+    tiny_bart(tmp_path / "hf")
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
+    args = [a for a in kind_args(KINDS["translation"], files, tmp_path / "run")
+            if not a.startswith(("--model.trunk.", "--data.tok"))]
+    with pytest.raises(ValueError, match=r"The stored head was built with \{'decoder_layers': 3\}"):
+        run_cli([*args, f"--model.init_from={tmp_path / 'hf'}", "--model.heads_from={t: translation}"], run=False)
+    cli = run_cli([*args, f"--model.init_from={tmp_path / 'hf'}", "--model.heads_from={t: translation}",
+                   "--model.tasks.t.init_args.decoder_layers=3"], run=False)
+    decoder = cli.model.objectives["t"].decoder
+    state = convert(tmp_path / "hf")[0].heads["translation"]["state"]
+    assert torch.equal(decoder.blocks[2].cross_attn.kv_proj.weight, state["decoder.blocks.2.cross_attn.kv_proj.weight"])
+    assert decoder.stem.token.weight is cli.model.trunk.stems["text"].token.weight  # one matrix, three uses
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])

@@ -233,7 +233,10 @@ def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_pat
         load(tmp_path, runtime="tensorrt")
 
 
-@pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"])
+TEXT_KINDS = [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"]
+
+
+@pytest.mark.parametrize("name", TEXT_KINDS)
 def test_every_text_kind_from_an_imported_checkpoint(name, request, tmp_path):
     """The paths of the matrix from a Hugging Face BERT folder (tests/formats/test_hf.py builds a tiny random one):
     fine-tune, export (ONNX where the kind has it), predict from the checkpoint and the directory alike."""

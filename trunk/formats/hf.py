@@ -27,11 +27,14 @@ from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPEToken
 
 from trunk.core.checkpoint import check_readable
 from trunk.core.codec import OTHER_SPELLING, SPECIAL_TOKENS, Codec, special_id
+from trunk.core.contract import TaskSpec
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
 from trunk.models import TrunkConfig, build_trunk
-from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling, tied_mlm_head
+from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
+from trunk.tasks.objectives.translation import Translation
 
 CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
     "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
@@ -54,17 +57,36 @@ REFUSED = {
 
 
 @dataclass(frozen=True)
+class HeadTable:
+    """A pretrained head that comes along as a task's: its objective (from the config's values), the table from its
+    modules to the family's, the config key of its depth (its ``{i}``), and its weights that are the trunk's (tied)."""
+
+    what: str  # in words, for the notes
+    objective: Callable[[dict], Objective]
+    table: dict[str, str | tuple[str, ...]]
+    depth: str | None = None
+    tied: dict[str, str] = field(default_factory=dict)
+
+
+def masked_lm(table: dict[str, str]) -> HeadTable:
+    """A masked-LM head: its decoder's weight is the token embedding."""
+    return HeadTable("masked-LM head", lambda values: MaskedLanguageModeling(), table,
+                     tied={"head.decoder.weight": "stems.text.token.weight"})
+
+
+@dataclass(frozen=True)
 class Family:
     """How one ``model_type`` maps into the trunk. ``table``: Trunk module -> the family's module (several: fused in
     order, queries then keys then values; ``{i}``: a block's number), inside the base model whose weights start with
-    one of ``prefixes`` (a task model's, ``bert.``) or none (the base model saved alone). ``mlm``: the masked-LM
-    head's table (its decoder is the token embedding). ``ignored``: weights of the family with no use here (a
-    pre-training head Trunk has no kind for, the tied copy of the embeddings), by pattern."""
+    one of ``prefixes`` (a task model's, ``bert.``) or none (the base model saved alone). ``heads``: the pretrained
+    heads that come along, by task name (a masked-LM head as ``mlm``, a seq2seq decoder as ``translation``).
+    ``ignored``: weights of the family with no use here (a pre-training head Trunk has no kind for, the tied copies of
+    the embeddings), by pattern."""
 
     config: Callable[[dict], TrunkConfig]
     table: dict[str, str | tuple[str, ...]]
     prefixes: tuple[str, ...]
-    mlm: dict[str, str] = field(default_factory=dict)
+    heads: dict[str, HeadTable] = field(default_factory=dict)
     pooler: str | None = None  # the module of the pretrained pooler (dense + tanh on [CLS])
     ignored: tuple[str, ...] = ()
     stems: Callable[[dict], dict] = lambda values: {"text": {}}  # the stems the trunk reads with, and their options
@@ -142,22 +164,23 @@ def distilbert_config(values: dict) -> TrunkConfig:
 
 BERT = Family(
     bert_config, {**BERT_EMBEDDINGS, **BERT_BLOCK}, ("bert.",),
-    mlm={"head.dense": "cls.predictions.transform.dense", "head.norm": "cls.predictions.transform.LayerNorm",
-         "head.decoder": "cls.predictions"},
+    heads={"mlm": masked_lm({"head.dense": "cls.predictions.transform.dense",
+                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions"})},
     pooler="pooler.dense",
     ignored=(r"cls\.seq_relationship\..*", r"cls\.predictions\.decoder\.(weight|bias)", r".*position_ids"),
 )
 ROBERTA = Family(
     roberta_config, {**BERT_EMBEDDINGS, **BERT_BLOCK}, ("roberta.",),
-    mlm={"head.dense": "lm_head.dense", "head.norm": "lm_head.layer_norm", "head.decoder": "lm_head"},
+    heads={"mlm": masked_lm({"head.dense": "lm_head.dense", "head.norm": "lm_head.layer_norm",
+                             "head.decoder": "lm_head"})},
     pooler="pooler.dense",
     ignored=(r"lm_head\.decoder\.(weight|bias)", r".*position_ids"),
 )
 ELECTRA = Family(
     bert_config, {**BERT_EMBEDDINGS, "stems.text.project": "embeddings_project", **BERT_BLOCK}, ("electra.",),
     # a generator checkpoint's head; a discriminator's replaced-token head has no generator beside it to train with
-    mlm={"head.dense": "generator_predictions.dense", "head.norm": "generator_predictions.LayerNorm",
-         "head.decoder": "generator_lm_head"},
+    heads={"mlm": masked_lm({"head.dense": "generator_predictions.dense",
+                             "head.norm": "generator_predictions.LayerNorm", "head.decoder": "generator_lm_head"})},
     ignored=(r"generator_lm_head\.weight", r"discriminator_predictions\..*", r".*position_ids"),
 )
 DISTILBERT = Family(
@@ -177,7 +200,8 @@ DISTILBERT = Family(
         }),
     },
     ("distilbert.",),
-    mlm={"head.dense": "vocab_transform", "head.norm": "vocab_layer_norm", "head.decoder": "vocab_projector"},
+    heads={"mlm": masked_lm({"head.dense": "vocab_transform", "head.norm": "vocab_layer_norm",
+                             "head.decoder": "vocab_projector"})},
     ignored=(r"vocab_projector\.weight", r".*position_ids"),
 )
 
@@ -235,8 +259,80 @@ VIT = Family(
         "patch_size", 16), "channels": values.get("num_channels", 3)}},
     adjust=vit_positions,
 )
+def bart_config(values: dict) -> TrunkConfig:
+    """BART's encoder as the trunk (its decoder, of the same shape, is the translation head's)."""
+    refused = {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False}
+    for name, supported in refused.items():
+        if values.get(name, supported) != supported:
+            raise ValueError(f"The {values['model_type']} checkpoint has {name}={values[name]!r}, which the trunk "
+                             f"cannot compute (it supports {name}={supported!r} only).")
+    for ours, theirs in (("attention_heads", "the heads"), ("ffn_dim", "the feed-forward width")):
+        if values[f"encoder_{ours}"] != values[f"decoder_{ours}"]:
+            encoder, decoder = values[f"encoder_{ours}"], values[f"decoder_{ours}"]
+            raise ValueError(f"The {values['model_type']} checkpoint's encoder and decoder differ in {theirs} "
+                             f"(encoder_{ours}={encoder}, decoder_{ours}={decoder}): Trunk's decoder has the trunk's "
+                             "shape.")
+    activation = values.get("activation_function", "gelu")
+    _check({**values, "hidden_act": activation}, values["model_type"])
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["d_model"], n_layers=values["encoder_layers"],
+        n_heads=values["encoder_attention_heads"], d_ff=values["encoder_ffn_dim"], dropout=values.get("dropout", 0.1),
+        attn_dropout=values.get("attention_dropout", 0.0), max_len=values.get("max_position_embeddings", 1024),
+        position_offset=2, positions="learned", norm="post", embedding_norm=True, activation=ACTIVATIONS[activation],
+        layer_norm_eps=1e-5, init_std=values.get("init_std", 0.02),
+    )
+
+
+def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:
+    """One BART layer's modules ``side`` (encoder or decoder) as a Trunk block's."""
+    layer = f"{side}.layers.{{i}}"
+    return {
+        "attn.q_proj": f"{layer}.self_attn.q_proj",
+        "attn.kv_proj": (f"{layer}.self_attn.k_proj", f"{layer}.self_attn.v_proj"),
+        "attn.out_proj": f"{layer}.self_attn.out_proj",
+        "norm_attn": f"{layer}.self_attn_layer_norm",
+        "ff.fc_in": f"{layer}.fc1",
+        "ff.fc_out": f"{layer}.fc2",
+        "norm_ff": f"{layer}.final_layer_norm",
+    }
+
+
+def bart_logits_bias(values: dict, tensors: dict, prefix: str) -> dict:
+    """``final_logits_bias`` (1, vocab), outside the model's prefix, is the decoder's output bias."""
+    if "final_logits_bias" not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    tensors[f"{prefix}decoder.output_bias"] = tensors.pop("final_logits_bias")[0]
+    return tensors
+
+
+BART = Family(
+    bart_config,
+    {"stems.text.token": "shared", "stems.text.position": "encoder.embed_positions",
+     "stems.text.norm": "encoder.layernorm_embedding", **_block(bart_layer("encoder"))},
+    ("model.",),
+    heads={"translation": HeadTable(
+        "decoder (sequence to sequence)",
+        lambda values: Translation(decoder_layers=values["decoder_layers"]),
+        {
+            "decoder": "decoder",  # its output bias (bart_logits_bias)
+            "decoder.stem.position": "decoder.embed_positions",
+            "decoder.stem.norm": "decoder.layernorm_embedding",
+            **{f"decoder.blocks.{{i}}.{ours}": theirs for ours, theirs in bart_layer("decoder").items()},
+            "decoder.blocks.{i}.cross_attn.q_proj": "decoder.layers.{i}.encoder_attn.q_proj",
+            "decoder.blocks.{i}.cross_attn.kv_proj": ("decoder.layers.{i}.encoder_attn.k_proj",
+                                                      "decoder.layers.{i}.encoder_attn.v_proj"),
+            "decoder.blocks.{i}.cross_attn.out_proj": "decoder.layers.{i}.encoder_attn.out_proj",
+            "decoder.blocks.{i}.norm_cross": "decoder.layers.{i}.encoder_attn_layer_norm",
+        },
+        depth="decoder_layers",
+        tied={"decoder.stem.token.weight": "stems.text.token.weight"},
+    )},
+    ignored=(r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
+    adjust=bart_logits_bias,
+)
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "vit": VIT}
+                               "distilbert": DISTILBERT, "vit": VIT, "bart": BART}
 
 
 def download(reference: str) -> Path:
@@ -401,18 +497,25 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     with torch.device("meta"):  # names and shapes only
         trunk = build_trunk(config, stems)
         expected = {k: v.shape for k, v in trunk.state_dict().items()}
-        head = {} if "text" not in stems else {
-            f"head.{k}": v.shape for k, v in tied_mlm_head(trunk).state_dict().items() if k != "decoder.weight"
-        }
     used: set[str] = set()
     missing: list[str] = []
     trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)
     heads, notes, pooler = {}, [], {}
-    if any(k.startswith(tuple(f"{theirs}." for theirs in family.mlm.values())) for k in tensors):
-        state = _take(head, {k: (v,) for k, v in family.mlm.items()}, tensors, "", used, missing)
-        state["head.decoder.weight"] = trunk_weights.get("stems.text.token.weight")  # tied: the token embedding
-        heads["mlm"] = {"meta": MaskedLanguageModeling().head_meta(), "state": state}
-        notes.append("the pretrained masked-LM head, as task 'mlm'")
+    for task, head in family.heads.items():
+        sources = tuple(f"{t}." for theirs in head.table.values() for t in ((theirs,) if isinstance(theirs, str)
+                                                                             else theirs))
+        if not any(k.removeprefix(prefix).startswith(sources) for k in tensors):
+            continue  # this checkpoint has no such head (a base model)
+        objective = head.objective(values)
+        with torch.device("meta"):
+            objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))
+        wanted = {k: v.shape for k, v in objective.head_state().items() if k not in head.tied}
+        table = _expand(head.table, values[head.depth] if head.depth else 0)
+        head_prefix = prefix if any(k.startswith(prefix + next(iter(sources))) for k in tensors) else ""
+        state = _take(wanted, table, tensors, head_prefix, used, missing)
+        state.update({ours: trunk_weights.get(theirs) for ours, theirs in head.tied.items()})
+        heads[task] = {"meta": objective.head_meta(), "state": state}
+        notes.append(f"the pretrained {head.what}, as task '{task}'")
     if family.pooler and f"{prefix}{family.pooler}.weight" in tensors:
         names = {leaf: f"{prefix}{family.pooler}.{leaf}" for leaf in ("weight", "bias")}
         pooler = {leaf: tensors[name] for leaf, name in names.items()}

@@ -119,7 +119,7 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
                              "directory (trunk export CKPT DIR --task NAME).")
         state = head["state"]
         if kind == "masked_lm":
-            suffix, table = "ForMaskedLM", family.mlm
+            suffix, table = "ForMaskedLM", family.heads["mlm"].table
         else:
             suffix, table = ARCHITECTURES[model_type][kind]
             options = head["meta"]["objective"].get("init_args") or {}
