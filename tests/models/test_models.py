@@ -536,3 +536,39 @@ def test_a_new_position_scheme_is_one_class_and_every_part_of_the_trunk_uses_it(
     with pytest.raises(ValueError, match="positions='first_token': choose ") as err:
         TrunkConfig(positions="first_token")
     assert all(name in str(err.value) for name in ("learned", "sinusoidal", "rope", "alibi", "t5"))
+
+
+def test_rms_norm_and_the_gated_feed_forward_compute_t5s_layer():
+    """rms_norm and gated_ff: each block's norms are RMSNorms (a gain, no bias) and its feed-forward is
+    act(x W_gate) * x W_in, written out here; a LoRA delta and its norm shifts merge into such a trunk exactly."""
+    from trunk.models import TrunkConfig, build_trunk
+    from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16, positions="t5",
+                      norm="pre", rms_norm=True, gated_ff=True, activation="gelu_tanh", dropout=0.0, attn_dropout=0.0)
+    trunk = build_trunk(cfg).eval()
+    block = trunk.backbone.blocks[0]
+    assert isinstance(block.norm_attn, torch.nn.RMSNorm) and isinstance(trunk.backbone.final_norm, torch.nn.RMSNorm)
+    x = torch.randn(3, 5, 16)
+    ff = block.ff
+    expected = ff.fc_out(torch.nn.functional.gelu(ff.fc_gate(x), approximate="tanh") * ff.fc_in(x))
+    assert torch.allclose(ff(x), expected)
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps) * block.norm_attn.weight
+    assert torch.allclose(block.norm_attn(x), rms, atol=1e-6)
+    assert trunk.flops_per_token(8, train=False) > build_trunk(
+        TrunkConfig(**{**cfg.to_dict(), "gated_ff": False})).flops_per_token(8, train=False)
+
+    router = DeltaRouter()
+    delta = TaskDelta(trunk.backbone, DeltaConfig(method="lora", r=2, norms=True, targets=("fc_gate", "q_proj")))
+    with torch.no_grad():
+        for p in delta.parameters():
+            p.normal_(std=0.1)
+    router.add("t", delta)
+    router.attach(trunk.backbone)
+    ids = torch.randint(5, 50, (2, 7))
+    with torch.no_grad(), router.route([("t", None)]):
+        routed = trunk(ids)
+        router.merge(trunk.backbone, "t")
+        merged = trunk(ids)
+    assert torch.allclose(routed, merged, atol=1e-5)

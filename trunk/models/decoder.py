@@ -14,7 +14,7 @@ from torch import nn
 
 from trunk.models.kernels import Unpadded
 from trunk.models.stems import TokenStem
-from trunk.models.trunk import Attention, Block, TrunkConfig, init_weights, position_bias, run_block
+from trunk.models.trunk import Attention, Block, TrunkConfig, init_weights, norm_layer, position_bias, run_block
 
 
 class KVCache:
@@ -51,7 +51,7 @@ class DecoderBlock(Block):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__(cfg)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)  # no rotation: no shared positions
-        self.norm_cross = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm_cross = norm_layer(cfg)
 
     def forward(
         self,
@@ -97,7 +97,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.stem = TokenStem(cfg)
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.position_bias = position_bias(cfg, causal=True)  # alibi, t5: the decoder's own, for its self-attention
         self.grad_checkpointing = False

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-LORA_TARGETS = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_out")  # the linear layers of a block, by name
+LORA_TARGETS = ("q_proj", "kv_proj", "out_proj", "fc_in", "fc_gate", "fc_out")  # the linear layers of a block, by name
 NORMS = ("norm_attn", "norm_ff", "final_norm")  # the backbone's LayerNorms, by name
 METHODS = ("lora", "adapter")
 
@@ -148,15 +148,18 @@ class Bottleneck(nn.Module):
 
 class NormShift(nn.Module):
     """``x -> LN(x) * gain + bias`` with the frozen norm's own shape and eps: what shifting that norm's gain and bias by
-    ``gain`` and ``bias`` (both starting at zero) adds to its output."""
+    ``gain`` and ``bias`` (both starting at zero) adds to its output. An RMSNorm has a gain only."""
 
-    def __init__(self, norm: nn.LayerNorm) -> None:
+    def __init__(self, norm: nn.LayerNorm | nn.RMSNorm) -> None:
         super().__init__()
-        self.shape, self.eps = norm.normalized_shape, norm.eps
-        self.gain, self.bias = nn.Parameter(torch.zeros(self.shape)), nn.Parameter(torch.zeros(self.shape))
+        self.shape, self.eps, self.rms = norm.normalized_shape, norm.eps, isinstance(norm, nn.RMSNorm)
+        self.gain = nn.Parameter(torch.zeros(self.shape))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(self.shape))
 
-    def forward(self, x: torch.Tensor, layer: nn.LayerNorm, output: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: nn.Module, output: torch.Tensor) -> torch.Tensor:
         """What it adds to the norm's ``output`` for its input ``x``."""
+        if self.rms:
+            return nn.functional.rms_norm(x, self.shape, self.gain, self.eps)
         return nn.functional.layer_norm(x, self.shape, self.gain, self.bias, self.eps)
 
 
@@ -189,7 +192,7 @@ class TaskDelta(nn.Module):
             leaf = name.rsplit(".", 1)[-1]
             # the final norm sits above every block
             in_layers = (leaf == "final_norm" or block_of(name, n_layers) in layers)
-            if config.norms and leaf in NORMS and isinstance(module, nn.LayerNorm) and in_layers:
+            if config.norms and leaf in NORMS and isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and in_layers:
                 parts[name] = NormShift(module)
             if not name.startswith("blocks.") or not in_layers:
                 continue
@@ -320,7 +323,8 @@ class DeltaRouter:
                     module.weight.copy_(module.weight / self.dora_scales.pop(name) - delta_weight)
             elif isinstance(part, NormShift):
                 module.weight += sign * part.gain.to(module.weight.dtype)
-                module.bias += sign * part.bias.to(module.bias.dtype)
+                if part.bias is not None:
+                    module.bias += sign * part.bias.to(module.bias.dtype)
 
     def lowest_layer(self, tasks: list[str]) -> int:
         """The lowest block where any of ``tasks`` has a delta: the blocks below give every task the same output."""

@@ -8,7 +8,7 @@ from torch import nn
 from trunk.core.codec import SEP, SPECIAL_IDS
 from trunk.models.kernels import Dropout
 from trunk.models.positions import POSITIONS
-from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights
+from trunk.models.trunk import Backbone, Trunk, TrunkConfig, init_weights, norm_layer
 
 
 class TokenStem(nn.Module):
@@ -32,7 +32,7 @@ class TokenStem(nn.Module):
         self.scheme.add_token_table(self, cfg.position_offset + cfg.max_len, width)
         self.segment = nn.Embedding(cfg.segments, width) if cfg.segments else None
         self.separator_id = SPECIAL_IDS[SEP]  # Trunk's own tokenizers'; an imported one's is set by connect()
-        self.norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
+        self.norm = norm_layer(cfg, width) if cfg.embedding_norm else nn.Identity()
         self.drop = Dropout(cfg.dropout)
         self.project = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.token_dropout = cfg.token_dropout
@@ -90,7 +90,7 @@ class PatchStem(nn.Module):
         nn.init.normal_(self.cls, std=cfg.init_std)
         self.scheme = POSITIONS[cfg.positions]
         self.scheme.add_grid_table(self, self.grid, cfg.d_model, cfg.init_std)
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else nn.Identity()
+        self.norm = norm_layer(cfg) if cfg.embedding_norm else nn.Identity()
         self.drop = Dropout(cfg.dropout)
 
     def no_weight_decay(self) -> set[str]:

@@ -64,6 +64,10 @@ class TrunkConfig:
     # embedding_size: the width of the embedding tables when narrower than d_model, projected up (ELECTRA-small's 128)
     segments: int = 0
     embedding_norm: bool | None = None
+    # T5's: RMSNorm (a gain, no mean, no bias) wherever the trunk normalises; a gated feed-forward,
+    # act(x W_gate) * x W_in (T5 v1.1's gated GELU, LLaMA's SwiGLU with silu)
+    rms_norm: bool = False
+    gated_ff: bool = False
     position_offset: int = 0
     embedding_size: int | None = None
     init_std: float = 0.02
@@ -136,6 +140,12 @@ class TrunkConfig:
 
 
 ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def norm_layer(cfg: TrunkConfig, width: int | None = None) -> nn.Module:
+    """The trunk's normalisation of ``width`` (d_model) channels: LayerNorm, or RMSNorm with ``cfg.rms_norm``."""
+    norm = nn.RMSNorm if cfg.rms_norm else nn.LayerNorm
+    return norm(width or cfg.d_model, eps=cfg.layer_norm_eps)
 
 
 def position_bias(cfg: TrunkConfig, causal: bool = False) -> nn.Module | None:
@@ -235,31 +245,35 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """Position-wise MLP: expand, activate, project back. No dropout inside (as BERT and GPT-2): on the
-    d_ff-wide activations it cost about a seventh of a training step; the block's residual dropout follows."""
+    d_ff-wide activations it cost about a seventh of a training step; the block's residual dropout follows.
+    ``gated``: the activation of a second projection gates the first, act(x W_gate) * x W_in (GLU variants)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str, gated: bool = False) -> None:
         super().__init__()
         self.fc_in = nn.Linear(d_model, d_ff)
+        self.fc_gate = nn.Linear(d_model, d_ff) if gated else None
         self.act = ACTIVATIONS[activation]()
         self.fc_out = nn.Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fc_gate is not None:
+            return self.fc_out(self.act(self.fc_gate(x)) * self.fc_in(x))
         return self.fc_out(self.act(self.fc_in(x)))
 
 
 class Block(nn.Module):
-    """One residual block: attention then feed-forward, each wrapped in LayerNorm + residual."""
+    """One residual block: attention then feed-forward, each wrapped in a norm (``norm_layer``) + residual."""
 
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions])
-        self.norm_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.norm_ff = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm_attn = norm_layer(cfg)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
+        self.norm_ff = norm_layer(cfg)
         self.drop = Dropout(cfg.dropout)
 
-    def residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, sublayer, norm: nn.Module) -> torch.Tensor:
         if self.pre_norm:  # x + f(LN(x)): the residual stream is never normalised
             return x + self.drop(sublayer(norm(x)))
         return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
@@ -319,8 +333,8 @@ class Backbone(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        # Pre-LN leaves the residual stream unnormalised, so it needs one LayerNorm at the very end.
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        # Pre-LN leaves the residual stream unnormalised, so it needs one norm at the very end.
+        self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.position_bias = position_bias(cfg)  # alibi, t5: one for every block
         self.grad_checkpointing = False
         self.replay = None  # set by whatever adds state-reading hooks (trunk/models/deltas.py): see run_block
@@ -413,8 +427,10 @@ class Trunk(nn.Module):
         c = self.cfg
         local = self.backbone.local_span(length)
         keys = length if local is None else 3 * local[0] + local[1]
+        ff_matrices = 3 if c.gated_ff else 2
         forward = (
-            2 * c.n_layers * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + c.n_layers * 4 * keys * c.d_model
+            2 * c.n_layers * (4 * c.d_model * c.d_model + ff_matrices * c.d_model * c.d_ff)
+            + c.n_layers * 4 * keys * c.d_model
         )
         return 3 * forward if train else forward
 
@@ -429,6 +445,8 @@ def init_weights(module: nn.Module, std: float = 0.02, n_layers: int | None = No
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.RMSNorm):
+            nn.init.ones_(m.weight)
     # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * depth), so the
     # stream's variance does not grow with depth.
     n_layers = n_layers or sum(isinstance(m, Block) for m in module.modules())  # given: one block of a deeper stack

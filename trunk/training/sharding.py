@@ -64,7 +64,8 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
             plan.update({f"{name}.q_proj": ColwiseParallel(), f"{name}.kv_proj": KeyValueColwise(),
                          f"{name}.out_proj": RowwiseParallel()})
         elif isinstance(module, FeedForward):
-            plan.update({f"{name}.fc_in": ColwiseParallel(), f"{name}.fc_out": RowwiseParallel()})
+            plan.update({f"{name}.fc_in": ColwiseParallel(), f"{name}.fc_out": RowwiseParallel(),
+                         **({f"{name}.fc_gate": ColwiseParallel()} if module.fc_gate is not None else {})})
     parallelize_module(model, mesh, plan)
 
 
