@@ -457,3 +457,32 @@ def test_a_translation_task_fine_tunes_from_the_pretrained_bart_decoder(request,
     assert decoder.stem.token.weight is cli.model.trunk.stems["text"].token.weight  # one matrix, three uses
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_a_hub_model_downloads_its_weights_and_tokenizer_pickles_only_where_it_has_no_safetensors(
+        monkeypatch, sentiment_files, tmp_path):
+    """hf://ORG/NAME of a transformers model: the download asks for its config, safetensors and tokenizer files, and
+    asks again with pytorch_model.bin only when no safetensors came; then the folder is read as any."""
+    import fnmatch
+
+    import huggingface_hub
+
+    model = tiny("bert", tmp_path / "hub", masked_lm=False)
+    torch.save(model.state_dict(), tmp_path / "hub" / "pytorch_model.bin")
+    (tmp_path / "hub" / "model.safetensors").rename(tmp_path / "model.safetensors.away")
+    asked = []
+
+    def snapshot(repo, revision=None, allow_patterns=None):  # the files of the "repository" the patterns match
+        asked.append(allow_patterns)
+        local = tmp_path / f"cache{len(asked)}"
+        local.mkdir()
+        for path in (tmp_path / "hub").iterdir():
+            if any(fnmatch.fnmatch(path.name, pattern) for pattern in allow_patterns):
+                (local / path.name).write_bytes(path.read_bytes())
+        return str(local)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    cli = run_cli(finetune_args("hf://google/tiny-bert", sentiment_files, tmp_path / "run"), run=False)
+    assert len(asked) == 2 and "pytorch_model.bin" not in asked[0] and "pytorch_model.bin" in asked[1]
+    assert "vocab.txt" in asked[0] and "*.safetensors" in asked[0]
+    assert torch.equal(cli.model.trunk.stems["text"].token.weight, model.embeddings.word_embeddings.weight)
