@@ -310,11 +310,14 @@ def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_pa
         assert torch.allclose(back(**ids).logits, model(**ids).logits, atol=1e-5)
 
 
-def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(sentiment_files, tmp_path):
+@pytest.mark.parametrize("peft", [None, "{sentiment: {method: lora, r: 4, norms: true}}"], ids=["full", "lora"])
+def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(peft, sentiment_files, tmp_path):
+    """Fully fine-tuned, or with a LoRA delta on the frozen trunk (written into the trunk's weights on export)."""
     from trunk.inference.predictor import load
 
     tiny("bert", tmp_path / "hf", masked_lm=False)
-    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run")])
+    extra = [f"--model.peft={peft}", "--model.optimizer.lr=0.01"] if peft else []
+    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), *extra])
     ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "out"), "--format", "hf"])
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()

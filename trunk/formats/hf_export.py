@@ -22,7 +22,8 @@ from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
 from trunk.formats.hf import BERT, ELECTRA, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
-from trunk.models import TrunkConfig
+from trunk.models import TrunkConfig, build_trunk
+from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
 
 POOLED = ("sequence_classification", "multi_label_classification")
 # a head's kind -> (the transformers class suffix, its weights' names there) per model type. A pooled head is BERT's
@@ -113,11 +114,9 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     if head_task is not None:
         head = pretrained.heads[head_task]
         kind = head["meta"]["kind"]
-        if head["meta"].get("peft"):
-            raise ValueError(f"Task '{head_task}' was trained with a {head['meta']['peft']['method']} delta on the "
-                             "frozen trunk, which a transformers folder has no place for; export it as a Trunk task "
-                             "directory (trunk export CKPT DIR --task NAME).")
-        state = head["state"]
+        if head["meta"].get("peft"):  # its LoRA written into the trunk's weights: one model that computes the task
+            tensors = hf_weights(family, config, merged_trunk(pretrained, head_task), prefix)
+        state = {k: v for k, v in head["state"].items() if not k.startswith("delta.")}
         if kind == "masked_lm":
             suffix, table = "ForMaskedLM", family.heads["mlm"].table
         else:
@@ -157,6 +156,24 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     ) + "\n")
     replace_directory(tmp, directory)
     return directory, architecture
+
+
+def merged_trunk(pretrained: PretrainedTrunk, task: str) -> dict[str, torch.Tensor]:
+    """The trunk's weights with ``task``'s LoRA (or DoRA) written into them (``DeltaRouter.merge``, as ``load(...,
+    merge=True)`` does): what the task computes, as plain weights. Adapters and composed deltas do not merge."""
+    head = pretrained.heads[task]
+    config = DeltaConfig.from_dict(head["meta"]["peft"])
+    if config.method != "lora" or config.compose:
+        raise ValueError(f"Task '{task}' was trained with a {'composed ' if config.compose else ''}{config.method} "
+                         "delta, which does not merge into the trunk's weights, and a transformers folder has no place "
+                         "for it: export it as a Trunk task directory (trunk export CKPT DIR --task NAME).")
+    trunk = build_trunk(pretrained.config, pretrained.stems)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    delta, router = TaskDelta(trunk.backbone, config), DeltaRouter()
+    delta.load_state_dict({k.removeprefix("delta."): v for k, v in head["state"].items() if k.startswith("delta.")})
+    router.add(task, delta)
+    router.merge(trunk.backbone, task)
+    return {k: v.detach() for k, v in trunk.state_dict().items()}
 
 
 def pick_head(pretrained: PretrainedTrunk, task: str | None, architectures: dict) -> str | None:
