@@ -489,3 +489,14 @@ def test_a_hub_model_downloads_its_weights_and_tokenizer_pickles_only_where_it_h
     assert len(asked) == 2 and "pytorch_model.bin" not in asked[0] and "pytorch_model.bin" in asked[1]
     assert "vocab.txt" in asked[0] and "*.safetensors" in asked[0]
     assert torch.equal(cli.model.trunk.stems["text"].token.weight, model.embeddings.word_embeddings.weight)
+
+
+def test_a_model_folder_without_its_tokenizer_takes_one_from_another_folder(tmp_path):
+    tiny("bert", tmp_path / "hf")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "hf" / "vocab.txt").rename(tmp_path / "tok" / "vocab.txt")
+    with pytest.raises(SystemExit, match=r"has no tokenizer .* Give the model's tokenizer folder with --tokenizer DIR"):
+        import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    assert not (tmp_path / "trunk").exists()
+    import_main([str(tmp_path / "hf"), str(tmp_path / "trunk"), "--tokenizer", str(tmp_path / "tok")])
+    assert load_pretrained(tmp_path / "trunk").codec.tokenizer.token_to_id("[SEP]") == 8
