@@ -55,9 +55,11 @@ class Codec:
 TARGET_KEY = "target_tokenizer_json"
 
 
-def special_id(tokenizer: Tokenizer, token: str) -> int | None:
+def special_id(tokenizer: Tokenizer | None, token: str) -> int | None:
     """The id of the special token of ``token``'s role (one of ``SPECIAL_TOKENS``), as BERT spells it or as RoBERTa
-    does (``OTHER_SPELLING``); None if the tokenizer has neither."""
+    does (``OTHER_SPELLING``); None if the tokenizer has neither. No tokenizer: Trunk's own tokenizers' id."""
+    if tokenizer is None:
+        return SPECIAL_IDS[token]
     found = tokenizer.token_to_id(token)
     return found if found is not None else tokenizer.token_to_id(OTHER_SPELLING[token])
 

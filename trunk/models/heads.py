@@ -75,7 +75,7 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(d_model or width, width)
         self.act = ACTIVATIONS[activation]()
         self.norm = nn.LayerNorm(width, eps=eps)
-        self.decoder = nn.Linear(d_model, vocab_size)
+        self.decoder = nn.Linear(width, vocab_size)
         self.decoder.weight = token_embedding.weight
         init_weights(self.dense, init_std)  # not the decoder: its weight is the embedding
 

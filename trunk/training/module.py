@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from trunk.core.codec import SEP, SPECIAL_IDS, SPECIAL_TOKENS, Codec, special_id
+from trunk.core.codec import SEP, SPECIAL_TOKENS, Codec, special_id
 from trunk.core.contract import TaskSpec, loss_weights, pair_specs
 from trunk.models import Block, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter
@@ -137,7 +137,7 @@ class TrunkModule(L.LightningModule):
     def connect(self, codec: Codec | None) -> None:
         """Hand the objectives the run's tokenizers (translation decodes with them)."""
         self.codec, tokenizer = codec, (codec.tokenizer if codec is not None else None)
-        self._special_ids = ids = [special_id(tokenizer, t) if tokenizer else SPECIAL_IDS[t] for t in SPECIAL_TOKENS]
+        self._special_ids = ids = [special_id(tokenizer, t) for t in SPECIAL_TOKENS]
         if "text" in self.trunk.stems:  # segments are read off the tokenizer's [SEP]
             self.trunk.stems["text"].separator_id = ids[SPECIAL_TOKENS.index(SEP)]
         for objective in self.objectives.values():

@@ -11,7 +11,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, SPECIAL_IDS, special_id
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, special_id
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
@@ -20,7 +20,7 @@ from trunk.tasks.objectives.base import Objective, cross_entropy
 def generation_ids(tokenizer: Tokenizer | None) -> SpecialIds:
     """The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK]: their ids in the target
     vocabulary, whatever their spelling (None: Trunk's own tokenizers', 2, 3 and 0)."""
-    ids = {t: SPECIAL_IDS[t] if tokenizer is None else special_id(tokenizer, t) for t in (PAD, CLS, SEP, MASK)}
+    ids = {t: special_id(tokenizer, t) for t in (PAD, CLS, SEP, MASK)}
     return SpecialIds(bos=ids[CLS], eos=ids[SEP], pad=ids[PAD], banned=(ids[PAD], ids[CLS], ids[MASK]))
 
 
@@ -68,6 +68,12 @@ class Translation(Objective):
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.target_vocab_size = info.target_vocab_size or cfg.vocab_size
+        if self.share_embeddings and cfg.embedding_size != cfg.d_model:
+            raise ValueError(
+                f"Task '{self.name}': share_embeddings reads the decoder's logits off the trunk's token embeddings, "
+                f"which are {cfg.embedding_size} wide in a {cfg.d_model}-wide trunk (embedding_size). Set "
+                "share_embeddings=false."
+            )
         if self.share_embeddings and self.target_vocab_size != cfg.vocab_size:
             raise ValueError(
                 f"Task '{self.name}': share_embeddings needs one vocabulary for both sides, but the source has "
