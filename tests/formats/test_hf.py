@@ -220,6 +220,7 @@ def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head
     (lambda cfg, folder: (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx"),
      "The tokenizer has 6 tokens, but .* rows in its embedding table"),
     (lambda cfg, folder: (folder / "model.safetensors").unlink(), "holds no weights"),
+    (lambda cfg, folder: (folder / "tokenizer_config.json").write_text("{do_lower_case"), "is not valid JSON"),
     (lambda cfg, folder: (folder / "model.safetensors").write_bytes(b"\x00" * 64), "corrupted or not a weights file"),
 ])
 def test_bad_checkpoints_are_one_clear_error_and_nothing_is_written(change, message, tmp_path):

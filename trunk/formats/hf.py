@@ -441,7 +441,16 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON file of the folder ({} if absent); one that does not parse is an error naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"'{path}' is not valid JSON ({err}). Download the model again.") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"'{path}' holds {type(values).__name__}, not the settings object it should.")
+    return values
 
 
 def _expand(table: dict[str, str | tuple[str, ...]], n_layers: int) -> dict[str, tuple[str, ...]]:
@@ -538,10 +547,7 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
     folder = Path(folder)
     if not (folder / CONFIG).is_file():
         raise FileNotFoundError(f"'{folder}' is not a Hugging Face model folder: it has no {CONFIG}.")
-    try:
-        values = json.loads((folder / CONFIG).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"'{folder / CONFIG}' is not valid JSON ({err}).") from None
+    values = _json(folder / CONFIG)
     family_of(values, folder)  # before reading any weights
     mapped = map_weights(values, read_weights(folder), folder)
     notes, codec = list(mapped.notes), Codec()
