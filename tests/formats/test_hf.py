@@ -202,6 +202,7 @@ def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Wrote" in out.stdout and "masked-LM head" in out.stdout
+    assert f"Imported from `{tmp_path / 'hf'}`" in (tmp_path / "trunk" / "README.md").read_text()
     pretrained = load_pretrained(tmp_path / "trunk")
     assert pretrained.config.segments == 2 and list(pretrained.heads) == ["mlm"]  # BertForMaskedLM has no pooler
     # the same weights as read straight from the folder

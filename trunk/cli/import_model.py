@@ -30,7 +30,7 @@ def import_main(args: list[str]) -> None:
     try:
         pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
         path = save_pretrained(options.dir, pretrained, overwrite=options.overwrite)
-        write_model_card(path)
+        write_model_card(path, origin=options.src)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     c = pretrained.config

@@ -55,11 +55,12 @@ def download(reference: str, patterns: list[str] = TRUNK_FILES) -> Path:
 
 
 def write_model_card(
-    directory: str | Path, metrics: dict | None = None, repo_id: str | None = None, data: dict | None = None
+    directory: str | Path, metrics: dict | None = None, repo_id: str | None = None, data: dict | None = None,
+    origin: str | None = None,
 ) -> Path:
     """``directory/README.md``: what the trunk is (architecture), its tasks and labels, the data each task was
     trained on (``data``: task -> its data spec, as the run's config named it), the metrics at export, and how to
-    load it."""
+    load it. ``origin``: the model pretrained elsewhere it was imported from (``trunk import``)."""
     directory = Path(directory)
     meta = json.loads((directory / "config.json").read_text())
     trunk, heads = meta["trunk"], meta.get("heads") or {}
@@ -67,6 +68,8 @@ def write_model_card(
     lines = ["---", "library_name: trunk", "tags: [trunk, transformer, pytorch-lightning]", "---", "",
              f"# {repo_id or directory.name}", "",
              "A Trunk model: one transformer trunk written from scratch in PyTorch, with a head per task.", "",
+             *([f"Imported from `{origin}` (`trunk import`): its weights and tokenizer, mapped into Trunk's own "
+                "modules. Its licence is the original model's.", ""] if origin else []),
              "## Architecture", "", "| field | value |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in trunk.items()]
     lines += ["", f"Stems: {', '.join(meta.get('stems') or {}) or 'text'}.", ""]
