@@ -93,11 +93,25 @@ def load_tokenizer(path: str | Path, checkpoint_key: str = "tokenizer_json") -> 
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # the Rust error says little about which file was bad
             raise ValueError(f"Could not read tokenizer file '{path}': {err}") from err
-    missing = [t for t in SPECIAL_TOKENS if special_id(tokenizer, t) is None]
-    if missing:
-        raise ValueError(f"Tokenizer '{path}' lacks the special tokens {missing}; Trunk needs {SPECIAL_TOKENS} (or "
-                         f"{list(OTHER_SPELLING.values())}).")
+    check_padding(tokenizer, str(path))
     return tokenizer
+
+
+def check_padding(tokenizer: Tokenizer, source: str) -> None:
+    """Every tokenizer needs a padding token; the other roles ([CLS], [SEP], [MASK], [UNK]) only the tasks that use
+    them, which say so (T5's and Marian's tokenizers have no [CLS] or [MASK])."""
+    if special_id(tokenizer, PAD) is None:
+        raise ValueError(f"Tokenizer '{source}' has no padding token ({PAD} or {OTHER_SPELLING[PAD]}), which every "
+                         "batch needs.")
+
+
+def required_id(tokenizer: Tokenizer, token: str, needed_for: str) -> int:
+    """``special_id``, or an error saying who needs the role (``needed_for``) and that the tokenizer lacks it."""
+    found = special_id(tokenizer, token)
+    if found is None:
+        raise ValueError(f"{needed_for} needs a {token} token ({OTHER_SPELLING[token]} in RoBERTa's spelling), and "
+                         "this tokenizer has neither.")
+    return found
 
 
 def fingerprint(tokenizer: Tokenizer) -> str:

@@ -16,7 +16,7 @@ from datasets.arrow_writer import ArrowWriter
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
-from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS, special_id
+from trunk.core.codec import CLS, IGNORE_INDEX, MASK, SEP, SPECIAL_TOKENS, required_id, special_id
 from trunk.core.masking import corrupt, ensure_one
 from trunk.datamodules.sources import (
     FILE_FORMATS,
@@ -46,9 +46,9 @@ class TokenMasker:
             raise ValueError(f"data.mlm_probability must be between 0 and 1, got {probability}.")
         vocab = tokenizer.get_vocab()
         self.probability, self.whole_word = probability, whole_word
-        self.mask_id = special_id(tokenizer, MASK)
+        self.mask_id = required_id(tokenizer, MASK, "Masked-language-model data (masking)")
         self.special = torch.zeros(len(vocab), dtype=torch.bool)
-        self.special[[special_id(tokenizer, t) for t in SPECIAL_TOKENS]] = True
+        self.special[[i for i in (special_id(tokenizer, t) for t in SPECIAL_TOKENS) if i is not None]] = True
         self.word_start = torch.ones(len(vocab), dtype=torch.bool)
         for token, index in vocab.items():
             if token.startswith("##"):  # WordPiece's continuing-subword prefix
@@ -248,19 +248,22 @@ class CorpusData(TextDataModule):
 
     def pack(self, documents: Iterable[list[int]], role: str) -> Iterator[list[int]]:
         """Token ids of documents (each ending in [SEP]) -> blocks of ``max_length``: [CLS] + the next
-        ``max_length - 1`` tokens of the stream. The last partial block is dropped, unless it is the only one."""
-        cls, body, stream, blocks = special_id(self.tokenizer, CLS), self.max_length - 1, [], 0
+        ``max_length - 1`` tokens of the stream (a tokenizer without [CLS]: ``max_length`` tokens). The last partial
+        block is dropped, unless it is the only one."""
+        cls = special_id(self.tokenizer, CLS)
+        first = [] if cls is None else [cls]
+        body, stream, blocks = self.max_length - len(first), [], 0
         for ids in documents:
             stream += ids
             while len(stream) >= body:
-                yield [cls, *stream[:body]]
+                yield [*first, *stream[:body]]
                 del stream[:body]
                 blocks += 1
         if blocks == 0:
             rank_zero_warn(
                 f"{self.option(role)} has only {len(stream)} tokens, less than one block of {self.max_length}."
             )
-            yield [cls, *stream, *[self.pad_id] * (body - len(stream))]
+            yield [*first, *stream, *[self.pad_id] * (body - len(stream))]
 
     # -- streaming ---------------------------------------------------------------------------------
     def prepare(self, role: str) -> None:
@@ -328,7 +331,8 @@ class CorpusData(TextDataModule):
 def _document_ids(tokenizer: Tokenizer, rows: dict) -> dict:
     """datasets.map's function: documents -> their token ids, each followed by [SEP]."""
     sep = special_id(tokenizer, SEP)
-    return {"ids": [[*e.ids, sep] for e in tokenizer.encode_batch(rows["text"], add_special_tokens=False)]}
+    end = [] if sep is None else [sep]
+    return {"ids": [[*e.ids, *end] for e in tokenizer.encode_batch(rows["text"], add_special_tokens=False)]}
 
 
 def batched(items: Iterable, n: int) -> Iterator[list]:

@@ -198,8 +198,9 @@ class TokenClassificationData(TextDataModule):
             [list(t) for t in column(ds, "tokens")], is_pretokenized=True, add_special_tokens=False
         )
         pieces, word_ids = [e.ids for e in encodings], [e.word_ids for e in encodings]
-        documents, room = column(ds, "document"), self.max_length - 2
-        cls_id, sep_id = special_id(tokenizer, CLS), special_id(tokenizer, SEP)
+        # [CLS] and [SEP] around each window, where the tokenizer has them (T5's has no [CLS])
+        first, last = ([] if i is None else [i] for i in (special_id(tokenizer, CLS), special_id(tokenizer, SEP)))
+        documents, room = column(ds, "document"), self.max_length - len(first) - len(last)
         windows = []
         for i, ids in enumerate(pieces):
             budget = min(self.context_length, max(room - len(ids), 0))
@@ -212,8 +213,8 @@ class TokenClassificationData(TextDataModule):
             left, right = left[len(left) - n_left :], right[:n_right]
             windows.append(
                 (
-                    [cls_id, *left, *ids[:room], *right, sep_id],
-                    [None] * (1 + n_left) + word_ids[i][:room] + [None] * (n_right + 1),
+                    [*first, *left, *ids[:room], *right, *last],
+                    [None] * (len(first) + n_left) + word_ids[i][:room] + [None] * (n_right + len(last)),
                 )
             )
         cut_words = sum(len(set(w)) - len(set(w[:room])) for ids, w in zip(pieces, word_ids) if len(ids) > room)

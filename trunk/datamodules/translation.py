@@ -7,10 +7,11 @@ from pathlib import Path
 import datasets
 from tokenizers import Tokenizer
 
-from trunk.core.codec import CLS, IGNORE_INDEX, PAD, SEP, TARGET_KEY, fingerprint, load_tokenizer, special_id
+from trunk.core.codec import IGNORE_INDEX, PAD, TARGET_KEY, fingerprint, load_tokenizer, special_id
 from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
 from trunk.datamodules.tokenizer import cached_tokenizer
+from trunk.models import SpecialIds
 
 LANG = "{lang}"  # the language placeholder of parallel-file paths: train.{lang}.gz
 
@@ -217,7 +218,8 @@ class TranslationData(TextDataModule):
             return examples
         target_tokenizer = self.target_tokenizer
         target_tokenizer.no_truncation()  # cut here, leaving room for [CLS] / [SEP]
-        start, end = special_id(target_tokenizer, CLS), special_id(target_tokenizer, SEP)  # in either spelling
+        ids = SpecialIds.of(target_tokenizer)  # the decoder's start and end in the target vocabulary
+        start, end = ids.bos, ids.eos
         targets = target_tokenizer.encode_batch(column(ds, "target"), add_special_tokens=False)
         room = self.target_max_length - 1
         truncated = 0

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, processors
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
 from trunk.core.checkpoint import check_readable
-from trunk.core.codec import OTHER_SPELLING, SPECIAL_TOKENS, Codec, special_id
+from trunk.core.codec import OTHER_SPELLING, Codec, check_padding
 from trunk.core.contract import TaskSpec
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
@@ -433,10 +433,7 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
     if tokenizer.truncation is not None:
         cleared.append(f"truncation at {tokenizer.truncation['max_length']}")
         tokenizer.no_truncation()
-    missing = [t for t in SPECIAL_TOKENS if special_id(tokenizer, t) is None]
-    if missing:
-        raise ValueError(f"The tokenizer in '{folder}' has no {missing} (or {[OTHER_SPELLING[t] for t in missing]}), "
-                         "which Trunk's data reads by name.")
+    check_padding(tokenizer, str(folder))
     return tokenizer, cleared
 
 

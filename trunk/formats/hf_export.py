@@ -150,7 +150,7 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     tokenizer.save(str(tmp / "tokenizer.json"))
     roles = {"cls_token": CLS, "sep_token": SEP, "pad_token": PAD, "mask_token": MASK, "unk_token": UNK}
     spelled = {key: token if tokenizer.token_to_id(token) is not None else OTHER_SPELLING[token]
-               for key, token in roles.items()}
+               for key, token in roles.items() if special_id(tokenizer, token) is not None}
     (tmp / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_len, **spelled}, indent=2
     ) + "\n")

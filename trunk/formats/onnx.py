@@ -57,8 +57,9 @@ def export_onnx(model: nn.Module, directory: str | Path, opset: int = 18) -> dic
     out.mkdir(exist_ok=True)
     cls, sep, pad = (special_id(tokenizer, t) for t in (CLS, SEP, PAD))
     word = tokenizer.get_vocab_size() - 1
+    first, last = (word if i is None else i for i in (cls, sep))  # a tokenizer without them: words there
     # with padding: the mask's path is traced
-    example = torch.tensor([[cls, word, word, word, sep], [cls, word, sep, pad, pad]])
+    example = torch.tensor([[first, word, word, word, last], [first, word, last, pad, pad]])
     mask = (example != pad).long()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=model.trunk.cfg.max_len)
     written, listing = {}, {}

@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tokenizers import Tokenizer
 
+from trunk.core.codec import CLS, MASK, PAD, SEP, required_id, special_id
 from trunk.models.decoder import Decoder, KVCache
 
 
@@ -48,6 +50,16 @@ class SpecialIds:
     eos: int  # ends a hypothesis
     pad: int  # fills positions after the end
     banned: tuple[int, ...] = ()  # never generated (padding, start, mask ...)
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer | None) -> SpecialIds:
+        """A decoder's ids in a target vocabulary, whatever their spelling: it starts from [CLS] (a tokenizer without
+        one, T5's or Marian's: from the padding token, as theirs do), stops at [SEP] (</s>), and never writes padding,
+        [CLS] or [MASK]. No tokenizer: Trunk's own tokenizers' ids."""
+        pad, cls_, mask = (special_id(tokenizer, t) for t in (PAD, CLS, MASK))
+        eos = special_id(tokenizer, SEP) if tokenizer is None else required_id(tokenizer, SEP, "A decoder (its end)")
+        return cls(bos=pad if cls_ is None else cls_, eos=eos, pad=pad,
+                   banned=tuple(i for i in (pad, cls_, mask) if i is not None))
 
 
 def _next_logits(decoder: Decoder, tokens: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None,

@@ -41,6 +41,13 @@ class TokenStem(nn.Module):
         """Position tables are offsets the model reads, not features to shrink (timm's convention)."""
         return {"position.weight"} if hasattr(self, "position") else set()
 
+    def connect(self, separator_id: int | None) -> None:
+        """The run's tokenizer's [SEP] id, which segments are read off (None: it has none)."""
+        if self.segment is not None and separator_id is None:
+            raise ValueError("The trunk has segment embeddings, read off the [SEP] tokens of each input, and the "
+                             "tokenizer has no [SEP] (or </s>).")
+        self.separator_id = separator_id
+
     def segments(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) segment ids: the [SEP]s strictly before each token, capped at the last segment."""
         separators = (input_ids == self.separator_id).long()

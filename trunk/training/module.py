@@ -23,7 +23,7 @@ from trunk.core.contract import TaskSpec, loss_weights, pair_specs
 from trunk.models import Block, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter
 from trunk.tasks.objectives.base import Objective, batch_size
-from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss, tied_mlm_head
+from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss, check_aux_mlm, tied_mlm_head
 from trunk.tasks.registry import as_objective, stems_of
 from trunk.training.callbacks import check_monitors
 from trunk.training.finetuning import FinetuneConfig, Freezer, GradualUnfreezing, apply_freezing
@@ -93,11 +93,7 @@ class TrunkModule(L.LightningModule):
             objective.build(name, self.trunk, task_info[name])
         self.router = self._deltas(peft or {}, objectives)
         self.objectives = nn.ModuleDict(objectives)
-        if not (isinstance(aux_mlm, (int, float)) and aux_mlm >= 0):
-            raise ValueError(f"model.aux_mlm={aux_mlm!r} must be a loss weight >= 0 (0: off).")
-        if aux_mlm and not any(o.stem == "text" for o in objectives.values()):
-            raise ValueError("model.aux_mlm masks the tokens of text tasks' batches; this run has no text task. Set "
-                             "it to 0.")
+        check_aux_mlm(aux_mlm, objectives, codec.tokenizer if codec is not None else None)
         self.aux_mlm, self.aux_mlm_head = float(aux_mlm), tied_mlm_head(self.trunk) if aux_mlm else None
         for stack in (m for m in self.modules() if hasattr(m, "set_grad_checkpointing")):  # the backbone, decoders
             stack.set_grad_checkpointing(activation_checkpointing)
@@ -137,9 +133,9 @@ class TrunkModule(L.LightningModule):
     def connect(self, codec: Codec | None) -> None:
         """Hand the objectives the run's tokenizers (translation decodes with them)."""
         self.codec, tokenizer = codec, (codec.tokenizer if codec is not None else None)
-        self._special_ids = ids = [special_id(tokenizer, t) for t in SPECIAL_TOKENS]
+        self._special_ids = {t: special_id(tokenizer, t) for t in SPECIAL_TOKENS}  # None: a role it lacks
         if "text" in self.trunk.stems:  # segments are read off the tokenizer's [SEP]
-            self.trunk.stems["text"].separator_id = ids[SPECIAL_TOKENS.index(SEP)]
+            self.trunk.stems["text"].connect(self._special_ids[SEP])
         for objective in self.objectives.values():
             objective.connect(codec)
 

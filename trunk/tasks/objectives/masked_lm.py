@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trunk.core.codec import IGNORE_INDEX, MASK, SPECIAL_TOKENS
+from trunk.core.codec import IGNORE_INDEX, MASK, required_id
 from trunk.core.contract import TaskSpec
 from trunk.core.masking import mask_tokens
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig
@@ -52,15 +53,27 @@ def tied_mlm_head(trunk: Trunk) -> MaskedLMHead:
     return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std, cfg.d_model)
 
 
-def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_ids: list[int]) -> torch.Tensor:
+def check_aux_mlm(weight, objectives: dict, tokenizer: Tokenizer | None) -> None:
+    """``model.aux_mlm``: a loss weight >= 0; other than 0, a run with a text task whose tokenizer has a [MASK]."""
+    if not (isinstance(weight, (int, float)) and weight >= 0):
+        raise ValueError(f"model.aux_mlm={weight!r} must be a loss weight >= 0 (0: off).")
+    if weight and not any(o.stem == "text" for o in objectives.values()):
+        raise ValueError("model.aux_mlm masks the tokens of text tasks' batches; this run has no text task. Set it "
+                         "to 0.")
+    if weight and tokenizer is not None:
+        required_id(tokenizer, MASK, "model.aux_mlm (masking the text tasks' tokens)")
+
+
+def auxiliary_mlm_loss(head: MaskedLMHead, trunk: Trunk, batch: dict, special_ids: dict[str, int | None]
+                       ) -> torch.Tensor:
     """``model.aux_mlm``: the masked-LM loss of a text task's own training batch, masked afresh as BERT does (the task's
-    loss saw it whole). ``special_ids``: the run's tokenizer's ids of ``SPECIAL_TOKENS`` (never masked)."""
+    loss saw it whole). ``special_ids``: the run's tokenizer's id of each of ``SPECIAL_TOKENS`` (never masked; None:
+    the tokenizer lacks it)."""
     ids, mask = batch["input_ids"], batch.get("attention_mask")
     # choices: rows
     ids, mask = (ids.reshape(-1, ids.shape[-1]), None if mask is None else mask.reshape(-1, mask.shape[-1]))
-    masked, targets = mask_tokens(
-        ids, torch.tensor(special_ids, device=ids.device), special_ids[SPECIAL_TOKENS.index(MASK)], trunk.cfg.vocab_size
-    )
+    specials = torch.tensor([i for i in special_ids.values() if i is not None], device=ids.device)
+    masked, targets = mask_tokens(ids, specials, special_ids[MASK], trunk.cfg.vocab_size)
     _, nll, _ = masked_token_nll(head, trunk(masked, mask), targets)
     return nll.mean()
 

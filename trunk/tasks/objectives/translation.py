@@ -6,22 +6,14 @@ import re
 from dataclasses import asdict, replace
 
 import torch
-from tokenizers import Tokenizer
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from trunk.core.codec import CLS, IGNORE_INDEX, MASK, PAD, SEP, special_id
+from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
-
-
-def generation_ids(tokenizer: Tokenizer | None) -> SpecialIds:
-    """The decoder starts from [CLS], stops at [SEP], and never writes [PAD], [CLS] or [MASK]: their ids in the target
-    vocabulary, whatever their spelling (None: Trunk's own tokenizers', 2, 3 and 0)."""
-    ids = {t: special_id(tokenizer, t) for t in (PAD, CLS, SEP, MASK)}
-    return SpecialIds(bos=ids[CLS], eos=ids[SEP], pad=ids[PAD], banned=(ids[PAD], ids[CLS], ids[MASK]))
 
 
 class Translation(Objective):
@@ -123,7 +115,7 @@ class Translation(Objective):
 
     @property
     def generation_ids(self) -> SpecialIds:
-        return generation_ids(None if self.codec is None else self.codec.target(self.name))
+        return SpecialIds.of(None if self.codec is None else self.codec.target(self.name))
 
     @torch.no_grad()
     def generate(
