@@ -191,6 +191,15 @@ def test_real_size_configs_map_on_the_meta_device():
         v.numel() for k, v in decoder.items() if k != "decoder.stem.token.weight"
     )
     assert ours == sum(p.numel() for p in bart.parameters()) + bart.final_logits_bias.numel()  # a buffer there
+    with torch.device("meta"):
+        t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(d_model=768, d_kv=64, d_ff=3072,
+                                                                           num_layers=12, num_heads=12))  # t5-base
+    mapped = map_weights(t5.config.to_dict(), saved(t5), "t5")
+    decoder = mapped.heads["translation"]["state"]
+    ours = sum(v.numel() for v in mapped.trunk.values()) + sum(
+        v.numel() for k, v in decoder.items() if k != "decoder.stem.token.weight")
+    biases = sum(p.shape[0] for n, p in t5.named_parameters() if re.search(r"\.(q|k|v|o|wi|wo)\.weight$", n))
+    assert ours == sum(p.numel() for p in t5.parameters()) + biases + t5.config.vocab_size  # zero biases, output bias
     mapped = map_weights(vit.config.to_dict(), saved(vit), "vit")
     pooler = sum(p.numel() for p in vit.pooler.parameters())
     # [CLS]'s position row is folded into [CLS]
@@ -503,3 +512,126 @@ def test_a_model_folder_without_its_tokenizer_takes_one_from_another_folder(tmp_
     assert not (tmp_path / "trunk").exists()
     import_main([str(tmp_path / "hf"), str(tmp_path / "trunk"), "--tokenizer", str(tmp_path / "tok")])
     assert load_pretrained(tmp_path / "trunk").codec.tokenizer.token_to_id("[SEP]") == 8
+
+
+def write_t5_tokenizer(folder: Path) -> int:
+    """A tokenizer with T5's special tokens only (<pad> 0, </s> 1, <unk> 2; no [CLS], no mask) that ends each input
+    with </s>, as T5's does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([" ".join(WORDS)] * 4 + SENTENCES, trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False))
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                             special_tokens=[("</s>", 1)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return tokenizer.get_vocab_size()
+
+
+def tiny_t5(folder: Path, **options):
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_t5_tokenizer(folder)
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                                   num_heads=4, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+                                   decoder_start_token_id=0, **options)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 or "relative_attention_bias" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("feed_forward", ["relu", "gated-gelu"])
+def test_t5_encoder_logits_and_greedy_output_equal_transformers(feed_forward, tmp_path):
+    """T5: RMSNorm, relative position biases in encoder and decoder, no biases, unscaled attention, a plain or gated
+    feed-forward, and a tokenizer with neither [CLS] nor a mask (the decoder starts from <pad>, as T5's does)."""
+    from trunk.core.contract import TaskSpec
+    from trunk.tasks import Translation
+
+    model = tiny_t5(tmp_path / "hf", feed_forward_proj=feed_forward)
+    pretrained, notes = convert(tmp_path / "hf")
+    assert pretrained.config.rms_norm and pretrained.config.gated_ff == (feed_forward != "relu")
+    trunk = trunk_of(pretrained)
+    tokenizer = pretrained.codec.tokenizer
+    ids, mask, _ = batch(tokenizer, SENTENCES)
+    targets, _, _ = batch(tokenizer, ["a good film", "the plot is dull and the music is not", "great"])
+    with torch.no_grad():
+        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (encoded - trunk(ids, mask))[mask.bool()].abs().max() < 1e-5
+    objective = Translation(decoder_layers=2)
+    objective.build("translation", trunk, TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    objective.load_head(pretrained.heads["translation"]["state"], None, False, "test")
+    objective.connect(pretrained.codec)
+    objective.eval()
+    start = torch.zeros(len(targets), 1, dtype=torch.long)  # T5 starts from <pad>
+    decoder_inputs = torch.cat([start, targets[:, :-1]], 1)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_inputs).logits
+        ours = objective(trunk, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder_inputs})
+        assert (expected - ours).abs().max() < 1e-4
+        special = objective.generation_ids
+        assert (special.bos, special.eos, special.pad) == (0, 1, 0)
+        generated = objective.generate(trunk, ids, mask, beam_size=1)
+        reference = model.generate(input_ids=ids, attention_mask=mask, decoder_start_token_id=0, eos_token_id=1,
+                                   pad_token_id=0, bad_words_ids=[[t] for t in special.banned], num_beams=1,
+                                   do_sample=False, max_new_tokens=generated.shape[1], min_length=0)[:, 1:]
+    for ours_row, theirs_row in zip(generated.tolist(), reference.tolist()):
+        cut = lambda row: row[: row.index(1) + 1] if 1 in row else row  # noqa: E731
+        assert cut(ours_row) == cut(theirs_row)
+
+
+def test_t5_with_an_output_projection_of_its_own(tmp_path):
+    """T5 v1.1 and flan-t5 files: lm_head.weight of its own, tie_word_embeddings false, no output scaling. The decoder
+    then reads its logits through that projection."""
+    from safetensors.torch import load_file, save_file
+
+    from trunk.core.contract import TaskSpec
+    from trunk.tasks import Translation
+
+    model = tiny_t5(tmp_path / "hf", feed_forward_proj="gated-gelu")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    lm_head = torch.randn(model.config.vocab_size, 32)
+    save_file({**tensors, "lm_head.weight": lm_head}, str(tmp_path / "hf" / "model.safetensors"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config.update(tie_word_embeddings=False)
+    config.pop("scale_decoder_outputs", None)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    pretrained, _ = convert(tmp_path / "hf")
+    assert pretrained.heads["translation"]["meta"]["objective"]["init_args"]["tied_output"] is False
+    trunk = trunk_of(pretrained)
+    objective = Translation(decoder_layers=2, tied_output=False)
+    objective.build("translation", trunk, TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    objective.load_head(pretrained.heads["translation"]["state"], None, False, "test")
+    objective.eval()
+    ids, mask, _ = batch(pretrained.codec.tokenizer, SENTENCES)
+    decoder_inputs = torch.zeros(len(SENTENCES), 4, dtype=torch.long)
+    decoder_inputs[:, 1:] = ids[:, :3]
+    with torch.no_grad():
+        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = model.decoder(input_ids=decoder_inputs, encoder_hidden_states=encoded,
+                               encoder_attention_mask=mask).last_hidden_state
+        ours = objective(trunk, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder_inputs})
+    assert (hidden @ lm_head.T - ours).abs().max() < 1e-4
+
+
+def test_a_tokenizer_without_cls_or_mask_fine_tunes_and_refuses_masking_by_name(sentiment_files, tmp_path):
+    """T5's tokenizer has no [CLS] and no mask: a classifier trains on its encoder (mean pooling); masked-LM, which
+    needs a mask token, is one clear error."""
+    tiny_t5(tmp_path / "hf", feed_forward_proj="relu")
+    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"),
+                   "--model.tasks.sentiment.init_args.pooling=mean"])
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    assert (batch["input_ids"] == 1).sum(1).eq(1).all()  # each text ends with its </s>, none starts with a [CLS]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES * 20) + "\n")
+    args = single_task(["fit", "--model=trunk.tasks.MaskedLanguageModeling", f"--model.init_from={tmp_path / 'hf'}",
+                        "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}", "--data.max_length=16",
+                        "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'mlm'}"], "mlm")
+    with pytest.raises(ValueError, match=r"needs a \[MASK\] token \(<mask> in RoBERTa's spelling\), and this "
+                                         r"tokenizer has neither"):
+        run_cli(args)

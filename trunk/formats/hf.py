@@ -13,6 +13,7 @@ trained from the trunk, as ``transformers`` does.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 from collections.abc import Callable
@@ -331,8 +332,100 @@ BART = Family(
     ignored=(r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
     adjust=bart_logits_bias,
 )
+
+
+def t5_config(values: dict) -> TrunkConfig:
+    """T5 (v1.0, v1.1, flan-t5): pre-norm RMSNorm blocks with relative position biases, a plain or gated
+    feed-forward."""
+    if values["num_heads"] * values["d_kv"] != values["d_model"]:
+        raise ValueError(f"The t5 checkpoint's attention is num_heads x d_kv = {values['num_heads']} x "
+                         f"{values['d_kv']} wide in a d_model={values['d_model']} model; the trunk's heads split "
+                         "d_model (num_heads x d_kv = d_model).")
+    gated, _, act = values.get("feed_forward_proj", "relu").rpartition("-")
+    activation = {"gelu": "gelu_new"}.get(act, act) if gated else act
+    _check({**values, "hidden_act": activation}, "t5")
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["d_model"], n_layers=values["num_layers"],
+        n_heads=values["num_heads"], d_ff=values["d_ff"], dropout=values.get("dropout_rate", 0.1),
+        attn_dropout=values.get("dropout_rate", 0.1), max_len=512, positions="t5", norm="pre", rms_norm=True,
+        gated_ff=gated == "gated", activation=ACTIVATIONS[activation],
+        layer_norm_eps=values.get("layer_norm_epsilon", 1e-6),
+        embedding_norm=False, relative_buckets=values.get("relative_attention_num_buckets", 32),
+        relative_max_distance=values.get("relative_attention_max_distance", 128),
+    )
+
+
+def t5_tied(values: dict, tensors: dict) -> bool:
+    """Whether the decoder's logits read the shared embeddings (T5 v1.0, and every T5 transformers 5 writes) or a
+    projection of their own (a ``lm_head.weight`` of its own: T5 v1.1, flan-t5)."""
+    return "lm_head.weight" not in tensors or values.get("tie_word_embeddings", True) is not False
+
+
+def t5_adjust(values: dict, tensors: dict, prefix: str) -> dict:
+    """T5's numbers in the trunk's form: its linear layers have no biases (zeros here), its attention does not divide
+    the scores by sqrt(d_kv) (folded into the queries), a plain feed-forward's ``wi`` is the gated one's ``wi_1``, and
+    with tied embeddings the decoder scales its output by d_model^-0.5 before the logits (folded into its final
+    norm); the output bias it lacks is zero."""
+    tensors = {re.sub(r"DenseReluDense\.wi\.", "DenseReluDense.wi_1.", k): v for k, v in tensors.items()}
+    for name in [k for k in tensors if re.search(r"\.(q|k|v|o|wi_0|wi_1|wo)\.weight$", k)]:
+        weight = tensors[name]
+        if name.endswith(".q.weight"):
+            tensors[name] = weight * math.sqrt(values["d_kv"])
+        tensors.setdefault(name[: -len("weight")] + "bias", torch.zeros(weight.shape[0], dtype=weight.dtype,
+                                                                        device=weight.device))
+    if "decoder.final_layer_norm.weight" in tensors:
+        tied = t5_tied(values, tensors)
+        if values.get("scale_decoder_outputs", tied):
+            tensors["decoder.final_layer_norm.weight"] = tensors["decoder.final_layer_norm.weight"] * values[
+                "d_model"] ** -0.5
+        vocab = tensors["shared.weight"].shape[0]
+        tensors["decoder.output_bias"] = torch.zeros(vocab, dtype=tensors["shared.weight"].dtype,
+                                                     device=tensors["shared.weight"].device)
+        if tied:
+            tensors.pop("lm_head.weight", None)
+    return tensors
+
+
+def t5_layer(side: str, cross: bool) -> dict[str, str | tuple[str, ...]]:
+    """One T5 block's modules ``side`` as a Trunk block's (a decoder's with its cross-attention)."""
+    block, ff = f"{side}.block.{{i}}.layer", 2 if cross else 1
+    attention = lambda module: {  # noqa: E731
+        "q_proj": f"{module}.q", "kv_proj": (f"{module}.k", f"{module}.v"), "out_proj": f"{module}.o"}
+    table = {**{f"attn.{k}": v for k, v in attention(f"{block}.0.SelfAttention").items()},
+             "norm_attn": f"{block}.0.layer_norm", "ff.fc_in": f"{block}.{ff}.DenseReluDense.wi_1",
+             "ff.fc_gate": f"{block}.{ff}.DenseReluDense.wi_0", "ff.fc_out": f"{block}.{ff}.DenseReluDense.wo",
+             "norm_ff": f"{block}.{ff}.layer_norm"}
+    if cross:
+        table.update({f"cross_attn.{k}": v for k, v in attention(f"{block}.1.EncDecAttention").items()},
+                     norm_cross=f"{block}.1.layer_norm")
+    return table
+
+
+T5_FAMILY = Family(
+    t5_config,
+    {"stems.text.token": "shared",
+     "backbone.position_bias.embedding": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+     **_block(t5_layer("encoder", cross=False)), "backbone.final_norm": "encoder.final_layer_norm"},
+    ("",),
+    heads={"translation": HeadTable(
+        "decoder (sequence to sequence)",
+        lambda values: Translation(decoder_layers=values.get("num_decoder_layers") or values["num_layers"],
+                                   tied_output=values.get("tie_word_embeddings", True) is not False),
+        {
+            "decoder": "decoder",  # its output bias (zero: t5_adjust)
+            "decoder.position_bias.embedding": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+            **{f"decoder.blocks.{{i}}.{ours}": theirs for ours, theirs in t5_layer("decoder", cross=True).items()},
+            "decoder.final_norm": "decoder.final_layer_norm",
+            "decoder.output": "lm_head",
+        },
+        depth="num_decoder_layers",
+        tied={"decoder.stem.token.weight": "stems.text.token.weight"},
+    )},
+    ignored=(r"(encoder|decoder)\.embed_tokens\.weight",),
+    adjust=t5_adjust,
+)
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "vit": VIT, "bart": BART}
+                               "distilbert": DISTILBERT, "vit": VIT, "bart": BART, "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:
@@ -516,7 +609,7 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         with torch.device("meta"):
             objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))
         wanted = {k: v.shape for k, v in objective.head_state().items() if k not in head.tied}
-        table = _expand(head.table, values[head.depth] if head.depth else 0)
+        table = _expand(head.table, (values.get(head.depth) or config.n_layers) if head.depth else 0)
         head_prefix = prefix if any(k.startswith(prefix + next(iter(sources))) for k in tensors) else ""
         state = _take(wanted, table, tensors, head_prefix, used, missing)
         state.update({ours: trunk_weights.get(theirs) for ours, theirs in head.tied.items()})

@@ -89,13 +89,16 @@ class Decoder(nn.Module):
 
     ``cfg`` gives the target vocabulary, depth and every other architecture field (the encoder's,
     usually). Right-padded targets need no self-attention padding mask: the causal mask already
-    keeps every real token from seeing the padding after it.
+    keeps every real token from seeing the padding after it. ``tied_output``: the logits read the target embeddings
+    (else a projection of their own).
     """
 
-    def __init__(self, cfg: TrunkConfig) -> None:
+    def __init__(self, cfg: TrunkConfig, tied_output: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.stem = TokenStem(cfg)
+        # the output projection: the target embeddings themselves, or (T5 v1.1's) a matrix of its own
+        self.output = None if tied_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
@@ -138,8 +141,8 @@ class Decoder(nn.Module):
         return x if unpadded is None else unpadded.pad(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., C) -> (..., target vocab), through the target embeddings (tied)."""
-        return F.linear(hidden, self.stem.token.weight, self.output_bias)
+        """(..., C) -> (..., target vocab), through the target embeddings (tied) or the output projection."""
+        return F.linear(hidden, (self.stem.token if self.output is None else self.output).weight, self.output_bias)
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.blocks))

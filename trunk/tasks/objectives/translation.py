@@ -32,6 +32,8 @@ class Translation(Objective):
     Args:
         decoder_layers: decoder depth; unset: the trunk's ``n_layers``.
         share_embeddings: one embedding matrix for source, target and output (joint vocabulary only).
+        tied_output: the decoder's logits read its target embeddings; false: an output projection of its own (T5
+            v1.1's, flan-t5's).
         label_smoothing: the target distribution's mass spread over the vocabulary.
         generation: beam size, length penalty and length limits for test and predict.
         val_beam_size: beam size when generating for validation BLEU (1: greedy, the quickest).
@@ -42,7 +44,8 @@ class Translation(Objective):
     inference_options = ("generation", "val_beam_size")
 
     def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
-                 generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1) -> None:
+                 generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1,
+                 tied_output: bool = True) -> None:
         generation = GenerationConfig(**generation) if isinstance(generation, dict) else generation
         super().__init__(
             decoder_layers=decoder_layers,
@@ -50,11 +53,13 @@ class Translation(Objective):
             label_smoothing=label_smoothing,
             generation=asdict(generation),
             val_beam_size=val_beam_size,
+            tied_output=tied_output,
         )
-        self.decoder_layers, self.share_embeddings, self.label_smoothing = (
+        self.decoder_layers, self.share_embeddings, self.label_smoothing, self.tied_output = (
             decoder_layers,
             share_embeddings,
             label_smoothing,
+            tied_output,
         )
         self.generation, self.val_beam_size = generation, val_beam_size
 
@@ -74,7 +79,8 @@ class Translation(Objective):
             )
         self.decoder = Decoder(
             replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers, segments=0,
-                    embedding_size=None)  # targets are one segment, embedded at the width the logits read
+                    embedding_size=None),  # targets are one segment, embedded at the width the logits read
+            self.tied_output,
         )
         if self.share_embeddings:
             self.decoder.stem.token = trunk.stems["text"].token
