@@ -117,14 +117,14 @@ BERT_EMBEDDINGS = {
 }
 
 
-def _check(values: dict, model_type: str) -> None:
-    """Refuse, by name, the options of a BERT-like config that the trunk cannot honour."""
-    refused = {
-        "position_embedding_type": (values.get("position_embedding_type", "absolute"), "absolute"),
-        "is_decoder": (values.get("is_decoder", False), False),
-        "add_cross_attention": (values.get("add_cross_attention", False), False),
-    }
-    for name, (value, supported) in refused.items():
+BERT_ONLY = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
+
+
+def _check(values: dict, model_type: str, only: dict | None = None) -> None:
+    """Refuse, by name, the options of a config that the trunk cannot honour: those of ``only`` (option -> the one value
+    the trunk computes; BERT's by default) set otherwise, and an activation it lacks."""
+    for name, supported in (BERT_ONLY if only is None else only).items():
+        value = values.get(name, supported)
         if value != supported:
             raise ValueError(f"The {model_type} checkpoint has {name}={value!r}, which the trunk cannot compute "
                              f"(it supports {name}={supported!r} only).")
@@ -260,21 +260,19 @@ VIT = Family(
         "patch_size", 16), "channels": values.get("num_channels", 3)}},
     adjust=vit_positions,
 )
+
+
 def bart_config(values: dict) -> TrunkConfig:
     """BART's encoder as the trunk (its decoder, of the same shape, is the translation head's)."""
-    refused = {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False}
-    for name, supported in refused.items():
-        if values.get(name, supported) != supported:
-            raise ValueError(f"The {values['model_type']} checkpoint has {name}={values[name]!r}, which the trunk "
-                             f"cannot compute (it supports {name}={supported!r} only).")
+    activation = values.get("activation_function", "gelu")
+    _check({**values, "hidden_act": activation}, values["model_type"],
+           {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False})
     for ours, theirs in (("attention_heads", "the heads"), ("ffn_dim", "the feed-forward width")):
         if values[f"encoder_{ours}"] != values[f"decoder_{ours}"]:
             encoder, decoder = values[f"encoder_{ours}"], values[f"decoder_{ours}"]
             raise ValueError(f"The {values['model_type']} checkpoint's encoder and decoder differ in {theirs} "
                              f"(encoder_{ours}={encoder}, decoder_{ours}={decoder}): Trunk's decoder has the trunk's "
                              "shape.")
-    activation = values.get("activation_function", "gelu")
-    _check({**values, "hidden_act": activation}, values["model_type"])
     return TrunkConfig(
         vocab_size=values["vocab_size"], d_model=values["d_model"], n_layers=values["encoder_layers"],
         n_heads=values["encoder_attention_heads"], d_ff=values["encoder_ffn_dim"], dropout=values.get("dropout", 0.1),

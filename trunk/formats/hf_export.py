@@ -104,9 +104,12 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
         raise ValueError(f"RoBERTa counts positions from its padding id + 1 ({pad_id + 1}), and this trunk's "
                          f"position_offset is {config.position_offset}: transformers would read other position rows.")
     head_task = pick_head(pretrained, task, ARCHITECTURES[model_type])
-    prefix = {"bert": "bert.", "roberta": "roberta.", "electra": "electra."}[model_type]
+    prefix = family.prefixes[0]  # a task model's names (bert.encoder...); the base model alone has none
     values = hf_config(model_type, config, pad_id)
-    tensors = hf_weights(family, config, pretrained.trunk_weights, prefix if head_task else "")
+    # a head trained with a LoRA: its delta written into the trunk's weights, one model that computes the task
+    delta = head_task is not None and pretrained.heads[head_task]["meta"].get("peft")
+    weights = merged_trunk(pretrained, head_task) if delta else pretrained.trunk_weights
+    tensors = hf_weights(family, config, weights, prefix if head_task else "")
     name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra"}[model_type]
     architecture = f"{name}Model"
     if head_task is None and pretrained.pooler and family.pooler:
@@ -114,8 +117,6 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     if head_task is not None:
         head = pretrained.heads[head_task]
         kind = head["meta"]["kind"]
-        if head["meta"].get("peft"):  # its LoRA written into the trunk's weights: one model that computes the task
-            tensors = hf_weights(family, config, merged_trunk(pretrained, head_task), prefix)
         state = {k: v for k, v in head["state"].items() if not k.startswith("delta.")}
         if kind == "masked_lm":
             suffix, table = "ForMaskedLM", family.heads["mlm"].table
