@@ -31,6 +31,7 @@ from trunk.core.codec import OTHER_SPELLING, Codec, check_padding
 from trunk.core.contract import TaskSpec
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
+from trunk.formats.spm import SPM_FILES, spm_folder_tokenizer
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
 from trunk.models import TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import Objective
@@ -43,7 +44,7 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
 HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"]
+            "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", *SPM_FILES]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "relu": "relu", "silu": "silu", "swish": "silu"}
 # families whose architecture the trunk cannot compute, and why: refused by name
@@ -495,7 +496,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
-    """The model's own tokenizer as it ships (``tokenizer.json``, else BERT's ``vocab.txt`` with its lowercasing), and
+    """The model's own tokenizer as it ships (``tokenizer.json``, else BERT's ``vocab.txt`` with its lowercasing,
+    RoBERTa's BPE files, or a SentencePiece model), and
     what was changed: padding and truncation switched on in the file are cleared (the data pads and cuts per batch;
     a fixed padding would make every input that long)."""
     config = _json(folder / "tokenizer_config.json")
@@ -514,9 +516,12 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
         tokenizer.add_special_tokens([t for t in OTHER_SPELLING.values() if tokenizer.token_to_id(t) is not None])
         sep, cls = (("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")))
         tokenizer.post_processor = processors.RobertaProcessing(sep, cls, add_prefix_space=prefix_space)
+    elif spm := next((folder / name for name in SPM_FILES if (folder / name).is_file()), None):
+        tokenizer = spm_folder_tokenizer(spm, config)
     else:
-        raise FileNotFoundError(f"'{folder}' has no tokenizer (tokenizer.json, BERT's vocab.txt, or RoBERTa's "
-                                "vocab.json and merges.txt). Give the model's tokenizer folder with --tokenizer DIR.")
+        raise FileNotFoundError(f"'{folder}' has no tokenizer (tokenizer.json, BERT's vocab.txt, RoBERTa's "
+                                f"vocab.json and merges.txt, or a SentencePiece {' / '.join(SPM_FILES)}). Give the "
+                                "model's tokenizer folder with --tokenizer DIR.")
     cleared = []
     if tokenizer.padding is not None:
         cleared.append(f"padding to {tokenizer.padding.get('length') or 'the longest'}")
@@ -641,10 +646,14 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
     notes, codec = list(mapped.notes), Codec()
     if "text" in mapped.stems:
         tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
-        if tokenizer.get_vocab_size() != mapped.config.vocab_size:
-            raise ValueError(f"The tokenizer has {tokenizer.get_vocab_size()} tokens, but '{folder}' has "
-                             f"{mapped.config.vocab_size} rows in its embedding table: they do not belong together. "
-                             "Give the model's own tokenizer (--tokenizer DIR).")
+        size, rows = tokenizer.get_vocab_size(), mapped.config.vocab_size
+        if size < rows and rows % 64 == 0 and rows - size < 128:  # a table padded to a round size (T5: 32100 -> 32128)
+            tokenizer.add_special_tokens([f"<unused_row_{i}>" for i in range(size, rows)])
+            notes.append(f"the tokenizer's {size} tokens padded to the embedding table's {rows} rows with unused "
+                         "special tokens")
+        elif size != rows:
+            raise ValueError(f"The tokenizer has {size} tokens, but '{folder}' has {rows} rows in its embedding "
+                             "table: they do not belong together. Give the model's own tokenizer (--tokenizer DIR).")
         if cleared:
             notes.append(f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)")
         codec = Codec(tokenizer)

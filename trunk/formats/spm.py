@@ -1,0 +1,125 @@
+"""A SentencePiece model (``spiece.model``, ``sentencepiece.bpe.model``, ``source.spm``) as a ``tokenizers``
+tokenizer, the form every Trunk codec takes, for model folders that ship no ``tokenizer.json`` (T5 v1.1, mT5, many
+others). It follows the model file's own settings, as ``transformers``' ``SpmConverter`` does, so that it encodes
+like ``SentencePieceProcessor.encode``: the normalisation (its precompiled character map, extra spaces removed, the
+dummy prefix, spaces as "▁"), unigram pieces with their scores or BPE merges ranked by score, byte fallback.
+
+Reading the file needs the ``sentencepiece`` package (``pip install "trunk[sentencepiece]"``), for its protobuf
+schema; the tokenizer it makes runs without it. Hand-written because ``tokenizers`` reads no SentencePiece file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from trunk.core.codec import CLS, SEP, special_id
+
+SPM_FILES = ("spiece.model", "sentencepiece.bpe.model", "source.spm")  # T5 / ALBERT, XLM-R / CamemBERT, Marian
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # ModelProto.SentencePiece.Type
+UNIGRAM, BPE = 1, 2  # TrainerSpec.ModelType
+
+
+def read_model(path: Path):
+    """The file's ``ModelProto``; a clear error without the package or on a file that is not one."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError:
+        raise ImportError(f"'{path}' is a SentencePiece model; reading it needs the sentencepiece package: "
+                          'pip install "trunk[sentencepiece]" (or give a folder with a tokenizer.json).') from None
+    from google.protobuf.message import DecodeError
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except DecodeError as err:
+        raise ValueError(f"'{path}' is not a SentencePiece model ({err}). Download the model again.") from None
+    if not proto.pieces:
+        raise ValueError(f"'{path}' is not a SentencePiece model: it holds no pieces. Download the model again.")
+    return proto
+
+
+def spm_tokenizer(path: str | Path) -> Tokenizer:
+    """The SentencePiece model at ``path`` as a ``Tokenizer`` with the same pieces, ids and segmentation (special
+    tokens and the post-processor are the caller's: they belong to the model, not to the file)."""
+    path = Path(path)
+    proto = read_model(path)
+    spec, trainer = proto.normalizer_spec, proto.trainer_spec
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    user_defined = [p.piece for p in proto.pieces if p.type == USER_DEFINED]
+    if trainer.model_type == UNIGRAM:
+        model = models.Unigram(pieces, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback)
+    elif trainer.model_type == BPE:
+        vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+        normal = {p.piece: (p.score, i) for i, p in enumerate(proto.pieces) if p.type == NORMAL}
+        ranked = sorted((-normal[token][0], normal[token][1], token[:cut], token[cut:])
+                        for token in normal for cut in range(1, len(token))
+                        if token[:cut] in normal and token[cut:] in normal)  # merges ranked as the merged piece
+        model = models.BPE(vocab, [(left, right) for _, _, left, right in ranked], unk_token=trainer.unk_piece,
+                           fuse_unk=True, byte_fallback=trainer.byte_fallback,
+                           ignore_merges=bool(user_defined))  # a user-defined piece is one pre-token, kept whole
+    else:
+        raise ValueError(f"'{path}' is a SentencePiece {trainer.ModelType.Name(trainer.model_type)} model; Trunk "
+                         "reads unigram and BPE models (convert it to a tokenizer.json with transformers' "
+                         "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)).")
+    tokenizer = Tokenizer(model)
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:  # spaces only: SentencePiece leaves other whitespace alone
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if spec.escape_whitespaces:
+        steps.append(normalizers.Replace(" ", "▁"))
+    if spec.add_dummy_prefix:  # Metaspace skips the prefix on a text that already starts with "▁"; SentencePiece not
+        steps.append(normalizers.Replace(Regex(r"\A▁"), "▁▁"))
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    splits = [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)] \
+        if spec.add_dummy_prefix else []
+    if user_defined:  # emitted whole, never merged
+        pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
+        splits.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
+    if splits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(splits)
+    steps = [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if trainer.byte_fallback else [])
+    if spec.add_dummy_prefix:
+        steps += [decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+    elif trainer.byte_fallback:
+        steps.append(decoders.Fuse())
+    tokenizer.decoder = decoders.Sequence(steps)
+    special = [p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)]
+    tokenizer.add_special_tokens(special)  # never split, skipped when decoding
+    return tokenizer
+
+
+
+def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
+    """A model folder's SentencePiece file with the tokens its ``tokenizer_config.json`` (``settings``) adds past the
+    file's pieces (``added_tokens_decoder``, or T5's ``extra_ids`` sentinels) and the post-processor of its roles:
+    ``<s> A </s>`` / ``[CLS] A [SEP]`` where the model has both, else ``A </s>`` (T5, Marian). A tokenizer whose ids
+    are not the file's (fairseq's shifted layout: XLM-R, CamemBERT) is refused, never read shifted."""
+    tokenizer = spm_tokenizer(path)
+    size = tokenizer.get_vocab_size()
+    added = {int(i): token["content"] for i, token in (settings.get("added_tokens_decoder") or {}).items()}
+    if not added and settings.get("extra_ids"):  # T5's sentinels count down from the last id: <extra_id_0> is last
+        added = {size + settings["extra_ids"] - 1 - n: f"<extra_id_{n}>" for n in range(settings["extra_ids"])}
+    shifted = [f"{i} is '{token}' there but '{tokenizer.id_to_token(i)}' in the file" for i, token in
+               sorted(added.items()) if i < size and tokenizer.id_to_token(i) != token]
+    beyond = sorted(i for i in added if i >= size)
+    if shifted or beyond != list(range(size, size + len(beyond))):
+        raise ValueError(f"The tokenizer of '{path.parent}' numbers its tokens otherwise than '{path.name}' does "
+                         f"({'; '.join(shifted[:3]) or f'added ids {beyond[:3]}... leave gaps after {size}'}): "
+                         "Trunk reads a SentencePiece file only where its ids are the model's. Give a folder with "
+                         "the model's tokenizer.json (transformers' AutoTokenizer.from_pretrained(...)"
+                         ".save_pretrained(DIR) writes one).")
+    tokenizer.add_special_tokens([added[i] for i in beyond])
+    cls, sep = special_id(tokenizer, CLS), special_id(tokenizer, SEP)
+    sep_token = tokenizer.id_to_token(sep) if sep is not None else None
+    if cls is not None and sep is not None:
+        cls_token = tokenizer.id_to_token(cls)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls_token} $A {sep_token}", pair=f"{cls_token} $A {sep_token} $B:1 {sep_token}:1",
+            special_tokens=[(cls_token, cls), (sep_token, sep)])
+    elif sep is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {sep_token}", pair=f"$A {sep_token} $B:1 {sep_token}:1", special_tokens=[(sep_token, sep)])
+    return tokenizer
