@@ -114,3 +114,14 @@ def test_a_table_much_larger_than_the_tokenizer_is_still_refused(tmp_path):
     with pytest.raises(ValueError, match=r"The tokenizer has 68 tokens, but .* has 256 rows in its embedding table: "
                                          "they do not belong together"):
         convert(folder)
+
+
+def test_trunk_import_without_the_package_says_how_to_install_it_and_writes_nothing(tmp_path, monkeypatch):
+    from trunk.cli.import_model import import_main
+
+    folder = t5_folder(tmp_path / "t5", rows=128)
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    with pytest.raises(SystemExit, match=r'^error: .*spiece.model\' is a SentencePiece model; reading it needs the '
+                                         r'sentencepiece package: pip install "trunk\[sentencepiece\]"'):
+        import_main([str(folder), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -54,7 +54,7 @@ def main() -> None:
         run_cli()
     except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
         sys.exit("\nInterrupted.")
-    except (TrainingDiverged, ValueError, OSError, RuntimeError, MisconfigurationException) as err:
+    except (TrainingDiverged, ValueError, OSError, RuntimeError, ImportError, MisconfigurationException) as err:
         unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
         if os.environ.get("TRUNK_TRACEBACK") or unexpected:
             raise

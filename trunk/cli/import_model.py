@@ -31,7 +31,7 @@ def import_main(args: list[str]) -> None:
         pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
         path = save_pretrained(options.dir, pretrained, overwrite=options.overwrite)
         write_model_card(path, origin=options.src)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
     c = pretrained.config
     print(f"Wrote {path}: {c.n_layers} blocks of width {c.d_model}, {c.vocab_size} tokens"

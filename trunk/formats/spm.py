@@ -1,4 +1,4 @@
-"""A SentencePiece model (``spiece.model``, ``sentencepiece.bpe.model``, ``source.spm``) as a ``tokenizers``
+"""A SentencePiece model (``spiece.model``, ``sentencepiece.bpe.model``) as a ``tokenizers``
 tokenizer, the form every Trunk codec takes, for model folders that ship no ``tokenizer.json`` (T5 v1.1, mT5, many
 others). It follows the model file's own settings, as ``transformers``' ``SpmConverter`` does, so that it encodes
 like ``SentencePieceProcessor.encode``: the normalisation (its precompiled character map, extra spaces removed, the
@@ -17,7 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from trunk.core.codec import CLS, SEP, special_id
 
-SPM_FILES = ("spiece.model", "sentencepiece.bpe.model", "source.spm")  # T5 / ALBERT, XLM-R / CamemBERT, Marian
+SPM_FILES = ("spiece.model", "sentencepiece.bpe.model")  # T5 / mT5 / ALBERT, XLM-R / CamemBERT
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # ModelProto.SentencePiece.Type
 UNIGRAM, BPE = 1, 2  # TrainerSpec.ModelType
 
