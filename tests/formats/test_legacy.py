@@ -77,3 +77,28 @@ def test_a_stored_class_path_that_is_not_trunks_kind_is_refused_before_it_is_cal
     with pytest.raises(ValueError, match="'subprocess.Popen' is not a .* class"):
         load(tmp_path / "hostile.ckpt")
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("where", ["objective", "data"])
+def test_a_stored_class_path_imports_no_module(where, tmp_path, monkeypatch):
+    """A checkpoint naming a class in a module nobody imported: the module's top level (here: it writes a file) never
+    runs, whatever the class would be; the error says how to load a class of one's own."""
+    import sys
+
+    import torch
+
+    from trunk.tasks import load
+
+    (tmp_path / "planted.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Objective: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = torch.load(LEGACY / "joint.ckpt", weights_only=True)
+    planted = {"class_path": "planted.Objective", "init_args": {}}
+    if where == "objective":
+        ckpt["hyper_parameters"]["tasks"]["sentiment"] = planted
+    else:
+        ckpt["datamodule_hyper_parameters"]["data_tasks"]["sentiment"] = planted
+    torch.save(ckpt, tmp_path / "planted.ckpt")
+    with pytest.raises(ValueError, match=r"'planted.Objective' is not a .* class Trunk knows: .* import its module "
+                                         r"before loading, or name it in your config"):
+        load(tmp_path / "planted.ckpt")
+    assert "planted" not in sys.modules and not (tmp_path / "ran").exists()

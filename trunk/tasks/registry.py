@@ -5,7 +5,6 @@ its data class and one line here (docs/architecture.md)."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 from trunk.datamodules import (
@@ -60,19 +59,31 @@ def stems_of(objectives: dict[str, Objective]) -> dict[str, dict]:
     return dict(sorted(stems.items(), key=lambda item: STEM_KINDS.index(item[0])))
 
 
+def loaded_subclasses(base: type) -> dict[str, type]:
+    """Every class deriving from ``base`` whose module has been imported, by its class path."""
+    found, todo = {}, list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        todo += cls.__subclasses__()
+    return found
+
+
 def stored_class(class_path: str, base: type) -> type:
-    """The class a config or a stored file names, refused unless it is a ``base`` (an objective, a data class) before
-    anything calls it. (Importing its module still runs that module: issue 48 narrows what a stored file may name.)"""
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError:
-        if not module.startswith("trunk.tasks."):
-            raise
-        cls = getattr(importlib.import_module("trunk.tasks"), name, None)  # stored when objectives lived elsewhere
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ValueError(f"{class_path!r} is not a {base.__name__} class: a stored or configured class path must name "
-                         "one (e.g. trunk.tasks.SequenceClassification, trunk.datamodules.TextClassificationData).")
+    """The class a stored file (a checkpoint, a trunk or task directory, a download) or a config names, found among
+    the ``base`` classes already loaded: Trunk's own (this module imports them all) and those the user's code or
+    config imported. Naming a class imports nothing and calls nothing, so a crafted file cannot run code through it
+    (docs/reliability.md, the threat model)."""
+    known = loaded_subclasses(base)
+    cls = known.get(class_path)
+    if cls is None and class_path.startswith("trunk."):  # stored when Trunk's classes lived elsewhere: by name
+        name = class_path.rpartition(".")[2]
+        cls = next((c for path, c in known.items() if path.startswith("trunk.") and c.__name__ == name), None)
+    if cls is None:
+        raise ValueError(f"{class_path!r} is not a {base.__name__} class Trunk knows: a stored file may name only "
+                         "Trunk's own (e.g. trunk.tasks.SequenceClassification, trunk.datamodules."
+                         "TextClassificationData) or a class your code has imported. For your own class, import its "
+                         "module before loading, or name it in your config (class_path).")
     return cls
 
 
