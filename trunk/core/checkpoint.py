@@ -1,5 +1,5 @@
 """The one reader of Lightning checkpoints: ``weights_only`` unpickling (a crafted file cannot run code),
-the tensor digest Trunk writes with every checkpoint verified, and sharded (distributed) checkpoints
+the digest Trunk writes with every checkpoint verified, and sharded (distributed) checkpoints
 gathered without running code either. ``AtomicCheckpointIO`` writes what this reads."""
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
-DIGEST_KEY = "trunk_digest"
+DIGEST_KEY, DIGEST_V2 = "trunk_digest", "v2:"
 
 
-def tensor_digest(obj) -> str:
-    """sha256 over every tensor in a (nested) checkpoint, with its place, dtype and shape."""
+def checkpoint_digest(obj, values: bool = True) -> str:
+    """sha256 over a (nested) checkpoint: every tensor with its place, dtype and shape and, with ``values``, every
+    other stored value with its place and type (label names, data settings, the architecture), so an edited label
+    is caught like a flipped bit."""
     h = hashlib.sha256()
 
     def walk(value, place: str) -> None:
@@ -31,18 +33,35 @@ def tensor_digest(obj) -> str:
         elif isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(item, f"{place}[{i}]")
+        elif values:
+            shown = repr(sorted(value, key=repr)) if isinstance(value, (set, frozenset)) else repr(value)
+            h.update(f"{place}={type(value).__name__}:{shown};".encode())
 
     walk(obj, "")
     return h.hexdigest()
 
 
+def stored_digest(ckpt: dict) -> str:
+    """The digest to write with ``ckpt``: "v2:<tensors>:<everything>", so a reader can say which part changed."""
+    return f"{DIGEST_V2}{checkpoint_digest(ckpt, values=False)}:{checkpoint_digest(ckpt)}"
+
+
 def verify_digest(ckpt: dict, path: Path) -> None:
-    """Refuse a checkpoint whose tensors changed after it was written (bit rot, a bad copy)."""
+    """Refuse a checkpoint that changed after it was written (bit rot, a bad copy, an edit)."""
     stored = ckpt.get(DIGEST_KEY)
-    if stored is not None and stored != tensor_digest(ckpt):
+    if stored is None:
+        return
+    tensors, _, everything = stored.removeprefix(DIGEST_V2).partition(":")  # Trunk before v2: tensors only
+    if tensors != checkpoint_digest(ckpt, values=False):
         raise ValueError(
             f"'{path}' is corrupted: its tensors do not match the digest written with them (a damaged disk or an "
             "incomplete copy). Use another checkpoint, e.g. an earlier one or best-*.ckpt."
+        )
+    if everything and everything != checkpoint_digest(ckpt):
+        raise ValueError(
+            f"'{path}' changed after it was written: its stored settings (label names, data options, architecture) "
+            "do not match the digest written with them (an edit, or a damaged copy). Use the checkpoint as Trunk "
+            "wrote it, or another one (e.g. best-*.ckpt)."
         )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from trunk.core.atomic import replace_directory, temporary_path
 from trunk.core.codec import load_tokenizer
@@ -33,9 +33,9 @@ from trunk.formats.trunk_dir import (
     PretrainedTrunk,
     _untie,
     check_writable,
-    file_sha256,
     load_pretrained,
     verify_files,
+    write_weights_and_config,
 )
 
 TASK_FORMAT_NAME, TASK_FORMAT_VERSION = "trunk-task", 1
@@ -66,12 +66,9 @@ def save_task(directory: str | Path, pretrained: PretrainedTrunk, task: str, ove
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE),
-              metadata={"format": TASK_FORMAT_NAME, "format_version": str(TASK_FORMAT_VERSION)})
     if task in pretrained.codec.targets:
         pretrained.codec.targets[task].save(str(tmp / TARGET_TOKENIZER_FILE.format(task=task)))
-    meta["sha256"] = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    write_weights_and_config(tmp, tensors, meta)
     replace_directory(tmp, directory)
     return directory
 

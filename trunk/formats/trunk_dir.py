@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from trunk.core.atomic import replace_directory, temporary_path
@@ -35,6 +35,7 @@ from trunk.tasks.objectives.base import is_metric_state
 FORMAT_NAME, FORMAT_VERSION = "trunk", 2
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 TARGET_TOKENIZER_FILE = "target_tokenizer.{task}.json"
+SETTINGS_DIGEST = "config_sha256"  # in the weights' header: the digest of config.json's settings
 # The fields that fix the shapes and the computation; dropout and init_std may differ per run.
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "positions", "norm",
                        "activation", "layer_norm_eps", "segments", "embedding_norm", "position_offset",
@@ -125,15 +126,12 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE),
-              metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
     if codec.tokenizer is not None and "text" in pretrained.stems:
         codec.tokenizer.save(str(tmp / TOKENIZER_FILE))
     for task, tokenizer in codec.targets.items():
         if task in pretrained.heads:
             tokenizer.save(str(tmp / TARGET_TOKENIZER_FILE.format(task=task)))
-    meta["sha256"] = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}  # verified on every load
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    write_weights_and_config(tmp, tensors, meta)
     replace_directory(tmp, directory)  # a reader never sees a half-written trunk; a crash keeps the old one
     return directory
 
@@ -146,14 +144,43 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def settings_digest(meta: dict) -> str:
+    """sha256 of config.json's settings (all but the files' checksums) as JSON reads them back."""
+    settings = json.loads(json.dumps({k: v for k, v in meta.items() if k != "sha256"}))
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def write_weights_and_config(tmp: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """The weights, whose header holds the digest of config.json's settings, then config.json with the checksum of
+    every file in ``tmp``: one changed byte in a weight, a label name or an option is refused on reading
+    (``verify_files``)."""
+    header = {"format": meta["format"], "format_version": str(meta["format_version"]),
+              SETTINGS_DIGEST: settings_digest(meta)}
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE), metadata=header)
+    meta["sha256"] = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}
+    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def verify_files(directory: Path, meta: dict) -> None:
-    """Every file config.json lists must have the checksum written with it."""
+    """Every file config.json lists must have the checksum written with it, and config.json's settings the digest
+    written into the weights' header (directories written before it have none)."""
     for name, digest in (meta.get("sha256") or {}).items():
         if (directory / name).is_file() and file_sha256(directory / name) != digest:
             raise ValueError(
                 f"'{directory / name}' does not match the checksum in {directory / CONFIG_FILE}: the file was "
                 "corrupted (a damaged disk, an incomplete copy) or replaced. Copy or export the trunk again."
             )
+    try:
+        with safe_open(str(directory / WEIGHTS_FILE), "pt") as weights:
+            stored = (weights.metadata() or {}).get(SETTINGS_DIGEST)
+    except (SafetensorError, OSError):
+        return  # the reader of the weights says what is wrong with them
+    if stored is not None and stored != settings_digest(meta):
+        raise ValueError(
+            f"'{directory / CONFIG_FILE}' changed after it was written: its settings (label names, data options, "
+            f"architecture) do not match the digest stored with the weights in {WEIGHTS_FILE}. Restore the file as "
+            "Trunk wrote it, or export the directory again."
+        )
 
 
 def _untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -39,7 +39,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
 from trunk.core.atomic import atomic_write
-from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, tensor_digest
+from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, stored_digest
 
 # SIGUSR1: SLURM's advance notice of preemption (#SBATCH --signal=USR1@90): save, requeue the job, stop
 EXIT_CODES = {
@@ -78,7 +78,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._read = (Path(read_path).resolve(), read) if read_path is not None and read is not None else None
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        checkpoint = {**checkpoint, DIGEST_KEY: tensor_digest(checkpoint)}
+        checkpoint = {**checkpoint, DIGEST_KEY: stored_digest(checkpoint)}
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
