@@ -10,7 +10,8 @@ shipped recipe (configs/minilm_sst2.yaml, configs/minilm_conll2003.yaml) with th
 transformers runs the plain loop of its examples (``run_glue_no_trainer.py``, ``run_ner_no_trainer.py``): an
 ``AutoModelFor...`` head, batches padded to their longest sequence (``DataCollatorWithPadding`` /
 ``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for
-bf16. Trunk batches by length and computes on real tokens only (its default). Printed: each side's dev metric (SST-2
+bf16. Trunk computes on real tokens only (its default) and, as its recipes do, batches by length (``--bucket off``:
+in the same random order as transformers). Printed: each side's dev metric (SST-2
 accuracy; CoNLL-2003 entity F1 by seqeval, first sub-token of each word) and training seconds per epoch (validation
 excluded), and the ratio. The sides alternate task by task and precision by precision in the same process, so a
 machine that slows down or speeds up meanwhile weighs on both.
@@ -178,6 +179,7 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
         "--trainer.val_check_interval=1.0", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
         *([f"--trainer.limit_train_batches={args.max_batches}"] if args.max_batches else []),
+        *([f"--data.tasks.{name}.init_args.bucket_by_length={args.bucket == 'on'}"] if args.bucket else []),
     ], run=False)
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -198,6 +200,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max-batches", type=int, default=0, help="train on this many batches an epoch (0: all)")
     parser.add_argument("--root", default="runs/hf_finetune", help="where Trunk's runs write")
+    parser.add_argument("--bucket", choices=["on", "off"],
+                        help="Trunk's batches of similar lengths (default: as the recipe says, on)")
     args = parser.parse_args(argv)
     from trunk.training.precision import cpu_info
 
@@ -214,7 +218,8 @@ def main(argv: list[str]) -> None:
     metric = {"sst2": "dev acc", "conll": "dev entity F1"}
     print(f"\nsame weights ({args.model}), {args.epochs} epoch(s), lr {args.lr}, batch {args.batch_size}, "
           f"max length {args.max_length}, seed {args.seed}" + (f", {args.max_batches} batches an epoch"
-                                                               if args.max_batches else ""))
+                                                               if args.max_batches else "")
+          + (f", Trunk's length buckets {args.bucket}" if args.bucket else ""))
     print("| task | precision | Trunk | transformers | Trunk s/epoch | transformers s/epoch | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for task, precision, tm, hm, t, h in rows:

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -279,3 +280,61 @@ def test_serve_names_a_model_that_is_not_there_before_starting(tmp_path):
         env=os.environ.copy(),
     )
     assert done.returncode != 0 and "nothing.ckpt" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("option", ["--port=80", "--workers=0", "--timeout=-1", "--host=10.1.2.3"])
+def test_serve_options_out_of_range_are_one_line(option, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "model.ckpt"), option],
+                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    name = option.split("=")[0]
+    assert done.returncode == 2 and f"argument {name}: " in done.stderr and "Traceback" not in done.stderr
+    assert ("1024 to 65535" if name == "--port" else "invalid choice" if name == "--host" else "out of range") in \
+        done.stderr
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of a process group (read from /proc: stopped or zombie ones do not count)."""
+    members = []
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] not in "ZX":
+                members.append(int(stat))
+    return members
+
+
+def listening_on(port: int) -> set[str]:
+    """The local addresses a TCP port listens on (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_listens_on_this_machine_only_and_a_signal_stops_all_its_processes(signum, tiny_cli_args):
+    """By default the server binds 127.0.0.1 and says so; SIGTERM or SIGINT to the one process a user knows of (not
+    its group) stops it and every worker it started within seconds, and the port is closed."""
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    server = Server(ckpt, "--workers=2")
+    try:
+        assert f"http://127.0.0.1:{server.port}/predict (this machine only" in server.output()
+        assert listening_on(server.port) == {"0100007F"}  # 127.0.0.1, no other interface
+        assert len(group_members(server.process.pid)) >= 3  # the server, its HTTP and inference workers
+        os.kill(server.process.pid, signum)
+        deadline = time.monotonic() + 10
+        while group_members(server.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert group_members(server.process.pid) == [], server.output()[-2000:]
+        assert server.process.wait(timeout=5) == 128 + signum and not listening_on(server.port)
+    finally:
+        server.stop()

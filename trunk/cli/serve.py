@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 
 from trunk.inference.runtimes import RUNTIMES
+
+HOSTS = ["127.0.0.1", "0.0.0.0", "::"]  # what LitServe binds
 
 
 def serve_main(args: list[str]) -> None:
     """``trunk serve CKPT_OR_DIR``: the model behind HTTP (trunk.inference.serve, on LitServe)."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="trunk serve",
         description="Serve a trained model over HTTP: POST /predict with "
@@ -26,26 +28,33 @@ def serve_main(args: list[str]) -> None:
     parser.add_argument(
         "--merge", action="store_true", help="write a one-task model's LoRA into the trunk's weights (faster)"
     )
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", choices=HOSTS,
+                        help="127.0.0.1: this machine only (the default); 0.0.0.0 or '::': every interface (IPv4, "
+                             "IPv6), so other machines can reach it")
+    parser.add_argument("--port", type=ranged(int, 1024, 65535), default=8000, help="1024 to 65535")
     parser.add_argument(
-        "--workers", type=int, default=1, help="model copies per device, each with its share of the CPU's cores"
+        "--workers", type=ranged(int, 1), default=1, help="model copies per device, each with its share of the CPU's "
+                                                           "cores"
     )
     parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--precision", default="auto", choices=["auto", "32-true", "bf16-mixed"],
                         help="auto: bf16 where the device computes it natively, else fp32")
     parser.add_argument("--runtime", default="torch", choices=list(RUNTIMES),
                         help="onnx: the graphs of `trunk export CKPT DIR --onnx` in ONNX Runtime (pass DIR)")
-    parser.add_argument("--max-batch-size", type=int, default=32, help="requests gathered into one batch")
-    parser.add_argument("--batch-timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
+    parser.add_argument("--max-batch-size", type=ranged(int, 1), default=32, help="requests gathered into one batch")
+    parser.add_argument("--batch-timeout", type=ranged(float, 0), default=0.005,
+                        help="seconds a batch waits for more requests")
     parser.add_argument(
-        "--batch-size", type=int, default=64, help="inputs per forward pass (a gathered batch is cut into these)"
+        "--batch-size", type=ranged(int, 1), default=64, help="inputs per forward pass (a gathered batch is cut into "
+                                                               "these)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds a request may wait in the queue before a 504"
+        "--timeout", type=ranged(float, 0.001), default=30.0,
+        help="seconds a request may wait in the queue before a 504",
     )
     options = parser.parse_args(args)
     try:
-        from trunk.inference.serve import build_server
+        from trunk.inference.serve import build_server, stop_on_signals
     except ImportError as err:
         sys.exit(f"error: trunk serve needs LitServe ({err.name} is missing): pip install 'trunk[serve]'.")
     if not 0 <= options.batch_timeout < options.timeout:
@@ -67,4 +76,24 @@ def serve_main(args: list[str]) -> None:
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
-    server.run(port=options.port, generate_client_file=False)
+    reach = ("this machine only; --host 0.0.0.0 lets other machines in" if options.host == "127.0.0.1"
+             else "every interface: other machines can reach it")
+    print(f"trunk serve: http://{options.host}:{options.port}/predict ({reach})", flush=True)
+    stop_on_signals()
+    server.run(host=options.host, port=options.port, generate_client_file=False)
+
+
+def ranged(kind: type, low: float, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` from ``low`` to ``high``, else argparse's one-line usage error naming the range."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: {f'{low} to {high}' if high is not None else f'at least {low}'}")
+        return value
+
+    return parse

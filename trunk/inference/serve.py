@@ -20,7 +20,10 @@ import base64
 import binascii
 import io
 import json
+import multiprocessing
 import os
+import signal
+import time
 
 import litserve as ls
 from fastapi.responses import JSONResponse
@@ -225,6 +228,26 @@ def build_server(
     return ls.LitServer(
         api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata
     )
+
+
+def stop_on_signals(grace: float = 3.0) -> None:
+    """SIGTERM and SIGINT stop the server and every process it started within ``grace`` seconds: LitServe's own
+    shutdown can wait on busy workers, and Python's default SIGTERM ends only this process, leaving the workers
+    re-parented and answering."""
+
+    def stop(signum, frame) -> None:
+        children = multiprocessing.active_children()
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+            if child.is_alive():
+                child.kill()
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
 
 
 def describe(predictor) -> dict:
