@@ -98,10 +98,12 @@ class Server:
         self.stop()
 
 
-def png_base64(seed: int) -> str:
+def png_base64(seed: int | None, side: int = 16) -> str:
+    """A grey PNG of random pixels (``seed``), or blank (None: a few KB however large)."""
     from PIL import Image
 
-    pixels = (torch.rand(16, 16, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8).numpy()
+    pixels = (torch.zeros(side, side) if seed is None else
+              torch.rand(side, side, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8).numpy()
     buffer = io.BytesIO()
     Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode()
@@ -244,6 +246,30 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
         status, record = server.post({"input": "great " * 500, "task": "sequence_classification"})
         assert status == 200 and record["truncated"] is True
         assert "truncated" not in server.post({"input": "great", "task": "sequence_classification"})[1]
+
+    # what one request may hold: beyond it, 413 for the body and 422 for the rest, naming the limit; an image of
+    # another size within the limit is read at the model's size, as the Python API reads it
+    limits = ["--max-body-mb=0.05", "--max-inputs=4", "--max-chars=60", "--max-image-pixels=10000"]
+    with Server(str(every_kind), "--precision=32-true", *limits) as server:
+        task = "sequence_classification"
+        status, answer = server.post({"input": "x " * 40_000, "task": task})
+        assert status == 413 and "over 52428 bytes, this server's limit (trunk serve --max-body-mb)" in answer["detail"]
+        refused = {
+            "5 inputs, more than this server takes in one request (4, trunk serve --max-inputs)":
+                {"inputs": ["a film"] * 5, "task": task},
+            "61 characters of text, more than this server reads in one input (60, trunk serve --max-chars)":
+                {"input": "a" * 61, "task": task},
+            "80 characters of text": {"input": ["a" * 40, "b" * 40], "task": task},  # a pair counts together
+            "an image of 4000x4000 pixels, more than this server decodes (10000 pixels":  # a PNG of a few KB
+                {"input": png_base64(None, 4000), "task": "image_classification"},
+        }
+        for message, body in refused.items():
+            status, answer = server.post(body)
+            assert status == 422 and message in answer["detail"], (message, answer)
+        status, record = server.post({"input": png_base64(3, 90), "task": "image_classification"})
+        expected = model.predict([decoded(png_base64(3, 90), "image_classification")], task="image_classification")
+        assert status == 200 and same_records(record, expected[0], 1e-5)
+        assert server.post({"input": "a" * 60, "task": task})[0] == 200 and server.get("/health") == (200, "ok")
 
     # the ONNX runtime: the same records for the exported kinds
     with Server(str(every_kind), "--runtime=onnx") as server:

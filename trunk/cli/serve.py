@@ -52,9 +52,15 @@ def serve_main(args: list[str]) -> None:
         "--timeout", type=ranged(float, 0.001), default=30.0,
         help="seconds a request may wait in the queue before a 504",
     )
+    limits = parser.add_argument_group("what one request may hold (beyond: 413 for the body, else 422, naming it)")
+    limits.add_argument("--max-body-mb", type=ranged(float, 0.001), default=8.0, help="request body, in MiB")
+    limits.add_argument("--max-inputs", type=ranged(int, 1), default=1024, help="inputs in one request")
+    limits.add_argument("--max-chars", type=ranged(int, 1), default=100_000, help="characters of text in one input")
+    limits.add_argument("--max-image-pixels", type=ranged(int, 1), default=4096 * 4096,
+                        help="decoded pixels of one image (a small PNG can hold a huge blank image)")
     options = parser.parse_args(args)
     try:
-        from trunk.inference.serve import build_server, stop_on_signals
+        from trunk.inference.serve import Limits, build_server, stop_on_signals
     except ImportError as err:
         sys.exit(f"error: trunk serve needs LitServe ({err.name} is missing): pip install 'trunk[serve]'.")
     if not 0 <= options.batch_timeout < options.timeout:
@@ -73,6 +79,7 @@ def serve_main(args: list[str]) -> None:
             options.workers,
             options.accelerator,
             options.merge,
+            Limits(int(options.max_body_mb * 2**20), options.max_inputs, options.max_chars, options.max_image_pixels),
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")

@@ -182,6 +182,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model.load_state_dict(ckpt["state_dict"])
     if merge:
         merge_delta(model)
+    for name, member in tasks.items():
+        if member.stem == "image" and member.image_size is None:  # any image at the size the model was trained on:
+            member.image_size = model.objective(name).image_size  # a huge one costs what a small one does
     return Predictor(
         model.to(map_location), {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime
     )

@@ -24,12 +24,51 @@ import multiprocessing
 import os
 import signal
 import time
+from dataclasses import asdict, dataclass
 
 import litserve as ls
+from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-MAX_INPUTS = 1024  # per request: a bigger job is a file for `trunk predict`
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (``trunk serve --max-...``): a body of ``body_bytes`` (413 beyond), ``inputs``
+    inputs (a bigger job is a file for ``trunk predict``), ``chars`` characters of text per input and ``pixels``
+    decoded pixels per image (422 beyond, naming the limit)."""
+
+    body_bytes: int = 8 * 2**20
+    inputs: int = 1024
+    chars: int = 100_000
+    pixels: int = 4096 * 4096
+
+
+class BodyLimit:
+    """413 for a request body over ``max_bytes``, by its Content-Length before anything is read, else as it streams
+    in (LitServe's ``MaxSizeMiddleware`` does the second only, and does not name the limit)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        self.message = f"the request body is over {max_bytes} bytes, this server's limit (trunk serve --max-body-mb)"
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await JSONResponse({"detail": self.message}, status_code=413)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise HTTPException(413, self.message)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class PredictRequest(BaseModel):
@@ -37,7 +76,7 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     input: JsonValue = None
-    inputs: list[JsonValue] | None = Field(default=None, min_length=1, max_length=MAX_INPUTS)
+    inputs: list[JsonValue] | None = Field(default=None, min_length=1)
     task: str | list[str] | None = None
 
     @model_validator(mode="before")
@@ -73,9 +112,11 @@ class TrunkAPI(ls.LitAPI):
     requests of a batch together, grouped by the tasks they name."""
 
     def __init__(
-        self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool, **batching
+        self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool,
+        limits: Limits = Limits(), **batching
     ) -> None:
         super().__init__(api_path="/predict", **batching)
+        self.limits = limits
         self.paths, self.precision, self.runtime, self.batch_size, self.threads = (
             paths,
             precision,
@@ -100,12 +141,17 @@ class TrunkAPI(ls.LitAPI):
         """The request's tasks and their encoded examples, or ``Refused`` with what is wrong."""
         single = request.inputs is None
         inputs = [request.input] if single else request.inputs
+        if len(inputs) > self.limits.inputs:
+            return Refused(f"inputs: {len(inputs)} inputs, more than this server takes in one request "
+                           f"({self.limits.inputs}, trunk serve --max-inputs); send them in several, or a file to "
+                           "trunk predict")
         try:
             tasks = self.predictor.check_tasks(request.task)
         except ValueError as err:
             return Refused(str(err))
+        text = any(self.predictor.preprocessors[name].stem != "image" for name in tasks)
         for i, x in enumerate(inputs):  # the JSON's shape, once for every task
-            problem = _check_input(x)
+            problem = _check_input(x) or (text and _too_long(x, self.limits.chars))
             if problem:
                 takes = "; ".join(
                     f"task '{name}' takes {self.predictor.preprocessors[name].input_form}" for name in tasks
@@ -116,7 +162,7 @@ class TrunkAPI(ls.LitAPI):
             preprocessor = self.predictor.preprocessors[name]
             try:
                 examples[name] = self.predictor.encode(
-                    name, [_image(x) for x in inputs] if preprocessor.stem == "image" else inputs
+                    name, [_image(x, self.limits.pixels) for x in inputs] if preprocessor.stem == "image" else inputs
                 )
             except (ValueError, TypeError, KeyError, OSError) as err:
                 return Refused(
@@ -176,12 +222,31 @@ def _check_input(x) -> str | None:
     return f"{type(x).__name__ if x is not None else 'null'} is not a text"
 
 
-def _image(x: str):
-    """A base64-encoded image file (PNG, JPEG, ...) as a PIL image. Serving never reads paths from a request."""
+def _too_long(x, chars: int) -> str | None:
+    """Whether an input's texts hold more than ``chars`` characters together, in words."""
+    count = _characters(x)
+    return (f"{count} characters of text, more than this server reads in one input ({chars}, trunk serve "
+            "--max-chars)") if count > chars else None
+
+
+def _characters(x) -> int:
+    if isinstance(x, str):
+        return len(x)
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, list) else ()
+    return sum(map(_characters, values))
+
+
+def _image(x: str, pixels: int):
+    """A base64-encoded image file (PNG, JPEG, ...) as a PIL image, refused by its header when it would decode to
+    more than ``pixels`` pixels (a small PNG can hold a huge blank image). Serving never reads paths from a request."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         image = Image.open(io.BytesIO(base64.b64decode(x, validate=True)))
+        width, height = image.size
+        if width * height > pixels:
+            raise ValueError(f"an image of {width}x{height} pixels, more than this server decodes ({pixels} pixels, "
+                             "trunk serve --max-image-pixels); send it smaller")
         image.load()
     except (binascii.Error, TypeError, UnidentifiedImageError) as err:
         raise ValueError(f"not a base64-encoded image file ({err})") from None
@@ -199,6 +264,7 @@ def build_server(
     workers: int = 1,
     accelerator: str = "auto",
     merge: bool = False,
+    limits: Limits = Limits(),
 ) -> ls.LitServer:
     """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
     tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
@@ -211,7 +277,7 @@ def build_server(
         "tasks": describe(predictor),
         "precision": predictor.precision,
         "runtime": runtime,
-        "max_inputs": MAX_INPUTS,
+        "limits": asdict(limits),
     }
     del predictor
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -222,11 +288,13 @@ def build_server(
         batch_size,
         threads,
         merge,
+        limits,
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
     )
     return ls.LitServer(
-        api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata
+        api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata,
+        middlewares=[(BodyLimit, {"max_bytes": limits.body_bytes})],
     )
 
 
