@@ -364,3 +364,23 @@ def test_serve_listens_on_this_machine_only_and_a_signal_stops_all_its_processes
         assert server.process.wait(timeout=5) == 128 + signum and not listening_on(server.port)
     finally:
         server.stop()
+
+
+def test_health_reports_a_worker_stuck_on_one_batch_and_recovers(tiny_cli_args):
+    """A worker computing one batch for longer than --stuck-after: /health answers 503 meanwhile (LitServe's says
+    200 once the workers started), and 200 again when it is done."""
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    with Server(ckpt, "--stuck-after=0.5", "--max-batch-size=1", "--batch-size=1") as server:
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(server.post, {"inputs": ["a long sentence " * 20] * 1024})  # seconds of work
+            deadline, seen = time.monotonic() + 60, set()
+            while not slow.done() and time.monotonic() < deadline:
+                try:
+                    seen.add(server.get("/health")[0])
+                except urllib.error.HTTPError as err:
+                    seen.add(err.code)
+                time.sleep(0.1)
+            assert slow.result()[0] == 200
+        assert 503 in seen, seen
+        assert server.get("/health") == (200, "ok") and "worker 0 has been busy on one batch for" in server.output()

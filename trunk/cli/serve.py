@@ -52,6 +52,8 @@ def serve_main(args: list[str]) -> None:
         "--timeout", type=ranged(float, 0.001), default=30.0,
         help="seconds a request may wait in the queue before a 504",
     )
+    parser.add_argument("--stuck-after", type=ranged(float, 0.001), default=300.0,
+                        help="seconds a worker may compute one batch before /health answers 503")
     limits = parser.add_argument_group("what one request may hold (beyond: 413 for the body, else 422, naming it)")
     limits.add_argument("--max-body-mb", type=ranged(float, 0.001), default=8.0, help="request body, in MiB")
     limits.add_argument("--max-inputs", type=ranged(int, 1), default=1024, help="inputs in one request")
@@ -80,6 +82,7 @@ def serve_main(args: list[str]) -> None:
             options.accelerator,
             options.merge,
             Limits(int(options.max_body_mb * 2**20), options.max_inputs, options.max_chars, options.max_image_pixels),
+            options.stuck_after,
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")

@@ -18,6 +18,7 @@ with what is wrong (an unknown field, task or input type, an empty text, no inpu
 
 import base64
 import binascii
+import contextlib
 import io
 import json
 import multiprocessing
@@ -98,6 +99,41 @@ class PredictRequest(BaseModel):
         return self
 
 
+class Heartbeat:
+    """When each inference worker began what it is computing (0: idle), in memory shared with the HTTP processes, so
+    that ``/health`` answers 503 while a worker has been busy longer than ``stuck_after`` seconds (LitServe's says
+    200 once the workers have started, whatever they do since)."""
+
+    SLOTS = 256  # workers of a server, at most (beyond: not watched)
+
+    def __init__(self, stuck_after: float) -> None:
+        self.stuck_after = stuck_after
+        spawn = multiprocessing.get_context("spawn")  # LitServe spawns its inference workers (and forks HTTP ones)
+        self.started, self.claimed = spawn.Array("d", self.SLOTS, lock=False), spawn.Value("i", 0)
+
+    def claim(self) -> int:
+        """A slot of one's own, once per worker."""
+        with self.claimed.get_lock():
+            self.claimed.value += 1
+            return self.claimed.value - 1
+
+    @contextlib.contextmanager
+    def busy(self, slot: int):
+        if slot >= self.SLOTS:
+            yield
+            return
+        self.started[slot] = time.time()
+        try:
+            yield
+        finally:
+            self.started[slot] = 0.0
+
+    def stuck(self) -> list[tuple[int, float]]:
+        """(worker, seconds busy) of each worker busy longer than ``stuck_after``."""
+        now, started = time.time(), self.started[: self.claimed.value]
+        return [(i, now - t) for i, t in enumerate(started) if t and now - t > self.stuck_after]
+
+
 class Refused:
     """A request the worker refused: answered with 422 on its own, never failing the batch it came in."""
 
@@ -113,10 +149,10 @@ class TrunkAPI(ls.LitAPI):
 
     def __init__(
         self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool,
-        limits: Limits = Limits(), **batching
+        limits: Limits = Limits(), stuck_after: float = 300.0, **batching
     ) -> None:
         super().__init__(api_path="/predict", **batching)
-        self.limits = limits
+        self.limits, self.heartbeat, self.slot = limits, Heartbeat(stuck_after), None
         self.paths, self.precision, self.runtime, self.batch_size, self.threads = (
             paths,
             precision,
@@ -133,12 +169,24 @@ class TrunkAPI(ls.LitAPI):
 
         if device == "cpu":
             torch.set_num_threads(self.threads)  # the cores shared among the workers
+        self.slot = self.heartbeat.claim()
         self.predictor = load(
             self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge
         )
 
+    def health(self) -> bool:
+        """False while a worker is stuck (busy longer than ``trunk serve --stuck-after``): ``/health`` answers 503."""
+        stuck = self.heartbeat.stuck()
+        for worker, seconds in stuck:
+            print(f"trunk serve: worker {worker} has been busy on one batch for {seconds:.0f} s", flush=True)
+        return not stuck
+
     def decode_request(self, request: PredictRequest):
         """The request's tasks and their encoded examples, or ``Refused`` with what is wrong."""
+        with self.heartbeat.busy(self.slot):
+            return self._decode(request)
+
+    def _decode(self, request: PredictRequest):
         single = request.inputs is None
         inputs = [request.input] if single else request.inputs
         if len(inputs) > self.limits.inputs:
@@ -181,6 +229,10 @@ class TrunkAPI(ls.LitAPI):
         list.)"""
         if not isinstance(requests, list):
             return self.predict([requests])[0]
+        with self.heartbeat.busy(self.slot):
+            return self._predict(requests)
+
+    def _predict(self, requests: list) -> list:
         answers: list = [r if isinstance(r, Refused) else None for r in requests]
         groups: dict[tuple | None, list[int]] = {}
         for i, r in enumerate(requests):
@@ -265,6 +317,7 @@ def build_server(
     accelerator: str = "auto",
     merge: bool = False,
     limits: Limits = Limits(),
+    stuck_after: float = 300.0,
 ) -> ls.LitServer:
     """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
     tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
@@ -289,6 +342,7 @@ def build_server(
         threads,
         merge,
         limits,
+        stuck_after,
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
     )
