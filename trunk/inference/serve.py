@@ -58,6 +58,10 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
+            drained, more = 0, True  # read and dropped (no memory kept), so the client, still sending, gets the 413
+            while more and drained <= 64 * self.max_bytes:
+                message = await receive()
+                drained, more = drained + len(message.get("body", b"")), message.get("more_body", False)
             return await JSONResponse({"detail": self.message}, status_code=413)(scope, receive, send)
         seen = 0
 
