@@ -33,6 +33,16 @@ from trunk.datamodules.builtin import sentiment_example  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
+try:  # the fuzz tests: the same examples on every run (HYPOTHESIS_PROFILE=explore draws new ones, more of them)
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("explore", deadline=None, max_examples=2000)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:
+    pass
+
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
     """Write rows as csv / tsv / jsonl, chosen by the file suffix."""

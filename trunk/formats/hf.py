@@ -592,13 +592,18 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     head's (task ``mlm``) and the pooler's. Works on meta tensors too (the mapping of a real-size config, checked
     without memory)."""
     family = family_of(values, source)
-    config, stems = family.config(values), family.stems(values)
+    try:  # a file's values: a missing key or a value of the wrong type is the file's fault, said as such
+        config, stems = family.config(values), family.stems(values)
+        with torch.device("meta"):  # names and shapes only
+            trunk = build_trunk(config, stems)
+    except (KeyError, TypeError, ZeroDivisionError, OverflowError, RuntimeError) as err:
+        what = f"it lacks {err.args[0]!r}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"'{source}' has a {CONFIG} that does not describe a {values['model_type']} model Trunk can "
+                         f"build ({what}). Download the model again, or fix the file.") from None
+    expected = {k: v.shape for k, v in trunk.state_dict().items()}
     prefix = next((p for p in family.prefixes if any(k.startswith(p) for k in tensors)), "")
     if family.adjust is not None:
         tensors = family.adjust(values, tensors, prefix)
-    with torch.device("meta"):  # names and shapes only
-        trunk = build_trunk(config, stems)
-        expected = {k: v.shape for k, v in trunk.state_dict().items()}
     used: set[str] = set()
     missing: list[str] = []
     trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)

@@ -1,0 +1,89 @@
+"""Property-based fuzzing of the file readers: whatever bytes a checkpoint, a trunk directory, a Hugging Face model
+folder, a SentencePiece model or a data file holds, reading it gives the data or one clear error (ValueError,
+FileNotFoundError), never another exception from deep inside. Derandomised (tests/conftest.py's profile "ci")."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from trunk.core.checkpoint import load_checkpoint  # noqa: E402
+from trunk.formats.hf import FAMILIES, convert, map_weights  # noqa: E402
+from trunk.formats.trunk_dir import load_pretrained  # noqa: E402
+
+CLEAR = (ValueError, FileNotFoundError)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5),
+    max_leaves=16,
+)
+PICKLE_HEAD = b"PK\x03\x04"  # torch.save writes a zip; random bytes after a real head go further into the reader
+
+
+def folder() -> Path:
+    return Path(tempfile.mkdtemp(prefix="trunk-fuzz-"))
+
+
+def refused_clearly(read, *args) -> None:
+    try:
+        read(*args)
+    except CLEAR as err:
+        assert str(err) and "Traceback" not in str(err)
+
+
+@given(st.binary(max_size=2000) | st.binary(max_size=500).map(lambda b: PICKLE_HEAD + b))
+def test_any_checkpoint_file(data):
+    path = folder() / "model.ckpt"
+    path.write_bytes(data)
+    refused_clearly(load_checkpoint, path)
+
+
+@given(JSON.map(json.dumps) | st.text(max_size=300), st.binary(max_size=300))
+def test_any_trunk_directory(config, weights):
+    path = folder()
+    (path / "config.json").write_text(config)
+    (path / "model.safetensors").write_bytes(weights)
+    refused_clearly(load_pretrained, path)
+
+
+@given(st.sampled_from(sorted(FAMILIES)), st.dictionaries(st.sampled_from(
+    ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "hidden_act",
+     "max_position_embeddings", "d_model", "num_layers", "num_heads", "d_kv", "d_ff", "encoder_layers",
+     "decoder_layers", "image_size", "patch_size", "position_embedding_type", "layer_norm_eps", "dim", "n_layers"]),
+    JSON, max_size=8), st.binary(max_size=200))
+def test_any_hugging_face_folder(model_type, values, weights):
+    """The config read on its own (as a real folder's is, before its weights: ``map_weights`` with none), and with
+    the weights file."""
+    path = folder()
+    (path / "config.json").write_text(json.dumps({"model_type": model_type, **values}))
+    (path / "model.safetensors").write_bytes(weights)
+    refused_clearly(map_weights, {"model_type": model_type, **values}, {}, path)
+    refused_clearly(convert, path)
+
+
+@given(st.binary(max_size=1000))
+def test_any_sentencepiece_file(data):
+    pytest.importorskip("sentencepiece")
+    from trunk.formats.spm import spm_tokenizer
+
+    path = folder() / "spiece.model"
+    path.write_bytes(data)
+    refused_clearly(spm_tokenizer, path)
+
+
+@given(st.sampled_from([".csv", ".tsv", ".jsonl", ".txt"]), st.text(max_size=300) | st.binary(max_size=300))
+@hypothesis.settings(max_examples=25)  # each read goes through datasets
+def test_any_data_file(suffix, content):
+    from trunk.datamodules.sources import load_split
+
+    path = folder() / f"train{suffix}"
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    refused_clearly(load_split, None, None, str(path), "data.train")
