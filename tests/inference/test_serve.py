@@ -86,11 +86,11 @@ class Server:
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=20)
+        with contextlib.suppress(ProcessLookupError):  # whatever of its group outlived it (a failed test's leftovers)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=20)
 
     def __enter__(self):
         return self
