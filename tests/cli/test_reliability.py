@@ -502,3 +502,34 @@ def test_a_config_file_that_would_silently_drop_the_recipes_tasks_is_refused(tin
         r"\['reviews'\] would not be trained",
     ):
         run_cli(["--config", str(tmp_path / "recipe.yaml"), "--config", str(tmp_path / "aux.yaml")], run=False)
+
+
+def test_predictions_never_replace_a_file_unasked_nor_an_input_of_the_run(tiny_cli_args, sentiment_files, tmp_path):
+    """An existing output file is kept unless predictions.overwrite=true; the checkpoint in use and the data files are
+    never written over, even then; an output that cannot be written fails before any prediction, leaving nothing."""
+    ckpt = run_cli(["fit", *tiny_cli_args]).trainer.checkpoint_callback.best_model_path
+    predict = ["predict", *tiny_cli_args, f"--ckpt_path={ckpt}"]
+    out = tmp_path / "mine.jsonl"
+    out.write_text("my own notes\n")
+    with pytest.raises(FileExistsError, match=r"predictions.output='.*mine.jsonl' exists: Trunk never replaces a file "
+                                              r"without being told to.*predictions.overwrite=true"):
+        run_cli([*predict, f"--predictions.output={out}"])
+    assert out.read_text() == "my own notes\n"
+    run_cli([*predict, f"--predictions.output={out}", "--predictions.overwrite=true"])
+    assert len(out.read_text().splitlines()) == 64
+    before = {path: path.read_bytes() for path in (Path(ckpt), sentiment_files["test"], sentiment_files["train"])}
+    for path in before:
+        with pytest.raises(ValueError, match=r"is '.*', which this run reads: writing there would lose it"):
+            run_cli([*predict, f"--predictions.output={path}", "--predictions.overwrite=true"])
+    assert all(path.read_bytes() == data for path, data in before.items())
+    (tmp_path / "a_file").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    for bad, message in ((tmp_path / "a_file" / "out.jsonl", "cannot create files in"),
+                         (tmp_path, "is a directory: give a file path")):
+        with pytest.raises((ValueError, PermissionError), match=message):
+            run_cli([*predict, f"--predictions.output={bad}"])
+    if os.geteuid() != 0:  # root writes anywhere
+        with pytest.raises(PermissionError, match="cannot create files in"):
+            run_cli([*predict, f"--predictions.output={locked / 'out.jsonl'}"])
+    assert not [p for p in tmp_path.rglob(".*.tmp*")]  # no temporary file left

@@ -161,6 +161,10 @@ class TrunkCLI(LightningCLI):
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
         self.trainer = self.instantiate_trainer()
+        if isinstance(writer, PredictionWriter) and self.subcommand == "predict":  # before any work
+            sources = [Path(p) for p in (ckpt_path, init_from) if isinstance(p, (str, Path))]
+            sources += [f for p in sources if p.is_dir() for f in p.iterdir()]  # a trunk directory's files
+            writer.check(self.trainer, sources + [f for m in self.datamodule.tasks.values() for f in m.input_files()])
 
     def _record_resolved(self) -> None:
         """Write what ``resolve`` decided into the run's config (saved as config.yaml and logged), so it records what

@@ -25,6 +25,26 @@ def temporary_path(path: Path) -> Path:
     return path.parent / f".{path.name}{TMP_MARK}{os.getpid()}"
 
 
+def check_output_file(path: Path, overwrite: bool, inputs: list[Path], option: str) -> None:
+    """Before any work: refuse an output ``path`` that is one of the run's ``inputs`` (whatever ``overwrite`` says), a
+    directory, an existing file without ``overwrite``, or a place this user cannot write; ``option`` is the setting
+    that names it."""
+    resolved = path.expanduser().resolve()
+    for source in inputs:
+        if resolved == Path(source).expanduser().resolve():
+            raise ValueError(f"{option}='{path}' is '{source}', which this run reads: writing there would lose it. "
+                             "Choose another output path.")
+    if path.is_dir():
+        raise ValueError(f"{option}='{path}' is a directory: give a file path.")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{option}='{path}' exists: Trunk never replaces a file without being told to. Choose "
+                              f"another path, or pass {option.rsplit('.', 1)[0]}.overwrite=true.")
+    parent = next((p for p in resolved.parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{option}='{path}': this user cannot create files in '{parent}'. Choose a folder you "
+                              "can write to.")
+
+
 def usual_mode(path: Path) -> None:
     """Give a written file the mode of any file the user creates (0666 less the umask): some writers (safetensors)
     create theirs owner-only, and a trunk directory shared with others would then be unreadable to them."""

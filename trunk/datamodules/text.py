@@ -368,6 +368,20 @@ class TaskData:
         held_out = role == "validation" and self.val_fraction > 0 and self.split_specs["train"] is not None
         return self.split_specs[role] is not None or held_out
 
+    def input_files(self) -> list[Path]:
+        """The local files this task reads, of every split (which no output of the run may replace)."""
+        if self.dataset is not None:
+            return []
+        files = []
+        for spec in (spec for spec in self.split_specs.values() if spec is not None):
+            with contextlib.suppress(FileNotFoundError, ValueError):  # a pattern matching nothing reads nothing
+                files += [Path(path) for source in expand_sources(None, spec, "") for path in self.files_of(source)]
+        return files
+
+    def files_of(self, source: str) -> list[str]:
+        """The files one source path stands for (a translation's {lang} path: one per language)."""
+        return [source]
+
     def spec(self, role: str):
         spec = self.split_specs[role]
         if spec is None:

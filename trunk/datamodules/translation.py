@@ -162,6 +162,10 @@ class TranslationData(TextDataModule):
                 f"{self.option(role)} has source sentences only; training and evaluation need the target side too."
             )
 
+    def files_of(self, source: str) -> list[str]:
+        return [source.replace(LANG, lang) for lang in (self.source_lang, self.target_lang)] if LANG in source \
+            else [source]
+
     # -- tokenizers --------------------------------------------------------------------------------
     def tokenizer_columns(self) -> list[str]:
         return ["source", "target"] if self.joint_vocabulary else ["source"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from trunk.core.atomic import temporary_path
+from trunk.core.atomic import check_output_file, temporary_path
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -21,12 +21,14 @@ class PredictionWriter(BasePredictionWriter):
             processes each writes its own ``.rank<N>`` file.
         field: write only this field of each record, as plain text, one line per example (for
             example ``translation``: a file to hand to sacrebleu).
+        overwrite: replace an existing file. Never a file the run reads (the checkpoint, a data file).
     """
 
-    def __init__(self, output: str | None = None, field: str | None = None) -> None:
+    def __init__(self, output: str | None = None, field: str | None = None, overwrite: bool = False) -> None:
         super().__init__(write_interval="batch")
         self.output = output
         self.field = field
+        self.overwrite = overwrite
         self._lines: dict[str, list[tuple[int, str]]] = {}  # task -> (row, line)
         self.tasks: list[str] = []  # the tasks that predict (the CLI sets them): several get a file each
 
@@ -39,6 +41,12 @@ class PredictionWriter(BasePredictionWriter):
         if task is not None and len(self.tasks) > 1:
             path = path.with_suffix(f".{task}{path.suffix}")
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
+
+    def check(self, trainer: L.Trainer, inputs: list[Path]) -> None:
+        """Refuse, before any prediction, an output that is one of the run's ``inputs``, exists (without
+        ``overwrite``), or cannot be written."""
+        for task in self.tasks or [None]:
+            check_output_file(self.path(trainer, task), self.overwrite, inputs, "predictions.output")
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._lines = {}
