@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import write_rows
 
-from trunk.cli import run_cli
+from trunk.cli import export_main, run_cli
 
 
 def trunk(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -110,7 +110,6 @@ def test_options_out_of_range_are_named_where_they_are_declared(option, message,
 
 # -- files a run writes and reads --------------------------------------------------------------------------------------
 def test_exported_files_get_the_users_umask_and_an_unreadable_one_is_named(tiny_cli_args, tmp_path):
-    from trunk.cli import export_main
 
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
     ckpt = fit.trainer.checkpoint_callback.best_model_path or fit.trainer.checkpoint_callback.last_model_path
@@ -533,3 +532,24 @@ def test_predictions_never_replace_a_file_unasked_nor_an_input_of_the_run(tiny_c
         with pytest.raises(PermissionError, match="cannot create files in"):
             run_cli([*predict, f"--predictions.output={locked / 'out.jsonl'}"])
     assert not [p for p in tmp_path.rglob(".*.tmp*")]  # no temporary file left
+
+
+def test_export_onto_a_link_writes_where_it_points_and_leaves_nothing_behind(tiny_cli_args, tmp_path):
+    """``trunk export CKPT current`` with ``current`` a link to a trunk directory: the link stays a link, the directory
+    it points to holds the new export, and no hidden file is left in either folder; a link to nothing yet is created
+    where it points."""
+    from trunk.formats.trunk_dir import load_pretrained
+
+    ckpt = run_cli(["fit", *tiny_cli_args]).trainer.checkpoint_callback.best_model_path
+    (tmp_path / "exports").mkdir()
+    target, link = tmp_path / "exports" / "v1", tmp_path / "current"
+    export_main([ckpt, str(target), "--trunk-only"])
+    link.symlink_to(target)
+    export_main([ckpt, str(link), "--overwrite"])  # with the heads this time
+    assert link.is_symlink() and link.resolve() == target and load_pretrained(link).heads
+    dangling = tmp_path / "next"
+    dangling.symlink_to(tmp_path / "exports" / "v2")
+    export_main([ckpt, str(dangling)])
+    assert dangling.is_symlink() and load_pretrained(tmp_path / "exports" / "v2").heads
+    hidden = [p.name for folder in (tmp_path, tmp_path / "exports") for p in folder.iterdir() if p.name.startswith(".")]
+    assert not hidden

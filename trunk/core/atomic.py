@@ -137,6 +137,12 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def followed(path: Path) -> Path:
+    """Where a directory output goes: a symbolic link is followed, so the link stays and shows the new content where it
+    points (and the temporary copy is made beside the target, on its filesystem)."""
+    return path.resolve() if path.is_symlink() else path
+
+
 def replace_directory(tmp: Path, directory: Path) -> None:
     """Move the finished directory ``tmp`` to ``directory``, replacing what is there. Where the OS can
     swap two directories atomically (Linux), a reader always finds a whole directory, old or new;

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trunk.core.atomic import replace_directory, temporary_path
+from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
 from trunk.formats.hf import BERT, ELECTRA, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
@@ -144,6 +144,7 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     values["architectures"] = [architecture]
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
+    directory = followed(Path(directory))
     check_hf_writable(directory, overwrite)
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

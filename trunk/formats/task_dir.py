@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trunk.core.atomic import replace_directory, temporary_path
+from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import load_tokenizer
 from trunk.formats.hf import convert, is_hf_folder
 from trunk.formats.trunk_dir import (
@@ -58,6 +58,7 @@ def save_task(directory: str | Path, pretrained: PretrainedTrunk, task: str, ove
     directory = Path(directory)
     if task not in pretrained.heads:
         raise ValueError(f"'{pretrained.path}' has no task '{task}'; its tasks are {sorted(pretrained.heads)}.")
+    directory = followed(Path(directory))
     check_writable(directory, overwrite)
     head = pretrained.heads[task]
     tensors, tied = _untie(dict(head["state"]))

@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from trunk.core.atomic import replace_directory, temporary_path
+from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.checkpoint import check_readable, is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.models import POSITIONS, TrunkConfig, build_trunk
@@ -99,6 +99,7 @@ def save_pretrained(directory: str | Path, pretrained: PretrainedTrunk, overwrit
     """Write a trunk directory, atomically. An existing trunk directory is replaced only with
     ``overwrite``; any other existing content is an error."""
     directory = Path(directory)
+    directory = followed(Path(directory))
     check_writable(directory, overwrite)
     check_weights(pretrained.config, pretrained.stems, pretrained.trunk_weights, directory)
     codec = pretrained.codec
