@@ -553,3 +553,13 @@ def test_export_onto_a_link_writes_where_it_points_and_leaves_nothing_behind(tin
     assert dangling.is_symlink() and load_pretrained(tmp_path / "exports" / "v2").heads
     hidden = [p.name for folder in (tmp_path, tmp_path / "exports") for p in folder.iterdir() if p.name.startswith(".")]
     assert not hidden
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_evaluating_without_trained_weights_is_refused(command, tiny_cli_args, tmp_path):
+    """No --ckpt_path and no init_from: the model would be random; nothing is scored, nothing written."""
+    with pytest.raises(SystemExit, match=rf"trunk {command} needs trained weights: pass --ckpt_path .* or "
+                                         r"--model.init_from .* random weights"):
+        run_cli([command, *tiny_cli_args, f"--predictions.output={tmp_path / 'out.jsonl'}"] if command == "predict"
+                else [command, *tiny_cli_args])
+    assert not (tmp_path / "out.jsonl").exists()

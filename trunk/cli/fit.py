@@ -143,6 +143,10 @@ class TrunkCLI(LightningCLI):
             }
         )
         ckpt_path = config.get("ckpt_path")  # "last" / "best" are paths by now (before_instantiate_classes)
+        if self.subcommand in ("validate", "test", "predict") and not ckpt_path and init_from is None:
+            sys.exit(f"error: trunk {self.subcommand} needs trained weights: pass --ckpt_path (a checkpoint, or last / "
+                     "best of this run's) or --model.init_from (a trunk directory with heads). Without them it would "
+                     f"{'predict with' if self.subcommand == 'predict' else 'score'} random weights.")
         try:
             self.run = resolve(
                 options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path, reuse=reuse
