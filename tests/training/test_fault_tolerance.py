@@ -3,11 +3,13 @@
 Runs are real ``trunk fit`` processes (tiny model, fp32, CPU), killed by a callback from tests/faults.py.
 """
 
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -347,3 +349,45 @@ def test_slurm_preemption_notice_saves_requeues_and_the_requeued_job_resumes_by_
     straight = trunk(fit_args(tmp_path / "straight", sentiment_files, ner_files, epochs=1), tmp_path)
     a, b = weights(last(root)), weights(last(tmp_path / "straight"))
     assert straight.returncode == 0 and all(torch.equal(a[k], b[k]) for k in b)
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_runs_sharing_a_folder_never_share_a_version(sentiment_files, ner_files, tmp_path):
+    """Two new fits with one default_root_dir, started together, get a version each; a resume of a folder that a live
+    run holds is refused naming it; a lock left by a killed run is taken over; no lock outlives its run."""
+    root = tmp_path / "run"
+    def stall(step: int, seconds: int = 15) -> list[str]:  # the run holds its folder a while longer
+        return ["--trainer.callbacks+=faults.StallAt", f"--trainer.callbacks.step={step}", "--trainer.callbacks.rank=0",
+                f"--trainer.callbacks.seconds={seconds}"]
+
+    first, second = (start([*fit_args(root, sentiment_files, ner_files, epochs=1), *stall(3)], tmp_path) for _ in "ab")
+    for process in (first, second):
+        assert process.wait(timeout=600) == 0, process.stderr.read()[-3000:]
+    versions = sorted(p.name for p in (root / "lightning_logs").iterdir())
+    assert versions == ["version_0", "version_1"]
+    for version in versions:  # each its own files: one run's whole epoch, one validation row
+        folder = root / "lightning_logs" / version
+        assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS_PER_EPOCH
+        rows = (folder / "metrics.csv").read_text().splitlines()
+        assert sum(",val/score" in f",{rows[0]}" and row.split(",")[rows[0].split(",").index("val/score")] != ""
+                   for row in rows[1:]) == 1
+    resume = [*fit_args(root, sentiment_files, ner_files, epochs=2), f"--ckpt_path={last(root)}"]
+    holding = start([*resume, *stall(STEPS_PER_EPOCH + 2, seconds=600)], tmp_path)
+    lock = last(root).parent.parent / ".trunk.lock"
+    deadline = time.monotonic() + 120
+    while not lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    refused = trunk(resume, tmp_path)
+    assert refused.returncode != 0 and f"'{lock.parent}' is in use by process {holding.pid}" in refused.stderr
+    assert "Traceback" not in refused.stderr.split("error:")[-1]
+    holding.kill()  # its lock stays, naming a dead process: the next run takes it over
+    holding.wait(timeout=60)
+    assert json.loads(lock.read_text())["pid"] == holding.pid
+    taken_over = trunk(resume, tmp_path)
+    assert taken_over.returncode == 0, taken_over.stderr[-3000:]
+    assert not list(root.rglob(".trunk.lock"))  # released at the end

@@ -38,6 +38,7 @@ from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
+from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
@@ -309,13 +310,15 @@ class TrunkCLI(LightningCLI):
         configured = config.get("callbacks") or []
         # the CLI's and the user's
         given = [*callbacks, *(configured if isinstance(configured, list) else [configured])]
-        callbacks = [*callbacks, *run_callbacks(config, given)]
+        run = getattr(self, "run", None)
+        resume = self.subcommand == "fit" and run is not None and run.checkpoint is not None
+        lock = [RunFolderLock(resume)] if self.subcommand == "fit" else []  # first: before anything writes there
+        callbacks = [*lock, *callbacks, *run_callbacks(config, given)]
         trainer = super()._instantiate_trainer(config, callbacks)
         (
             self.config[self.subcommand] if self.subcommand else self.config
         ).trainer.precision = trainer.precision  # as saved
-        run = getattr(self, "run", None)
-        if self.subcommand == "fit" and run is not None and run.checkpoint is not None:
+        if resume:
             self._continue_logging(trainer, run.checkpoint_path, run.checkpoint["global_step"])
         if run is not None:
             run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
