@@ -45,6 +45,23 @@ def test_labels_that_differ_only_by_surrounding_spaces_are_one_class(tmp_path):
     assert MultiLabelTextData(train=train, label_column="tags").label_names == ["a", "b"]
 
 
+def test_labels_that_differ_only_by_case_or_spacing_are_named_in_a_warning(tmp_path):
+    """'Pos', 'pos' and 'POS ' (and full-width or doubly spaced forms) stay classes of their own, as the data says,
+    and a warning names them: merging is the user's call."""
+    from trunk.datamodules import MultiLabelTextData, TextClassificationData
+
+    rows = [{"text": f"text {i}", "label": label, "tags": tags} for i, (label, tags) in
+            enumerate([("Pos", "sci fi"), ("pos", "sci  fi"), ("neg", "drama"), ("ＮＥＧ", "Drama")] * 4)]
+    train = str(write_rows(tmp_path / "train.csv", rows))
+    with pytest.warns(UserWarning, match=r"data.tasks.task.train: the labels \[\['Pos', 'pos'\], \['neg', 'ＮＥＧ'\]\] "
+                                         r"differ only by case or spacing, so each is a class of its own"):
+        assert TextClassificationData(train=train).label_names == ["Pos", "neg", "pos", "ＮＥＧ"]
+    with pytest.warns(UserWarning, match=r"the labels \[\['Drama', 'drama'\], \['sci  fi', 'sci fi'\]\] differ only"):
+        assert len(MultiLabelTextData(train=train, label_column="tags").label_names) == 4
+    with pytest.warns(UserWarning, match=r"label_names: the labels \[\['Pos', 'pos'\]\] differ only by case"):
+        TextClassificationData(label_names=["Pos", "pos", "neg"])
+
+
 @pytest.mark.parametrize("names, message", [
     (["negative", "negative"], r"label_names lists \['negative'\] more than once"),
     (["negative", "negative "], r"label_names lists \['negative'\] more than once"),  # one name once spaces are dropped

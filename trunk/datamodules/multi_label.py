@@ -8,7 +8,7 @@ import datasets
 import torch
 
 from trunk.datamodules.sources import column
-from trunk.datamodules.text import checked_label_names
+from trunk.datamodules.text import checked_label_names, warn_alike
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -48,6 +48,7 @@ class MultiLabelTextData(TextRowsData):
                     f"{self.option('train')} has no labels in column '{self.label_column}': nothing to learn."
                 )
             self._label_names = sorted(names)
+            warn_alike(names, self.option("train"))
         return self._label_names
 
     def training_statistics(self) -> dict:

@@ -22,7 +22,8 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -125,7 +126,20 @@ def checked_label_names(names: Sequence | None, option: str = "label_names") -> 
         raise ValueError(
             f"{option} lists {repeated} more than once ({stripped}): each class needs one name of its own."
         )
+    warn_alike(stripped, option)
     return stripped
+
+
+def warn_alike(names: Iterable, where: str) -> None:
+    """Warn, naming them, of class names that differ only by case, width or inner spacing ('Pos' and 'pos'): each stays
+    a class of its own (merging them is the user's call), which is seldom what the data meant."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted({str(n) for n in names}):
+        groups.setdefault(" ".join(unicodedata.normalize("NFKC", name).casefold().split()), []).append(name)
+    alike = [group for group in groups.values() if len(group) > 1]
+    if alike:
+        rank_zero_warn(f"{where}: the labels {alike[:5]} differ only by case or spacing, so each is a class of its "
+                       "own. If they mean one class, write them one way in the data.")
 
 
 PAIR_CUTS = {

@@ -8,7 +8,7 @@ import datasets
 import torch
 
 from trunk.datamodules.sources import column
-from trunk.datamodules.text import checked_label_names
+from trunk.datamodules.text import checked_label_names, warn_alike
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -66,6 +66,7 @@ class TextClassificationData(TextRowsData):
             else:
                 values = _check_labels(column(train, self.label_column), self.option("train"), self.label_column)
                 self._label_names = sorted({str(v) for v in values}, key=_natural_key)
+                warn_alike(self._label_names, self.option("train"))
         return self._label_names
 
     def targets(self, ds: datasets.Dataset, role: str) -> list[int]:
