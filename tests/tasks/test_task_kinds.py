@@ -573,6 +573,34 @@ def test_multiple_choice_reads_packed_choices_letters_and_texts_and_names_bad_ro
         one.candidates(one.raw("train"), "train")
 
 
+def test_an_empty_candidate_column_keeps_every_other_candidate_at_its_position(tmp_path):
+    """SWAG's layout (ending0-3, the answer a position or a letter) with an empty cell: the candidate is dropped, the
+    answer still points at the candidate it named, and an answer naming the empty one is an error naming the row."""
+    from conftest import write_rows
+
+    from trunk.datamodules.multiple_choice import MultipleChoiceData
+
+    rows = [{"ctx": "The sun is", "e0": "cold", "e1": "", "e2": "a star", "e3": "a planet", "key": "2"},
+            {"ctx": "Owls", "e0": "fly", "e1": "swim", "e2": "", "e3": "sing", "key": "D"},
+            {"ctx": "Water is", "e0": "dry", "e1": "wet", "e2": "hot", "e3": "", "key": "1"}]
+
+    def member(name: str) -> MultipleChoiceData:
+        return MultipleChoiceData(train=str(write_rows(tmp_path / name, rows)), context_column="ctx",
+                                  choice_columns=["e0", "e1", "e2", "e3"], label_column="key")
+
+    data = member("swag.csv")
+    ds = data.raw("train")
+    candidates = data.candidates(ds, "train")
+    assert candidates[0] == (["cold", "a star", "a planet"], ["A", "C", "D"])
+    answers = data.answers(ds, "train", candidates)
+    assert [texts[i] for (texts, _), i in zip(candidates, answers)] == ["a star", "sing", "wet"]
+    rows[0]["key"] = "1"  # the empty candidate
+    bad = member("bad.csv")
+    with pytest.raises(ValueError, match=r"row 1 has the answer '1', which is none of its candidates' labels "
+                                         r"\['A', 'C', 'D'\]"):
+        bad.answers(bad.raw("train"), "train", bad.candidates(bad.raw("train"), "train"))
+
+
 # -- every kind in one run -------------------------------------------------------------------------------
 def test_the_new_kinds_train_jointly_with_classification_and_ner_under_ddp(
     sentiment_files, ner_files, scores_files, topics_files, quiz_files, squad_files, tmp_path

@@ -80,10 +80,11 @@ class MultipleChoiceData(TextDataModule):
     # -- rows -> candidates and answers --------------------------------------------------------------
     def candidates(self, ds: datasets.Dataset, role: str) -> list[tuple[list[str], list[str]]]:
         """Each row's candidate texts and their labels (A, B, ... unless the row names them)."""
-        if self.choice_columns is not None:
+        if self.choice_columns is not None:  # an empty cell drops its candidate; the others keep their letters
             cells = zip(*(column(ds, name) for name in self.choice_columns))
-            rows = [[str(c) for c in cell if c is not None and str(c).strip()] for cell in cells]
-            rows = [(texts, list(string.ascii_uppercase[: len(texts)])) for texts in rows]
+            kept = [[(str(c), letter) for c, letter in zip(cell, string.ascii_uppercase)
+                     if c is not None and str(c).strip()] for cell in cells]
+            rows = [([text for text, _ in row], [letter for _, letter in row]) for row in kept]
         else:
             rows = [_unpack(cell) for cell in column(ds, self.choices_column)]
         for i, (texts, _) in enumerate(rows):
@@ -100,10 +101,13 @@ class MultipleChoiceData(TextDataModule):
         answers = []
         for i, (cell, (texts, labels)) in enumerate(zip(column(ds, self.label_column), rows)):
             value = str(cell).strip() if cell is not None else ""
+            position = int(value) if value.lstrip("-").isdigit() else None
+            if self.choice_columns is not None and position is not None and 0 <= position < len(string.ascii_uppercase):
+                value = string.ascii_uppercase[position]  # a column's position: its letter, whatever cells are empty
             if value in labels:
                 answers.append(labels.index(value))
-            elif value.lstrip("-").isdigit() and 0 <= int(value) < len(texts):
-                answers.append(int(value))
+            elif self.choice_columns is None and position is not None and 0 <= position < len(texts):
+                answers.append(position)
             elif value in texts:
                 answers.append(texts.index(value))
             else:
