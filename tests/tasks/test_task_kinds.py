@@ -804,3 +804,39 @@ def standalone_qa(member):
     from conftest import standalone
 
     return standalone(member, "qa", tokenizer_vocab_size=200)
+
+
+def test_degenerate_predictions_of_every_pooled_kind_are_warned_of_and_healthy_ones_not():
+    """A multi-label model that never passes its threshold, a regressor that predicts about the mean, a classifier that
+    predicts one class for all but a handful: each a warning at validation; predictions that vary are not."""
+    import torch
+
+    from trunk.core.contract import TaskSpec
+    from trunk.models import TrunkConfig, build_trunk
+    from trunk.tasks import MultiLabelClassification, SequenceClassification, SequenceRegression
+
+    trunk = build_trunk(TrunkConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16))
+    rng = torch.Generator().manual_seed(0)
+
+    def built(objective, labels):
+        objective.build("t", trunk, TaskSpec(label_names=labels))
+        return objective
+
+    gold = torch.randint(0, 2, (40, 3), generator=rng)
+    for probs, message in ((torch.full((40, 3), 0.2), "put no label above threshold=0.5 for any of the 40"),
+                           (gold * 0.9 + 0.05, None)):
+        tags = built(MultiLabelClassification(), ["a", "b", "c"])
+        tags.metrics("val")["label_stats"].update(probs, gold)
+        warned = tags.epoch_warnings("val")
+        assert (len(warned) == 1 and message in warned[0]) if message else warned == []
+    targets = torch.rand(40, generator=rng) * 5
+    for preds, flat in ((2.5 + torch.randn(40, generator=rng) * 0.01, True), (targets + 0.3, False)):
+        score = built(SequenceRegression(), ["score"])
+        score.metrics("val")["spearman"].update(preds, targets)
+        assert any("barely vary" in m and "predicts about the mean" in m for m in score.epoch_warnings("val")) == flat
+    labels = torch.tensor([0] * 24 + [1] * 16)
+    for predicted, near in ((torch.tensor([0] * 39 + [1]), True), (labels, False)):
+        classes = built(SequenceClassification(), ["neg", "pos"])
+        classes.metrics("val")["confusion"].update(predicted, labels)
+        expected = "predicted 'neg' for 98% of the 40 validation examples (the labels have 60% of it)"
+        assert any(expected in m for m in classes.epoch_warnings("val")) == near

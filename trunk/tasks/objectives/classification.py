@@ -123,9 +123,19 @@ class Classification(PooledObjective):
 
     def epoch_warnings(self, stage: str) -> list[str]:
         confusion = self.confusion(stage)
-        if confusion is None or confusion.sum() < 2 or (confusion.sum(0) > 0).sum() != 1:
+        if confusion is None or confusion.sum() < 2:
             return []
-        label = self.label_names[int(confusion.sum(0).argmax())]
+        total, predicted, gold = int(confusion.sum()), confusion.sum(0).float(), confusion.sum(1).float()
+        top = int(predicted.argmax())
+        label, share, truth = self.label_names[top], float(predicted[top]) / total, float(gold[top]) / total
+        if (predicted > 0).sum() != 1:  # near-constant: all but a handful, far more than the labels hold
+            if total < 20 or share < 0.95 or share - truth < 0.1:
+                return []
+            return [
+                f"Task '{self.name}': the model predicted '{label}' for {share:.0%} of the {total} validation examples "
+                f"(the labels have {truth:.0%} of it): it barely tells the classes apart. On imbalanced labels set "
+                f"model.tasks.{self.name}.init_args.class_weights=balanced, and pick checkpoints by mcc or f1_macro."
+            ]
         return [
             f"Task '{self.name}': the model predicted '{label}' for every one of the {int(confusion.sum())} validation "
             "examples, so its accuracy is the share of that label. On imbalanced labels set "

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
-from torchmetrics.classification import MultilabelExactMatch, MultilabelF1Score
+from torchmetrics.classification import MultilabelExactMatch, MultilabelF1Score, MultilabelStatScores
 
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
@@ -74,7 +74,25 @@ class MultiLabelClassification(PooledObjective):
             "f1_micro": MultilabelF1Score(n, threshold=t, average="micro"),
             "f1_macro": MultilabelF1Score(n, threshold=t, average="macro"),
             "exact_match": MultilabelExactMatch(n, threshold=t),
+            # per label (tp, fp, tn, fn, support): not logged, read by epoch_warnings
+            **({"label_stats": MultilabelStatScores(n, threshold=t, average=None)} if stage == "val" else {}),
         }
+
+    def epoch_warnings(self, stage: str) -> list[str]:
+        metrics = self.metrics(stage)
+        if "label_stats" not in metrics or not metrics["label_stats"].update_called:
+            return []
+        stats = metrics["label_stats"].compute()  # synced across processes
+        predicted, examples = stats[:, 0] + stats[:, 1], int(stats[0, 0] + stats[0, 1] + stats[0, 2] + stats[0, 3])
+        if int(predicted.sum()) == 0:
+            return [f"Task '{self.name}': the model put no label above threshold={self.threshold} for any of the "
+                    f"{examples} validation examples, so its F1 is 0 and its checkpoints cannot be told apart. Train "
+                    f"longer or with a higher learning rate, or lower model.tasks.{self.name}.init_args.threshold."]
+        never = [name for name, count in zip(self.label_names, predicted.tolist()) if count == 0]
+        if len(never) > len(self.label_names) // 2:
+            return [f"Task '{self.name}': {len(never)} of its {len(self.label_names)} labels were never predicted on "
+                    f"the {examples} validation examples ({never[:8]}{' ...' if len(never) > 8 else ''})."]
+        return []
 
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
         logits, labels = self(trunk, batch).float(), batch["labels"]

@@ -92,6 +92,22 @@ class SequenceRegression(PooledObjective):
         return {"pearson": PearsonCorrCoef(num_outputs=n), "spearman": spearman, "mse": MeanSquaredError(num_outputs=n),
                 "mae": MeanAbsoluteError(num_outputs=n)}
 
+    def epoch_warnings(self, stage: str) -> list[str]:
+        spearman = self.metrics(stage)["spearman"]
+        if not spearman.update_called:
+            return []
+        # Spearman keeps every prediction and target (its states ``preds``, ``target``): their spread, per target
+        preds, target = (torch.cat(spearman.preds).float(), torch.cat(spearman.target).float())
+        if len(preds) < 20:
+            return []
+        spread, wanted = preds.std(0).reshape(-1), target.std(0).reshape(-1)
+        flat = [name for name, a, b in zip(self.label_names, spread.tolist(), wanted.tolist()) if a < 0.1 * b]
+        if not flat:
+            return []
+        return [f"Task '{self.name}': on {len(preds)} validation examples the predictions of {flat} barely vary (their "
+                f"spread is under a tenth of the targets'): the model predicts about the mean. Train longer or with a "
+                "higher learning rate, or check that the targets and inputs line up."]
+
     onnx_output = "scores"  # (batch, targets), on the data's scale
 
     def export_forward(self, trunk: Trunk, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
