@@ -580,3 +580,21 @@ def test_evaluating_without_trained_weights_is_refused(command, tiny_cli_args, t
         run_cli([command, *tiny_cli_args, f"--predictions.output={tmp_path / 'out.jsonl'}"] if command == "predict"
                 else [command, *tiny_cli_args])
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_texts_that_spell_missing_values_are_texts_and_an_empty_cell_is_named_by_row(suffix, tmp_path):
+    """'NA', 'None', 'null', 'nan' are words (a film called Nan, a reply 'None'), not missing cells; a cell that is
+    really empty is refused with its row."""
+    from trunk.datamodules import TextClassificationData
+    from trunk.datamodules.sources import load_split
+
+    words = ["NA", "None", "null", "nan", "N/A", "NULL"]
+    rows = [{"text": word, "label": "pos" if i % 2 else "neg"} for i, word in enumerate(words * 3)]
+    path = write_rows(tmp_path / f"train{suffix}", rows)
+    assert load_split(None, None, str(path), "data.train")["text"] == words * 3
+    rows[4]["text"], rows[9]["text"] = "", ""
+    path = write_rows(tmp_path / f"gaps{suffix}", rows)
+    data = TextClassificationData(train=str(path))
+    with pytest.raises(ValueError, match=r"column 'text' is empty in rows 5, 10 \(counting data rows from 1"):
+        data.encode(data.raw("train"), "train")

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from trunk.core.codec import cache_dir
 
-CACHE_VERSION = 2  # bump when the layout of encoded examples changes
+CACHE_VERSION = 3  # bump when the layout of encoded examples, or how files are read, changes
 META = "trunk_cache.json"
 
 

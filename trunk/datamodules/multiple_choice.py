@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import datasets
 import torch
 
-from trunk.datamodules.sources import check_columns, column
+from trunk.datamodules.sources import check_columns, check_filled, column
 from trunk.datamodules.text import TextDataModule, pad
 
 PACKED = re.compile(r"\(([A-Za-z0-9])\)\s*")  # "(A) red (B) blue": OpenBookQA's TSV packs the choices in one cell
@@ -120,10 +120,7 @@ class MultipleChoiceData(TextDataModule):
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         contexts = column(ds, self.context_column)
-        if any(c is None for c in contexts):
-            raise ValueError(
-                f"{self.option(role)}: column '{self.context_column}' has empty (null) cells; remove those rows."
-            )
+        check_filled(contexts, self.context_column, self.option(role))
         questions = column(ds, self.question_column) if self.question_column else [None] * len(contexts)
         rows = self.candidates(ds, role)
         answers = self.answers(ds, role, rows) if role != "predict" else [None] * len(rows)

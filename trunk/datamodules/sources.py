@@ -17,9 +17,11 @@ from trunk.datamodules import builtin
 
 # File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
 # because corpora such as SST-2 contain bare quote characters inside unquoted fields.
+# only an empty cell is missing: pandas would also read the texts "NA", "None", "null", "nan" ... as missing
+TEXT_CELLS = {"keep_default_na": False, "na_values": [""]}
 FILE_FORMATS = {
-    ".csv": ("csv", {}),
-    ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+    ".csv": ("csv", TEXT_CELLS),
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE, **TEXT_CELLS}),
     ".json": ("json", {}),
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
@@ -298,6 +300,15 @@ def check_text_file(path: Path, role: str, kind: str = "text", encoding: str = "
         has_text = has_text or bool(line.strip())
     if not has_text:
         raise empty_split_error(role, str(path))
+
+
+def check_filled(values: list, column_name: str, where: str) -> None:
+    """Refuse empty cells of a column every row needs, naming the first rows that have them."""
+    empty = [i + 1 for i, value in enumerate(values) if value is None]
+    if empty:
+        rows = ", ".join(map(str, empty[:5])) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise ValueError(f"{where}: column '{column_name}' is empty in row{'s' if len(empty) > 1 else ''} {rows} "
+                         "(counting data rows from 1, without the header); fill those cells or remove those rows.")
 
 
 def missing(path: Path) -> str:

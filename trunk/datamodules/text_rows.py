@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import torch
 
-from trunk.datamodules.sources import check_columns, column, looks_like_data
+from trunk.datamodules.sources import check_columns, check_filled, column, looks_like_data
 from trunk.datamodules.text import TextDataModule, pad
 
 
@@ -86,10 +86,9 @@ class TextRowsData(TextDataModule):
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         texts = column(ds, self.text_column)
-        if any(t is None for t in texts):
-            raise ValueError(
-                f"{self.option(role)}: column '{self.text_column}' has empty (null) cells; remove those rows."
-            )
+        check_filled(texts, self.text_column, self.option(role))
+        if self.text_pair_column is not None:
+            check_filled(column(ds, self.text_pair_column), self.text_pair_column, self.option(role))
         inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
         ids = [e.ids for e in self.tokenize(inputs, role)]
         labels = self.targets(ds, role) if role != "predict" else [None] * len(ids)
