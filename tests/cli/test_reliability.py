@@ -6,6 +6,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -598,3 +599,31 @@ def test_texts_that_spell_missing_values_are_texts_and_an_empty_cell_is_named_by
     data = TextClassificationData(train=str(path))
     with pytest.raises(ValueError, match=r"column 'text' is empty in rows 5, 10 \(counting data rows from 1"):
         data.encode(data.raw("train"), "train")
+
+
+def test_an_unusable_cache_a_giant_word_and_a_broken_task_directory_are_said_in_words(tiny_cli_args, tmp_path,
+                                                                                      monkeypatch):
+    """TRUNK_CACHE that is a file: the run goes on uncached, saying so once; a word of a million characters is left
+    out of tokenizer training (which it would keep busy for minutes), saying so; a task directory whose config.json
+    is broken is named as such beside its trunk, not counted as a second trunk."""
+    from trunk.datamodules.tokenizer import cached_tokenizer
+    from trunk.tasks import load
+
+    (tmp_path / "cache_file").write_text("not a folder")
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cache_file"))
+    with pytest.warns(UserWarning, match=r"cache '.*cache_file' cannot be used \(.*\): this run caches nothing.*"
+                                         r"Point TRUNK_CACHE at a folder you can write to"):
+        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2"])
+    assert cli.trainer.global_step == 2
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cache"))
+    giant = "x" * 1_000_000
+    start = time.monotonic()
+    tokenizer = cached_tokenizer(["giant"], lambda: [f"a small text {giant} and more", "the cat sat"] * 50, "bpe", 200,
+                                 True, min_frequency=1)
+    assert time.monotonic() - start < 30 and tokenizer.get_vocab_size() < 200
+    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "trunk"), "--trunk-only"])
+    export_main([ckpt, str(tmp_path / "task"), "--task", "sentiment"])
+    (tmp_path / "task" / "config.json").write_text('{"format": "trunk-task", ')
+    with pytest.raises(ValueError, match=r"task/config.json' is not valid JSON .* neither a trunk nor a task"):
+        load([tmp_path / "trunk", tmp_path / "task"])

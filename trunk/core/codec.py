@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,3 +129,25 @@ def cache_dir() -> Path:
     return Path(
         os.environ.get("TRUNK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trunk"
     )
+
+
+def cache_folder(kind: str) -> Path | None:
+    """``cache_dir() / kind``, made if need be; None, said once, where it cannot be written (a read-only disk, a
+    TRUNK_CACHE that is a file): the run then caches nothing rather than failing on the cache."""
+    path = cache_dir() / kind
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        reason = None if os.access(path, os.W_OK | os.X_OK) else "this user cannot write there"
+    except OSError as err:
+        reason = err.strerror or str(err)
+    if reason is None:
+        return path
+    if str(cache_dir()) not in _UNWRITABLE:
+        _UNWRITABLE.add(str(cache_dir()))
+        warnings.warn(f"Trunk's cache '{cache_dir()}' cannot be used ({reason}): this run caches nothing, so trained "
+                      "tokenizers and encoded data are made again next time. Point TRUNK_CACHE at a folder you can "
+                      "write to.", stacklevel=2)
+    return None
+
+
+_UNWRITABLE: set[str] = set()  # caches already said to be unusable

@@ -15,11 +15,13 @@ checksums cost one read of the files per run (CRC-32 runs at a few GB/s).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 import zlib
 from collections.abc import Callable
@@ -28,7 +30,7 @@ from pathlib import Path
 import datasets
 from lightning.pytorch.utilities import rank_zero_warn
 
-from trunk.core.codec import cache_dir
+from trunk.core.codec import cache_folder
 
 CACHE_VERSION = 3  # bump when the layout of encoded examples, or how files are read, changes
 META = "trunk_cache.json"
@@ -49,7 +51,14 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> t
     Returns the memory-mapped dataset and those warnings. ``what`` names the split in messages.
     """
     key = [CACHE_VERSION, *key]
-    path = cache_dir() / "encoded" / key_digest(key)
+    folder = cache_folder("encoded")
+    if folder is None:  # no usable cache: built in a folder of this run's own, gone at its end
+        scratch = Path(tempfile.mkdtemp(prefix="trunk-encoded-"))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        notes = build(scratch)
+        parts = [datasets.Dataset.from_file(str(p)) for p in sorted(scratch.glob("*.arrow"))]
+        return (parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)), notes
+    path = folder / key_digest(key)
     if path.exists():
         try:
             return _load(path, key)

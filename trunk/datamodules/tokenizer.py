@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import string
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -15,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from trunk.core.atomic import atomic_write
-from trunk.core.codec import CLS, SEP, SPECIAL_TOKENS, UNK, cache_dir, load_tokenizer
+from trunk.core.codec import CLS, SEP, SPECIAL_TOKENS, UNK, cache_folder, load_tokenizer
 
 
 def _add_bert_template(tokenizer: Tokenizer) -> None:
@@ -139,14 +140,26 @@ def train_word(
 TRAINERS = {"wordpiece": train_wordpiece, "bpe": train_bpe, "byte_bpe": train_byte_bpe, "word": train_word}
 
 
+LONGEST_WORD = 100  # characters: WordPiece reads a longer word as [UNK] (max_input_chars_per_word)
+_LONG_WORD = re.compile(rf"\S{{{LONGEST_WORD + 1},}}")
+
+
 class _Rereadable:
-    """The text read afresh on every pass (WordPiece training reads it twice), never held in memory whole."""
+    """The text read afresh on every pass (WordPiece training reads it twice), never held in memory whole. Words
+    longer than ``LONGEST_WORD`` characters (URLs, encoded blobs) are left out: one of a million characters would keep
+    the trainer busy for minutes, and no tokenizer learns a piece from it."""
 
     def __init__(self, read: Callable[[], Iterable[str]]):
-        self.read = read
+        self.read, self.skipped = read, 0
 
     def __iter__(self):
-        return iter(self.read())
+        skipped = 0
+        for text in self.read():
+            if len(text) > LONGEST_WORD and _LONG_WORD.search(text):
+                text, n = _LONG_WORD.subn(" ", text)
+                skipped += n
+            yield text
+        self.skipped = skipped
 
 
 def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, vocab_size: int, lowercase: bool,
@@ -160,21 +173,28 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
     # 2: the key as before
     options = [key, model, vocab_size, lowercase] + ([min_frequency] if min_frequency != 2 else [])
     digest = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:20]
-    path = cache_dir() / "tokenizers" / f"{digest}.json"
-    if path.is_file():
+    folder = cache_folder("tokenizers")
+    path = folder / f"{digest}.json" if folder is not None else None
+    if path is not None and path.is_file():
         try:
             return load_tokenizer(path)
         except ValueError as err:  # a damaged cache entry is rebuilt, never a dead end
             rank_zero_warn(f"The cached tokenizer {path} is unreadable ({err}); training it again.")
     # not a silent pause
     rank_zero_info(f"Training a {model} tokenizer of up to {vocab_size} tokens on {what} (once: it is cached)...")
-    tokenizer = TRAINERS[model](_Rereadable(texts), vocab_size, lowercase, min_frequency)
+    text = _Rereadable(texts)
+    tokenizer = TRAINERS[model](text, vocab_size, lowercase, min_frequency)
+    if text.skipped:
+        rank_zero_info(f"Left out of the tokenizer's training: {text.skipped} words longer than {LONGEST_WORD} "
+                       "characters (URLs, encoded data), which it would read as one unknown piece anyway.")
     if tokenizer.get_vocab_size() < vocab_size:
         rank_zero_warn(
             f"Asked for {vocab_size} tokens, the tokenizer has {tokenizer.get_vocab_size()}: {what} has no more pieces "
             f"seen at least {min_frequency} times (data.tokenizer_min_frequency). That is fine: the vocabulary is what "
             "the data holds."
         )
-    atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
-    rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens), cached at {path}.")
+    if path is not None:
+        atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # a concurrent reader sees no file or the whole file
+    rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens)"
+                   + (f", cached at {path}." if path is not None else "."))
     return tokenizer
