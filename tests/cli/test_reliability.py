@@ -627,3 +627,15 @@ def test_an_unusable_cache_a_giant_word_and_a_broken_task_directory_are_said_in_
     (tmp_path / "task" / "config.json").write_text('{"format": "trunk-task", ')
     with pytest.raises(ValueError, match=r"task/config.json' is not valid JSON .* neither a trunk nor a task"):
         load([tmp_path / "trunk", tmp_path / "task"])
+
+
+def test_the_last_validations_warnings_are_said_again_at_the_end_of_the_run(tiny_cli_args, monkeypatch):
+    from trunk.tasks import SequenceClassification
+
+    monkeypatch.setattr(SequenceClassification, "epoch_warnings",
+                        lambda self, stage: [f"Task '{self.name}': a degenerate validation"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli(["fit", *tiny_cli_args])  # one epoch, one validation
+    said = [str(w.message) for w in caught if "degenerate validation" in str(w.message)]
+    assert said[-1] == "At the last validation: Task 'sentiment': a degenerate validation" and len(said) >= 2

@@ -422,7 +422,10 @@ class TrunkCLI(LightningCLI):
             )
 
     def after_fit(self) -> None:
-        """Evaluate the best checkpoint on the test splits right after training, when any is configured."""
+        """Say again what the last validation warned of (in the summary at the end, not only scrolled past), then
+        evaluate the best checkpoint on the test splits right after training, when any is configured."""
+        for warning in self.model.validation_warnings:
+            rank_zero_warn(f"At the last validation: {warning}")
         if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
         # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned

@@ -85,7 +85,7 @@ class TrunkModule(L.LightningModule):
         self.trunk_config = TrunkConfig.from_dict(trunk) if isinstance(trunk, dict) else trunk or TrunkConfig()
         self.hparams.update(trunk=self.trunk_config)  # every value, a preset's and the defaults included
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
-        self.task_weights = loss_weights(task_weights or {}, objectives)
+        self.task_weights, self.validation_warnings = loss_weights(task_weights or {}, objectives), []
         task_info = pair_specs(objectives, task_info)
         self.hparams.update(task_info={name: spec.to_dict() for name, spec in task_info.items()})  # plain values
         self.trunk = build_trunk(self.trunk_config, stems_of(objectives))
@@ -257,11 +257,12 @@ class TrunkModule(L.LightningModule):
     # -- logging -------------------------------------------------------------------------------------
     def _log_metrics(self, stage: str) -> None:
         """Each task's epoch metrics (already synced across processes), and the run's score."""
-        primaries = []
+        primaries, warned = [], stage == "val" and not self.trainer.sanity_checking  # two batches prove nothing
+        if warned:  # kept for the run's summary at its end (trunk fit)
+            self.validation_warnings = [w for o in self.objectives.values() for w in o.epoch_warnings(stage)]
+            for warning in self.validation_warnings:
+                rank_zero_warn(warning)
         for name, objective in self.objectives.items():
-            if stage == "val" and not self.trainer.sanity_checking:  # an untrained model's two batches prove nothing
-                for warning in objective.epoch_warnings(stage):
-                    rank_zero_warn(warning)
             values = objective.compute_metrics(stage)
             for key, value in values.items():
                 self.log(f"{stage}/{name}/{key}", value, prog_bar=stage != "train" and key == objective.primary)
