@@ -388,7 +388,8 @@ def test_regression_learns_a_linear_target_through_the_cli(scores_files, tmp_pat
     "cell, message",
     [
         ("abc", "has score='abc', which is not a finite number"),
-        ("n/a", "has no value in score"),
+        ("", "has no value in score"),  # only an empty cell is missing
+        ("n/a", "has score='n/a', which is not a finite number"),  # the texts NA, n/a, null ... are texts
         ("inf", "has score=inf, which is not a finite number"),
     ],
 )
