@@ -374,13 +374,15 @@ def test_health_reports_a_worker_stuck_on_one_batch_and_recovers(tiny_cli_args):
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     with Server(ckpt, "--stuck-after=0.5", "--max-batch-size=1", "--batch-size=1") as server:
         with ThreadPoolExecutor(1) as pool:
-            slow = pool.submit(server.post, {"inputs": ["a long sentence " * 20] * 1024})  # seconds of work
-            deadline, seen = time.monotonic() + 60, set()
+            slow = pool.submit(server.post, {"inputs": ["a long sentence " * 20] * 256}, 600)  # seconds of work
+            deadline, seen = time.monotonic() + 600, set()
             while not slow.done() and time.monotonic() < deadline:
                 try:
                     seen.add(server.get("/health")[0])
                 except urllib.error.HTTPError as err:
                     seen.add(err.code)
+                except OSError:  # a health check that itself timed out on a busy machine: ask again
+                    pass
                 time.sleep(0.1)
             assert slow.result()[0] == 200
         assert 503 in seen, seen
