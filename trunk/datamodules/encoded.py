@@ -56,8 +56,7 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> t
         scratch = Path(tempfile.mkdtemp(prefix="trunk-encoded-"))
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
         notes = build(scratch)
-        parts = [datasets.Dataset.from_file(str(p)) for p in sorted(scratch.glob("*.arrow"))]
-        return (parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)), notes
+        return _arrow(sorted(scratch.glob("*.arrow"))), notes
     path = folder / key_digest(key)
     if path.exists():
         try:
@@ -103,13 +102,18 @@ def _load(path: Path, key: list) -> tuple[datasets.Dataset, list[str]]:
         if crc32(path / name) != checksum:
             raise DamagedCache(f"{name} does not match its checksum")
     try:
-        parts = [datasets.Dataset.from_file(str(path / name)) for name in sorted(meta["files"])]
-        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        ds = _arrow([path / name for name in sorted(meta["files"])])
     except Exception as err:  # pyarrow's errors for a file that is not Arrow
         raise DamagedCache(f"unreadable Arrow data: {type(err).__name__}: {err}") from None
     if len(ds) != meta["rows"]:
         raise DamagedCache(f"{len(ds)} rows, not {meta['rows']}")
     return ds, meta["warnings"]
+
+
+def _arrow(files: list[Path]) -> datasets.Dataset:
+    """Arrow files as one memory-mapped dataset, in their order."""
+    parts = [datasets.Dataset.from_file(str(file)) for file in files]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
 def crc32(path: Path) -> int:

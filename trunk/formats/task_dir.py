@@ -75,10 +75,14 @@ def save_task(directory: str | Path, pretrained: PretrainedTrunk, task: str, ove
 
 
 def task_meta(path: Path) -> dict | None:
-    """config.json of a task directory, or None when ``path`` is not one (a trunk directory, a checkpoint)."""
+    """config.json of a task directory, or None when ``path`` is not one (a trunk directory, a checkpoint); a
+    config.json that does not parse makes it neither, said as such."""
     try:
         meta = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"'{path / CONFIG_FILE}' is not valid JSON ({err}), so '{path}' is neither a trunk nor a "
+                         "task directory. Export it again.") from None
+    except OSError:
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == TASK_FORMAT_NAME else None
 
@@ -136,13 +140,6 @@ def read_trunk(sources: str | Path | list | tuple) -> PretrainedTrunk:
         return load_trunk(paths[0])  # (a task directory alone is refused there, with what to add)
     task_dirs = [p for p in paths if task_meta(p) is not None]
     trunks = [p for p in paths if p not in task_dirs]
-    for path in trunks if len(trunks) > 1 else []:  # one whose config.json is broken is neither: say so
-        if (path / CONFIG_FILE).is_file():
-            try:
-                json.loads((path / CONFIG_FILE).read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise ValueError(f"'{path / CONFIG_FILE}' is not valid JSON ({err}), so '{path}' is neither a trunk "
-                                 "nor a task directory. Export it again.") from None
     if len(trunks) != 1:
         raise ValueError(f"Give one trunk (a trunk directory or a checkpoint) and any number of task directories; "
                          f"{'none of' if not trunks else f'{len(trunks)} of'} {[str(p) for p in paths]} "
