@@ -17,7 +17,7 @@ from trunk.datamodules import CorpusData, MultiTaskData, TaskSampler, TextClassi
 from trunk.datamodules.builtin import sentiment_example
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import hold_out, length_buckets
-from trunk.datamodules.tokenizer import train_wordpiece
+from trunk.datamodules.tokenizer import CHARS_PER_TOKEN, TRAINERS, cut_long_texts, train_wordpiece
 
 
 def run_data(member, name: str = "sst", **options) -> MultiTaskData:
@@ -185,7 +185,7 @@ def test_wordpiece_training_gives_the_same_vocabulary_in_every_process():
     import sys
 
     train = ("import random, sys; from trunk.datamodules.builtin import sentiment_example; "
-             "from trunk.datamodules.tokenizer import train_wordpiece; "
+             "from trunk.datamodules.tokenizer import CHARS_PER_TOKEN, TRAINERS, cut_long_texts, train_wordpiece; "
              "texts = (sentiment_example(random.Random(i))['text'] + ' Señor Ünïcode x-ray' for i in range(300)); "
              "sys.stdout.write(train_wordpiece(texts, vocab_size=150).to_str())")
     processes = [subprocess.Popen([sys.executable, "-c", train], stdout=subprocess.PIPE, text=True) for _ in range(2)]
@@ -219,6 +219,51 @@ def test_long_texts_are_truncated_with_one_warning(tmp_path):
     vocabulary = [str(w.message) for w in caught if "Asked for 50 tokens, the tokenizer has" in str(w.message)]
     # a warning, with its reason
     assert (len(vocabulary) == 1 and "has no more pieces seen at least 2 times" in vocabulary[0])
+
+
+@pytest.mark.parametrize("train", ["wordpiece", "byte_bpe", "bpe"])
+def test_texts_far_longer_than_max_length_are_cut_before_tokenizing_and_encode_as_whole(train):
+    """A text that max_length cannot use whole is cut before the tokenizer sees it (a pair of two 100 KB texts encoded
+    whole makes a window for every combination of their overflowing windows: minutes and gigabytes), and the cut
+    texts give exactly the ids of the whole ones: singles, pairs with one or both long, every truncation strategy,
+    whitespace runs, words longer than the cut."""
+    rng = random.Random(0)
+    examples = [sentiment_example(rng)["text"] for _ in range(200)]
+    words = [w for text in examples for w in text.split()] + ["naïve", "x" * 150, "e-mail", "5.0", "(sic)"]
+    tokenizer = TRAINERS[train](words * 3, vocab_size=300)
+    tokenizer.post_processor = Tokenizer.from_str(train_wordpiece(words, vocab_size=200).to_str()).post_processor
+
+    def text(n):
+        spaces = rng.choice([" ", "  ", "\n", "\t "])
+        return spaces.join(rng.choice(words) for _ in range(n)) + rng.choice(["", " " * 99])
+
+    cut_any = 0
+    for strategy in ("longest_first", "only_first", "only_second"):
+        for _ in range(12):
+            max_length = rng.choice([8, 12])
+            tokenizer.enable_truncation(max_length, strategy=strategy)
+            sizes = [3, 50, 80]  # words: the cut is at 32 characters a token
+            texts = [rng.choice([text(n), (text(n), text(rng.choice(sizes)))]) if strategy == "longest_first"
+                     else (text(n), text(rng.choice(sizes))) for n in rng.choices(sizes, k=4)]
+            texts.append((texts[0],) * 2 if isinstance(texts[0], str) else texts[0][:1] * 2)  # a tie: equal lengths
+
+            def encoded(batch):
+                try:
+                    return [(e.ids, bool(e.overflowing)) for e in tokenizer.encode_batch(batch)]
+                except Exception as err:  # only_second with a long first text: the same refusal either way
+                    return str(err)
+
+            cut = cut_long_texts(tokenizer, texts, max_length)
+            assert tokenizer.truncation["strategy"] == strategy  # left as given
+            assert encoded(cut) == encoded(texts)
+            cut_any += sum(a != b for a, b in zip(cut, texts))
+    assert cut_any > 30
+
+    tokenizer.enable_truncation(16)
+    long = text(20_000)
+    (single, pair) = cut_long_texts(tokenizer, [long, (long, long + " x")], 16)
+    assert len(single) <= CHARS_PER_TOKEN * 16 and all(len(part) <= CHARS_PER_TOKEN * 16 for part in pair)
+    assert tokenizer.encode(single).ids == tokenizer.encode(long).ids
 
 
 def test_truncated_ner_sentences_say_their_cut_words_are_predicted_o(tmp_path):

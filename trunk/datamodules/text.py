@@ -47,6 +47,7 @@ from trunk.datamodules.sources import (
     select_rows,
     source_key,
 )
+from trunk.datamodules.tokenizer import cut_long_texts
 
 ROLES = ("train", "validation", "test", "predict")
 STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
@@ -606,6 +607,8 @@ class TextDataModule(TaskData):
         tokenizer = self.tokenizer
         pairs = bool(texts) and isinstance(texts[0], tuple)
         tokenizer.enable_truncation(self.max_length, strategy=self.truncation if pairs else "longest_first")
+        if not is_pretokenized:
+            texts = cut_long_texts(tokenizer, texts, self.max_length)
         try:
             encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
         except Exception as err:  # tokenizers: "Truncation error: Second sequence not long enough to be truncated"

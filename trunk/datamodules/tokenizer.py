@@ -13,7 +13,7 @@ from itertools import islice
 
 from datasets.utils import are_progress_bars_disabled
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import CLS, SEP, SPECIAL_TOKENS, UNK, cache_folder, load_tokenizer
@@ -198,3 +198,76 @@ def cached_tokenizer(key: list, texts: Callable[[], Iterable[str]], model: str, 
     rank_zero_info(f"Trained a {model} tokenizer on {what} ({tokenizer.get_vocab_size()} tokens)"
                    + (f", cached at {path}." if path is not None else "."))
     return tokenizer
+
+
+CHARS_PER_TOKEN = 32  # a generous bound: English averages 4-5 characters a WordPiece token
+
+
+def cut_long_texts(tokenizer: Tokenizer, texts: list, max_length: int) -> list:
+    """``texts`` (strings, or pairs of them) with each text far longer than ``max_length`` tokens can use cut before
+    they are tokenized, so that they encode exactly as the whole texts do. Encoded whole, a 10 MB text is tokenized
+    with every overflowing window to keep its first 128 tokens, and a pair of two 100 KB texts makes a window for
+    every combination of their windows (quadratic: 10 GB). A text is cut at the start of a word (a pre-token), where
+    it still has more than ``max_length`` tokens; in a pair, with the two lengths in the order of the whole texts
+    (truncation gives the longer one the odd token). Each cut is checked to encode as the start of the whole text;
+    a text with no such cut is encoded whole. ``tokenizer`` is left as it was given."""
+    limit = CHARS_PER_TOKEN * max_length
+    parts = [list(t) if isinstance(t, tuple) else [t] for t in texts]
+    long = [(i, j) for i, ps in enumerate(parts) for j, p in enumerate(ps) if len(p) > limit]
+    if not long:
+        return texts
+    setting = tokenizer.truncation
+    tokenizer.no_truncation()
+    try:
+        heads = dict(zip(long, _encode(tokenizer, [parts[i][j][:limit] for i, j in long])))
+        # A pair's short text, or both where both are long (which is longer decides the odd token), counted whole:
+        # linear in their length; what costs is the overflowing windows, and they are not made here.
+        counted = [(i, j) for i in {i for i, _ in long} if len(parts[i]) == 2 for j in (0, 1)
+                   if (i, j) not in heads or (i, 1 - j) in heads]
+        counts = dict(zip(counted, map(len, _encode(tokenizer, [parts[i][j] for i, j in counted]))))
+        plans = {
+            (i, j): k
+            for i in {i for i, _ in long}
+            for j, k in _cut_points(
+                {j: _word_starts(heads[i, j]) for j in range(len(parts[i])) if (i, j) in heads},
+                {j: counts[i, j] for j in range(len(parts[i])) if (i, j) in counts},
+                max_length,
+            ).items()
+        }
+        cuts = {(i, j): parts[i][j][: heads[i, j].offsets[k][0]].rstrip(" ") for (i, j), k in plans.items()}
+        checked = dict(zip(cuts, _encode(tokenizer, list(cuts.values()))))
+    finally:
+        tokenizer.enable_truncation(**setting) if setting else tokenizer.no_truncation()
+    wrong = {i for (i, j), e in checked.items() if e.ids != heads[i, j].ids[: plans[i, j]]}
+    for (i, j), cut in cuts.items():
+        if i not in wrong:
+            parts[i][j] = cut
+    return [tuple(ps) if isinstance(t, tuple) else ps[0] for t, ps in zip(texts, parts)]
+
+
+def _encode(tokenizer: Tokenizer, strings: list[str]) -> list[Encoding]:
+    return tokenizer.encode_batch(strings, add_special_tokens=False)
+
+
+def _word_starts(encoding: Encoding) -> list[int]:
+    """The token indices where a word (pre-token) begins, the first excluded, the last word's (perhaps cut) included."""
+    words = encoding.word_ids
+    return [k for k in range(1, len(words)) if words[k] != words[k - 1]]
+
+
+def _cut_points(starts: dict[int, list[int]], counts: dict[int, int], max_length: int) -> dict[int, int]:
+    """The token count to cut each long part of one text at (``starts``: the word starts of each long part's head;
+    ``counts``: the whole lengths of a pair's short part, or of both parts where both are long)."""
+    if len(starts) == 1:  # one long text: its last word start, beyond max_length and the other text's length
+        ((j, words),) = starts.items()
+        k = words[-1] if words else 0
+        return {j: k} if k > max([max_length, *counts.values()]) else {}
+    longer = 0 if counts[0] >= counts[1] else 1
+    if counts[0] == counts[1]:  # a tie stays a tie: both cut at one count
+        common = sorted(set(starts[0]) & set(starts[1]))
+        k_long = k_short = common[-1] if common else 0
+    else:
+        k_long = starts[longer][-1] if starts[longer] else 0
+        below = [k for k in starts[1 - longer] if k < k_long]
+        k_short = below[-1] if below else 0
+    return {longer: k_long, 1 - longer: k_short} if k_short > max_length else {}
