@@ -20,8 +20,9 @@ from pydantic import ValidationError  # noqa: E402
 from trunk.cli import run_cli  # noqa: E402
 from trunk.inference.serve import Limits, PredictRequest, Refused, TrunkAPI  # noqa: E402
 
+TEXT = st.text(st.characters(exclude_categories=()), max_size=40)  # lone surrogates too: JSON's "\ud800" escapes
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=40),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
@@ -83,3 +84,10 @@ def test_any_raw_body_is_answered_or_refused_in_words(api, raw):
     except ValidationError:
         return
     assert isinstance(result, Refused) or isinstance(json.loads(raw), (dict,)), result
+
+
+def test_a_text_that_is_not_valid_unicode_is_named_with_its_character(api):
+    """JSON lets a request escape half a UTF-16 pair ("\\ud800"), which no tokenizer reads: its error named no input."""
+    result = answer(api, json.loads('{"inputs": ["fine", "a lone \\ud800 half"]}'))
+    assert isinstance(result, Refused)
+    assert "input 1 is not valid Unicode" in result.message and "'\\ud800' at character 7" in result.message

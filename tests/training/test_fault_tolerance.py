@@ -391,3 +391,45 @@ def test_runs_sharing_a_folder_never_share_a_version(sentiment_files, ner_files,
     taken_over = trunk(resume, tmp_path)
     assert taken_over.returncode == 0, taken_over.stderr[-3000:]
     assert not list(root.rglob(".trunk.lock"))  # released at the end
+
+
+def test_of_many_processes_racing_for_a_folder_one_holds_it_and_a_killed_holder_frees_it_at_once(tmp_path):
+    """Eight processes take one folder's lock at the same moment, over a lock file a killed run left: exactly one
+    holds it, the others are told its process; when that one is killed, the next takes the folder at once."""
+    stale = tmp_path / "run" / ".trunk.lock"
+    stale.parent.mkdir()
+    stale.write_text(json.dumps({"pid": 999_999_999, "host": "gone", "started": "yesterday"}))
+    go = tmp_path / "go"
+    racer = "\n".join([
+        "import json, sys, time",
+        "from pathlib import Path",
+        "from trunk.training.callbacks.run_lock import try_lock",
+        "print('ready', flush=True)",
+        "while not Path(sys.argv[2]).exists(): pass",  # all start together
+        "owner = try_lock(Path(sys.argv[1]))",
+        "print(json.dumps(owner), flush=True)",
+        "time.sleep(600 if owner is None and sys.argv[3] == 'hold' else 0)",
+    ])
+
+    def run(hold: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", racer, str(stale.parent), str(go), hold], text=True,
+                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    racers = [run("hold") for _ in range(8)]
+    try:
+        assert all(p.stdout.readline().strip() == "ready" for p in racers)
+        go.touch()
+        answers = {p.pid: json.loads(p.stdout.readline()) for p in racers}
+        winners = [pid for pid, owner in answers.items() if owner is None]
+        assert len(winners) == 1, answers
+        assert all(owner["pid"] == winners[0] for owner in answers.values() if owner is not None)
+        assert json.loads(stale.read_text())["pid"] == winners[0]
+        os.kill(winners[0], signal.SIGKILL)
+        next(p for p in racers if p.pid == winners[0]).wait(timeout=60)
+        after = run("release")
+        assert after.stdout.readline().strip() == "ready" and json.loads(after.stdout.readline()) is None
+        assert after.wait(timeout=60) == 0 and not stale.exists()  # released at exit
+    finally:
+        for p in racers:
+            p.kill()
+            p.wait()

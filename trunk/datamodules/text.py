@@ -607,9 +607,9 @@ class TextDataModule(TaskData):
         tokenizer = self.tokenizer
         pairs = bool(texts) and isinstance(texts[0], tuple)
         tokenizer.enable_truncation(self.max_length, strategy=self.truncation if pairs else "longest_first")
-        if not is_pretokenized:
-            texts = cut_long_texts(tokenizer, texts, self.max_length)
         try:
+            if not is_pretokenized:
+                texts = cut_long_texts(tokenizer, texts, self.max_length)
             encodings = tokenizer.encode_batch(texts, is_pretokenized=is_pretokenized)
         except Exception as err:  # tokenizers: "Truncation error: Second sequence not long enough to be truncated"
             if "Truncation error" not in str(err):

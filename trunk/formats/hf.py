@@ -556,6 +556,24 @@ def _expand(table: dict[str, str | tuple[str, ...]], n_layers: int) -> dict[str,
     return out
 
 
+def _check_depth(table: dict[str, str | tuple[str, ...]], n_layers: int, tensors: dict, prefix: str,
+                 source: str | Path) -> None:
+    """A config's number of blocks against the blocks its weights hold, before anything is built: a ``config.json``
+    saying ten million layers would otherwise keep the import building them. (Fewer blocks than the weights hold
+    are named as unexpected weights, after the mapping.)"""
+    pattern = next((t for theirs in table.values() for t in ((theirs,) if isinstance(theirs, str) else theirs)
+                    if "{i}" in t), None)
+    if pattern is None:
+        return
+    block = re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(\d+)") + r"\.")
+    held = {int(m.group(1)) for k in tensors if (m := block.match(k.removeprefix(prefix)))}
+    if n_layers > len(held):
+        absent = next(i for i in range(n_layers) if i not in held)
+        raise ValueError(f"'{source}' does not map onto its {CONFIG}, which gives {n_layers} blocks: its weights hold "
+                         f"{len(held)}, missing ['{prefix}{pattern.format(i=absent)}.weight', ...]. Download the model "
+                         "again, or fix the file.")
+
+
 def _take(expected: dict[str, torch.Size], table: dict[str, tuple[str, ...]], tensors: dict[str, torch.Tensor],
           prefix: str, used: set[str], missing: list[str]) -> dict[str, torch.Tensor]:
     """Each expected Trunk weight from its module's entry in ``table`` (fused ones concatenated on the output axis)."""
@@ -592,8 +610,12 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     head's (task ``mlm``) and the pooler's. Works on meta tensors too (the mapping of a real-size config, checked
     without memory)."""
     family = family_of(values, source)
+    prefix = next((p for p in family.prefixes if any(k.startswith(p) for k in tensors)), "")
     try:  # a file's values: a missing key or a value of the wrong type is the file's fault, said as such
         config, stems = family.config(values), family.stems(values)
+        if family.adjust is not None:
+            tensors = family.adjust(values, tensors, prefix)
+        _check_depth(family.table, config.n_layers, tensors, prefix, source)
         with torch.device("meta"):  # names and shapes only
             trunk = build_trunk(config, stems)
     except (KeyError, TypeError, ZeroDivisionError, OverflowError, RuntimeError) as err:
@@ -601,9 +623,6 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         raise ValueError(f"'{source}' has a {CONFIG} that does not describe a {values['model_type']} model Trunk can "
                          f"build ({what}). Download the model again, or fix the file.") from None
     expected = {k: v.shape for k, v in trunk.state_dict().items()}
-    prefix = next((p for p in family.prefixes if any(k.startswith(p) for k in tensors)), "")
-    if family.adjust is not None:
-        tensors = family.adjust(values, tensors, prefix)
     used: set[str] = set()
     missing: list[str] = []
     trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)
@@ -613,6 +632,8 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
                                                                              else theirs))
         if not any(k.removeprefix(prefix).startswith(sources) for k in tensors):
             continue  # this checkpoint has no such head (a base model)
+        if head.depth:
+            _check_depth(head.table, values.get(head.depth) or config.n_layers, tensors, prefix, source)
         objective = head.objective(values)
         with torch.device("meta"):
             objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))

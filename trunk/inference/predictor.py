@@ -69,6 +69,10 @@ class Predictor:
     def encode(self, task: str, inputs: list) -> list:
         """One task's examples of raw inputs (``predict``'s): tokenized texts, or images as they are. Bad inputs
         raise ValueError (or TypeError, KeyError for a wrong type or a missing field)."""
+        for i, x in enumerate(inputs):
+            unreadable = not_unicode(x)
+            if unreadable:
+                raise ValueError(f"input {i} is not valid Unicode: {unreadable}; send the character itself, or drop it")
         return self.preprocessors[task].encode(inputs)
 
     @torch.inference_mode()
@@ -220,3 +224,18 @@ def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dic
 
 def _instantiate(spec: dict) -> TaskData:
     return stored_class(spec["class_path"], TaskData)(**spec.get("init_args", {}))
+
+
+def not_unicode(x) -> str | None:
+    """Where a text of an input (a string, or lists and dicts of them) cannot be written as UTF-8, in words: a lone
+    surrogate such as JSON's ``"\\ud800"`` decodes to a Python string that no tokenizer reads (its error does not say
+    which input)."""
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as err:
+            before = x[max(0, err.start - 30) : err.start]
+            return f"{err.reason}, {x[err.start]!r} at character {err.start} after {before!r}"
+        return None
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    return next(filter(None, map(not_unicode, values)), None)
