@@ -637,3 +637,17 @@ def test_a_tokenizer_without_cls_or_mask_fine_tunes_and_refuses_masking_by_name(
     with pytest.raises(ValueError, match=r"needs a \[MASK\] token \(<mask> in RoBERTa's spelling\), and this "
                                          r"tokenizer has neither"):
         run_cli(args)
+
+
+def test_an_output_folder_that_cannot_be_created_is_refused_before_any_work(tmp_path):
+    """Under /proc, or under a file: one line naming the folder, said before the model is read (it named a temporary
+    folder of its own before)."""
+    tiny("bert", tmp_path / "hf")
+    (tmp_path / "file").write_text("not a folder")
+    targets = [tmp_path / "file" / "out", *([Path("/proc/trunk-test/out")] if Path("/proc").is_dir() else [])]
+    for target in targets:
+        with pytest.raises(SystemExit) as exit_info:
+            import_main([str(tmp_path / "hf"), str(target)])
+        said = str(exit_info.value.code)
+        assert said.startswith(f"error: DIR='{target}': no folder can be created in") and "\n" not in said, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf"]

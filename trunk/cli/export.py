@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from trunk.core.atomic import check_output_dir
 from trunk.formats.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.formats.trunk_dir import export_checkpoint
 
@@ -61,6 +62,10 @@ def export_main(args: list[str]) -> None:
         "trunks; with the head of --task NAME, or the model's only head transformers has a class for)",
     )
     options = parser.parse_args(args)
+    try:
+        check_output_dir(Path(options.dir), "DIR")
+    except PermissionError as err:
+        sys.exit(f"error: {err}")
     if options.format == "hf":
         return export_hf_main(options)
     if options.task:

@@ -6,7 +6,9 @@ on every run.)"""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+from trunk.core.atomic import check_output_dir
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.hf import FAMILIES, convert
 from trunk.formats.hub import write_model_card
@@ -27,6 +29,10 @@ def import_main(args: list[str]) -> None:
     parser.add_argument("--tokenizer", metavar="DIR", help="the folder of the model's tokenizer, where SRC has none")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
     options = parser.parse_args(args)
+    try:
+        check_output_dir(Path(options.dir), "DIR")
+    except PermissionError as err:
+        sys.exit(f"error: {err}")
     try:
         pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
         path = save_pretrained(options.dir, pretrained, overwrite=options.overwrite)

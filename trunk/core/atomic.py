@@ -15,6 +15,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def check_output_file(path: Path, overwrite: bool, inputs: list[Path], option: s
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"{option}='{path}': this user cannot create files in '{parent}'. Choose a folder you "
                               "can write to.")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """Before any work: refuse an output directory ``path`` whose nearest existing folder this process cannot create
+    folders in (tried for real: write permission says nothing for root, nor on /proc or a read-only mount)."""
+    parent = next((p for p in path.expanduser().resolve().parents if p.exists()), None)
+    try:
+        if parent is None or not parent.is_dir():
+            raise NotADirectoryError(f"'{parent}' is not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}", dir=parent))
+    except OSError as err:
+        raise PermissionError(f"{option}='{path}': no folder can be created in '{parent}' ({err.strerror or err}). "
+                              "Choose a folder you can write to.") from None
 
 
 def usual_mode(path: Path) -> None:
