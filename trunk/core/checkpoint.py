@@ -128,12 +128,13 @@ class _ShardIndexUnpickler(pickle.Unpickler):
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     }
 
+    MODULES = {module for module, _ in ALLOWED} | {"torch.distributed.checkpoint.metadata"}  # the only ones imported
+
     def find_class(self, module: str, name: str):
         import importlib
 
-        found = (
-            getattr(importlib.import_module(module), name, None) if module.startswith(("torch", "pathlib")) else None
-        )
+        # a module the file names is imported only if it is one of these: importing any other runs its top level
+        found = getattr(importlib.import_module(module), name, None) if module in self.MODULES else None
         if (module, name) in self.ALLOWED or (module == "torch.distributed.checkpoint.metadata"
                                               and getattr(found, "__module__", None) == module):  # its own classes only
             return found
