@@ -632,13 +632,14 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
                                                                              else theirs))
         if not any(k.removeprefix(prefix).startswith(sources) for k in tensors):
             continue  # this checkpoint has no such head (a base model)
-        if head.depth:
-            _check_depth(head.table, values.get(head.depth) or config.n_layers, tensors, prefix, source)
+        depth = (values.get(head.depth) or config.n_layers) if head.depth else 0
+        if depth:
+            _check_depth(head.table, depth, tensors, prefix, source)
         objective = head.objective(values)
         with torch.device("meta"):
             objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))
         wanted = {k: v.shape for k, v in objective.head_state().items() if k not in head.tied}
-        table = _expand(head.table, (values.get(head.depth) or config.n_layers) if head.depth else 0)
+        table = _expand(head.table, depth)
         head_prefix = prefix if any(k.startswith(prefix + next(iter(sources))) for k in tensors) else ""
         state = _take(wanted, table, tensors, head_prefix, used, missing)
         state.update({ours: trunk_weights.get(theirs) for ours, theirs in head.tied.items()})
