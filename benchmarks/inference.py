@@ -74,7 +74,8 @@ def trec_questions(data: Path) -> list[str]:
 
 
 def make_model(data: Path, directory: Path) -> Path:
-    """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs."""
+    """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs (fp32
+    and int8)."""
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
     paths = [
         f"--data.tasks.{task}.{split}={data / path}"
@@ -102,7 +103,8 @@ def make_model(data: Path, directory: Path) -> Path:
     subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
     ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
     subprocess.run(
-        [sys.executable, "-m", "trunk.cli", "export", str(ckpt), str(directory / "model"), "--onnx"],
+        [sys.executable, "-m", "trunk.cli", "export", str(ckpt), str(directory / "model"), "--onnx", "--quantize",
+         "int8"],
         check=True,
         stdout=subprocess.DEVNULL,
     )

@@ -122,7 +122,7 @@ def decoded(x, task: str):
 @pytest.fixture
 def every_kind(request, tmp_path):
     """A model with one task of every predictable kind on one trunk (two training steps: serving must give the
-    records of the Python API, whatever the weights), exported with its ONNX graphs."""
+    records of the Python API, whatever the weights), exported with its ONNX graphs, fp32 and int8."""
     args = []
     for name in SERVED:
         kind = KINDS[name]
@@ -148,7 +148,7 @@ def every_kind(request, tmp_path):
     ]
     fit = run_cli(["fit", *args])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
-    export_main([ckpt, str(tmp_path / "exported"), "--onnx"])
+    export_main([ckpt, str(tmp_path / "exported"), "--onnx", "--quantize", "int8"])
     return tmp_path / "exported"
 
 
@@ -284,6 +284,22 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             assert status == 200 and same_records(records, model.predict(inputs_of(name), task=name), 1e-4), name
         status, answer = server.post({"input": inputs_of("extractive_qa")[0], "task": "extractive_qa"})
         assert status == 422 and "['extractive_qa'] have no ONNX graph" in answer["detail"]
+
+    # int8: the trunk quantized in the worker answers every kind as load(quantize="int8") does, and the int8 graphs
+    # as load(runtime="onnx", quantize="int8")
+    int8 = load(every_kind, precision="32-true", quantize="int8")
+    with Server(str(every_kind), "--precision=32-true", "--quantize=int8") as server:
+        assert json.loads(server.get("/info")[1])["model"]["quantize"] == "int8"
+        for name in SERVED:
+            expected = int8.predict([decoded(x, name) for x in inputs_of(name)], task=name)
+            status, records = server.post({"inputs": inputs_of(name), "task": name})
+            assert status == 200 and same_records(records, expected, 1e-5), name
+    int8_graphs = load(every_kind, runtime="onnx", quantize="int8")
+    with Server(str(every_kind), "--runtime=onnx", "--quantize=int8") as server:
+        for name in ("sequence_classification", "token_classification"):
+            expected = int8_graphs.predict(inputs_of(name), task=name)
+            status, records = server.post({"inputs": inputs_of(name), "task": name})
+            assert status == 200 and same_records(records, expected, 1e-5), name
 
 
 def test_a_request_waiting_longer_than_the_timeout_gets_504_and_the_server_goes_on(tiny_cli_args, tmp_path):

@@ -51,6 +51,12 @@ def export_main(args: list[str]) -> None:
         "multi-label, regression and NER head (pip install 'trunk[onnx]')",
     )
     parser.add_argument(
+        "--quantize",
+        choices=["int8"],
+        help="with --onnx: also write DIR/onnx/<task>.int8.onnx, quantized by ONNX Runtime (load(DIR, runtime='onnx', "
+        "quantize='int8'), `trunk serve DIR --runtime onnx --quantize int8`)",
+    )
+    parser.add_argument(
         "--wandb-project",
         help="also log DIR as a W&B artifact (type trunk, alias latest) in this project; "
         "offline without an API key (`wandb sync` uploads it)",
@@ -62,6 +68,9 @@ def export_main(args: list[str]) -> None:
         "trunks; with the head of --task NAME, or the model's only head transformers has a class for)",
     )
     options = parser.parse_args(args)
+    if options.quantize and not options.onnx:
+        sys.exit("error: --quantize int8 writes int8 ONNX graphs, so it needs --onnx. A PyTorch model is quantized "
+                 "when it is loaded: trunk predict / serve --quantize int8, or load(DIR, quantize='int8').")
     try:
         check_output_dir(Path(options.dir), "DIR")
     except PermissionError as err:
@@ -81,7 +90,7 @@ def export_main(args: list[str]) -> None:
         from trunk.inference.predictor import load
 
         try:
-            graphs = export_onnx(load(path, precision="32-true").model, path)
+            graphs = export_onnx(load(path, precision="32-true").model, path, quantize=options.quantize)
         except (ImportError, ValueError) as err:
             sys.exit(f"error: {err}")
         print(

@@ -37,6 +37,7 @@ from trunk.cli.config_files import check_config_files
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
+from trunk.inference.quantize import QuantizeForEvaluation
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
@@ -125,6 +126,13 @@ class TrunkCLI(LightningCLI):
             help="With init_from, a stored head whose labels differ keeps the rows of the labels in both; new "
             "labels start fresh and labels only in the stored head are dropped (else: an error).",
         )
+        parser.add_argument(
+            "--quantize",
+            type=Literal["int8"] | None,
+            default=None,
+            help="validate / test / predict only: the trunk's linear layers compute in int8 (CPU; "
+            "trunk.inference.quantize). Training needs the float weights.",
+        )
         parser.add_lightning_class_args(self._datamodule_class, "data")
 
     def instantiate_classes(self) -> None:
@@ -144,6 +152,10 @@ class TrunkCLI(LightningCLI):
             }
         )
         ckpt_path = config.get("ckpt_path")  # "last" / "best" are paths by now (before_instantiate_classes)
+        if config.get("quantize") and self.subcommand == "fit":
+            sys.exit(f"error: --quantize {config.quantize} is for inference only: int8 weights cannot learn. Train in "
+                     f"float, then evaluate or predict with `trunk test | predict --ckpt_path CKPT --quantize "
+                     f"{config.quantize}` (or trunk serve --quantize {config.quantize}).")
         if self.subcommand in ("validate", "test", "predict") and not ckpt_path and init_from is None:
             sys.exit(f"error: trunk {self.subcommand} needs trained weights: pass --ckpt_path (a checkpoint, or last / "
                      "best of this run's) or --model.init_from (a trunk directory with heads). Without them it would "
@@ -313,7 +325,9 @@ class TrunkCLI(LightningCLI):
         run = getattr(self, "run", None)
         resume = self.subcommand == "fit" and run is not None and run.checkpoint is not None
         lock = [RunFolderLock(resume)] if self.subcommand == "fit" else []  # first: before anything writes there
-        callbacks = [*lock, *callbacks, *run_callbacks(config, given)]
+        quantize = (self.config[self.subcommand] if self.subcommand else self.config).get("quantize")
+        callbacks = [*lock, *callbacks, *run_callbacks(config, given),
+                     *([QuantizeForEvaluation(quantize)] if quantize else [])]
         trainer = super()._instantiate_trainer(config, callbacks)
         (
             self.config[self.subcommand] if self.subcommand else self.config

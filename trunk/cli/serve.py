@@ -41,6 +41,9 @@ def serve_main(args: list[str]) -> None:
                         help="auto: bf16 where the device computes it natively, else fp32")
     parser.add_argument("--runtime", default="torch", choices=list(RUNTIMES),
                         help="onnx: the graphs of `trunk export CKPT DIR --onnx` in ONNX Runtime (pass DIR)")
+    parser.add_argument("--quantize", choices=["int8"],
+                        help="int8: the trunk's linear layers in int8 (CPU; with --runtime onnx, the int8 graphs of "
+                             "`trunk export CKPT DIR --onnx --quantize int8`)")
     parser.add_argument("--max-batch-size", type=ranged(int, 1), default=32, help="requests gathered into one batch")
     parser.add_argument("--batch-timeout", type=ranged(float, 0), default=0.005,
                         help="seconds a batch waits for more requests")
@@ -83,6 +86,7 @@ def serve_main(args: list[str]) -> None:
             options.merge,
             Limits(int(options.max_body_mb * 2**20), options.max_inputs, options.max_chars, options.max_image_pixels),
             options.stuck_after,
+            options.quantize,
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")

@@ -12,6 +12,7 @@ import contextlib
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from trunk.assembly.run import read_run_checkpoint, resolve
 from trunk.core.checkpoint import is_sharded_checkpoint
@@ -20,6 +21,7 @@ from trunk.datamodules.text import Preprocessor, TaskData, length_order
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import without_splits
+from trunk.inference.quantize import check_quantize, quantize_trunk
 from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
 from trunk.tasks.registry import stored_class
 from trunk.training.module import TrunkModule
@@ -141,7 +143,7 @@ class Predictor:
 
 
 def load(path: str | Path | list, data: dict | None = None, map_location: str = "cpu", precision: str = "auto",
-         runtime: str = "torch", merge: bool = False) -> Predictor:
+         runtime: str = "torch", merge: bool = False, quantize: str | None = None) -> Predictor:
     """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
     once (``trunk.assembly.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
     ``path`` may be a list: a trunk (directory or checkpoint) and task directories (``trunk export CKPT DIR --task
@@ -152,10 +154,13 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     tasks' graphs run in ONNX Runtime (a trunk directory exported with ``trunk export CKPT DIR --onnx``); the choices
     are ``trunk.inference.runtimes.RUNTIMES``.
     ``merge``: a model of one task with a LoRA delta has the delta written into the trunk's weights, so a forward costs
-    what the trunk's does."""
+    what the trunk's does. ``quantize="int8"``: the trunk's linear layers compute in int8 (``trunk.inference.quantize``;
+    with ``runtime="onnx"``, the int8 graphs of ``trunk export --onnx --quantize int8``)."""
+    check_quantize(quantize)
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     path = resolve_init_from(paths[0]) if len(paths) == 1 else None  # one model; else a trunk and task directories
-    runtime = open_runtime(runtime, path)  # before the model loads: a missing piece (graphs, a package) is said first
+    # before the model loads: a missing piece (graphs, a package) is said first
+    runtime = open_runtime(runtime, path, quantize)
     if path is None or path.is_dir() and not is_sharded_checkpoint(path):
         pretrained = read_trunk(paths if path is None else path)
         if not pretrained.heads:
@@ -186,11 +191,14 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model.load_state_dict(ckpt["state_dict"])
     if merge:
         merge_delta(model)
+    model = model.to(map_location)
+    if runtime.name == "torch" and quantize:
+        rank_zero_info(quantize_trunk(model, quantize))
     for name, member in tasks.items():
         if member.stem == "image" and member.image_size is None:  # any image at the size the model was trained on:
             member.image_size = model.objective(name).image_size  # a huge one costs what a small one does
     return Predictor(
-        model.to(map_location), {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime
+        model, {name: member.preprocessor() for name, member in tasks.items()}, precision, runtime
     )
 
 

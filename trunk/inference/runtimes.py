@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from trunk.formats.onnx import weights_sha256
+
 
 class Runtime:
     """Each task's prediction records of a batch. ``precision``: the one it computes in (``None``: the model's
@@ -35,8 +37,8 @@ class TorchRuntime(Runtime):
 
     name = "torch"
 
-    def __init__(self, path: Path | None = None) -> None:
-        pass  # nothing to open: the model is the runtime
+    def __init__(self, path: Path | None = None, quantize: str | None = None) -> None:
+        pass  # nothing to open: the model is the runtime (``load`` quantizes it)
 
     def predict(self, model: torch.nn.Module, batches: dict[str, dict]) -> dict[str, list[dict]]:
         once = TrunkOnce(model, batches)
@@ -45,12 +47,12 @@ class TorchRuntime(Runtime):
 
 class OnnxRuntime(Runtime):
     """ONNX Runtime sessions for the graphs of a trunk directory (``DIR/onnx``), one per task. They stand in for the
-    trunk and head, in fp32."""
+    trunk and head, in fp32 (``quantize="int8"``: the int8 graphs)."""
 
     name = "onnx"
     precision = "32-true"
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, quantize: str | None = None) -> None:
         if directory is None:
             raise ValueError(
                 "runtime='onnx' runs the graphs of one exported trunk directory; task directories run in torch."
@@ -64,9 +66,19 @@ class OnnxRuntime(Runtime):
         except ImportError:
             raise ImportError("The onnx runtime needs onnxruntime: pip install 'trunk[onnx]'.") from None
         self.listing = json.loads(listing.read_text())
+        graphs = {name: spec.get("int8" if quantize else "file") for name, spec in self.listing.items()}
+        if not all(graphs.values()):
+            raise FileNotFoundError(f"'{directory}' holds no {quantize} ONNX graphs: write them with `trunk export "
+                                    f"CKPT {directory} --onnx --quantize {quantize}`, or load the fp32 ones.")
+        weights = weights_sha256(directory)
+        stale = sorted(name for name, spec in self.listing.items() if spec.get("weights_sha256", weights) != weights)
+        if stale:
+            raise ValueError(f"The ONNX graphs of {stale} in '{directory}/onnx' were written from other weights than "
+                             f"'{directory}' holds now: write them again with `trunk export CKPT {directory} --onnx"
+                             f"{' --quantize ' + quantize if quantize else ''}`.")
         self.sessions = {
-            name: onnxruntime.InferenceSession(str(listing.parent / spec["file"]), providers=["CPUExecutionProvider"])
-            for name, spec in self.listing.items()
+            name: onnxruntime.InferenceSession(str(listing.parent / graph), providers=["CPUExecutionProvider"])
+            for name, graph in graphs.items()
         }
 
     def check(self, tasks: list[str]) -> None:
@@ -91,12 +103,12 @@ class OnnxRuntime(Runtime):
 RUNTIMES: dict[str, type[Runtime]] = {runtime.name: runtime for runtime in (TorchRuntime, OnnxRuntime)}
 
 
-def open_runtime(name: str, path: Path | None) -> Runtime:
+def open_runtime(name: str, path: Path | None, quantize: str | None = None) -> Runtime:
     """The runtime ``name`` for the model at ``path`` (``None``: a trunk with task directories), opened before the model
     loads so that a missing piece (graphs, a package) is said first."""
     if name not in RUNTIMES:
         raise ValueError(f"runtime={name!r}: choose {' or '.join(map(repr, RUNTIMES))}.")
-    return RUNTIMES[name](path)
+    return RUNTIMES[name](path, quantize)
 
 
 class TrunkOnce:

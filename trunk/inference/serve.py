@@ -153,7 +153,7 @@ class TrunkAPI(ls.LitAPI):
 
     def __init__(
         self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool,
-        limits: Limits = Limits(), stuck_after: float = 300.0, **batching
+        limits: Limits = Limits(), stuck_after: float = 300.0, quantize: str | None = None, **batching
     ) -> None:
         super().__init__(api_path="/predict", **batching)
         self.limits, self.heartbeat, self.slot = limits, Heartbeat(stuck_after), None
@@ -164,7 +164,7 @@ class TrunkAPI(ls.LitAPI):
             batch_size,
             threads,
         )
-        self.merge = merge
+        self.merge, self.quantize = merge, quantize
 
     def setup(self, device: str) -> None:
         import torch
@@ -175,7 +175,8 @@ class TrunkAPI(ls.LitAPI):
             torch.set_num_threads(self.threads)  # the cores shared among the workers
         self.slot = self.heartbeat.claim()
         self.predictor = load(
-            self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge
+            self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge,
+            quantize=self.quantize,
         )
 
     def health(self) -> bool:
@@ -322,6 +323,7 @@ def build_server(
     merge: bool = False,
     limits: Limits = Limits(),
     stuck_after: float = 300.0,
+    quantize: str | None = None,
 ) -> ls.LitServer:
     """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
     tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
@@ -329,11 +331,12 @@ def build_server(
     from trunk.inference.predictor import load
 
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
-    predictor = load(paths, precision=precision, runtime=runtime, merge=merge)
+    predictor = load(paths, precision=precision, runtime=runtime, merge=merge, quantize=quantize)
     metadata = {
         "tasks": describe(predictor),
         "precision": predictor.precision,
         "runtime": runtime,
+        "quantize": quantize,
         "limits": asdict(limits),
     }
     del predictor
@@ -347,6 +350,7 @@ def build_server(
         merge,
         limits,
         stuck_after,
+        quantize,
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
     )

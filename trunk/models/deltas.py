@@ -255,6 +255,19 @@ class DeltaRouter:
     def attach(self, backbone: nn.Module) -> None:
         if self.handles:
             return
+        self._attach(backbone)
+
+    def reattach(self, backbone: nn.Module) -> None:
+        """Hook the backbone's layers again, after some were replaced (``trunk.inference.quantize``); a router that was
+        never attached stays so."""
+        if not self.handles:
+            return
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self._attach(backbone)
+
+    def _attach(self, backbone: nn.Module) -> None:
         for name, module in backbone.named_modules():
             if name.rsplit(".", 1)[-1] in (*LORA_TARGETS, "ff", *NORMS):
                 self.handles.append(module.register_forward_hook(self._hook(name)))
