@@ -61,11 +61,12 @@ class Int8Linear(nn.Module):
                 "Train (or fine-tune) the float checkpoint, and quantize it when predicting or serving."
             )
         rows = x.reshape(-1, self.in_features).float()
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
-        products = torch._int_mm(torch.round(rows / scale).to(torch.int8), self.weight_int8)
-        out = products.float() * (scale * self.weight_scale)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
+        inputs = (rows / scale).round_().to(torch.int8)
+        # in place: a (tokens, out) product scale would cost a pass over memory as large as the output
+        out = torch._int_mm(inputs, self.weight_int8).to(torch.float32).mul_(scale).mul_(self.weight_scale)
         if self.bias is not None:
-            out += self.bias
+            out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
