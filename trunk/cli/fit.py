@@ -178,6 +178,10 @@ class TrunkCLI(LightningCLI):
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
         self.trainer = self.instantiate_trainer()
+        if config.get("quantize") and self.trainer.strategy.root_device.type != "cpu":
+            sys.exit(f"error: --quantize {config.quantize} runs on CPUs, and this run is on "
+                     f"{self.trainer.strategy.root_device.type}, where bf16 is the fast path: drop --quantize, or "
+                     "run with --trainer.accelerator=cpu.")
         if isinstance(writer, PredictionWriter) and self.subcommand == "predict":  # before any work
             sources = [Path(p) for p in (ckpt_path, init_from) if isinstance(p, (str, Path))]
             sources += [f for p in sources if p.is_dir() for f in p.iterdir()]  # a trunk directory's files

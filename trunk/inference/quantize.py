@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from trunk.training.precision import int8_is_native
@@ -80,7 +80,8 @@ def check_quantize(mode: str | None) -> None:
 
 def quantize_trunk(model: nn.Module, mode: str | None) -> str | None:
     """Quantize a ``TrunkModule``'s trunk in place for inference (``mode``: one of ``QUANTIZE``), and say in a line
-    what runs in int8 (``None`` when nothing changes). The tasks' delta hooks move to the new layers."""
+    what runs in int8 (``None`` when nothing changes); warn where the CPU has no int8 units. The tasks' delta hooks move
+    to the new layers."""
     check_quantize(mode)
     if mode is None:
         return None
@@ -100,11 +101,10 @@ def quantize_trunk(model: nn.Module, mode: str | None) -> str | None:
     model.router.reattach(backbone)  # the tasks' delta hooks sat on the float layers
     float_weights = sum(linear.weight.numel() for _, linear in linears)
     native, why = int8_is_native()
-    said = (f"Quantized: int8 weights and per-token int8 inputs for the trunk's {len(linears)} linear layers "
-            f"({float_weights:,} weights); embeddings, norms, attention scores, heads and deltas in float.")
     if not native:
-        said += f" Warning: {why}, so int8 will not be faster here; leave --quantize out."
-    return said
+        rank_zero_warn(f"quantize=int8: {why}, so int8 will not be faster here; leave --quantize out.")
+    return (f"Quantized: int8 weights and per-token int8 inputs for the trunk's {len(linears)} linear layers "
+            f"({float_weights:,} weights); embeddings, norms, attention scores, heads and deltas in float.")
 
 
 class QuantizeForEvaluation(Callback):
