@@ -42,7 +42,7 @@ from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_ca
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
 from trunk.training.module import TrunkModule
-from trunk.training.precision import resolve_precision
+from trunk.training.precision import fit_threads, on_cuda, resolve_precision
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
@@ -68,7 +68,10 @@ class TrunkTrainer(Trainer):
     line."""
 
     def __init__(self, *, precision: Literal["auto"] | LIGHTNING_PRECISION = "auto", **kwargs) -> None:
-        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+        accelerator, devices = kwargs.get("accelerator", "auto"), kwargs.get("devices", "auto")
+        if not on_cuda(accelerator) and accelerator in ("cpu", "auto"):  # threads from the cores this process has
+            fit_threads(devices if isinstance(devices, int) and devices > 1 else 1)
+        super().__init__(precision=resolve_precision(precision, accelerator), **kwargs)
 
 
 class TrunkCLI(LightningCLI):

@@ -73,7 +73,7 @@ def serve_main(args: list[str]) -> None:
             f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}."
         )
     try:
-        server = build_server(
+        server, threads = build_server(
             options.model,
             options.precision,
             options.runtime,
@@ -92,7 +92,7 @@ def serve_main(args: list[str]) -> None:
         sys.exit(f"error: {err}")
     reach = ("this machine only; --host 0.0.0.0 lets other machines in" if options.host == "127.0.0.1"
              else "every interface: other machines can reach it")
-    print(f"trunk serve: http://{options.host}:{options.port}/predict ({reach})", flush=True)
+    print(f"trunk serve: http://{options.host}:{options.port}/predict ({reach}); threads: {threads}", flush=True)
     stop_on_signals()
     server.run(host=options.host, port=options.port, generate_client_file=False)
 

@@ -32,6 +32,8 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from trunk.training.precision import usable_cores
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -324,10 +326,10 @@ def build_server(
     limits: Limits = Limits(),
     stuck_after: float = 300.0,
     quantize: str | None = None,
-) -> ls.LitServer:
-    """The ``LitServer`` of ``trunk serve``: a model, or a trunk and task directories (one trunk in memory for all their
-    tasks). The model is loaded once here, to fail early on a bad path and to describe its tasks (``/info``); each
-    worker then loads its own."""
+) -> tuple[ls.LitServer, str]:
+    """The ``LitServer`` of ``trunk serve`` and its threads in words: a model, or a trunk and task directories (one
+    trunk in memory for all their tasks). The model is loaded once here, to fail early on a bad path and to describe
+    its tasks (``/info``); each worker then loads its own."""
     from trunk.inference.predictor import load
 
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
@@ -340,7 +342,9 @@ def build_server(
         "limits": asdict(limits),
     }
     del predictor
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    cores, why = usable_cores()  # a container's quota and the process's affinity, not the machine's core count
+    threads = max(1, cores // workers)
+    metadata["threads"] = f"{threads} per worker, {workers} worker{'s' * (workers > 1)} on {why}"
     api = TrunkAPI(
         paths,
         precision,
@@ -354,10 +358,11 @@ def build_server(
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
     )
-    return ls.LitServer(
+    server = ls.LitServer(
         api, accelerator=accelerator, workers_per_device=workers, timeout=timeout, model_metadata=metadata,
         middlewares=[(BodyLimit, {"max_bytes": limits.body_bytes})],
     )
+    return server, metadata["threads"]
 
 
 def stop_on_signals(grace: float = 3.0) -> None:
