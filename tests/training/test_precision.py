@@ -200,6 +200,8 @@ def test_threads_follow_the_cores_a_process_has_and_omp_num_threads_wins(monkeyp
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         P.fit_threads(2)  # two processes (DDP on CPU) share the four cores
         assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+        P.fit_threads(1)  # the next run in this process chooses again: the value above was Trunk's, not the user's
+        assert torch.get_num_threads() == 4 and os.environ["OMP_NUM_THREADS"] == "4"
         monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stays
         torch.set_num_threads(3)
         P.fit_threads(1)

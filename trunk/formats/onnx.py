@@ -76,7 +76,7 @@ def export_onnx(
     example = torch.tensor([[first, word, word, word, last], [first, word, last, pad, pad]])
     mask = (example != pad).long()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", min=2, max=model.trunk.cfg.max_len)
-    written, listing = {}, {}
+    written, listing, weights = {}, {}, weights_sha256(directory)
     for name, objective in exportable.items():
         path = out / f"{name}.onnx"
         with warnings.catch_warnings():  # the exporter's notes on its own internals
@@ -95,11 +95,11 @@ def export_onnx(
             )
         written[name] = path
         if quantize:
-            written[f"{name} (int8)"] = quantize_graph(path)
+            written[f"{name} (int8)"] = int8 = quantize_graph(path)
         listing[name] = {
             "file": path.name,
-            **({"int8": written[f"{name} (int8)"].name} if quantize else {}),
-            "weights_sha256": weights_sha256(directory),
+            **({"int8": int8.name} if quantize else {}),
+            "weights_sha256": weights,
             "inputs": ["input_ids", "attention_mask"],
             "output": objective.onnx_output,
             "kind": objective.kind,

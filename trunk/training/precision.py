@@ -211,14 +211,20 @@ def usable_cores(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
     return affinity, why
 
 
+_CHOSEN_THREADS: str | None = None  # the OMP_NUM_THREADS fit_threads set in this process (any other is the user's)
+
+
 def fit_threads(processes: int = 1) -> None:
     """Threads per process for a CPU run of ``processes`` processes: the usable cores shared among them, said in one
-    line. ``OMP_NUM_THREADS`` set by the user wins (and stops Lightning's launcher from choosing by core count)."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    line. ``OMP_NUM_THREADS`` set by the user (or inherited from the run that launched this process) wins; the one
+    set here stops Lightning's launcher from choosing by core count, and the next run in this process chooses again."""
+    global _CHOSEN_THREADS
+    given = os.environ.get("OMP_NUM_THREADS")
+    if given and given != _CHOSEN_THREADS:
         return
     cores, why = usable_cores()
     threads = max(1, cores // processes)
     torch.set_num_threads(threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = _CHOSEN_THREADS = str(threads)
     each = f", {processes} processes" if processes > 1 else ""
     rank_zero_info(f"Threads: {threads} per process ({why}{each}; set OMP_NUM_THREADS to choose).")
