@@ -1,6 +1,7 @@
 """Inference speed on real sentences: Trunk's ``predict`` against Hugging Face pipelines of equal size, two tasks
 from one trunk pass, ONNX Runtime, what each of ``predict``'s optimisations gives, and ``trunk serve`` under
-concurrent clients, and three tasks' LoRA deltas on one trunk (``--only deltas``). Prints tables.
+concurrent clients, three tasks' LoRA deltas on one trunk (``--only deltas``), and predict against the pipeline
+with another process keeping one core busy (``--only busy``). Prints tables.
 
     pip install -e ".[bench,serve,onnx]"
     python benchmarks/inference.py --data ../shared/data [--model CKPT_OR_DIR] [--rounds 3]
@@ -20,6 +21,10 @@ sentences (so every level sends the same 872, or ``--passes`` times that), in re
 (1: ``{"input": ...}``), and the table gives sentences/s and the latency percentiles, the throughput as a share of
 in-process ``predict``'s, and where the CPU went per sentence (the model's worker, the server's HTTP processes, the
 client threads; read from /proc, so Linux only).
+
+Busy core (``--only busy``): quiet, then with a ``while True: pass`` process beside; for 1 thread, for Trunk's choice
+(the usable cores, OpenMP spinning ``trunk.training.threads.SPIN_COUNT`` turns) and for OpenMP's default spinning.
+Each setting runs in a child process (OpenMP reads its environment when torch loads), both sides alternating in it.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from processes import beside_busy_core  # benchmarks/processes.py
 
 from trunk.models.kernels import Unpadded
 from trunk.tasks import load
 from trunk.training.precision import cpu_bf16_is_native, cpu_info
+from trunk.training.threads import fit_threads
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -330,15 +337,20 @@ def table(title: str, header: list[str], rows: list[list]) -> None:
         )
 
 
+def trunk_and_pipeline(predictor, pipe, task: str, sentences: list) -> dict:
+    """The two sides of a comparison with Hugging Face, each reading the sentences its own way."""
+    as_text = [" ".join(s) if isinstance(s, list) else s for s in sentences]
+    return {"trunk": lambda: predictor.predict(sentences, task=task, batch_size=64),
+            "hf": lambda: pipe(as_text, batch_size=64)}
+
+
 def versus_hugging_face(model: Path, inputs: dict, precisions: list[str], rounds: int) -> dict:
     rows, trunk_rates = [], {}
     for precision in precisions:
         predictor = load(model, precision="bf16-mixed" if precision == "bf16" else "32-true")
         pipes = hf_pipelines(predictor, bf16=precision == "bf16")
         for task, sentences in inputs.items():
-            as_text = [" ".join(s) if isinstance(s, list) else s for s in sentences]
-            got = alternate({"trunk": lambda: predictor.predict(sentences, task=task, batch_size=64),
-                             "hf": lambda: pipes[task](as_text, batch_size=64)}, len(sentences), rounds)
+            got = alternate(trunk_and_pipeline(predictor, pipes[task], task, sentences), len(sentences), rounds)
             rows.append(
                 [
                     task,
@@ -365,6 +377,29 @@ def versus_hugging_face(model: Path, inputs: dict, precisions: list[str], rounds
         rows,
     )
     return trunk_rates
+
+
+def busy_core(model: Path, data: Path, rounds: int, conll: int) -> None:
+    """predict against the pipeline, quiet and with another process spinning on one core, for each thread setting."""
+    argv = [sys.executable, __file__, "--data", str(data), "--model", str(model), "--rounds", str(rounds),
+            "--busy-child", str(conll)]
+    rows = [[load_beside, setting, threads, task, got["trunk"], got["hf"], got["trunk"] / got["hf"]]
+            for load_beside, setting, (threads, rates) in beside_busy_core(argv) for task, got in rates.items()]
+    table(
+        f"predict against a Hugging Face pipeline beside a busy core (fp32, sentences/s; SST-2 dev, {conll:,} "
+        "CoNLL-2003 test sentences)",
+        ["other load", "threads and waiting", "threads", "task", "Trunk predict", "HF pipeline", "ratio"],
+        rows,
+    )
+
+
+def busy_child(model: Path, inputs: dict, rounds: int) -> None:
+    fit_threads()  # what a trunk command does: the usable cores, unless OMP_NUM_THREADS says otherwise
+    predictor = load(model, precision="32-true")
+    pipes = hf_pipelines(predictor, bf16=False)
+    rates = {task: alternate(trunk_and_pipeline(predictor, pipes[task], task, sentences), len(sentences), rounds)
+             for task, sentences in inputs.items()}
+    print(json.dumps([torch.get_num_threads(), rates]))
 
 
 def padding_ratio(predictor, task: str, sentences: list) -> float:
@@ -596,9 +631,14 @@ def main() -> None:
         metavar="DIR",
         help="deltas: a trunk directory and LoRA task directories named sst2, conll and trec (default: made here)",
     )
+    parser.add_argument("--conll", type=int, default=1000, help="busy: the first N CoNLL-2003 test sentences")
+    parser.add_argument("--busy-child", type=int, help=argparse.SUPPRESS)  # one busy-core measurement (busy_core)
     parser.add_argument("--only", nargs="+", default=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"],
-                        choices=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas"])
+                        choices=["hf", "one_pass", "onnx", "optimisations", "serve", "deltas", "busy"])
     options = parser.parse_args()
+    if options.busy_child:
+        inputs = {"sst2": sst2_sentences(options.data), "conll": conll_sentences(options.data)[: options.busy_child]}
+        return busy_child(options.model, inputs, options.rounds)
 
     print(f"machine: {cpu_info()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     precisions = [p for p in options.precision if p == "fp32" or cpu_bf16_is_native()[0]]
@@ -633,6 +673,8 @@ def main() -> None:
                 serving(
                     model, inputs["sst2"], sst2, options.clients, per_request, ["--precision=32-true"], options.passes
                 )
+        if "busy" in options.only:
+            busy_core(model, options.data, options.rounds, options.conll)
         if "deltas" in options.only:
             paths = options.task_dirs or make_task_files(options.data.resolve(), Path(scratch) / "all")
             top = (

@@ -1,6 +1,7 @@
 """What does `trunk fit` cost beyond the bare training loop? Prints a table.
 
     python benchmarks/loop_overhead.py [--rounds 5] [--steps 40] [--precision bf16-mixed] [--bar rich|tqdm]
+    python benchmarks/loop_overhead.py --under-load [--steps 40] [--precision bf16-mixed]
 
 Both sides train the same model (width 256, 4 blocks, 4 heads, FFN 1024) on the same batches of the
 built-in sentiment data (batch 64), alternating in one process:
@@ -11,6 +12,11 @@ built-in sentiment data (batch 64), alternating in one process:
     same train metrics), backward, fused AdamW and the schedule.
 A step is the time between the starts of consecutive steps (data loading included), median over the
 steps after the first 5 of each round, then median over rounds. Validation is off on both sides.
+
+``--under-load``: `trunk fit` alone, quiet and with another process spinning on one core (``while True: pass``), for
+1 thread, Trunk's choice (the usable cores, OpenMP spinning ``trunk.training.threads.SPIN_COUNT`` turns, as the
+``trunk`` command sets) and OpenMP's default spinning: wall time and CPU time per step (the process's, all threads).
+Each runs in a child process: OpenMP reads its environment once, when torch loads it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import statistics
 import sys
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from processes import beside_busy_core  # benchmarks/processes.py
 
 from trunk.cli.fit import quiet_third_party, run_cli
 from trunk.training.optim import WarmupDecayLR
@@ -37,20 +45,22 @@ WARMUP_STEPS = 5
 
 
 class StepClock(L.Callback):
-    """Records when each training step starts."""
+    """Records when each training step starts, on the wall clock and in the process's CPU time."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
+        self.cpu: list[float] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.starts.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
 
 def median_step(starts: list[float]) -> float:
     return statistics.median(b - a for a, b in zip(starts[WARMUP_STEPS:], starts[WARMUP_STEPS + 1 :]))
 
 
-def trunk_fit(root: Path, steps: int, precision: str) -> tuple[float, object]:
+def trunk_fit(root: Path, steps: int, precision: str) -> tuple[StepClock, object]:
     clock = StepClock()
     root.mkdir(parents=True)
     (root / "run.yaml").write_text(
@@ -73,7 +83,7 @@ def trunk_fit(root: Path, steps: int, precision: str) -> tuple[float, object]:
             cli = run_cli(args)
     finally:
         L.Trainer.__init__ = original_init
-    return median_step(clock.starts), cli
+    return clock, cli
 
 
 def bare_loop(cli, steps: int, precision: str) -> float:
@@ -97,6 +107,20 @@ def bare_loop(cli, steps: int, precision: str) -> float:
     return median_step(starts)
 
 
+def under_load(steps: int, precision: str) -> None:
+    argv = [sys.executable, __file__, "--child", "--steps", str(steps), "--precision", precision]
+    print("| other load | threads and waiting | threads | ms per step | CPU-seconds per step |\n|---|---|---|---|---|")
+    for load_beside, setting, (threads, wall, cpu) in beside_busy_core(argv):
+        print(f"| {load_beside} | {setting} | {threads} | {1000 * wall:.1f} | {cpu:.2f} |")
+
+
+def child(steps: int, precision: str) -> None:
+    """One `trunk fit` run: its threads, and the median wall and CPU time per step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        clock, _ = trunk_fit(Path(tmp) / "run", steps, precision)
+    print(json.dumps([torch.get_num_threads(), median_step(clock.starts), median_step(clock.cpu)]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -104,6 +128,8 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16-mixed", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--bar", default="rich", choices=["rich", "tqdm"],
                         help="the CLI's progress bar: rich (where installed) or tqdm (a plain install)")
+    parser.add_argument("--under-load", action="store_true", help="trunk fit beside a busy core (see above)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run of --under-load
     options = parser.parse_args()
     if options.bar == "tqdm":
         import trunk.training.callbacks
@@ -111,13 +137,17 @@ def main() -> None:
         trunk.training.callbacks._RICH_AVAILABLE = False  # as where rich is not installed (run_callbacks reads it)
     quiet_third_party()
     os.chdir(Path(__file__).resolve().parent.parent)  # the recipe's relative paths
+    if options.child:
+        return child(options.steps, options.precision)
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{options.precision}, {options.bar} progress bar; {options.rounds} rounds of {options.steps} steps per side")
+    if options.under_load:
+        return under_load(options.steps, options.precision)
     fit_times, bare_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(options.rounds):
-            fit_time, cli = trunk_fit(Path(tmp) / f"round{r}", options.steps, options.precision)
-            fit_times.append(fit_time)
+            clock, cli = trunk_fit(Path(tmp) / f"round{r}", options.steps, options.precision)
+            fit_times.append(fit_time := median_step(clock.starts))
             bare_times.append(bare_loop(cli, options.steps, options.precision))
             print(
                 f"round {r + 1}: trunk fit {1000 * fit_time:.1f} ms, bare loop {1000 * bare_times[-1]:.1f} ms",

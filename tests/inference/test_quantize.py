@@ -152,7 +152,11 @@ def test_int8_onnx_graphs_agree_with_int8_pytorch_and_are_refused_when_stale_or_
     export_main([ckpt, str(directory), "--onnx", "--quantize", "int8"])
     graphs = directory / "onnx"
     assert (graphs / "sentiment.int8.onnx").stat().st_size < (graphs / "sentiment.onnx").stat().st_size
-    through_onnx = load(directory, runtime="onnx", quantize="int8").predict(texts)
+    onnx_int8 = load(directory, runtime="onnx", quantize="int8")
+    through_onnx = onnx_int8.predict(texts)
+    # ONNX Runtime takes the process's threads (torch's count), not every core of the machine
+    assert {s.get_session_options().intra_op_num_threads for s in onnx_int8.runtime.sessions.values()} == {
+        torch.get_num_threads()}
     in_torch = load(directory, precision="32-true", quantize="int8").predict(texts)
     in_float = load(directory, runtime="onnx").predict(texts)
     for a, b, c in zip(through_onnx, in_torch, in_float):  # ONNX Runtime scales its inputs per tensor: a coarser step

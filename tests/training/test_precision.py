@@ -1,7 +1,6 @@
 """precision: auto picks bf16 only where the hardware computes it natively; the CPU's capability is faked
 both ways, so no test depends on the real machine's speed."""
 
-import os
 import typing
 import warnings
 
@@ -165,46 +164,3 @@ def test_inference_uses_the_same_rule(cpu, monkeypatch):
         ValueError, match=r"precision='16-mixed': inference runs in one of \['auto', '32-true', 'bf16-mixed'\]"
     ):
         Predictor(model, {"s": Texts()}, precision="16-mixed")
-
-
-@pytest.mark.parametrize(
-    ("files", "quota"),
-    [
-        ({"cpu.max": "max 100000\n"}, None),  # cgroup v2, no limit
-        ({"cpu.max": "150000 100000\n"}, 1.5),  # docker --cpus=1.5
-        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no limit
-        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
-        ({"cpu.max": "garbage\n"}, None),  # unreadable: no quota known
-        ({}, None),  # no cgroup files (macOS, Windows)
-    ],
-)
-def test_a_containers_cpu_quota_is_read_from_its_cgroup(files, quota, tmp_path):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert P.cgroup_cpu_quota(tmp_path) == quota
-
-
-def test_threads_follow_the_cores_a_process_has_and_omp_num_threads_wins(monkeypatch, tmp_path):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    (tmp_path / "cpu.max").write_text("150000 100000\n")
-    quota = "a CPU quota of 1.5 cores (cgroup) on 4 of the machine's 64 cores (CPU affinity)"
-    assert P.usable_cores(tmp_path) == (2, quota)
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert P.usable_cores(tmp_path) == (4, "4 of the machine's 64 cores (CPU affinity)")
-
-    monkeypatch.setattr(P, "usable_cores", lambda: (4, "4 cores"))
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        P.fit_threads(2)  # two processes (DDP on CPU) share the four cores
-        assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
-        P.fit_threads(1)  # the next run in this process chooses again: the value above was Trunk's, not the user's
-        assert torch.get_num_threads() == 4 and os.environ["OMP_NUM_THREADS"] == "4"
-        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stays
-        torch.set_num_threads(3)
-        P.fit_threads(1)
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)

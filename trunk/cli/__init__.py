@@ -41,6 +41,9 @@ def is_collective_failure(err: BaseException) -> bool:
 
 
 def main() -> None:
+    from trunk.training.threads import shorten_openmp_spinning
+
+    shorten_openmp_spinning()  # before torch loads OpenMP, which reads it once
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         module, function = COMMANDS[sys.argv[1]].split(":")
         getattr(importlib.import_module(module), function)(sys.argv[2:])

@@ -42,7 +42,8 @@ from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_ca
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
 from trunk.training.module import TrunkModule
-from trunk.training.precision import fit_threads, on_cuda, resolve_precision
+from trunk.training.precision import on_cuda, resolve_precision
+from trunk.training.threads import fit_threads
 
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 

@@ -26,6 +26,7 @@ from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
 from trunk.tasks.registry import stored_class
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
+from trunk.training.threads import cap_threads
 
 INFERENCE_PRECISIONS = ("auto", "32-true", "bf16-mixed")
 
@@ -157,6 +158,8 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     what the trunk's does. ``quantize="int8"``: the trunk's linear layers compute in int8 (``trunk.inference.quantize``;
     with ``runtime="onnx"``, the int8 graphs of ``trunk export --onnx --quantize int8``)."""
     check_quantize(quantize)
+    if str(map_location) == "cpu":
+        cap_threads()
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     path = resolve_init_from(paths[0]) if len(paths) == 1 else None  # one model; else a trunk and task directories
     # before the model loads: a missing piece (graphs, a package) is said first

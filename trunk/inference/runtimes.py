@@ -76,8 +76,11 @@ class OnnxRuntime(Runtime):
             raise ValueError(f"The ONNX graphs of {stale} in '{directory}/onnx' were written from other weights than "
                              f"'{directory}' holds now: write them again with `trunk export CKPT {directory} --onnx"
                              f"{' --quantize ' + quantize if quantize else ''}`.")
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # ORT would take every core of the machine, not the
+        # process's share (load, fit_threads and serve's workers set torch's)
         self.sessions = {
-            name: onnxruntime.InferenceSession(str(listing.parent / graph), providers=["CPUExecutionProvider"])
+            name: onnxruntime.InferenceSession(str(listing.parent / graph), options, providers=["CPUExecutionProvider"])
             for name, graph in graphs.items()
         }
 

@@ -32,7 +32,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from trunk.training.precision import usable_cores
+from trunk.training.threads import usable_cores
 
 
 @dataclass(frozen=True)

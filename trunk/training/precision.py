@@ -11,13 +11,10 @@ and an explicit bf16 precision on a CPU without bf16 units runs as asked, with a
 from __future__ import annotations
 
 import functools
-import math
-import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -180,51 +177,3 @@ def _warn_emulated_bf16(precision: str) -> None:
         f"matmul took {bf16_slowdown():.2g}x the time of an fp32 one here, so training runs several times slower. Use "
         "--trainer.precision=auto (Trunk's default: 32-true on this CPU) or 32-true."
     )
-
-
-def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """The CPU quota of this process's cgroup in cores (a container's ``--cpus``), or None where there is none: cgroup
-    v2's ``cpu.max`` ("max 100000" or "150000 100000"), else v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``."""
-    try:
-        if (root / "cpu.max").is_file():
-            quota, period = (root / "cpu.max").read_text().split()[:2]
-            return None if quota == "max" else int(quota) / int(period)
-        for folder in (root / "cpu", root / "cpu,cpuacct"):
-            if (folder / "cpu.cfs_quota_us").is_file():
-                quota = int((folder / "cpu.cfs_quota_us").read_text())
-                return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError, ZeroDivisionError):
-        return None  # unreadable: no quota known
-    return None
-
-
-def usable_cores(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
-    """The cores this process may use, and why: its CPU affinity (``taskset``, a scheduler's allocation), capped by its
-    cgroup's CPU quota. ``os.cpu_count()`` and torch's default count every core of the machine, which in a container
-    limited to 2 of 64 cores starts 64 threads that take turns on 2."""
-    machine = os.cpu_count() or 1
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
-    why = f"{affinity} of the machine's {machine} cores (CPU affinity)" if affinity < machine else f"{machine} cores"
-    quota = cgroup_cpu_quota(root)
-    if quota is not None and math.ceil(quota) < affinity:
-        return max(1, math.ceil(quota)), f"a CPU quota of {quota:g} cores (cgroup) on {why}"
-    return affinity, why
-
-
-_CHOSEN_THREADS: str | None = None  # the OMP_NUM_THREADS fit_threads set in this process (any other is the user's)
-
-
-def fit_threads(processes: int = 1) -> None:
-    """Threads per process for a CPU run of ``processes`` processes: the usable cores shared among them, said in one
-    line. ``OMP_NUM_THREADS`` set by the user (or inherited from the run that launched this process) wins; the one
-    set here stops Lightning's launcher from choosing by core count, and the next run in this process chooses again."""
-    global _CHOSEN_THREADS
-    given = os.environ.get("OMP_NUM_THREADS")
-    if given and given != _CHOSEN_THREADS:
-        return
-    cores, why = usable_cores()
-    threads = max(1, cores // processes)
-    torch.set_num_threads(threads)
-    os.environ["OMP_NUM_THREADS"] = _CHOSEN_THREADS = str(threads)
-    each = f", {processes} processes" if processes > 1 else ""
-    rank_zero_info(f"Threads: {threads} per process ({why}{each}; set OMP_NUM_THREADS to choose).")
