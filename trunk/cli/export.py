@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trunk.core.atomic import check_output_dir
 from trunk.formats.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
+from trunk.formats.merge import MERGE_METHODS, merge_trunks
 from trunk.formats.trunk_dir import export_checkpoint
 
 
@@ -23,7 +24,8 @@ def export_main(args: list[str]) -> None:
                     "checkpoint written by `trunk fit`: the trunk and every task's head; start a run from it with "
                     "--model.init_from=DIR.",
     )
-    parser.add_argument("ckpt", help="a .ckpt written by `trunk fit`")
+    parser.add_argument("ckpt", nargs="+", help="a .ckpt written by `trunk fit` (with --merge: two or more, or trunk "
+                        "directories with heads)")
     parser.add_argument(
         "dir", help="the directory to write: new, empty, or (with --overwrite) an existing trunk directory"
     )
@@ -67,7 +69,29 @@ def export_main(args: list[str]) -> None:
         help="hf: a Hugging Face model folder that transformers' AutoModel...from_pretrained loads (BERT-family "
         "trunks; with the head of --task NAME, or the model's only head transformers has a class for)",
     )
+    parser.add_argument(
+        "--merge", choices=MERGE_METHODS,
+        help="combine models fine-tuned separately from --base into one model with all their heads, without training: "
+        "task_arithmetic (the base plus --merge-scale times the sum of the models' changes; default scale 1/n, their "
+        "average) or ties (each change trimmed to its --merge-density largest entries, signs elected, agreeing values "
+        "averaged; default scale 1)",
+    )
+    parser.add_argument("--base", help="with --merge: the pretrained model the merged models were fine-tuned from (a "
+                        "trunk directory, a Hugging Face folder, hf://ORG/NAME)")
+    parser.add_argument("--merge-scale", type=float, help="with --merge: the factor the merged change is added with")
+    parser.add_argument("--merge-density", type=float, default=0.2,
+                        help="with --merge ties: the share of each model's change kept (default 0.2)")
     options = parser.parse_args(args)
+    merging = [flag for flag, given in (("--base", options.base), ("--merge-scale", options.merge_scale)) if given]
+    if options.merge is None and (merging or len(options.ckpt) > 1):
+        sys.exit(f"error: {', '.join(merging) or f'{len(options.ckpt)} checkpoints'}: export writes one model; "
+                 "combine several fine-tuned from one base with --merge ties|task_arithmetic --base BASE.")
+    if options.merge and (not options.base or len(options.ckpt) < 2 or options.task or options.format != "trunk"
+                          or options.trunk_only):
+        sys.exit("error: --merge writes one trunk directory from two or more models fine-tuned from --base: give "
+                 "CKPT CKPT [...] DIR --base BASE (the pretrained model they started from), without --task, "
+                 "--trunk-only or --format hf.")
+    options.ckpt = options.ckpt if options.merge else options.ckpt[0]
     if options.quantize and not options.onnx:
         sys.exit("error: --quantize int8 writes int8 ONNX graphs, so it needs --onnx. A PyTorch model is quantized "
                  "when it is loaded: trunk predict / serve --quantize int8, or load(DIR, quantize='int8').")
@@ -80,8 +104,11 @@ def export_main(args: list[str]) -> None:
     if options.task:
         return export_task_main(options)
     try:
-        path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only, overwrite=options.overwrite,
-                                 repo_id=options.push_to_hub)
+        if options.merge:
+            path = export_merged(options)
+        else:
+            path = export_checkpoint(options.ckpt, options.dir, heads=not options.trunk_only,
+                                     overwrite=options.overwrite, repo_id=options.push_to_hub)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(f"Wrote {path}; fine-tune from it with --model.init_from={path}")
@@ -115,6 +142,22 @@ def export_main(args: list[str]) -> None:
         with wandb.init(project=options.wandb_project, job_type="export", dir=os.environ.get("WANDB_DIR")) as run:
             log_trunk_artifact(run, path, name, ["latest"])
         print(f"Logged {path} as the W&B artifact {name}:latest ({os.environ.get('WANDB_MODE', 'online')})")
+
+
+def export_merged(options) -> Path:
+    """``trunk export A B DIR --merge METHOD --base BASE``: the models' heads on the base's trunk plus their merged
+    changes (``trunk.formats.merge``)."""
+    from trunk.formats.hub import write_model_card
+    from trunk.formats.task_dir import read_trunk
+    from trunk.formats.trunk_dir import save_pretrained
+
+    models = [read_trunk(source) for source in options.ckpt]
+    merged = merge_trunks(read_trunk(options.base), models, options.merge, options.merge_scale, options.merge_density)
+    path = save_pretrained(options.dir, merged, options.overwrite)
+    write_model_card(path, repo_id=options.push_to_hub)
+    tasks = {task: str(model.path) for model in models for task in model.heads}
+    print(f"Merged ({options.merge}) the tasks {tasks} onto the trunk of '{options.base}'.")
+    return path
 
 
 def export_hf_main(options) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 import typing
 import warnings
 from datetime import timedelta
@@ -29,7 +30,7 @@ from lightning.pytorch.plugins.environments import (
 )
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from trunk.assembly.run import RunSourceError, resolve, resume_changes
 from trunk.assembly.weights import HeadReuse
@@ -231,6 +232,17 @@ class TrunkCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(FaultTolerance, "fault_tolerance")
+        parser.add_argument(
+            "--tasks", type=list[str] | None, default=None,
+            help="Run only these of the configuration's tasks (their objectives, data and deltas): one task of a "
+            "joint recipe alone, say (--tasks [wnut]). The run folder gets their names.",
+        )
+        parser.add_argument(
+            "--finetune_each", type=int, default=0,
+            help="fit only: after the tasks are trained jointly, fine-tune each alone for this many epochs from the "
+            "joint run's best checkpoint (MT-DNN's second stage), in <default_root_dir>/<task>, each tested on its "
+            "best checkpoint. 0: off.",
+        )
 
     # Each step trains one task, so under DDP the other tasks' heads get no gradient that step: the
     # reducer must be told (find_unused_parameters), at the cost of one graph traversal per step.
@@ -241,6 +253,8 @@ class TrunkCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._check_task_names(config)
+        self._keep_tasks(config)
+        self._check_finetune_each(config)
         # one switch for every bar a run draws: Lightning's, and datasets' ("Generating", "Tokenizing") and the
         # tokenizer
         # trainer's, which follow datasets' (unless HF_DATASETS_DISABLE_PROGRESS_BARS says otherwise)
@@ -265,6 +279,65 @@ class TrunkCLI(LightningCLI):
             config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
 
     @staticmethod
+    def _keep_tasks(config) -> None:
+        """``--tasks``: only the named tasks of the configuration (objectives, data, deltas, fixed sampling weights)."""
+        keep = config.get("tasks")
+        if not keep:
+            return
+        known = sorted(config.model.get("tasks") or {})
+        unknown = [name for name in keep if name not in known]
+        if unknown:
+            sys.exit(f"error: --tasks names {unknown}, but this configuration's tasks are {known}.")
+        for section, key in ((config.model, "tasks"), (config.data, "tasks"), (config.model, "peft"),
+                             (config.data, "weights")):
+            if section.get(key):
+                section[key] = {name: value for name, value in section[key].items() if name in keep}
+
+    def _check_finetune_each(self, config) -> None:
+        epochs, tasks = config.get("finetune_each") or 0, config.model.get("tasks") or {}
+        if not epochs:
+            return
+        devices = config.trainer.get("devices")
+        problems = [
+            (not isinstance(epochs, int) or epochs < 0, "it is not a whole number of epochs > 0"),
+            (self.subcommand != "fit", f"it follows training (trunk fit), not trunk {self.subcommand}"),
+            (len(tasks) < 2, f"it fine-tunes the tasks of a joint run, and this run has {len(tasks)}"),
+            (len(devices) > 1 if isinstance(devices, list) else str(devices).isdigit() and int(devices) > 1,
+             "its stages run in this one process; for several devices run "
+             "them one by one (each task: trunk fit --config CONFIG --tasks [NAME] --model.init_from=BEST_CKPT)"),
+        ]
+        problem = next((text for found, text in problems if found), None)
+        if problem:
+            sys.exit(f"error: --finetune_each={epochs}: {problem}.")
+
+    def finetune_each(self) -> dict[str, dict]:
+        """MT-DNN's second stage (``--finetune_each N``): each task alone for N epochs from the joint run's best
+        checkpoint, with the joint run's own settings (its saved config.yaml), in <default_root_dir>/<task>. Returns
+        each task's stage: its test score (None without a test split), optimizer steps, minutes and best checkpoint."""
+        config = self.config.fit
+        callback = self.trainer.checkpoint_callback
+        start = (callback.best_model_path or callback.last_model_path) if callback else ""
+        if self.trainer.interrupted or not start:
+            rank_zero_warn("--finetune_each: the joint run stopped without a checkpoint, so no task is fine-tuned.")
+            return {}
+        saved, root = Path(self.trainer.log_dir) / "config.yaml", Path(config.trainer.default_root_dir)
+        stages = {}
+        for task in self.model.objectives:
+            began = time.perf_counter()
+            stage = run_cli(["fit", "--config", str(saved), f"--tasks=[{task}]", f"--model.init_from={start}",
+                             "--finetune_each=0", f"--trainer.max_epochs={config.finetune_each}",
+                             "--trainer.max_steps=-1", f"--trainer.default_root_dir={root / task}"])
+            score, best = stage.trainer.callback_metrics.get("test/score"), stage.trainer.checkpoint_callback
+            stages[task] = {"test_score": None if score is None else float(score), "steps": stage.trainer.global_step,
+                            "minutes": (time.perf_counter() - began) / 60,
+                            "checkpoint": best.best_model_path or best.last_model_path if best else None}
+        said = {task: "-" if stage["test_score"] is None else f"{stage['test_score']:.4f}"
+                for task, stage in stages.items()}
+        rank_zero_info(f"Fine-tuned each task from the joint run's best checkpoint ({start}): "
+                       + ", ".join(f"{task} test/score {said[task]} ({root / task})" for task in stages))
+        return stages
+
+    @staticmethod
     def _defaults_from_the_config(config) -> None:
         """A recipe need not name its run folder: trainer.default_root_dir defaults to runs/<config file name> (the
         default logger writes under it). With ``monitor: val/score`` (the mean of the tasks' primary metrics) in its
@@ -272,7 +345,8 @@ class TrunkCLI(LightningCLI):
         files = [Path(str(path)) for path in config.get("config") or []]
         # the recipe: the first file (presets come after it)
         if (config.trainer.get("default_root_dir") is None and files):
-            config.trainer.default_root_dir = str(Path("runs") / files[0].stem)
+            part = "".join(f"_{task}" for task in config.get("tasks") or [])  # a joint recipe's tasks alone: their own
+            config.trainer.default_root_dir = str(Path("runs") / (files[0].stem + part))
         # a logger with an empty save_dir (the W&B preset's) writes into the run folder too
         loggers = config.trainer.get("logger")
         for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -522,7 +596,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     quiet_third_party()
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
-    return TrunkCLI(
+    cli = TrunkCLI(
         TrunkModule,
         MultiTaskData,
         trainer_class=TrunkTrainer,
@@ -538,6 +612,9 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
                       "(`trunk serve --help`).",
         },
     )
+    if run and cli.subcommand == "fit" and cli.config.fit.get("finetune_each"):
+        cli.finetune_stages = cli.finetune_each()
+    return cli
 
 
 # One line each for `trunk --help` (Lightning's defaults are the Trainer methods' docstrings, cut mid-sentence).

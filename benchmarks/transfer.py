@@ -1,0 +1,159 @@
+"""Does multi-task help small tasks? A related-task group, every task alone, all jointly, jointly then each task
+fine-tuned alone (MT-DNN), and the separately fine-tuned models merged into one (TIES), over seeds. Prints tables: each
+task's test score per way (mean ± sd over the seeds), its gain over alone, and the compute of each way.
+
+    python benchmarks/transfer.py --group ner --seeds 1 2 3 [--ways alone joint merged] [--finetune-epochs 2]
+
+Run it from the repository (the recipes read ../shared/data). The ways:
+  * alone: each task's own recipe (``GROUPS[group]["alone"]``), its settings the ones the group's recipe copies;
+  * joint and mtdnn: one command, ``trunk fit --config <group recipe> --finetune_each N``: the joint run, tested on its
+    best checkpoint, then each task fine-tuned alone N epochs from it (MT-DNN's recipe), each tested on its best;
+  * merged: ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
+    task tested on the merged model (``trunk test --config <its recipe> --model.init_from=DIR``).
+Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
+Every finished run is a line of <root>/results.jsonl (benchmarks/ledger.py): a stopped benchmark goes on where it
+stopped. Compute: optimizer steps and wall minutes (the machine's; a merge trains nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ledger import Ledger  # noqa: E402
+
+from trunk.cli import export_main, run_cli  # noqa: E402
+from trunk.training.precision import cpu_info  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = "../shared/data/pretrained/all-MiniLM-L6-v2"
+GROUPS = {  # group -> its joint recipe, each task's own recipe, and its small tasks (the targets' "small tasks")
+    "ner": {"recipe": "configs/group_ner.yaml", "small": ["wnut"],
+            "alone": {"conll": "configs/minilm_conll2003.yaml", "wnut": "configs/minilm_wnut17.yaml"}},
+}
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def primary_scores(cli) -> dict[str, float]:
+    """Each task's primary test metric (what its share of test/score is)."""
+    metrics = cli.trainer.callback_metrics
+    return {task: float(metrics[f"test/{task}/{objective.primary}"]) for task, objective in cli.model.objectives.items()
+            if f"test/{task}/{objective.primary}" in metrics}
+
+
+def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger) -> dict:
+    key = {"group": group, "way": "alone", "task": task, "seed": seed}
+    found = ledger.find(key)
+    if found:
+        return found
+    began = time.perf_counter()
+    cli = run_cli(["fit", "--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *QUIET,
+                   f"--trainer.default_root_dir={root / group / 'alone' / task / f'seed{seed}'}"])
+    callback = cli.trainer.checkpoint_callback
+    return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step,
+                       "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
+
+
+def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledger) -> tuple[dict, dict]:
+    keys = [{"group": group, "way": way, "seed": seed} for way in ("joint", "mtdnn")]
+    found = [ledger.find(key) for key in keys]
+    if all(found):
+        return found[0], found[1]
+    began = time.perf_counter()
+    cli = run_cli(["fit", "--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
+                   *QUIET, f"--trainer.default_root_dir={root / group / 'joint' / f'seed{seed}'}"])
+    stages = cli.finetune_stages
+    joint_minutes = (time.perf_counter() - began) / 60 - sum(stage["minutes"] for stage in stages.values())
+    joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,
+                        "minutes": joint_minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+    mtdnn = ledger.add({**keys[1], "scores": {task: stage["test_score"] for task, stage in stages.items()},
+                        "steps": joint["steps"] + sum(stage["steps"] for stage in stages.values()),
+                        "minutes": joint_minutes + sum(stage["minutes"] for stage in stages.values()),
+                        "finetune_epochs": epochs})
+    return joint, mtdnn
+
+
+def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: Ledger) -> dict:
+    key = {"group": group, "way": "merged", "seed": seed}
+    found = ledger.find(key)
+    if found:
+        return found
+    began, directory = time.perf_counter(), root / group / "merged" / f"seed{seed}"
+    export_main([*(model["checkpoint"] for model in models.values()), str(directory), "--merge", "ties", "--base",
+                 BASE, "--overwrite"])
+    scores = {}
+    for recipe in GROUPS[group]["alone"].values():
+        cli = run_cli(["test", "--config", recipe, f"--model.init_from={directory}", f"--seed_everything={seed}",
+                       *QUIET, f"--trainer.default_root_dir={directory / 'test'}"])
+        scores.update(primary_scores(cli))
+    return ledger.add({**key, "scores": scores, "steps": sum(model["steps"] for model in models.values()),
+                       "minutes": sum(model["minutes"] for model in models.values())
+                       + (time.perf_counter() - began) / 60})
+
+
+def spread(values: list[float]) -> str:
+    values = [100 * v for v in values]
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def report(group: str, results: dict[str, list[dict]]) -> None:
+    """Per task: each way's mean ± sd over the seeds and its gain over alone; per way: the compute."""
+    tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
+    seeds = len(results["alone"]) // len(tasks)
+    alone_by_task = {task: [r["scores"][task] for r in results["alone"] if r["task"] == task] for task in tasks}
+    ways = [way for way in ("joint", "mtdnn", "merged") if results.get(way)]
+    print(f"\n## {group}: test score x 100 (mean ± sd over {seeds} seeds; small tasks: {', '.join(small)})\n")
+    print("| task | alone | " + " | ".join(ways) + " | " + " | ".join(f"{w} - alone" for w in ways) + " |")
+    print("|---" * (2 + 2 * len(ways)) + "|")
+    for task in tasks:
+        by_way = {way: [r["scores"][task] for r in results[way]] for way in ways}
+        gains = {way: [a - b for a, b in zip(by_way[way], alone_by_task[task])] for way in ways}  # paired by seed
+        print(f"| {task}{' (small)' if task in small else ''} | {spread(alone_by_task[task])} | "
+              + " | ".join(spread(by_way[way]) for way in ways) + " | "
+              + " | ".join(spread(gains[way]) for way in ways) + " |")
+    steps = {"alone": sum(r["steps"] for r in results["alone"]) / seeds,
+             **{way: statistics.mean(r["steps"] for r in results[way]) for way in ways}}
+    minutes = {"alone": sum(r["minutes"] for r in results["alone"]) / seeds,
+               **{way: statistics.mean(r["minutes"] for r in results[way]) for way in ways}}
+    print("\n| way | optimizer steps (all tasks) | of alone | minutes | of alone |\n|---|---|---|---|---|")
+    for way in steps:
+        print(f"| {way} | {steps[way]:,.0f} | {steps[way] / steps['alone']:.2f} | {minutes[way]:.1f} | "
+              f"{minutes[way] / minutes['alone']:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--group", required=True, choices=sorted(GROUPS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
+                        help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
+    parser.add_argument("--finetune-epochs", type=int, default=2, help="mtdnn: each task's epochs after the joint run")
+    parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
+    options = parser.parse_args()
+    os.chdir(REPO)  # the recipes' relative paths
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}")
+    ledger, results = Ledger(options.root), {"alone": [], "joint": [], "mtdnn": [], "merged": []}
+    for seed in options.seeds:
+        if "alone" in options.ways or "merged" in options.ways:
+            models = {task: alone(options.group, task, seed, options.root, ledger)
+                      for task in GROUPS[options.group]["alone"]}
+            results["alone"] += models.values()
+        if "joint" in options.ways:
+            joint, mtdnn = joint_and_mtdnn(options.group, seed, options.finetune_epochs, options.root, ledger)
+            results["joint"].append(joint)
+            results["mtdnn"].append(mtdnn)
+        if "merged" in options.ways:
+            results["merged"].append(merged(options.group, seed, models, options.root, ledger))
+    report(options.group, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A joint recipe's tasks alone (``--tasks``) and MT-DNN's joint stage followed by each task's own fine-tuning
+(``--finetune_each``), as one command each."""
+
+import pytest
+import torch
+import yaml
+
+from trunk.cli import run_cli
+
+TINY = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 64}
+
+
+@pytest.fixture
+def group_config(sentiment_files, ner_files, tmp_path):
+    """A joint recipe of a classification task (``mood``) and an NER task (``names``), with test splits."""
+    config = {
+        "seed_everything": 0,
+        "model": {
+            "trunk": TINY,
+            "tasks": {"mood": {"class_path": "trunk.tasks.SequenceClassification"},
+                      "names": {"class_path": "trunk.tasks.TokenClassification"}},
+            "peft": {"names": {"method": "lora", "r": 2}},
+        },
+        "data": {
+            "tokenizer_vocab_size": 300,
+            "sampling": "fixed",
+            "weights": {"mood": 1.0, "names": 2.0},
+            "tasks": {
+                "mood": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {
+                    **{split: str(sentiment_files[split]) for split in ("train", "validation", "test")},
+                    "max_length": 64, "batch_size": 32}},
+                "names": {"class_path": "trunk.datamodules.TokenClassificationData", "init_args": {
+                    **{split: str(ner_files[split]) for split in ("train", "validation", "test")},
+                    "max_length": 64, "batch_size": 32}},
+            },
+        },
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 6, "enable_progress_bar": False,
+                    "enable_model_summary": False, "logger": False},
+    }
+    path = tmp_path / "group.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_joint_recipes_task_runs_alone_in_a_folder_of_its_own(group_config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli(["fit", "--config", str(group_config), "--tasks=[mood]"])
+    assert list(cli.model.objectives) == ["mood"] and list(cli.datamodule.tasks) == ["mood"]
+    assert not cli.model.router.deltas  # the other task's LoRA went with it
+    assert cli.config.fit.trainer.default_root_dir == "runs/group_mood"  # not the joint run's runs/group
+    assert "test/mood/acc" in cli.trainer.callback_metrics
+    with pytest.raises(SystemExit, match=r"--tasks names \['moody'\], but this configuration's tasks are "
+                                         r"\['mood', 'names'\]"):
+        run_cli(["fit", "--config", str(group_config), "--tasks=[moody]"])
+
+
+def test_finetune_each_trains_jointly_then_each_task_from_the_joint_best(group_config, tmp_path):
+    root = tmp_path / "mtdnn"
+    cli = run_cli(["fit", "--config", str(group_config), "--finetune_each=1", f"--trainer.default_root_dir={root}"])
+    joint = cli.trainer.checkpoint_callback.best_model_path or cli.trainer.checkpoint_callback.last_model_path
+    assert set(cli.finetune_stages) == {"mood", "names"}
+    assert all(isinstance(stage["test_score"], float) and stage["steps"] > 0 for stage in cli.finetune_stages.values())
+    for task in ("mood", "names"):
+        stage = yaml.safe_load(next((root / task).rglob("config.yaml")).read_text())
+        assert list(stage["model"]["tasks"]) == [task] and stage["model"]["init_from"] == joint
+        assert stage["trainer"]["max_epochs"] == 1 and stage["finetune_each"] == 0
+        ckpt = torch.load(next((root / task).rglob("*.ckpt")), map_location="cpu", weights_only=False)
+        assert {k.split(".")[1] for k in ckpt["state_dict"] if k.startswith("objectives.")} == {task}
+
+    for args, problem in (
+        (["--tasks=[mood]"], "it fine-tunes the tasks of a joint run, and this run has 1"),
+        (["--finetune_each=-1"], "it is not a whole number of epochs > 0"),
+        (["--trainer.devices=2"], "its stages run in this one process"),
+    ):
+        with pytest.raises(SystemExit, match=problem):
+            run_cli(["fit", "--config", str(group_config), "--finetune_each=1", *args,
+                     f"--trainer.default_root_dir={tmp_path / 'refused'}"])
