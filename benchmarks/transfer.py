@@ -3,6 +3,7 @@ fine-tuned alone (MT-DNN), and the separately fine-tuned models merged into one 
 task's test score per way (mean ± sd over the seeds), its gain over alone, and the compute of each way.
 
     python benchmarks/transfer.py --group ner --seeds 1 2 3 [--ways alone joint merged] [--finetune-epochs 2]
+    python benchmarks/transfer.py --groups my_groups.yaml --group mine   # a group of your own, GROUPS' layout
 
 Run it from the repository (the recipes read ../shared/data). The ways:
   * alone: each task's own recipe (``GROUPS[group]["alone"]``), its settings the ones the group's recipe copies;
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ledger import Ledger  # noqa: E402
@@ -33,10 +35,14 @@ from trunk.cli import export_main, run_cli  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-BASE = "../shared/data/pretrained/all-MiniLM-L6-v2"
-GROUPS = {  # group -> its joint recipe, each task's own recipe, and its small tasks (the targets' "small tasks")
-    "ner": {"recipe": "configs/group_ner.yaml", "small": ["wnut"],
+MINILM = "../shared/data/pretrained/all-MiniLM-L6-v2"
+# group -> its joint recipe, each task's own recipe, its small tasks (the targets' "small tasks") and the pretrained
+# model every recipe starts from (what --merge subtracts)
+GROUPS = {
+    "ner": {"recipe": "configs/group_ner.yaml", "small": ["wnut"], "base": MINILM,
             "alone": {"conll": "configs/minilm_conll2003.yaml", "wnut": "configs/minilm_wnut17.yaml"}},
+    "sick": {"recipe": "configs/group_sick.yaml", "small": ["entailment"], "base": MINILM,
+             "alone": {"sick": "configs/minilm_sick.yaml", "entailment": "configs/minilm_sick_entailment.yaml"}},
 }
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
@@ -87,7 +93,7 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
         return found
     began, directory = time.perf_counter(), root / group / "merged" / f"seed{seed}"
     export_main([*(model["checkpoint"] for model in models.values()), str(directory), "--merge", "ties", "--base",
-                 BASE, "--overwrite"])
+                 GROUPS[group]["base"], "--overwrite"])
     scores = {}
     for recipe in GROUPS[group]["alone"].values():
         cli = run_cli(["test", "--config", recipe, f"--model.init_from={directory}", f"--seed_everything={seed}",
@@ -131,13 +137,18 @@ def report(group: str, results: dict[str, list[dict]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--group", required=True, choices=sorted(GROUPS))
+    parser.add_argument("--groups", type=Path, help="a YAML file of groups of your own, laid out as GROUPS")
+    parser.add_argument("--group", required=True, help=f"built in: {', '.join(sorted(GROUPS))}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
                         help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
     parser.add_argument("--finetune-epochs", type=int, default=2, help="mtdnn: each task's epochs after the joint run")
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
     options = parser.parse_args()
+    if options.groups:
+        GROUPS.update(yaml.safe_load(options.groups.read_text()))
+    if options.group not in GROUPS:
+        parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     os.chdir(REPO)  # the recipes' relative paths
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}")
     ledger, results = Ledger(options.root), {"alone": [], "joint": [], "mtdnn": [], "merged": []}

@@ -431,3 +431,52 @@ def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new
     # every run is on record: none runs
     again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert again.returncode == 0 and " ... " not in again.stderr and again.stdout == done.stdout
+
+
+def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
+                                                                       tmp_path):
+    """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
+    merged; the table has every task and way, and a second run trains nothing."""
+    import yaml
+
+    def task(kind: str, files: dict) -> tuple[dict, dict]:
+        objective = {"class_path": f"trunk.tasks.{kind}"}
+        data = {"class_path": "trunk.datamodules." + ("TextClassificationData" if kind == "SequenceClassification"
+                                                      else "TokenClassificationData"),
+                "init_args": {**{split: str(files[split]) for split in ("train", "validation", "test")},
+                              "max_length": 64, "batch_size": 32}}
+        return objective, data
+
+    def recipe(tasks: dict, name: str) -> str:
+        config = {"model": {"init_from": str(tiny_trunk_dir), "tasks": {t: o for t, (o, _) in tasks.items()},
+                            "optimizer": {"lr": 3e-3}},
+                  "data": {"tasks": {t: d for t, (_, d) in tasks.items()}},
+                  "trainer": {"max_epochs": 1, "accelerator": "cpu", "logger": False, "callbacks": [
+                      {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                       "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return str(path)
+
+    tasks = {"mood": task("SequenceClassification", sentiment_files), "names": task("TokenClassification", ner_files)}
+    groups = {"tiny": {"recipe": recipe(tasks, "group"), "small": ["names"], "base": str(tiny_trunk_dir),
+                       "alone": {name: recipe({name: spec}, name) for name, spec in tasks.items()}}}
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    command = [sys.executable, str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"), "--group",
+               "tiny", "--seeds", "0", "1", "--finetune-epochs", "1", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()
+            if line.startswith("| ")}
+    assert {"mood", "names (small)", "alone", "joint", "mtdnn", "merged"} <= set(rows)
+    for cell in rows["names (small)"][1:4]:  # alone, joint, mtdnn: a mean and a spread over the two seeds
+        mean, sd = (float(x) for x in cell.strip(" |").split(" ± "))
+        assert 0 <= mean <= 100 and sd >= 0
+    assert float(rows["mtdnn"][1].replace(",", "")) > float(rows["joint"][1].replace(",", ""))  # its stages' steps too
+    ledger = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
+    assert len(ledger) == 2 * (2 + 3)  # per seed: two alone runs, joint, mtdnn, merged
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [line for line in again.stdout.splitlines() if line.startswith("| ")] == \
+        [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert (tmp_path / "runs" / "results.jsonl").read_text().splitlines() == ledger
