@@ -326,8 +326,9 @@ class TrunkCLI(LightningCLI):
             began = time.perf_counter()
             # the joint checkpoint brings the tokenizer, which config.yaml recorded as data.tokenizer
             stage = run_cli(["fit", "--config", str(saved), f"--tasks=[{task}]", f"--model.init_from={start}",
-                             "--data.tokenizer=null", "--finetune_each=0", f"--trainer.max_epochs={config.finetune_each}",
-                             "--trainer.max_steps=-1", f"--trainer.default_root_dir={root / task}"])
+                             "--data.tokenizer=null", "--finetune_each=0",
+                             f"--trainer.max_epochs={config.finetune_each}", "--trainer.max_steps=-1",
+                             f"--trainer.default_root_dir={root / task}"])
             score, best = stage.trainer.callback_metrics.get("test/score"), stage.trainer.checkpoint_callback
             stages[task] = {"test_score": None if score is None else float(score), "steps": stage.trainer.global_step,
                             "minutes": (time.perf_counter() - began) / 60,
