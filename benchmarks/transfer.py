@@ -43,6 +43,9 @@ GROUPS = {
             "alone": {"conll": "configs/minilm_conll2003.yaml", "wnut": "configs/minilm_wnut17.yaml"}},
     "sick": {"recipe": "configs/group_sick.yaml", "small": ["entailment"], "base": MINILM,
              "alone": {"sick": "configs/minilm_sick.yaml", "entailment": "configs/minilm_sick_entailment.yaml"}},
+    "questions": {"recipe": "configs/group_questions.yaml", "small": ["trec", "qa"], "base": MINILM,
+                  "alone": {"trec": "configs/minilm_trec.yaml", "obqa": "configs/minilm_openbookqa.yaml",
+                            "qa": "configs/minilm_xquad.yaml"}},
 }
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
