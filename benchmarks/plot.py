@@ -12,6 +12,11 @@ run writes), one panel per metric, one line per run:
     python benchmarks/plot.py curves runs.png --run scratch=runs/sst2/lightning_logs/version_0/metrics.csv \
         --run pretrained=runs/sst2_finetune/lightning_logs/version_0/metrics.csv --metric val/sst2/acc train/loss --x
         epoch
+
+``transfer``: each task's test score per way (alone, jointly, jointly then alone, merged), mean and standard deviation
+over the seeds, one panel per group, from benchmarks/transfer.py's ledger:
+
+    python benchmarks/plot.py transfer runs/transfer/results.jsonl benchmarks/figures/transfer.png
 """
 
 from __future__ import annotations
@@ -115,6 +120,47 @@ def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, tit
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
 
 
+WAYS = {"alone": "alone", "joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "merged": "merged (TIES)"}
+
+
+def transfer_figure(ledger: Path, output: Path) -> None:
+    import json
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    if not records:
+        raise SystemExit(f"error: {ledger} holds no runs: give the results.jsonl of benchmarks/transfer.py.")
+    groups = list(dict.fromkeys(r["group"] for r in records))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
+    colours = dict(zip(WAYS, ["#8c8c8c", "#4c72b0", "#dd8452", "#55a868"]))
+    for ax, group in zip(axes[0], groups):
+        mine = [r for r in records if r["group"] == group]
+        tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
+        ways = [way for way in WAYS if any(r["way"] == way for r in mine)]
+        width = 0.8 / len(ways)
+        for k, way in enumerate(ways):
+            scores = [[100 * r["scores"][task] for r in mine if r["way"] == way and r["scores"].get(task) is not None]
+                      for task in tasks]
+            means = [statistics.mean(s) if s else 0.0 for s in scores]
+            spreads = [statistics.stdev(s) if len(s) > 1 else 0.0 for s in scores]
+            ax.bar([i + (k - (len(ways) - 1) / 2) * width for i in range(len(tasks))], means, width, yerr=spreads,
+                   capsize=2, color=colours[way], label=WAYS[way])
+        ax.set_xticks(range(len(tasks)), tasks, fontsize=8)
+        ax.set_ylabel("test score x 100 (mean ± sd over seeds)", fontsize=7)
+        ax.set_title(group, fontsize=9)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("Related tasks on one MiniLM trunk (benchmarks/transfer.py)", fontsize=9)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110, bbox_inches="tight")
+    print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="figure", required=True)
@@ -133,9 +179,14 @@ def main() -> None:
     )
     curves.add_argument("--x", choices=["step", "epoch"], default="step")
     curves.add_argument("--title")
+    transfer = commands.add_parser("transfer", help="each task's score per way from benchmarks/transfer.py's ledger")
+    transfer.add_argument("ledger", type=Path, help="the results.jsonl of benchmarks/transfer.py")
+    transfer.add_argument("output", type=Path)
     options = parser.parse_args()
     if options.figure == "throughput":
         throughput_figure(options.table, options.output)
+    elif options.figure == "transfer":
+        transfer_figure(options.ledger, options.output)
     else:
         curves_figure(options.output, options.run, options.metric, options.x, options.title)
 

@@ -36,8 +36,8 @@ from trunk.training.precision import cpu_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MINILM = "../shared/data/pretrained/all-MiniLM-L6-v2"
-# group -> its joint recipe, each task's own recipe, its small tasks (the targets' "small tasks") and the pretrained
-# model every recipe starts from (what --merge subtracts)
+# group -> its joint recipe, each task's own recipe, its small tasks (the targets' "small tasks"), the pretrained
+# model every recipe starts from (what --merge subtracts) and, if not 2, the epochs of MT-DNN's per-task stage
 GROUPS = {
     "ner": {"recipe": "configs/group_ner.yaml", "small": ["wnut"], "base": MINILM,
             "alone": {"conll": "configs/minilm_conll2003.yaml", "wnut": "configs/minilm_wnut17.yaml"}},
@@ -46,6 +46,8 @@ GROUPS = {
     "questions": {"recipe": "configs/group_questions.yaml", "small": ["trec", "qa"], "base": MINILM,
                   "alone": {"trec": "configs/minilm_trec.yaml", "obqa": "configs/minilm_openbookqa.yaml",
                             "qa": "configs/minilm_xquad.yaml"}},
+    "sentiment": {"recipe": "configs/group_sentiment.yaml", "small": [], "base": MINILM, "finetune_epochs": 1,
+                  "alone": {"sst2": "configs/minilm_sst2.yaml", "goemotions": "configs/minilm_goemotions.yaml"}},
 }
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
@@ -119,7 +121,7 @@ def report(group: str, results: dict[str, list[dict]]) -> None:
     seeds = len(results["alone"]) // len(tasks)
     alone_by_task = {task: [r["scores"][task] for r in results["alone"] if r["task"] == task] for task in tasks}
     ways = [way for way in ("joint", "mtdnn", "merged") if results.get(way)]
-    print(f"\n## {group}: test score x 100 (mean ± sd over {seeds} seeds; small tasks: {', '.join(small)})\n")
+    print(f"\n## {group}: test score x 100 (mean ± sd over {seeds} seeds; small tasks: {', '.join(small) or 'none'})\n")
     print("| task | alone | " + " | ".join(ways) + " | " + " | ".join(f"{w} - alone" for w in ways) + " |")
     print("|---" * (2 + 2 * len(ways)) + "|")
     for task in tasks:
@@ -145,7 +147,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
                         help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
-    parser.add_argument("--finetune-epochs", type=int, default=2, help="mtdnn: each task's epochs after the joint run")
+    parser.add_argument("--finetune-epochs", type=int,
+                        help="mtdnn: each task's epochs after the joint run (default: the group's, else 2)")
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
     options = parser.parse_args()
     if options.groups:
@@ -161,7 +164,8 @@ def main() -> None:
                       for task in GROUPS[options.group]["alone"]}
             results["alone"] += models.values()
         if "joint" in options.ways:
-            joint, mtdnn = joint_and_mtdnn(options.group, seed, options.finetune_epochs, options.root, ledger)
+            epochs = options.finetune_epochs or GROUPS[options.group].get("finetune_epochs", 2)
+            joint, mtdnn = joint_and_mtdnn(options.group, seed, epochs, options.root, ledger)
             results["joint"].append(joint)
             results["mtdnn"].append(mtdnn)
         if "merged" in options.ways:

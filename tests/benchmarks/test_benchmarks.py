@@ -480,3 +480,7 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     assert [line for line in again.stdout.splitlines() if line.startswith("| ")] == \
         [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert (tmp_path / "runs" / "results.jsonl").read_text().splitlines() == ledger
+    figure = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" /
+                             "results.jsonl"), str(tmp_path / "transfer.png")], capture_output=True, text=True)
+    assert figure.returncode == 0, figure.stderr[-2000:]
+    assert (tmp_path / "transfer.png").read_bytes()[:4] == b"\x89PNG"
