@@ -328,6 +328,9 @@ def test_bad_sampling_options_are_clear_errors(sentiment_files):
         MultiTaskData({"a": member}, sampling="fixed", weights={"a": 0.0})
     with pytest.raises(ValueError, match="predict_task='b' is not a task"):
         MultiTaskData({"a": member}, predict_task="b")
+    for temperature in (0, -1.5):  # refused when the data is built, before any file is read
+        with pytest.raises(ValueError, match=f"data.temperature must be > 0, got {temperature}: p ∝ n"):
+            MultiTaskData({"a": member}, sampling="temperature", temperature=temperature)
 
 
 def two_task_data(sentiment_files, ner_files, **options) -> MultiTaskData:

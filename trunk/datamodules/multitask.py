@@ -48,7 +48,8 @@ class TaskSampler:
         if mode not in SAMPLING_MODES:
             raise ValueError(f"data.sampling={mode!r} is not one of {SAMPLING_MODES}.")
         if temperature <= 0:
-            raise ValueError(f"data.temperature must be > 0, got {temperature}.")
+            raise ValueError(f"data.temperature must be > 0, got {temperature}: p ∝ n^(1/T), so 1 is proportional and "
+                             "larger values move towards uniform (2 is common).")
         if not 0.0 <= anneal_to <= 1.0:
             raise ValueError(
                 f"data.anneal_to must be in [0, 1] (0: uniform at the end, 1: proportional), got {anneal_to}."
@@ -304,8 +305,8 @@ class MultiTaskData(TaskSet, L.LightningDataModule):
         self.save_hyperparameters(ignore=["tasks"])
         self.hparams["data_tasks"] = {name: spec if isinstance(spec, dict) else None for name, spec in specs.items()}
         self.sampling, self.temperature, self.weights, self.anneal_to = sampling, temperature, weights, anneal_to
-        if sampling == "fixed" or weights:  # fail now, not after encoding
-            TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)
+        # the sampling options checked now, not after encoding
+        TaskSampler({name: 1 for name in tasks}, sampling, temperature, weights, anneal_to)
         self._steps_per_epoch, self.seed, self.predict_task = steps_per_epoch, seed, predict_task
         # Predict batches in order of length (less padding): set by a consumer that restores the rows' order from the
         # batches' "index" (the CLI, for its PredictionWriter); trainer.predict's own list stays in row order otherwise.
