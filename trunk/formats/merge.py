@@ -27,9 +27,10 @@ def ties_merge(vectors: list[torch.Tensor], density: float) -> torch.Tensor:
     stacked = torch.stack([v.float() for v in vectors])
     keep = max(1, round(density * stacked[0].numel()))
     flat = stacked.reshape(len(vectors), -1)
+    size = flat.abs()
     # each vector's ``keep`` largest magnitudes (ties at the threshold kept)
-    threshold = flat.abs().kthvalue(flat.shape[1] - keep + 1, dim=1, keepdim=True).values
-    trimmed = torch.where(flat.abs() >= threshold, flat, torch.zeros_like(flat))
+    threshold = size.kthvalue(flat.shape[1] - keep + 1, dim=1, keepdim=True).values
+    trimmed = torch.where(size >= threshold, flat, torch.zeros_like(flat))
     sign = torch.sign(trimmed.sum(dim=0))
     agree = (torch.sign(trimmed) == sign) & (trimmed != 0)
     total = (trimmed * agree).sum(dim=0)
@@ -86,10 +87,10 @@ def merge_trunks(base: PretrainedTrunk, models: list[PretrainedTrunk], method: s
     scale = scale if scale is not None else (1.0 / len(models) if method == "task_arithmetic" else 1.0)
     weights = {}
     for name, start in base.trunk_weights.items():
-        vectors = [model.trunk_weights[name].float() - start.float() for model in models]
         if not start.is_floating_point():  # integer buffers (position ids): the base's
             weights[name] = start
             continue
+        vectors = [model.trunk_weights[name].float() - start.float() for model in models]
         merged = torch.stack(vectors).sum(dim=0) if method == "task_arithmetic" else ties_merge(vectors, density)
         weights[name] = (start.float() + scale * merged).to(start.dtype)
     heads = {task: head for model in models for task, head in model.heads.items()}

@@ -32,7 +32,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from trunk.training.threads import usable_cores
+from trunk.training.threads import threads_per_process
 
 
 @dataclass(frozen=True)
@@ -342,8 +342,7 @@ def build_server(
         "limits": asdict(limits),
     }
     del predictor
-    cores, why = usable_cores()  # a container's quota and the process's affinity, not the machine's core count
-    threads = max(1, cores // workers)
+    threads, why = threads_per_process(workers)  # a container's quota and the affinity, not the machine's cores
     metadata["threads"] = f"{threads} per worker, {workers} worker{'s' * (workers > 1)} on {why}"
     api = TrunkAPI(
         paths,

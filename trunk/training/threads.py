@@ -56,6 +56,12 @@ def usable_cores(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
     return affinity, why
 
 
+def threads_per_process(processes: int) -> tuple[int, str]:
+    """The usable cores shared among ``processes`` processes (a CPU run's, a server's workers), and why."""
+    cores, why = usable_cores()
+    return max(1, cores // processes), why
+
+
 def fit_threads(processes: int = 1) -> None:
     """Threads per process for a CPU run of ``processes`` processes: the usable cores shared among them, said in one
     line. ``OMP_NUM_THREADS`` set by the user (or inherited from the run that launched this process) wins; the one
@@ -67,8 +73,7 @@ def fit_threads(processes: int = 1) -> None:
     given = os.environ.get("OMP_NUM_THREADS")
     if given and given != _CHOSEN_THREADS:
         return
-    cores, why = usable_cores()
-    threads = max(1, cores // processes)
+    threads, why = threads_per_process(processes)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = _CHOSEN_THREADS = str(threads)
     each = f", {processes} processes" if processes > 1 else ""
