@@ -11,13 +11,12 @@ class Ledger:
     def __init__(self, root: str | Path) -> None:
         self.path = Path(root) / "results.jsonl"
 
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.is_file() else []
+
     def find(self, key: dict) -> dict | None:
         """The recorded run whose fields include ``key``'s, if any."""
-        for line in self.path.read_text().splitlines() if self.path.is_file() else []:
-            record = json.loads(line)
-            if all(record.get(k) == v for k, v in key.items()):
-                return record
-        return None
+        return next((r for r in self.records() if all(r.get(k) == v for k, v in key.items())), None)
 
     def add(self, record: dict) -> dict:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -137,11 +137,15 @@ def transfer_figure(ledger: Path, output: Path) -> None:
         raise SystemExit(f"error: {ledger} holds no runs: give the results.jsonl of benchmarks/transfer.py.")
     groups = list(dict.fromkeys(r["group"] for r in records))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    colours = dict(zip(WAYS, ["#8c8c8c", "#4c72b0", "#dd8452", "#55a868"]))
+    # the recipe's ways in WAYS' order, then joint runs with other samplers (benchmarks/transfer.py --sampling)
+    found = list(dict.fromkeys(r["way"] for r in records))
+    labels = {**WAYS, **{way: way for way in found if way not in WAYS}}
+    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], ["#8c8c8c", "#4c72b0", "#dd8452", "#55a868", "#8172b3",
+                                                                  "#937860", "#da8bc3", "#ccb974", "#64b5cd"] * 3))
     for ax, group in zip(axes[0], groups):
         mine = [r for r in records if r["group"] == group]
         tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
-        ways = [way for way in WAYS if any(r["way"] == way for r in mine)]
+        ways = [way for way in colours if any(r["way"] == way for r in mine)]
         width = 0.8 / len(ways)
         for k, way in enumerate(ways):
             scores = [[100 * r["scores"][task] for r in mine if r["way"] == way and r["scores"].get(task) is not None]
@@ -149,7 +153,7 @@ def transfer_figure(ledger: Path, output: Path) -> None:
             means = [statistics.mean(s) if s else 0.0 for s in scores]
             spreads = [statistics.stdev(s) if len(s) > 1 else 0.0 for s in scores]
             ax.bar([i + (k - (len(ways) - 1) / 2) * width for i in range(len(tasks))], means, width, yerr=spreads,
-                   capsize=2, color=colours[way], label=WAYS[way])
+                   capsize=2, color=colours[way], label=labels[way])
         ax.set_xticks(range(len(tasks)), tasks, fontsize=8)
         ax.set_ylabel("test score x 100 (mean ± sd over seeds)", fontsize=7)
         ax.set_title(group, fontsize=9)

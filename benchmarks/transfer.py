@@ -4,11 +4,14 @@ task's test score per way (mean ± sd over the seeds), its gain over alone, and 
 
     python benchmarks/transfer.py --group ner --seeds 1 2 3 [--ways alone joint merged] [--finetune-epochs 2]
     python benchmarks/transfer.py --groups my_groups.yaml --group mine   # a group of your own, GROUPS' layout
+    python benchmarks/transfer.py --group ner --ways joint --sampling proportional   # another sampler than the recipe's
 
 Run it from the repository (the recipes read ../shared/data). The ways:
   * alone: each task's own recipe (``GROUPS[group]["alone"]``), its settings the ones the group's recipe copies;
   * joint and mtdnn: one command, ``trunk fit --config <group recipe> --finetune_each N``: the joint run, tested on its
     best checkpoint, then each task fine-tuned alone N epochs from it (MT-DNN's recipe), each tested on its best;
+    With ``--sampling`` (and ``--temperature``) the joint run draws its tasks by that rule instead of the recipe's: the
+    ways are then named ``joint, <rule>`` and ``mtdnn, <rule>``, beside the recipe's own in the ledger and the table;
   * merged: ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
     task tested on the merged model (``trunk test --config <its recipe> --model.init_from=DIR``).
 Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
@@ -72,14 +75,23 @@ def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger) -> dict:
                        "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
 
 
-def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledger) -> tuple[dict, dict]:
-    keys = [{"group": group, "way": way, "seed": seed} for way in ("joint", "mtdnn")]
+def sampler_name(sampling: str | None, temperature: float | None) -> str:
+    """What the ways of a joint run with another sampler than its recipe's are called ('' for the recipe's)."""
+    if sampling is None:
+        return ""
+    return f", {sampling}" + (f" T={temperature:g}" if sampling == "temperature" and temperature else "")
+
+
+def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledger, sampling: list[str],
+                    sampler: str = "") -> tuple[dict, dict]:
+    """``sampling``: the command's overrides of the recipe's sampler, named ``sampler`` in the ways' names."""
+    keys = [{"group": group, "way": way + sampler, "seed": seed} for way in ("joint", "mtdnn")]
     found = [ledger.find(key) for key in keys]
     if all(found):
         return found[0], found[1]
-    began = time.perf_counter()
+    began, folder = time.perf_counter(), "joint" + sampler.replace(", ", "_").replace(" ", "_")
     cli = run_cli(["fit", "--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
-                   *QUIET, f"--trainer.default_root_dir={root / group / 'joint' / f'seed{seed}'}"])
+                   *sampling, *QUIET, f"--trainer.default_root_dir={root / group / folder / f'seed{seed}'}"])
     stages = cli.finetune_stages
     joint_minutes = (time.perf_counter() - began) / 60 - sum(stage["minutes"] for stage in stages.values())
     joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,
@@ -110,34 +122,49 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
 
 
 def spread(values: list[float]) -> str:
+    if not values:
+        return "–"
     values = [100 * v for v in values]
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.2f} ± {sd:.2f}"
 
 
-def report(group: str, results: dict[str, list[dict]]) -> None:
-    """Per task: each way's mean ± sd over the seeds and its gain over alone; per way: the compute."""
+def report(group: str, seeds: list[int], ledger: Ledger) -> None:
+    """Per task: each way's mean ± sd over the seeds and its gain over alone (paired by seed); per way: the compute.
+    Every way the ledger holds for these seeds is shown, whichever command ran it."""
     tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
-    seeds = len(results["alone"]) // len(tasks)
-    alone_by_task = {task: [r["scores"][task] for r in results["alone"] if r["task"] == task] for task in tasks}
-    ways = [way for way in ("joint", "mtdnn", "merged") if results.get(way)]
-    print(f"\n## {group}: test score x 100 (mean ± sd over {seeds} seeds; small tasks: {', '.join(small) or 'none'})\n")
+    runs = [r for r in ledger.records() if r["group"] == group and r["seed"] in seeds]
+    alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
+    by_way: dict[str, dict[int, dict]] = {}
+    for r in runs:
+        if r["way"] != "alone":
+            by_way.setdefault(r["way"], {})[r["seed"]] = r
+    order = ["joint", "mtdnn", "merged"]
+    ways = sorted(by_way, key=lambda w: (order.index(w.split(",")[0]) if w.split(",")[0] in order else 3, w))
+    print(f"\n## {group}: test score x 100 (mean ± sd over seeds {', '.join(map(str, seeds))}; "
+          f"small tasks: {', '.join(small) or 'none'})\n")
     print("| task | alone | " + " | ".join(ways) + " | " + " | ".join(f"{w} - alone" for w in ways) + " |")
     print("|---" * (2 + 2 * len(ways)) + "|")
     for task in tasks:
-        by_way = {way: [r["scores"][task] for r in results[way]] for way in ways}
-        gains = {way: [a - b for a, b in zip(by_way[way], alone_by_task[task])] for way in ways}  # paired by seed
-        print(f"| {task}{' (small)' if task in small else ''} | {spread(alone_by_task[task])} | "
-              + " | ".join(spread(by_way[way]) for way in ways) + " | "
-              + " | ".join(spread(gains[way]) for way in ways) + " |")
-    steps = {"alone": sum(r["steps"] for r in results["alone"]) / seeds,
-             **{way: statistics.mean(r["steps"] for r in results[way]) for way in ways}}
-    minutes = {"alone": sum(r["minutes"] for r in results["alone"]) / seeds,
-               **{way: statistics.mean(r["minutes"] for r in results[way]) for way in ways}}
+        alone_scores = {seed: alone[task, seed]["scores"][task] for seed in seeds if (task, seed) in alone}
+        cells, gains = [], []
+        for way in ways:
+            scores = {seed: r["scores"][task] for seed, r in by_way[way].items() if task in r["scores"]}
+            cells.append(spread(list(scores.values())))
+            gains.append(spread([scores[s] - alone_scores[s] for s in scores if s in alone_scores]))
+        print(f"| {task}{' (small)' if task in small else ''} | {spread(list(alone_scores.values()))} | "
+              + " | ".join(cells + gains) + " |")
+    # compute per seed: alone is every task's run of that seed together
+    complete = [seed for seed in seeds if all((task, seed) in alone for task in tasks)]
+    compute = {"alone": [(sum(alone[t, s]["steps"] for t in tasks), sum(alone[t, s]["minutes"] for t in tasks))
+                         for s in complete]}
+    compute.update({way: [(r["steps"], r["minutes"]) for r in by_way[way].values()] for way in ways})
     print("\n| way | optimizer steps (all tasks) | of alone | minutes | of alone |\n|---|---|---|---|---|")
-    for way in steps:
-        print(f"| {way} | {steps[way]:,.0f} | {steps[way] / steps['alone']:.2f} | {minutes[way]:.1f} | "
-              f"{minutes[way] / minutes['alone']:.2f} |")
+    mean = {way: (statistics.mean(c[0] for c in runs), statistics.mean(c[1] for c in runs))
+            for way, runs in compute.items() if runs}
+    for way, (steps, minutes) in mean.items():
+        base = mean.get("alone", (float("nan"), float("nan")))
+        print(f"| {way} | {steps:,.0f} | {steps / base[0]:.2f} | {minutes:.1f} | {minutes / base[1]:.2f} |")
 
 
 def main() -> None:
@@ -149,28 +176,33 @@ def main() -> None:
                         help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
     parser.add_argument("--finetune-epochs", type=int,
                         help="mtdnn: each task's epochs after the joint run (default: the group's, else 2)")
+    parser.add_argument("--sampling", choices=["proportional", "temperature", "uniform"],
+                        help="joint: draw the tasks by this rule instead of the recipe's (compare samplers)")
+    parser.add_argument("--temperature", type=float, help="with --sampling temperature: T (p ∝ n^(1/T))")
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
     options = parser.parse_args()
+    if options.temperature is not None and options.sampling != "temperature":
+        parser.error("--temperature is T of --sampling temperature: give both, or neither")
     if options.groups:
         GROUPS.update(yaml.safe_load(options.groups.read_text()))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     os.chdir(REPO)  # the recipes' relative paths
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}")
-    ledger, results = Ledger(options.root), {"alone": [], "joint": [], "mtdnn": [], "merged": []}
+    sampler = sampler_name(options.sampling, options.temperature)
+    sampling = [f"--data.sampling={options.sampling}"] if options.sampling else []
+    sampling += [f"--data.temperature={options.temperature}"] if options.temperature is not None else []
+    ledger = Ledger(options.root)
     for seed in options.seeds:
         if "alone" in options.ways or "merged" in options.ways:
             models = {task: alone(options.group, task, seed, options.root, ledger)
                       for task in GROUPS[options.group]["alone"]}
-            results["alone"] += models.values()
         if "joint" in options.ways:
             epochs = options.finetune_epochs or GROUPS[options.group].get("finetune_epochs", 2)
-            joint, mtdnn = joint_and_mtdnn(options.group, seed, epochs, options.root, ledger)
-            results["joint"].append(joint)
-            results["mtdnn"].append(mtdnn)
+            joint_and_mtdnn(options.group, seed, epochs, options.root, ledger, sampling, sampler)
         if "merged" in options.ways:
-            results["merged"].append(merged(options.group, seed, models, options.root, ledger))
-    report(options.group, results)
+            merged(options.group, seed, models, options.root, ledger)
+    report(options.group, options.seeds, ledger)
 
 
 if __name__ == "__main__":

@@ -480,6 +480,14 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     assert [line for line in again.stdout.splitlines() if line.startswith("| ")] == \
         [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert (tmp_path / "runs" / "results.jsonl").read_text().splitlines() == ledger
+    # another sampler for the joint run: its two ways beside the recipe's, the recipe's runs not redone
+    uniform = subprocess.run([*command, "--ways", "joint", "--sampling", "uniform", "--seeds", "0"],
+                             capture_output=True, text=True, timeout=900)
+    assert uniform.returncode == 0, uniform.stderr[-3000:]
+    header = next(line for line in uniform.stdout.splitlines() if line.startswith("| task"))
+    assert {"joint", "mtdnn", "merged", "joint, uniform", "mtdnn, uniform"} <= {c.strip() for c in header.split("|")}
+    added = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
+    assert added[:len(ledger)] == ledger and len(added) == len(ledger) + 2
     figure = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" /
                              "results.jsonl"), str(tmp_path / "transfer.png")], capture_output=True, text=True)
     assert figure.returncode == 0, figure.stderr[-2000:]
