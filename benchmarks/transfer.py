@@ -129,10 +129,9 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {sd:.2f}"
 
 
-def report(group: str, seeds: list[int], ledger: Ledger) -> None:
-    """Per task: each way's mean ± sd over the seeds and its gain over alone (paired by seed); per way: the compute.
-    Every way the ledger holds for these seeds is shown, whichever command ran it."""
-    tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
+def collect(group: str, seeds: list[int], ledger: Ledger) -> tuple[dict, dict[str, dict[int, dict]]]:
+    """The ledger's runs of ``group`` over ``seeds``: alone by (task, seed), every other way by seed, in the order
+    joint, mtdnn, merged, then the joint runs with other samplers."""
     runs = [r for r in ledger.records() if r["group"] == group and r["seed"] in seeds]
     alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
     by_way: dict[str, dict[int, dict]] = {}
@@ -140,37 +139,95 @@ def report(group: str, seeds: list[int], ledger: Ledger) -> None:
         if r["way"] != "alone":
             by_way.setdefault(r["way"], {})[r["seed"]] = r
     order = ["joint", "mtdnn", "merged"]
-    ways = sorted(by_way, key=lambda w: (order.index(w.split(",")[0]) if w.split(",")[0] in order else 3, w))
+    rank = {way: (order.index(way.split(",")[0]) if way.split(",")[0] in order else 3, way) for way in by_way}
+    return alone, dict(sorted(by_way.items(), key=lambda item: rank[item[0]]))
+
+
+def task_scores(task: str, seeds: list[int], alone: dict, runs: dict[int, dict]) -> tuple[list[float], list[float]]:
+    """A task's scores under one way over the seeds it ran, and its gains over alone paired by seed."""
+    scores = {seed: r["scores"][task] for seed, r in runs.items() if task in r["scores"]}
+    return list(scores.values()), [scores[s] - alone[task, s]["scores"][task] for s in scores if (task, s) in alone]
+
+
+def compute(group: str, seeds: list[int], alone: dict, by_way: dict) -> dict[str, tuple[float, float]]:
+    """Each way's mean optimizer steps and minutes a seed; alone is every task's run of a seed together."""
+    tasks = GROUPS[group]["alone"]
+    complete = [seed for seed in seeds if all((task, seed) in alone for task in tasks)]
+    runs = {"alone": [(sum(alone[t, s]["steps"] for t in tasks), sum(alone[t, s]["minutes"] for t in tasks))
+                      for s in complete]}
+    runs.update({way: [(r["steps"], r["minutes"]) for r in by_seed.values()] for way, by_seed in by_way.items()})
+    return {way: (statistics.mean(c[0] for c in cs), statistics.mean(c[1] for c in cs)) for way, cs in runs.items()
+            if cs}
+
+
+def report(group: str, seeds: list[int], ledger: Ledger) -> None:
+    """Per task: each way's mean ± sd over the seeds and its gain over alone (paired by seed); per way: the compute.
+    Every way the ledger holds for these seeds is shown, whichever command ran it."""
+    tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
+    alone, by_way = collect(group, seeds, ledger)
     print(f"\n## {group}: test score x 100 (mean ± sd over seeds {', '.join(map(str, seeds))}; "
           f"small tasks: {', '.join(small) or 'none'})\n")
-    print("| task | alone | " + " | ".join(ways) + " | " + " | ".join(f"{w} - alone" for w in ways) + " |")
-    print("|---" * (2 + 2 * len(ways)) + "|")
+    print("| task | alone | " + " | ".join(by_way) + " | " + " | ".join(f"{w} - alone" for w in by_way) + " |")
+    print("|---" * (2 + 2 * len(by_way)) + "|")
     for task in tasks:
-        alone_scores = {seed: alone[task, seed]["scores"][task] for seed in seeds if (task, seed) in alone}
-        cells, gains = [], []
-        for way in ways:
-            scores = {seed: r["scores"][task] for seed, r in by_way[way].items() if task in r["scores"]}
-            cells.append(spread(list(scores.values())))
-            gains.append(spread([scores[s] - alone_scores[s] for s in scores if s in alone_scores]))
-        print(f"| {task}{' (small)' if task in small else ''} | {spread(list(alone_scores.values()))} | "
-              + " | ".join(cells + gains) + " |")
-    # compute per seed: alone is every task's run of that seed together
-    complete = [seed for seed in seeds if all((task, seed) in alone for task in tasks)]
-    compute = {"alone": [(sum(alone[t, s]["steps"] for t in tasks), sum(alone[t, s]["minutes"] for t in tasks))
-                         for s in complete]}
-    compute.update({way: [(r["steps"], r["minutes"]) for r in by_way[way].values()] for way in ways})
+        both = [task_scores(task, seeds, alone, runs) for runs in by_way.values()]
+        alone_scores = [alone[task, seed]["scores"][task] for seed in seeds if (task, seed) in alone]
+        print(f"| {task}{' (small)' if task in small else ''} | {spread(alone_scores)} | "
+              + " | ".join([spread(scores) for scores, _ in both] + [spread(gains) for _, gains in both]) + " |")
+    mean = compute(group, seeds, alone, by_way)
+    base = mean.get("alone", (float("nan"), float("nan")))
     print("\n| way | optimizer steps (all tasks) | of alone | minutes | of alone |\n|---|---|---|---|---|")
-    mean = {way: (statistics.mean(c[0] for c in runs), statistics.mean(c[1] for c in runs))
-            for way, runs in compute.items() if runs}
     for way, (steps, minutes) in mean.items():
-        base = mean.get("alone", (float("nan"), float("nan")))
         print(f"| {way} | {steps:,.0f} | {steps / base[0]:.2f} | {minutes:.1f} | {minutes / base[1]:.2f} |")
+
+
+def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
+    """The issue's targets over every group in the ledger: per group, the multi-task way within ``budget`` times the
+    steps of alone that helps its small tasks most (gain against the seeds' spread), the average gain over all small
+    tasks, the merged model against the separate ones, and the large tasks' worst loss by sharing a trunk."""
+    print(f"\n## Targets over the groups (seeds {', '.join(map(str, seeds))}; points of test score)\n")
+    print("| group | best way for the small tasks | steps of alone | small tasks: gain (sd of gain; sd alone) | "
+          "large tasks: worst mean gain, joint ways | merged - alone, worst task |\n|---|---|---|---|---|---|")
+    best_gains = []
+    for group, spec in GROUPS.items():
+        alone, by_way = collect(group, seeds, ledger)
+        if not alone or not by_way:
+            continue
+        tasks, small = list(spec["alone"]), spec["small"]
+        mean = compute(group, seeds, alone, by_way)
+
+        def gain(way: str, task: str) -> list[float]:
+            return [100 * g for g in task_scores(task, seeds, alone, by_way[way])[1]]
+
+        within = [w for w in by_way if w in mean and "alone" in mean and mean[w][0] <= budget * mean["alone"][0]]
+        best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
+                   default=None) if small else None
+        cells = []
+        for task in small if best else []:
+            gains = gain(best, task)
+            alone_sd = statistics.stdev([100 * alone[task, s]["scores"][task] for s in seeds if (task, s) in alone]
+                                        or [0, 0]) if len(seeds) > 1 else 0.0
+            cells.append(f"{task} {statistics.mean(gains):+.2f} ({statistics.stdev(gains) if len(gains) > 1 else 0:.2f}"
+                         f"; {alone_sd:.2f})")
+            best_gains.append(statistics.mean(gains))
+        large = [t for t in tasks if t not in small]
+        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if w != "merged" for t in large if gain(w, t)]
+        merged = [(statistics.mean(gain("merged", t)), t) for t in tasks if "merged" in by_way and gain("merged", t)]
+        ratio = f"{mean[best][0] / mean['alone'][0]:.2f}" if best else "–"
+        print(f"| {group} | {best or '–'} | {ratio} | {'; '.join(cells) or '–'} | "
+              + (f"{min(shared)[0]:+.2f} ({min(shared)[1]}, {min(shared)[2]})" if shared else "–") + " | "
+              + (f"{min(merged)[0]:+.2f} ({min(merged)[1]})" if merged else "–") + " |")
+    if best_gains:
+        print(f"\nAverage gain of the small tasks under their group's best way: {statistics.mean(best_gains):+.2f} "
+              f"points over {len(best_gains)} tasks (target: >= 1 at <= {budget}x the steps of alone).")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=Path, help="a YAML file of groups of your own, laid out as GROUPS")
-    parser.add_argument("--group", required=True, help=f"built in: {', '.join(sorted(GROUPS))}")
+    parser.add_argument("--group", help=f"built in: {', '.join(sorted(GROUPS))}")
+    parser.add_argument("--summary", action="store_true",
+                        help="train nothing: the targets over every group the ledger holds (--seeds, --root)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
                         help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
@@ -185,6 +242,8 @@ def main() -> None:
         parser.error("--temperature is T of --sampling temperature: give both, or neither")
     if options.groups:
         GROUPS.update(yaml.safe_load(options.groups.read_text()))
+    if options.summary:
+        return summary(options.seeds, Ledger(options.root))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     os.chdir(REPO)  # the recipes' relative paths

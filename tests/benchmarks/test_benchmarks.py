@@ -488,6 +488,12 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     assert {"joint", "mtdnn", "merged", "joint, uniform", "mtdnn, uniform"} <= {c.strip() for c in header.split("|")}
     added = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
     assert added[:len(ledger)] == ledger and len(added) == len(ledger) + 2
+    targets = subprocess.run([*command, "--summary"], capture_output=True, text=True, timeout=300)  # trains nothing
+    assert targets.returncode == 0, targets.stderr[-3000:]
+    row = next(line for line in targets.stdout.splitlines() if line.startswith("| tiny |")).split(" | ")
+    assert row[1] in {"joint", "mtdnn", "merged", "joint, uniform", "mtdnn, uniform"} and row[3].startswith("names ")
+    assert "Average gain of the small tasks" in targets.stdout
+    assert (tmp_path / "runs" / "results.jsonl").read_text().splitlines() == added
     figure = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" /
                              "results.jsonl"), str(tmp_path / "transfer.png")], capture_output=True, text=True)
     assert figure.returncode == 0, figure.stderr[-2000:]
