@@ -12,7 +12,8 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     best checkpoint, then each task fine-tuned alone N epochs from it (MT-DNN's recipe), each tested on its best;
     With ``--sampling`` (and ``--temperature``) the joint run draws its tasks by that rule instead of the recipe's: the
     ways are then named ``joint, <rule>`` and ``mtdnn, <rule>``, beside the recipe's own in the ledger and the table;
-  * merged: ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
+  * merged (``--merge``, ``--merge-density``, ``--merge-scale``: another merge than TIES' defaults, a way of its own):
+    ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
     task tested on the merged model (``trunk test --config <its recipe> --model.init_from=DIR``).
 Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
 Every finished run is a line of <root>/results.jsonl (benchmarks/ledger.py): a stopped benchmark goes on where it
@@ -103,13 +104,22 @@ def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledg
     return joint, mtdnn
 
 
-def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: Ledger) -> dict:
-    key = {"group": group, "way": "merged", "seed": seed}
+def merge_name(method: str, density: float | None, scale: float | None) -> str:
+    """What a merge other than TIES' defaults is called ('' for them)."""
+    settings = [f"{what} {value:g}" for what, value in (("density", density), ("scale", scale)) if value is not None]
+    return "" if method == "ties" and not settings else ", ".join([f", {method}", *settings])
+
+
+def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: Ledger, merge: list[str],
+           name: str = "") -> dict:
+    """``merge``: the export's merge options, named ``name`` in the way's name."""
+    key = {"group": group, "way": "merged" + name, "seed": seed}
     found = ledger.find(key)
     if found:
         return found
-    began, directory = time.perf_counter(), root / group / "merged" / f"seed{seed}"
-    export_main([*(model["checkpoint"] for model in models.values()), str(directory), "--merge", "ties", "--base",
+    folder = "merged" + name.replace(", ", "_").replace(" ", "")
+    began, directory = time.perf_counter(), root / group / folder / f"seed{seed}"
+    export_main([*(model["checkpoint"] for model in models.values()), str(directory), *merge, "--base",
                  GROUPS[group]["base"], "--overwrite"])
     scores = {}
     for recipe in GROUPS[group]["alone"].values():
@@ -187,7 +197,8 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
     tasks, the merged model against the separate ones, and the large tasks' worst loss by sharing a trunk."""
     print(f"\n## Targets over the groups (seeds {', '.join(map(str, seeds))}; points of test score)\n")
     print("| group | best way for the small tasks | steps of alone | small tasks: gain (sd of gain; sd alone) | "
-          "large tasks: worst mean gain, joint ways | merged - alone, worst task |\n|---|---|---|---|---|---|")
+          "large tasks: worst mean gain, joint ways | merged - alone, worst task (the best merge) |")
+    print("|---|---|---|---|---|---|")
     best_gains = []
     for group, spec in GROUPS.items():
         alone, by_way = collect(group, seeds, ledger)
@@ -211,12 +222,15 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
                          f"; {alone_sd:.2f})")
             best_gains.append(statistics.mean(gains))
         large = [t for t in tasks if t not in small]
-        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if w != "merged" for t in large if gain(w, t)]
-        merged = [(statistics.mean(gain("merged", t)), t) for t in tasks if "merged" in by_way and gain("merged", t)]
+        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if not w.startswith("merged")
+                  for t in large if gain(w, t)]
+        merges = [w for w in by_way if w.startswith("merged") and all(gain(w, t) for t in tasks)]
+        # each merge's worst task; the merge whose worst is best
+        merged = max((min((statistics.mean(gain(w, t)), t, w) for t in tasks) for w in merges), default=None)
         ratio = f"{mean[best][0] / mean['alone'][0]:.2f}" if best else "–"
         print(f"| {group} | {best or '–'} | {ratio} | {'; '.join(cells) or '–'} | "
               + (f"{min(shared)[0]:+.2f} ({min(shared)[1]}, {min(shared)[2]})" if shared else "–") + " | "
-              + (f"{min(merged)[0]:+.2f} ({min(merged)[1]})" if merged else "–") + " |")
+              + (f"{merged[0]:+.2f} ({merged[1]}; {merged[2]})" if merged else "–") + " |")
     if best_gains:
         print(f"\nAverage gain of the small tasks under their group's best way: {statistics.mean(best_gains):+.2f} "
               f"points over {len(best_gains)} tasks (target: >= 1 at <= {budget}x the steps of alone).")
@@ -236,6 +250,10 @@ def main() -> None:
     parser.add_argument("--sampling", choices=["proportional", "temperature", "uniform"],
                         help="joint: draw the tasks by this rule instead of the recipe's (compare samplers)")
     parser.add_argument("--temperature", type=float, help="with --sampling temperature: T (p ∝ n^(1/T))")
+    parser.add_argument("--merge", choices=["ties", "task_arithmetic"], default="ties",
+                        help="merged: how the alone models are combined (trunk export --merge)")
+    parser.add_argument("--merge-density", type=float, help="merged: trunk export's --merge-density (ties)")
+    parser.add_argument("--merge-scale", type=float, help="merged: trunk export's --merge-scale")
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
     options = parser.parse_args()
     if options.temperature is not None and options.sampling != "temperature":
@@ -251,6 +269,10 @@ def main() -> None:
     sampler = sampler_name(options.sampling, options.temperature)
     sampling = [f"--data.sampling={options.sampling}"] if options.sampling else []
     sampling += [f"--data.temperature={options.temperature}"] if options.temperature is not None else []
+    merge = ["--merge", options.merge]
+    merge += [f"--merge-density={options.merge_density}"] if options.merge_density is not None else []
+    merge += [f"--merge-scale={options.merge_scale}"] if options.merge_scale is not None else []
+    merging = merge_name(options.merge, options.merge_density, options.merge_scale)
     ledger = Ledger(options.root)
     for seed in options.seeds:
         if "alone" in options.ways or "merged" in options.ways:
@@ -260,7 +282,7 @@ def main() -> None:
             epochs = options.finetune_epochs or GROUPS[options.group].get("finetune_epochs", 2)
             joint_and_mtdnn(options.group, seed, epochs, options.root, ledger, sampling, sampler)
         if "merged" in options.ways:
-            merged(options.group, seed, models, options.root, ledger)
+            merged(options.group, seed, models, options.root, ledger, merge, merging)
     report(options.group, options.seeds, ledger)
 
 

@@ -480,14 +480,16 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     assert [line for line in again.stdout.splitlines() if line.startswith("| ")] == \
         [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert (tmp_path / "runs" / "results.jsonl").read_text().splitlines() == ledger
-    # another sampler for the joint run: its two ways beside the recipe's, the recipe's runs not redone
-    uniform = subprocess.run([*command, "--ways", "joint", "--sampling", "uniform", "--seeds", "0"],
+    # another sampler for the joint run and another merge: their ways beside the recipe's, nothing redone
+    uniform = subprocess.run([*command, "--ways", "joint", "merged", "--sampling", "uniform", "--merge",
+                              "task_arithmetic", "--merge-scale", "0.5", "--seeds", "0"],
                              capture_output=True, text=True, timeout=900)
     assert uniform.returncode == 0, uniform.stderr[-3000:]
     header = next(line for line in uniform.stdout.splitlines() if line.startswith("| task"))
-    assert {"joint", "mtdnn", "merged", "joint, uniform", "mtdnn, uniform"} <= {c.strip() for c in header.split("|")}
+    assert {"joint", "mtdnn", "merged", "joint, uniform", "mtdnn, uniform", "merged, task_arithmetic, scale 0.5"} <= \
+        {c.strip() for c in header.split("|")}
     added = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
-    assert added[:len(ledger)] == ledger and len(added) == len(ledger) + 2
+    assert added[:len(ledger)] == ledger and len(added) == len(ledger) + 3
     targets = subprocess.run([*command, "--summary"], capture_output=True, text=True, timeout=300)  # trains nothing
     assert targets.returncode == 0, targets.stderr[-3000:]
     row = next(line for line in targets.stdout.splitlines() if line.startswith("| tiny |")).split(" | ")
