@@ -75,3 +75,22 @@ def test_finetune_each_trains_jointly_then_each_task_from_the_joint_best(group_c
         with pytest.raises(SystemExit, match=problem):
             run_cli(["fit", "--config", str(group_config), "--finetune_each=1", *args,
                      f"--trainer.default_root_dir={tmp_path / 'refused'}"])
+
+
+@pytest.mark.parametrize("block, option, value, where", [
+    ("data", "tokenizer", "other/tokenizer.json", "data.tokenizer"),
+    ("data", "temperature", 3.0, "data.temperature"),
+    ("model", "init_from", "other/trunk", "model.init_from"),
+])
+def test_a_run_option_in_a_tasks_block_says_where_it_belongs(group_config, block, option, value, where, capsys):
+    """A group whose tasks would need their own tokenizer or pretrained model cannot be one run: the task block's
+    option is refused, saying it is the run's (and how to combine separate runs)."""
+    config = yaml.safe_load(group_config.read_text())
+    config[block]["tasks"]["names"].setdefault("init_args", {})[option] = value
+    with open(group_config, "w") as f:
+        yaml.safe_dump(config, f)
+    with pytest.raises(SystemExit):
+        run_cli(["fit", "--config", str(group_config)])
+    err = capsys.readouterr().err
+    assert f"Option '{option}' is not accepted" in err
+    assert f"{option} is set once per run, for all its tasks: {where}" in err and "--merge" in err

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import logging
 import os
+import re
 import sys
 import time
 import typing
@@ -20,7 +21,7 @@ from datasets.utils import disable_progress_bars, enable_progress_bars
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import (
     ClusterEnvironment,
@@ -74,6 +75,26 @@ class TrunkTrainer(Trainer):
         if not on_cuda(accelerator) and accelerator in ("cpu", "auto"):  # threads from the cores this process has
             fit_threads(devices if isinstance(devices, int) and devices > 1 else 1)
         super().__init__(precision=resolve_precision(precision, accelerator), **kwargs)
+
+
+# Options a run has once, for all its tasks: where they go when a task's block was given one.
+RUN_OPTIONS = {
+    **dict.fromkeys(["tokenizer", "tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_model", "lowercase",
+                     "sampling", "temperature", "weights", "anneal_to"], "data"),
+    **dict.fromkeys(["init_from", "trunk", "heads_from", "label_map", "optimizer", "finetune"], "model"),
+}
+
+
+class TrunkArgumentParser(LightningArgumentParser):
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        """jsonargparse's message, and where an option a task's block does not take belongs, if it is a run's."""
+        found = re.search(r"Option '(\w+)' is not accepted", message)
+        if found and found.group(1) in RUN_OPTIONS and re.search(r"\b(data|model)\.tasks\b", message):
+            name, where = found.group(1), RUN_OPTIONS[found.group(1)]
+            message += (f"\n{name} is set once per run, for all its tasks: {where}.{name}. Tasks that need another "
+                        "tokenizer or pretrained model than the run's need a run of their own (models fine-tuned from "
+                        "one base can then be merged: trunk export A.ckpt B.ckpt DIR --merge ties --base BASE).")
+        super().error(message, ex)
 
 
 class TrunkCLI(LightningCLI):
@@ -602,6 +623,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
         TrunkModule,
         MultiTaskData,
         trainer_class=TrunkTrainer,
+        parser_class=TrunkArgumentParser,
         save_config_callback=LogConfigCallback,
         save_config_kwargs={"overwrite": True},
         args=args,
