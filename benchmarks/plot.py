@@ -13,8 +13,9 @@ run writes), one panel per metric, one line per run:
         --run pretrained=runs/sst2_finetune/lightning_logs/version_0/metrics.csv --metric val/sst2/acc train/loss --x
         epoch
 
-``transfer``: each task's test score per way (alone, jointly, jointly then alone, merged), mean and standard deviation
-over the seeds, one panel per group, from benchmarks/transfer.py's ledger:
+``transfer``: each task's gain over training it alone per way (jointly, jointly then alone, merged, other samplers
+and merges), mean and standard deviation of the gains paired by seed, one panel per group, from
+benchmarks/transfer.py's ledger:
 
     python benchmarks/plot.py transfer runs/transfer/results.jsonl benchmarks/figures/transfer.png
 """
@@ -120,7 +121,8 @@ def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, tit
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
 
 
-WAYS = {"alone": "alone", "joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "merged": "merged (TIES)"}
+WAYS = {"joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "merged": "merged (TIES)"}
+FLOOR = -8.0  # points: a bar below is cut there and labelled with its value (a failed merge would flatten the rest)
 
 
 def transfer_figure(ledger: Path, output: Path) -> None:
@@ -133,32 +135,48 @@ def transfer_figure(ledger: Path, output: Path) -> None:
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
-    if not records:
-        raise SystemExit(f"error: {ledger} holds no runs: give the results.jsonl of benchmarks/transfer.py.")
-    groups = list(dict.fromkeys(r["group"] for r in records))
+    alone = {(r["group"], r["task"], r["seed"]): r["scores"][r["task"]] for r in records if r["way"] == "alone"}
+    others = [r for r in records if r["way"] != "alone"]
+    if not others:
+        raise SystemExit(f"error: {ledger} holds no run to compare with alone: give the results.jsonl of "
+                         "benchmarks/transfer.py once a joint or merged way has finished.")
+    groups = list(dict.fromkeys(r["group"] for r in others))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    # the recipe's ways in WAYS' order, then joint runs with other samplers (benchmarks/transfer.py --sampling)
-    found = list(dict.fromkeys(r["way"] for r in records))
+    # the recipe's ways in WAYS' order, then other samplers and merges (benchmarks/transfer.py --sampling, --merge)
+    found = list(dict.fromkeys(r["way"] for r in others))
     labels = {**WAYS, **{way: way for way in found if way not in WAYS}}
-    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], ["#8c8c8c", "#4c72b0", "#dd8452", "#55a868", "#8172b3",
+    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], ["#4c72b0", "#dd8452", "#55a868", "#8172b3",
                                                                   "#937860", "#da8bc3", "#ccb974", "#64b5cd"] * 3))
     for ax, group in zip(axes[0], groups):
-        mine = [r for r in records if r["group"] == group]
+        mine = [r for r in others if r["group"] == group]
         tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
         ways = [way for way in colours if any(r["way"] == way for r in mine)]
         width = 0.8 / len(ways)
         for k, way in enumerate(ways):
-            scores = [[100 * r["scores"][task] for r in mine if r["way"] == way and r["scores"].get(task) is not None]
-                      for task in tasks]
-            means = [statistics.mean(s) if s else 0.0 for s in scores]
-            spreads = [statistics.stdev(s) if len(s) > 1 else 0.0 for s in scores]
-            ax.bar([i + (k - (len(ways) - 1) / 2) * width for i in range(len(tasks))], means, width, yerr=spreads,
+            gains = [[100 * (r["scores"][task] - alone[group, task, r["seed"]]) for r in mine
+                      if r["way"] == way and task in r["scores"] and (group, task, r["seed"]) in alone]
+                     for task in tasks]  # paired by seed
+            means = [statistics.mean(g) if g else 0.0 for g in gains]
+            spreads = [statistics.stdev(g) if len(g) > 1 else 0.0 for g in gains]
+            xs = [i + (k - (len(ways) - 1) / 2) * width for i in range(len(tasks))]
+            ax.bar(xs, [max(m, FLOOR) for m in means], width, yerr=[s if m > FLOOR else 0 for m, s in
+                                                                     zip(means, spreads)],
                    capsize=2, color=colours[way], label=labels[way])
+            for x, m in zip(xs, means):
+                if m < FLOOR:
+                    ax.text(x, FLOOR, f"{m:.0f}", ha="center", va="bottom", fontsize=6, rotation=90, color="white")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_ylim(bottom=max(ax.get_ylim()[0], FLOOR - 0.5))
         ax.set_xticks(range(len(tasks)), tasks, fontsize=8)
-        ax.set_ylabel("test score x 100 (mean ± sd over seeds)", fontsize=7)
-        ax.set_title(group, fontsize=9)
-        ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle("Related tasks on one MiniLM trunk (benchmarks/transfer.py)", fontsize=9)
+        ax.set_ylabel("test score - alone's, points (mean ± sd, paired by seed)", fontsize=7)
+        seeds = sorted({r["seed"] for r in mine})
+        ax.set_title(f"{group} ({'seeds' if len(seeds) > 1 else 'seed'} {', '.join(map(str, seeds))})", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Related tasks on one MiniLM trunk: each way against each task alone (benchmarks/transfer.py)",
+                 fontsize=9)
+    # each way once, below the panels
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(legend.values(), legend.keys(), fontsize=7, loc="upper center", ncol=3, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110, bbox_inches="tight")
