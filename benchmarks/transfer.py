@@ -131,12 +131,18 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
                        + (time.perf_counter() - began) / 60})
 
 
-def spread(values: list[float]) -> str:
+def sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def spread(values: list[float], seeds: int, signed: bool = False) -> str:
+    """x 100, mean ± sd; the number of seeds where it is not every seed's (a run still to come)."""
     if not values:
         return "–"
     values = [100 * v for v in values]
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+    shown = f"{statistics.mean(values):{'+' if signed else ''}.2f}"
+    shown += f" ± {sd(values):.2f}" if len(values) > 1 else ""
+    return shown + (f" (n={len(values)})" if len(values) != seeds else "")
 
 
 def collect(group: str, seeds: list[int], ledger: Ledger) -> tuple[dict, dict[str, dict[int, dict]]]:
@@ -182,8 +188,10 @@ def report(group: str, seeds: list[int], ledger: Ledger) -> None:
     for task in tasks:
         both = [task_scores(task, seeds, alone, runs) for runs in by_way.values()]
         alone_scores = [alone[task, seed]["scores"][task] for seed in seeds if (task, seed) in alone]
-        print(f"| {task}{' (small)' if task in small else ''} | {spread(alone_scores)} | "
-              + " | ".join([spread(scores) for scores, _ in both] + [spread(gains) for _, gains in both]) + " |")
+        n = len(seeds)
+        print(f"| {task}{' (small)' if task in small else ''} | {spread(alone_scores, n)} | "
+              + " | ".join([spread(scores, n) for scores, _ in both]
+                           + [spread(gains, n, signed=True) for _, gains in both]) + " |")
     mean = compute(group, seeds, alone, by_way)
     base = mean.get("alone", (float("nan"), float("nan")))
     print("\n| way | optimizer steps (all tasks) | of alone | minutes | of alone |\n|---|---|---|---|---|")
@@ -192,11 +200,15 @@ def report(group: str, seeds: list[int], ledger: Ledger) -> None:
 
 
 def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
-    """The issue's targets over every group in the ledger: per group, the multi-task way within ``budget`` times the
-    steps of alone that helps its small tasks most (gain against the seeds' spread), the average gain over all small
-    tasks, the merged model against the separate ones, and the large tasks' worst loss by sharing a trunk."""
+    """Every group's table (``report``), then the issue's targets over them: per group, the multi-task way within
+    ``budget`` times the steps of alone that helps its small tasks most (gain against the seeds' spread), the average
+    gain over all small tasks, the merged model against the separate ones, and the large tasks' worst loss by sharing
+    a trunk."""
+    for group in GROUPS:
+        if any(r["group"] == group and r["seed"] in seeds and r["way"] != "alone" for r in ledger.records()):
+            report(group, seeds, ledger)
     print(f"\n## Targets over the groups (seeds {', '.join(map(str, seeds))}; points of test score)\n")
-    print("| group | best way for the small tasks | steps of alone | small tasks: gain (sd of gain; sd alone) | "
+    print("| group | best way for the small tasks | steps of alone | small tasks: gain (sd of gain; sd alone; seeds) | "
           "large tasks: worst mean gain, joint ways | merged - alone, worst task (the best merge) |")
     print("|---|---|---|---|---|---|")
     best_gains, by_way_gains = [], {}
@@ -216,10 +228,8 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         cells = []
         for task in small if best else []:
             gains = gain(best, task)
-            alone_sd = statistics.stdev([100 * alone[task, s]["scores"][task] for s in seeds if (task, s) in alone]
-                                        or [0, 0]) if len(seeds) > 1 else 0.0
-            cells.append(f"{task} {statistics.mean(gains):+.2f} ({statistics.stdev(gains) if len(gains) > 1 else 0:.2f}"
-                         f"; {alone_sd:.2f})")
+            alone_sd = sd([100 * alone[task, s]["scores"][task] for s in seeds if (task, s) in alone])
+            cells.append(f"{task} {statistics.mean(gains):+.2f} ({sd(gains):.2f}; {alone_sd:.2f}; n={len(gains)})")
             best_gains.append(statistics.mean(gains))
         for way in by_way:
             by_way_gains.setdefault(way, []).extend(statistics.mean(gain(way, t)) for t in small if gain(way, t))
@@ -246,7 +256,8 @@ def main() -> None:
     parser.add_argument("--groups", type=Path, help="a YAML file of groups of your own, laid out as GROUPS")
     parser.add_argument("--group", help=f"built in: {', '.join(sorted(GROUPS))}")
     parser.add_argument("--summary", action="store_true",
-                        help="train nothing: the targets over every group the ledger holds (--seeds, --root)")
+                        help="train nothing: every group's table and the targets over the groups the ledger holds "
+                        "(--seeds, --root)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
                         help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
