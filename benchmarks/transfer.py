@@ -76,6 +76,11 @@ def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger) -> dict:
                        "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
 
 
+def folder(way: str) -> str:
+    """A way's run folder: its name without spaces ("merged, ties, density 0.5" -> "merged_ties_density_0.5")."""
+    return way.replace(", ", "_").replace(" ", "_")
+
+
 def sampler_name(sampling: str | None, temperature: float | None) -> str:
     """What the ways of a joint run with another sampler than its recipe's are called ('' for the recipe's)."""
     if sampling is None:
@@ -90,9 +95,9 @@ def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledg
     found = [ledger.find(key) for key in keys]
     if all(found):
         return found[0], found[1]
-    began, folder = time.perf_counter(), "joint" + sampler.replace(", ", "_").replace(" ", "_")
+    began, directory = time.perf_counter(), root / group / folder(keys[0]["way"]) / f"seed{seed}"
     cli = run_cli(["fit", "--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
-                   *sampling, *QUIET, f"--trainer.default_root_dir={root / group / folder / f'seed{seed}'}"])
+                   *sampling, *QUIET, f"--trainer.default_root_dir={directory}"])
     stages = cli.finetune_stages
     joint_minutes = (time.perf_counter() - began) / 60 - sum(stage["minutes"] for stage in stages.values())
     joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,
@@ -117,8 +122,7 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
     found = ledger.find(key)
     if found:
         return found
-    folder = "merged" + name.replace(", ", "_").replace(" ", "")
-    began, directory = time.perf_counter(), root / group / folder / f"seed{seed}"
+    began, directory = time.perf_counter(), root / group / folder(key["way"]) / f"seed{seed}"
     export_main([*(model["checkpoint"] for model in models.values()), str(directory), *merge, "--base",
                  GROUPS[group]["base"], "--overwrite"])
     scores = {}
@@ -145,10 +149,10 @@ def spread(values: list[float], seeds: int, signed: bool = False) -> str:
     return shown + (f" (n={len(values)})" if len(values) != seeds else "")
 
 
-def collect(group: str, seeds: list[int], ledger: Ledger) -> tuple[dict, dict[str, dict[int, dict]]]:
-    """The ledger's runs of ``group`` over ``seeds``: alone by (task, seed), every other way by seed, in the order
-    joint, mtdnn, merged, then the joint runs with other samplers."""
-    runs = [r for r in ledger.records() if r["group"] == group and r["seed"] in seeds]
+def collect(group: str, seeds: list[int], records: list[dict]) -> tuple[dict, dict[str, dict[int, dict]]]:
+    """The ledger's runs (``records``) of ``group`` over ``seeds``: alone by (task, seed), every other way by seed, in
+    the order joint, mtdnn, merged, then the ways with other samplers and merges."""
+    runs = [r for r in records if r["group"] == group and r["seed"] in seeds]
     alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
     by_way: dict[str, dict[int, dict]] = {}
     for r in runs:
@@ -176,11 +180,11 @@ def compute(group: str, seeds: list[int], alone: dict, by_way: dict) -> dict[str
             if cs}
 
 
-def report(group: str, seeds: list[int], ledger: Ledger) -> None:
+def report(group: str, seeds: list[int], records: list[dict]) -> None:
     """Per task: each way's mean ± sd over the seeds and its gain over alone (paired by seed); per way: the compute.
     Every way the ledger holds for these seeds is shown, whichever command ran it."""
     tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
-    alone, by_way = collect(group, seeds, ledger)
+    alone, by_way = collect(group, seeds, records)
     print(f"\n## {group}: test score x 100 (mean ± sd over seeds {', '.join(map(str, seeds))}; "
           f"small tasks: {', '.join(small) or 'none'})\n")
     print("| task | alone | " + " | ".join(by_way) + " | " + " | ".join(f"{w} - alone" for w in by_way) + " |")
@@ -204,25 +208,26 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
     ``budget`` times the steps of alone that helps its small tasks most (gain against the seeds' spread), the average
     gain over all small tasks, the merged model against the separate ones, and the large tasks' worst loss by sharing
     a trunk."""
-    for group in GROUPS:
-        if any(r["group"] == group and r["seed"] in seeds and r["way"] != "alone" for r in ledger.records()):
-            report(group, seeds, ledger)
+    records = ledger.records()
+    collected = {group: collect(group, seeds, records) for group in GROUPS}
+    for group, (_, by_way) in collected.items():
+        if by_way:
+            report(group, seeds, records)
     print(f"\n## Targets over the groups (seeds {', '.join(map(str, seeds))}; points of test score)\n")
     print("| group | best way for the small tasks | steps of alone | small tasks: gain (sd of gain; sd alone; seeds) | "
           "large tasks: worst mean gain, joint ways | merged - alone, worst task (the best merge) |")
     print("|---|---|---|---|---|---|")
     best_gains, by_way_gains = [], {}
-    for group, spec in GROUPS.items():
-        alone, by_way = collect(group, seeds, ledger)
+    for group, (alone, by_way) in collected.items():
         if not alone or not by_way:
             continue
-        tasks, small = list(spec["alone"]), spec["small"]
+        tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
         mean = compute(group, seeds, alone, by_way)
 
         def gain(way: str, task: str) -> list[float]:
             return [100 * g for g in task_scores(task, seeds, alone, by_way[way])[1]]
 
-        within = [w for w in by_way if w in mean and "alone" in mean and mean[w][0] <= budget * mean["alone"][0]]
+        within = [w for w in by_way if "alone" in mean and mean[w][0] <= budget * mean["alone"][0]]
         best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
                    default=None) if small else None
         cells = []
@@ -299,7 +304,7 @@ def main() -> None:
             joint_and_mtdnn(options.group, seed, epochs, options.root, ledger, sampling, sampler)
         if "merged" in options.ways:
             merged(options.group, seed, models, options.root, ledger, merge, merging)
-    report(options.group, options.seeds, ledger)
+    report(options.group, options.seeds, ledger.records())
 
 
 if __name__ == "__main__":
