@@ -15,6 +15,8 @@ Run it from the repository (the recipes read ../shared/data). The ways:
   * merged (``--merge``, ``--merge-density``, ``--merge-scale``: another merge than TIES' defaults, a way of its own):
     ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
     task tested on the merged model (``trunk test --config <its recipe> --model.init_from=DIR``).
+    ``--merge deltas``: each task alone as a LoRA delta on the frozen trunk (way ``alone, lora``: the recipe with the
+    delta and learning rate of configs/minilm_conll2003_lora.yaml), the deltas then combined side by side.
 Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
 Every finished run is a line of <root>/results.jsonl (benchmarks/ledger.py): a stopped benchmark goes on where it
 stopped. Compute: optimizer steps and wall minutes (the machine's; a merge trains nothing).
@@ -23,6 +25,7 @@ stopped. Compute: optimizer steps and wall minutes (the machine's; a merge train
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -54,6 +57,15 @@ GROUPS = {
                   "alone": {"sst2": "configs/minilm_sst2.yaml", "goemotions": "configs/minilm_goemotions.yaml"}},
 }
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+# the ``alone, lora`` way's delta and learning rate: MiniLM's LoRA recipe (within 0.1 point of full fine-tuning there)
+LORA_RECIPE = "configs/minilm_conll2003_lora.yaml"
+
+
+def lora_options(task: str) -> list[str]:
+    """The overrides that train ``task`` as LoRA recipe's delta on the frozen trunk, at its learning rate."""
+    model = yaml.safe_load((REPO / LORA_RECIPE).read_text())["model"]
+    delta = next(iter(model["peft"].values()))
+    return [f"--model.peft={json.dumps({task: delta})}", f"--model.optimizer.lr={model['optimizer']['lr']}"]
 
 
 def primary_scores(cli) -> dict[str, float]:
@@ -63,14 +75,15 @@ def primary_scores(cli) -> dict[str, float]:
             if f"test/{task}/{objective.primary}" in metrics}
 
 
-def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger) -> dict:
-    key = {"group": group, "way": "alone", "task": task, "seed": seed}
+def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, delta: bool = False) -> dict:
+    """``delta``: the task as a LoRA delta on the frozen trunk (way ``alone, lora``)."""
+    key = {"group": group, "way": "alone, lora" if delta else "alone", "task": task, "seed": seed}
     found = ledger.find(key)
     if found:
         return found
-    began = time.perf_counter()
+    began, directory = time.perf_counter(), root / group / folder(key["way"]) / task / f"seed{seed}"
     cli = run_cli(["fit", "--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *QUIET,
-                   f"--trainer.default_root_dir={root / group / 'alone' / task / f'seed{seed}'}"])
+                   *(lora_options(task) if delta else []), f"--trainer.default_root_dir={directory}"])
     callback = cli.trainer.checkpoint_callback
     return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step,
                        "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
@@ -126,9 +139,10 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
     export_main([*(model["checkpoint"] for model in models.values()), str(directory), *merge, "--base",
                  GROUPS[group]["base"], "--overwrite"])
     scores = {}
-    for recipe in GROUPS[group]["alone"].values():
+    for task, recipe in GROUPS[group]["alone"].items():
+        delta = lora_options(task)[:1] if "deltas" in merge else []  # the stored delta needs its model.peft
         cli = run_cli(["test", "--config", recipe, f"--model.init_from={directory}", f"--seed_everything={seed}",
-                       *QUIET, f"--trainer.default_root_dir={directory / 'test'}"])
+                       *delta, *QUIET, f"--trainer.default_root_dir={directory / 'test'}"])
         scores.update(primary_scores(cli))
     return ledger.add({**key, "scores": scores, "steps": sum(model["steps"] for model in models.values()),
                        "minutes": sum(model["minutes"] for model in models.values())
@@ -150,15 +164,20 @@ def spread(values: list[float], seeds: int, signed: bool = False) -> str:
 
 
 def collect(group: str, seeds: list[int], records: list[dict]) -> tuple[dict, dict[str, dict[int, dict]]]:
-    """The ledger's runs (``records``) of ``group`` over ``seeds``: alone by (task, seed), every other way by seed, in
-    the order joint, mtdnn, merged, then the ways with other samplers and merges."""
+    """The ledger's runs (``records``) of ``group`` over ``seeds``: alone by (task, seed), every other way by seed (a
+    way of separate runs, ``alone, lora``, as one run of a seed: their scores, their steps and minutes summed), in the
+    order joint, mtdnn, merged, then the ways with other samplers and merges."""
     runs = [r for r in records if r["group"] == group and r["seed"] in seeds]
     alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
     by_way: dict[str, dict[int, dict]] = {}
     for r in runs:
-        if r["way"] != "alone":
+        if r["way"] != "alone" and "task" in r:
+            seen = by_way.setdefault(r["way"], {}).setdefault(r["seed"], {"scores": {}, "steps": 0, "minutes": 0})
+            seen.update(scores={**seen["scores"], **r["scores"]}, steps=seen["steps"] + r["steps"],
+                        minutes=seen["minutes"] + r["minutes"])
+        elif r["way"] != "alone":
             by_way.setdefault(r["way"], {})[r["seed"]] = r
-    order = ["joint", "mtdnn", "merged"]
+    order = ["alone", "joint", "mtdnn", "merged"]
     rank = {way: (order.index(way.split(",")[0]) if way.split(",")[0] in order else 3, way) for way in by_way}
     return alone, dict(sorted(by_way.items(), key=lambda item: rank[item[0]]))
 
@@ -227,7 +246,8 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         def gain(way: str, task: str) -> list[float]:
             return [100 * g for g in task_scores(task, seeds, alone, by_way[way])[1]]
 
-        within = [w for w in by_way if "alone" in mean and mean[w][0] <= budget * mean["alone"][0]]
+        within = [w for w in by_way if "alone" in mean and mean[w][0] <= budget * mean["alone"][0]
+                  and not w.startswith("alone")]  # multi-task ways
         best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
                    default=None) if small else None
         cells = []
@@ -239,7 +259,7 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         for way in by_way:
             by_way_gains.setdefault(way, []).extend(statistics.mean(gain(way, t)) for t in small if gain(way, t))
         large = [t for t in tasks if t not in small]
-        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if not w.startswith("merged")
+        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if not w.startswith(("merged", "alone"))
                   for t in large if gain(w, t)]
         merges = [w for w in by_way if w.startswith("merged") and all(gain(w, t) for t in tasks)]
         # each merge's worst task; the merge whose worst is best
@@ -271,8 +291,9 @@ def main() -> None:
     parser.add_argument("--sampling", choices=["proportional", "temperature", "uniform"],
                         help="joint: draw the tasks by this rule instead of the recipe's (compare samplers)")
     parser.add_argument("--temperature", type=float, help="with --sampling temperature: T (p ∝ n^(1/T))")
-    parser.add_argument("--merge", choices=["ties", "task_arithmetic"], default="ties",
-                        help="merged: how the alone models are combined (trunk export --merge)")
+    parser.add_argument("--merge", choices=["ties", "task_arithmetic", "deltas"], default="ties",
+                        help="merged: how the alone models are combined (trunk export --merge); deltas: of each task "
+                        "alone as a LoRA delta (way 'alone, lora')")
     parser.add_argument("--merge-density", type=float, help="merged: trunk export's --merge-density (ties)")
     parser.add_argument("--merge-scale", type=float, help="merged: trunk export's --merge-scale")
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
@@ -299,6 +320,9 @@ def main() -> None:
         if "alone" in options.ways or "merged" in options.ways:
             models = {task: alone(options.group, task, seed, options.root, ledger)
                       for task in GROUPS[options.group]["alone"]}
+            if options.merge == "deltas" and "merged" in options.ways:
+                models = {task: alone(options.group, task, seed, options.root, ledger, delta=True)
+                          for task in GROUPS[options.group]["alone"]}
         if "joint" in options.ways:
             epochs = options.finetune_epochs or GROUPS[options.group].get("finetune_epochs", 2)
             joint_and_mtdnn(options.group, seed, epochs, options.root, ledger, sampling, sampler)

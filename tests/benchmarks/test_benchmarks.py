@@ -500,3 +500,15 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
                              "results.jsonl"), str(tmp_path / "transfer.png")], capture_output=True, text=True)
     assert figure.returncode == 0, figure.stderr[-2000:]
     assert (tmp_path / "transfer.png").read_bytes()[:4] == b"\x89PNG"
+    # each task alone as a LoRA delta, the deltas combined: the combined model scores as the separate ones did
+    deltas = subprocess.run([*command, "--ways", "merged", "--merge", "deltas", "--seeds", "0"], capture_output=True,
+                            text=True, timeout=900)
+    assert deltas.returncode == 0, deltas.stderr[-3000:]
+    lines = [line.split(" | ") for line in deltas.stdout.splitlines() if line.startswith("| ")]
+    header = [c.strip("| ") for c in lines[0]]
+    for row in (r for r in lines if r[0].strip("| ") in {"mood", "names (small)"}):
+        assert row[header.index("merged, deltas")] == row[header.index("alone, lora")]
+    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == len(added) + 3
+    targets = subprocess.run([*command, "--summary"], capture_output=True, text=True, timeout=300)
+    row = next(line for line in targets.stdout.splitlines() if line.startswith("| tiny |")).split(" | ")
+    assert targets.returncode == 0 and row[1] != "alone, lora"  # separate runs are no multi-task way

@@ -1,6 +1,6 @@
 """Merging separately fine-tuned models into one (trunk/formats/merge.py, `trunk export A B DIR --merge`): the merged
-trunk is the base plus the models' combined changes, every model's head comes along and answers, and models that cannot
-be merged are refused by name."""
+trunk is the base plus the models' combined changes, every model's head comes along and answers, models trained as
+deltas combine without loss, and models that cannot be merged are refused by name."""
 
 import random
 from dataclasses import replace
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import ner_sentence, write_conll, write_rows
-from test_task_files import SENTENCES, TEXTS, TINY, classification, last_checkpoint, ner
+from test_task_files import SENTENCES, TEXTS, TINY, assert_same_records, classification, last_checkpoint, ner
 
 from trunk.datamodules.builtin import sentiment_example
 from trunk.formats.merge import merge_trunks, ties_merge
@@ -30,9 +30,11 @@ def models(tmp_path_factory):
     export_main([last_checkpoint(base), str(root / "trunk"), "--trunk-only"])
     ckpts = {}
     for task, args in (("sent", classification("sent", sentiment)), ("ner", ner("ner", tags))):
-        fit = run_cli(["fit", *args, *TINY, f"--model.init_from={root / 'trunk'}", "--model.optimizer.lr=0.03",
-                       "--trainer.max_steps=12", f"--trainer.default_root_dir={root / task}"])
-        ckpts[task] = last_checkpoint(fit)
+        for delta in ("", "lora"):  # fully fine-tuned, and a LoRA delta on the frozen base
+            peft = [f"--model.peft={{{task}: {{method: lora, r: 4}}}}"] if delta else []
+            fit = run_cli(["fit", *args, *TINY, f"--model.init_from={root / 'trunk'}", "--model.optimizer.lr=0.03",
+                           *peft, "--trainer.max_steps=12", f"--trainer.default_root_dir={root / task / delta}"])
+            ckpts[task + (f"_{delta}" if delta else "")] = last_checkpoint(fit)
     return {"root": root, "base": root / "trunk", **ckpts}
 
 
@@ -76,6 +78,30 @@ def test_merged_models_keep_every_head_on_the_base_plus_their_changes(models, tm
     name = next(k for k, v in base.trunk_weights.items() if v.is_floating_point() and v.dim() == 2)
     changes = [m.trunk_weights[name] - base.trunk_weights[name] for m in (sent, tagger)]
     torch.testing.assert_close(ties.trunk_weights[name], base.trunk_weights[name] + ties_merge(changes, 0.5))
+
+
+def test_models_trained_as_deltas_combine_and_answer_exactly_as_each_alone(models, tmp_path):
+    from trunk.cli import export_main
+    from trunk.formats.task_dir import read_trunk
+    from trunk.tasks import load
+
+    out = tmp_path / "deltas"
+    export_main([models["sent_lora"], models["ner_lora"], str(out), "--merge", "deltas", "--base", str(models["base"])])
+    combined, base = read_trunk(out), read_trunk(models["base"])
+    assert set(combined.heads) == {"sent", "ner"}
+    assert all(torch.equal(combined.trunk_weights[k], v) for k, v in base.trunk_weights.items())
+    assert {task: head["meta"]["peft"]["method"] for task, head in combined.heads.items()} == {"sent": "lora",
+                                                                                             "ner": "lora"}
+    predictor = load(out, precision="32-true")
+    for task, inputs in (("sent", TEXTS), ("ner", SENTENCES)):
+        alone = load(models[f"{task}_lora"], precision="32-true").predict(inputs, task=task)
+        assert_same_records(predictor.predict(inputs, task=task), alone)
+    with pytest.raises(SystemExit, match=r"changed the trunk of the base .*: --merge deltas combines models whose"):
+        export_main([models["sent"], models["ner_lora"], str(tmp_path / "a"), "--merge", "deltas", "--base",
+                     str(models["base"])])
+    with pytest.raises(ValueError, match="scale=0.5: --merge deltas adds nothing up"):
+        merge_trunks(base, [read_trunk(models["sent_lora"]), read_trunk(models["ner_lora"])], "deltas", scale=0.5)
+    assert not (tmp_path / "a").exists()
 
 
 def test_models_that_cannot_be_merged_are_refused_by_name(models, tmp_path):

@@ -74,7 +74,8 @@ def export_main(args: list[str]) -> None:
         help="combine models fine-tuned separately from --base into one model with all their heads, without training: "
         "task_arithmetic (the base plus --merge-scale times the sum of the models' changes; default scale 1/n, their "
         "average) or ties (each change trimmed to its --merge-density largest entries, signs elected, agreeing values "
-        "averaged; default scale 1)",
+        "averaged; default scale 1), or deltas (models trained as deltas, model.peft, on the frozen base: each task "
+        "keeps its own delta, so each answers exactly as its separate model did)",
     )
     parser.add_argument("--base", help="with --merge: the pretrained model the merged models were fine-tuned from (a "
                         "trunk directory, a Hugging Face folder, hf://ORG/NAME)")

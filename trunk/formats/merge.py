@@ -7,6 +7,9 @@ average of the models). ``ties`` (Yadav et al., 2023, "TIES-merging") first keep
 largest entries per tensor, then elects each entry's sign by the sum of what is kept, and averages only the kept
 values that agree with it, so two tasks' small, opposite changes do not cancel a third's real one; the result is
 added at ``scale`` (1 by default). Heads are taken as they are, one per task; the trunk gets the merged weights.
+``deltas`` combines models trained as deltas (``model.peft``: LoRA, DoRA, adapters), or heads alone, on the frozen
+base: nothing is averaged, each task keeps its own delta beside the others on the base's trunk, so the model answers
+every task exactly as its separate model did (what a merge of full fine-tunes cannot promise).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from trunk.core.codec import Codec
 from trunk.formats.trunk_dir import PretrainedTrunk, architecture_fields
 
-MERGE_METHODS = ("task_arithmetic", "ties")
+MERGE_METHODS = ("task_arithmetic", "ties", "deltas")
 
 
 def ties_merge(vectors: list[torch.Tensor], density: float) -> torch.Tensor:
@@ -38,9 +41,10 @@ def ties_merge(vectors: list[torch.Tensor], density: float) -> torch.Tensor:
     return (total / count).reshape(stacked.shape[1:])
 
 
-def check_mergeable(base: PretrainedTrunk, models: list[PretrainedTrunk]) -> None:
-    """Every model from the base's trunk (architecture, tokenizer, weight names and shapes), no task twice, no task
-    delta (LoRA, adapters: merge their models' deltas first)."""
+def check_mergeable(base: PretrainedTrunk, models: list[PretrainedTrunk], method: str) -> None:
+    """Every model from the base's trunk (architecture, tokenizer, weight names and shapes), no task twice; for
+    ``deltas`` the base's trunk unchanged (its tasks deltas or heads alone), for the others no delta (it has no task
+    vector)."""
     vocabulary = base.codec.tokenizer.get_vocab() if base.codec.tokenizer is not None else None
     owners: dict[str, PretrainedTrunk] = {}
     for model in models:
@@ -57,11 +61,18 @@ def check_mergeable(base: PretrainedTrunk, models: list[PretrainedTrunk]) -> Non
         if tokenizer != vocabulary:
             raise ValueError(f"'{model.path}' uses another tokenizer than the base '{base.path}': merged weights "
                              "would read other token ids. Merge models fine-tuned from the same base.")
+        if method == "deltas":
+            changed = [k for k, v in model.trunk_weights.items()
+                       if not torch.equal(v.to(base.trunk_weights[k].dtype), base.trunk_weights[k])]
+            if changed:
+                raise ValueError(f"'{model.path}' changed the trunk of the base '{base.path}' ({changed[:3]}): "
+                                 "--merge deltas combines models whose trunk stayed frozen (model.peft). Merge fully "
+                                 "fine-tuned models with --merge ties or task_arithmetic.")
         for task, head in model.heads.items():
-            if head["meta"].get("peft"):
+            if head["meta"].get("peft") and method != "deltas":
                 raise ValueError(f"Task '{task}' of '{model.path}' was trained as a delta ({head['meta']['peft']}) "
-                                 "on a frozen trunk: it has no task vector to merge. Load it beside the trunk instead "
-                                 "(trunk export CKPT DIR --task NAME), or merge fully fine-tuned models.")
+                                 f"on a frozen trunk: it has no task vector to {method}-merge. Combine models "
+                                 "trained as deltas with --merge deltas (each task keeps its own).")
             if task in owners:
                 other = owners[task].heads[task]["meta"].get("label_names")
                 labels = head["meta"].get("label_names")
@@ -81,9 +92,17 @@ def merge_trunks(base: PretrainedTrunk, models: list[PretrainedTrunk], method: s
         raise ValueError(f"Merging takes two or more fine-tuned models; got {len(models)}.")
     if not 0 < density <= 1:
         raise ValueError(f"density={density}: the share of each task vector TIES keeps, in (0, 1].")
+    if scale is not None and method == "deltas":
+        raise ValueError(f"scale={scale}: --merge deltas adds nothing up (each task keeps its own delta); leave out "
+                         "the scale.")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale={scale}: the factor the merged task vector is added with must be > 0.")
-    check_mergeable(base, models)
+    check_mergeable(base, models, method)
+    heads = {task: head for model in models for task, head in model.heads.items()}
+    targets = {task: t for model in models for task, t in model.codec.targets.items() if task in heads}
+    codec = Codec(base.codec.tokenizer, targets)
+    if method == "deltas":  # each task's delta comes with its head; the trunk is the base's
+        return replace(base, path=Path(models[0].path), heads=heads, codec=codec)
     scale = scale if scale is not None else (1.0 / len(models) if method == "task_arithmetic" else 1.0)
     weights = {}
     for name, start in base.trunk_weights.items():
@@ -93,7 +112,4 @@ def merge_trunks(base: PretrainedTrunk, models: list[PretrainedTrunk], method: s
         vectors = [model.trunk_weights[name].float() - start.float() for model in models]
         merged = torch.stack(vectors).sum(dim=0) if method == "task_arithmetic" else ties_merge(vectors, density)
         weights[name] = (start.float() + scale * merged).to(start.dtype)
-    heads = {task: head for model in models for task, head in model.heads.items()}
-    targets = {task: t for model in models for task, t in model.codec.targets.items() if task in heads}
-    return replace(base, path=Path(models[0].path), trunk_weights=weights, heads=heads,
-                   codec=Codec(base.codec.tokenizer, targets))
+    return replace(base, path=Path(models[0].path), trunk_weights=weights, heads=heads, codec=codec)
