@@ -149,6 +149,12 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
                        + (time.perf_counter() - began) / 60})
 
 
+def learns_from_others(way: str) -> bool:
+    """Whether a task's weights see the other tasks' data under ``way``: not alone, nor in the deltas merge, whose
+    tasks keep their separately trained deltas (what they gain over alone is LoRA's, not the group's)."""
+    return not way.startswith("alone") and not way.endswith("deltas")
+
+
 def sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -247,7 +253,7 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
             return [100 * g for g in task_scores(task, seeds, alone, by_way[way])[1]]
 
         within = [w for w in by_way if "alone" in mean and mean[w][0] <= budget * mean["alone"][0]
-                  and not w.startswith("alone")]  # multi-task ways
+                  and learns_from_others(w)]
         best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
                    default=None) if small else None
         cells = []
@@ -256,7 +262,7 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
             alone_sd = sd([100 * alone[task, s]["scores"][task] for s in seeds if (task, s) in alone])
             cells.append(f"{task} {statistics.mean(gains):+.2f} ({sd(gains):.2f}; {alone_sd:.2f}; n={len(gains)})")
             best_gains.append(statistics.mean(gains))
-        for way in by_way:
+        for way in filter(learns_from_others, by_way):
             by_way_gains.setdefault(way, []).extend(statistics.mean(gain(way, t)) for t in small if gain(way, t))
         large = [t for t in tasks if t not in small]
         shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if not w.startswith(("merged", "alone"))
@@ -264,10 +270,16 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         merges = [w for w in by_way if w.startswith("merged") and all(gain(w, t) for t in tasks)]
         # each merge's worst task; the merge whose worst is best
         merged = max((min((statistics.mean(gain(w, t)), t, w) for t in tasks) for w in merges), default=None)
+        against_own = ""  # the deltas merge also against the LoRA models it holds, paired by seed
+        if merged and merged[2].endswith("deltas") and "alone, lora" in by_way:
+            own = by_way["alone, lora"]
+            worst = min(statistics.mean(100 * (r["scores"][t] - own[s]["scores"][t])
+                                        for s, r in by_way[merged[2]].items() if s in own) for t in tasks)
+            against_own = f"; against its LoRA models {worst:+.2f}"
         ratio = f"{mean[best][0] / mean['alone'][0]:.2f}" if best else "–"
         print(f"| {group} | {best or '–'} | {ratio} | {'; '.join(cells) or '–'} | "
               + (f"{min(shared)[0]:+.2f} ({min(shared)[1]}, {min(shared)[2]})" if shared else "–") + " | "
-              + (f"{merged[0]:+.2f} ({merged[1]}; {merged[2]})" if merged else "–") + " |")
+              + (f"{merged[0]:+.2f} ({merged[1]}; {merged[2]}{against_own})" if merged else "–") + " |")
     if best_gains:
         print(f"\nAverage gain of the small tasks under their group's best way: {statistics.mean(best_gains):+.2f} "
               f"points over {len(best_gains)} tasks (target: >= 1 at <= {budget}x the steps of alone).")
