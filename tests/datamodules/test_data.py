@@ -568,6 +568,34 @@ def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):
         missing.raw("train")
 
 
+def test_a_test_split_held_out_of_one_file_keeps_the_validation_rows_and_whole_groups(tmp_path):
+    """XQuAD ships one file: ``test_fraction`` holds a test split out of it too, after the validation rows, which stay
+    the ones ``val_fraction`` alone holds out; no article on two sides."""
+    rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "article": f"article {i // 5}"} for i in range(100)]
+    path = str(write_rows(tmp_path / "rows.csv", rows))
+    before = TextClassificationData(train=path, val_fraction=0.2, hold_out_by="article")
+    member = TextClassificationData(train=path, val_fraction=0.2, test_fraction=0.3, hold_out_by="article")
+    assert not before.has_split("test") and member.has_split("test") and member.has_split("validation")
+    assert column(member.raw("validation"), "text") == column(before.raw("validation"), "text")
+    articles = {role: set(column(member.raw(role), "article")) for role in ("train", "validation", "test")}
+    assert [len(articles[role]) for role in ("train", "validation", "test")] == [10, 4, 6]  # 50%, 20%, 30% of 20
+    assert not (articles["train"] & articles["test"] or articles["validation"] & articles["test"])
+    assert sorted(t for role in ("train", "validation", "test") for t in column(member.raw(role), "text")) == \
+        sorted(r["text"] for r in rows)
+    data = run_data(member, tokenizer_vocab_size=50)
+    data.setup("test")
+    assert sum(len(batch["labels"]) for batch in data.test_dataloader()[0]) == 30
+    given = TextClassificationData(train=path, test=path, test_fraction=0.3)  # a test split of its own wins
+    assert given.held_out() == {} and len(given.raw("test")) == 100
+    for options, message in (({"test_fraction": 1.0}, r"test_fraction must be in \[0, 1\), got 1.0"),
+                             ({"val_fraction": 0.5, "test_fraction": 0.5}, "hold out every training row")):
+        with pytest.raises(ValueError, match=message):
+            TextClassificationData(train=path, **options)
+    with pytest.raises(ValueError, match=r"Only 18 distinct values to hold out by: too few for a test share of 0.989. "
+                       r"\(0.89 of all rows is 0.989 of those the validation split left.\)"):
+        TextClassificationData(train=path, val_fraction=0.1, test_fraction=0.89, hold_out_by="article").raw("test")
+
+
 TREC_PATTERN = r"(?P<label>[A-Z]+):\S+ (?P<text>.+)"
 
 

@@ -101,6 +101,11 @@ def test_idx_files_are_read_with_their_labels(idx_files, tmp_path):
     assert torch.equal(train["images"][0, 0], torch.from_numpy(images[train["ids"][0]]))
     assert [train["labels"][i] for i in range(3)] == [train["ids"][i] % 3 for i in range(3)]
     assert dm.label_names == ["0", "1", "2"]
+    held = ImageClassificationData(train=str(idx_files), val_fraction=0.25, test_fraction=0.25)
+    assert held.has_split("test") and held.split("validation")["ids"] == val["ids"]  # validation as it was
+    test = held.split("test")
+    assert sorted(test["labels"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # a third of the 10 each class has left
+    assert sorted(held.split("train")["ids"] + val["ids"] + test["ids"]) == list(range(40))
     (tmp_path / "short-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3]) + struct.pack(">3I", 5, 8, 8) + b"\0" * 10)
     with pytest.raises(ValueError, match="truncated"):
         read_idx(tmp_path / "short-images-idx3-ubyte", "data.test")

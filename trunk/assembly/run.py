@@ -117,6 +117,7 @@ STREAM_OPTIONS = (
     "batch_size",
     "max_length",
     "val_fraction",
+    "test_fraction",
     "hold_out_by",
     "select",
     "dataset",

@@ -12,7 +12,7 @@ import torch
 
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, hold_out
+from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, split_off
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -63,7 +63,8 @@ class ImageClassificationData(TaskData):
         mean / std: per-channel normalisation of pixels scaled to [0, 1].
         random_translate: shift training images by up to this many pixels (zero fill).
         horizontal_flip: flip training images left-right half the time (not for digits or text).
-        **kwargs: see ``TaskData`` (dataset, splits, val_fraction: held out per class, batch sizes, workers).
+        **kwargs: see ``TaskData`` (dataset, splits, val_fraction and test_fraction: held out per class, batch
+            sizes, workers).
     """
 
     input_form = "an image: a file path, PIL image or uint8 array (served: a base64-encoded image file)"
@@ -108,7 +109,7 @@ class ImageClassificationData(TaskData):
     # -- reading -----------------------------------------------------------------------------------
     def split(self, role: str) -> dict:
         if role not in self._splits:
-            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction:
+            if role == "train" and self.held_out() or role in self.held_out():
                 self._hold_out()
             else:
                 self._splits[role] = self._finish(self._read(self.spec(role), self.option(role)), self.option(role))
@@ -116,9 +117,7 @@ class ImageClassificationData(TaskData):
 
     def _hold_out(self) -> None:
         train = self._finish(self._read(self.spec("train"), self.option("train")), self.option("train"))
-        rows = {}
-        rows["train"], rows["validation"] = hold_out(len(train["labels"]), self.val_fraction, strata=train["labels"])
-        for role, index in rows.items():
+        for role, index in split_off(len(train["labels"]), self.held_out(), strata=train["labels"]).items():
             self._splits[role] = {"images": train["images"][index], "labels": [train["labels"][i] for i in index],
                                   "ids": [train["ids"][i] for i in index]}
 

@@ -60,7 +60,7 @@ def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
 
 
 def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = None,
-             units: Sequence | None = None) -> tuple[list[int], list[int]]:
+             units: Sequence | None = None, split: str = "validation") -> tuple[list[int], list[int]]:
     """Split ``range(n)`` into (train, validation) indices, ``fraction`` held out at random with a fixed
     seed; with ``strata`` (one label per row) each label keeps its share in both parts. (Not
     ``Dataset.train_test_split(stratify_by_column=)``: that needs a ClassLabel column, refuses labels seen
@@ -74,7 +74,7 @@ def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = N
         held_units = set(names[: max(1, round(len(names) * fraction))])
         if len(held_units) >= len(names):
             raise ValueError(
-                f"Only {len(names)} distinct values to hold out by: too few for a validation share of {fraction}."
+                f"Only {len(names)} distinct values to hold out by: too few for a {split} share of {fraction:.3g}."
             )
         validation = [i for i in range(n) if units[i] in held_units]
         return [i for i in range(n) if units[i] not in held_units], validation
@@ -88,10 +88,31 @@ def hold_out(n: int, fraction: float, seed: int = 0, strata: Sequence | None = N
     if not validation and n > 1:  # tiny data: at least one row
         validation = [rng.randrange(n)]
     if len(validation) >= n:
-        raise ValueError(f"Only {n} training rows: too few to hold out a validation share of {fraction}. "
-                         "Give more data, or a validation split.")
+        raise ValueError(f"Only {n} training rows: too few to hold out a {split} share of {fraction:.3g}. "
+                         f"Give more data, or a {split} split.")
     held = set(validation)
     return [i for i in range(n) if i not in held], sorted(validation)
+
+
+def split_off(n: int, fractions: dict[str, float], strata: Sequence | None = None,
+              units: Sequence | None = None) -> dict[str, list[int]]:
+    """``range(n)`` as each held-out split's indices (``fractions``: split -> its share of all ``n`` rows) and the
+    training rows left, held out in order, each from the rows the ones before left, with a seed of its own (the
+    validation rows first, so holding out a test share too keeps them as they were)."""
+    parts, rest = {}, list(range(n))
+    for seed, (split, fraction) in enumerate(fractions.items()):
+        share = fraction if len(rest) == n else fraction * n / len(rest)  # of the rows left
+        try:
+            keep, held = hold_out(len(rest), share, seed,
+                                  strata=[strata[i] for i in rest] if strata is not None else None,
+                                  units=[units[i] for i in rest] if units is not None else None, split=split)
+        except ValueError as err:
+            if share == fraction:
+                raise
+            raise ValueError(f"{err} ({fraction:g} of all rows is {share:.3g} of those the {' and '.join(parts)} "
+                             "split left.)") from None
+        parts[split], rest = [rest[i] for i in held], [rest[i] for i in keep]
+    return {**parts, "train": rest}
 
 
 def length_buckets(order: list[int], lengths: Sequence[int], batch_size: int, rng: random.Random,
@@ -228,8 +249,11 @@ class TaskData:
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
             with a fixed seed; classification keeps each label's share).
-        hold_out_by: with ``val_fraction``, hold out whole groups of rows by this column (articles for QA,
-            documents, speakers), so the validation rows share no group with the training rows.
+        test_fraction: with no test split, hold out this share of the training rows as the test split (after the
+            validation share, the same way), for data sets that ship one split (XQuAD).
+        hold_out_by: with ``val_fraction`` (``test_fraction``), hold out whole groups of rows by this column
+            (articles for QA, documents, speakers), so the validation (test) rows share no group with the training
+            rows.
         metrics_per_file: a validation or test split read from several files (different domains) also reports
             each file's metrics, as ``val/<task>/<file>/<metric>`` (the file's name without its suffix).
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
@@ -256,12 +280,17 @@ class TaskData:
         encoding: str = "utf-8",
         metrics_per_file: bool = False,
         val_fraction: float = 0.0,
+        test_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
     ) -> None:
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+        for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 <= fraction < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {fraction}.")
+        if val_fraction + test_fraction >= 1.0:
+            raise ValueError(f"val_fraction {val_fraction} and test_fraction {test_fraction} hold out every training "
+                             "row: their sum must be below 1.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.dataset, self.dataset_config = dataset, dataset_config
@@ -276,7 +305,7 @@ class TaskData:
         )
         self.metrics_per_file = metrics_per_file
         self._file_rows: dict[str, list[tuple[str, int]]] = {}  # split -> (file, rows) in order, when read from several
-        self.val_fraction = val_fraction
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.num_workers = num_workers
@@ -380,8 +409,15 @@ class TaskData:
 
     # -- shared ----------------------------------------------------------------------------------------
     def has_split(self, role: str) -> bool:
-        held_out = role == "validation" and self.val_fraction > 0 and self.split_specs["train"] is not None
-        return self.split_specs[role] is not None or held_out
+        return self.split_specs[role] is not None or role in self.held_out()
+
+    def held_out(self) -> dict[str, float]:
+        """The splits taken from the training rows (no split of their own given, a share to hold out): split ->
+        share."""
+        if self.split_specs["train"] is None:
+            return {}
+        shares = {"validation": self.val_fraction, "test": self.test_fraction}
+        return {split: share for split, share in shares.items() if share > 0 and self.split_specs[split] is None}
 
     def input_files(self) -> list[Path]:
         """The local files this task reads, of every split (which no output of the run may replace)."""
@@ -512,15 +548,16 @@ class TextDataModule(TaskData):
     def raw(self, role: str) -> datasets.Dataset:
         """The rows of one split, loaded once and checked for emptiness."""
         if role not in self._raw:
-            if role in ("train", "validation") and self.split_specs["validation"] is None and self.val_fraction > 0:
+            held_out = self.held_out()
+            if role == "train" and held_out or role in held_out:
                 rows = self.read("train")
                 self.check(rows, "train")
                 units = None
                 if self.hold_out_by is not None:
                     check_columns(rows, {"hold_out_by": self.hold_out_by}, self.option("train"))
                     units = column(rows, self.hold_out_by)
-                train, validation = hold_out(len(rows), self.val_fraction, strata=self.strata(rows), units=units)
-                self._raw["train"], self._raw["validation"] = rows.select(train), rows.select(validation)
+                for split, index in split_off(len(rows), held_out, self.strata(rows), units).items():
+                    self._raw[split] = rows.select(index)
             else:
                 ds = self.read(role)
                 self.check(ds, role)
@@ -582,7 +619,9 @@ class TextDataModule(TaskData):
         return [
             *self.tokenizer_columns(),
             self.val_fraction,
+            self.test_fraction,
             self.split_specs["validation"],
+            self.split_specs["test"],
             self.select.get("train"),
             self.hold_out_by,
             dataclasses.asdict(self.reading),
@@ -699,7 +738,7 @@ class TextDataModule(TaskData):
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # how files are read
                 with contextlib.suppress(TypeError, ValueError):  # not a plain option: left out
                     options[name] = json.loads(json.dumps(value))
-        roles = [role] + (["train"] if role == "validation" and self.split_specs["validation"] is None else [])
+        roles = [role] + (["train"] if role in self.held_out() else [])
         sources = [[source_key(self.dataset, spec) for spec in expand_sources(self.dataset, s, self.option(r))]
                    for r, s in ((r, self.split_specs[r]) for r in roles) if s is not None]
         hub = (
