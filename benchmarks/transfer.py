@@ -195,12 +195,14 @@ def task_scores(task: str, seeds: list[int], alone: dict, runs: dict[int, dict])
 
 
 def compute(group: str, seeds: list[int], alone: dict, by_way: dict) -> dict[str, tuple[float, float]]:
-    """Each way's mean optimizer steps and minutes a seed; alone is every task's run of a seed together."""
+    """Each way's mean optimizer steps and minutes a seed, over the seeds with every task's score; alone is every
+    task's run of a seed together."""
     tasks = GROUPS[group]["alone"]
     complete = [seed for seed in seeds if all((task, seed) in alone for task in tasks)]
     runs = {"alone": [(sum(alone[t, s]["steps"] for t in tasks), sum(alone[t, s]["minutes"] for t in tasks))
                       for s in complete]}
-    runs.update({way: [(r["steps"], r["minutes"]) for r in by_seed.values()] for way, by_seed in by_way.items()})
+    runs.update({way: [(r["steps"], r["minutes"]) for r in by_seed.values() if set(r["scores"]) >= set(tasks)]
+                 for way, by_seed in by_way.items()})  # a seed whose separate runs are not all done yet: not counted
     return {way: (statistics.mean(c[0] for c in cs), statistics.mean(c[1] for c in cs)) for way, cs in runs.items()
             if cs}
 
