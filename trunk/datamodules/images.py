@@ -109,7 +109,7 @@ class ImageClassificationData(TaskData):
     # -- reading -----------------------------------------------------------------------------------
     def split(self, role: str) -> dict:
         if role not in self._splits:
-            if role == "train" and self.held_out() or role in self.held_out():
+            if self.cut_from_train(role):
                 self._hold_out()
             else:
                 self._splits[role] = self._finish(self._read(self.spec(role), self.option(role)), self.option(role))

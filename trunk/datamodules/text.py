@@ -419,6 +419,12 @@ class TaskData:
         shares = {"validation": self.val_fraction, "test": self.test_fraction}
         return {split: share for split, share in shares.items() if share > 0 and self.split_specs[split] is None}
 
+    def cut_from_train(self, role: str) -> bool:
+        """Whether ``role``'s rows are cut out of the training rows: a held-out split, or the training split itself
+        when any split is held out of it (then they are read, and cut, together)."""
+        held_out = self.held_out()
+        return role in held_out or role == "train" and bool(held_out)
+
     def input_files(self) -> list[Path]:
         """The local files this task reads, of every split (which no output of the run may replace)."""
         if self.dataset is not None:
@@ -548,15 +554,14 @@ class TextDataModule(TaskData):
     def raw(self, role: str) -> datasets.Dataset:
         """The rows of one split, loaded once and checked for emptiness."""
         if role not in self._raw:
-            held_out = self.held_out()
-            if role == "train" and held_out or role in held_out:
+            if self.cut_from_train(role):
                 rows = self.read("train")
                 self.check(rows, "train")
                 units = None
                 if self.hold_out_by is not None:
                     check_columns(rows, {"hold_out_by": self.hold_out_by}, self.option("train"))
                     units = column(rows, self.hold_out_by)
-                for split, index in split_off(len(rows), held_out, self.strata(rows), units).items():
+                for split, index in split_off(len(rows), self.held_out(), self.strata(rows), units).items():
                     self._raw[split] = rows.select(index)
             else:
                 ds = self.read(role)
