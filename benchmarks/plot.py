@@ -121,7 +121,8 @@ def curves_figure(output: Path, runs: list[str], metrics: list[str], x: str, tit
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} kB)")
 
 
-WAYS = {"joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "merged": "merged (TIES)"}
+WAYS = {"joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "sequential": "the large task, then alone",
+        "merged": "merged (TIES)"}
 FLOOR = -8.0  # points: a bar below is cut there and labelled with its value (a failed merge would flatten the rest)
 
 

@@ -12,6 +12,8 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     best checkpoint, then each task fine-tuned alone N epochs from it (MT-DNN's recipe), each tested on its best;
     With ``--sampling`` (and ``--temperature``) the joint run draws its tasks by that rule instead of the recipe's: the
     ways are then named ``joint, <rule>`` and ``mtdnn, <rule>``, beside the recipe's own in the ledger and the table;
+  * sequential: each small task fine-tuned alone from the group's one large task's alone model (intermediate-task
+    training), its own recipe with ``--model.init_from=<that checkpoint>``: the compute of alone;
   * merged (``--merge``, ``--merge-density``, ``--merge-scale``: another merge than TIES' defaults, a way of its own):
     ``trunk export <each alone best checkpoint> DIR --merge ties --base <the pretrained model>``, then each
     task tested on the merged model (``trunk test --config <its recipe> --model.init_from=DIR``).
@@ -75,18 +77,38 @@ def primary_scores(cli) -> dict[str, float]:
             if f"test/{task}/{objective.primary}" in metrics}
 
 
-def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, delta: bool = False) -> dict:
-    """``delta``: the task as a LoRA delta on the frozen trunk (way ``alone, lora``)."""
-    key = {"group": group, "way": "alone, lora" if delta else "alone", "task": task, "seed": seed}
+def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str = "alone",
+          options: tuple[str, ...] = ()) -> dict:
+    """``task``'s own recipe; ``way``, ``options``: another way of training it alone, by overrides of that recipe (the
+    LoRA delta of ``alone, lora``; ``sequential``'s starting model)."""
+    key = {"group": group, "way": way, "task": task, "seed": seed}
     found = ledger.find(key)
     if found:
         return found
-    began, directory = time.perf_counter(), root / group / folder(key["way"]) / task / f"seed{seed}"
-    cli = run_cli(["fit", "--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *QUIET,
-                   *(lora_options(task) if delta else []), f"--trainer.default_root_dir={directory}"])
+    began, directory = time.perf_counter(), root / group / folder(way) / task / f"seed{seed}"
+    cli = run_cli(["fit", "--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *QUIET, *options,
+                   f"--trainer.default_root_dir={directory}"])
     callback = cli.trainer.checkpoint_callback
     return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step,
                        "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
+
+
+def large_task(group: str) -> str | None:
+    """The task ``sequential`` starts a group's small tasks from: its one task that is not small (None: not one)."""
+    large = [task for task in GROUPS[group]["alone"] if task not in GROUPS[group]["small"]]
+    return large[0] if len(large) == 1 and GROUPS[group]["small"] else None
+
+
+def sequential(group: str, seed: int, root: Path, ledger: Ledger) -> None:
+    """Each small task fine-tuned alone from the group's large task's alone model (intermediate-task training, Phang
+    et al., 2018, "STILTs"). That model is the way's model of the large task too (a second ledger line of the same
+    run), so the way's compute is the large task's steps plus the small tasks'."""
+    large = large_task(group)
+    start = alone(group, large, seed, root, ledger)
+    if not ledger.find(key := {"group": group, "way": "sequential", "task": large, "seed": seed}):
+        ledger.add({**key, **{field: start[field] for field in ("scores", "steps", "minutes", "checkpoint")}})
+    for task in GROUPS[group]["small"]:
+        alone(group, task, seed, root, ledger, "sequential", (f"--model.init_from={start['checkpoint']}",))
 
 
 def folder(way: str) -> str:
@@ -172,7 +194,7 @@ def spread(values: list[float], seeds: int, signed: bool = False) -> str:
 def collect(group: str, seeds: list[int], records: list[dict]) -> tuple[dict, dict[str, dict[int, dict]]]:
     """The ledger's runs (``records``) of ``group`` over ``seeds``: alone by (task, seed), every other way by seed (a
     way of separate runs, ``alone, lora``, as one run of a seed: their scores, their steps and minutes summed), in the
-    order alone's variants, joint, mtdnn, merged, then the ways with other samplers and merges."""
+    order alone's variants, joint, mtdnn, sequential, merged, then the ways with other samplers and merges."""
     runs = [r for r in records if r["group"] == group and r["seed"] in seeds]
     alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
     by_way: dict[str, dict[int, dict]] = {}
@@ -183,8 +205,8 @@ def collect(group: str, seeds: list[int], records: list[dict]) -> tuple[dict, di
                         minutes=seen["minutes"] + r["minutes"])
         elif r["way"] != "alone":
             by_way.setdefault(r["way"], {})[r["seed"]] = r
-    order = ["alone", "joint", "mtdnn", "merged"]
-    rank = {way: (order.index(way.split(",")[0]) if way.split(",")[0] in order else 3, way) for way in by_way}
+    order = ["alone", "joint", "mtdnn", "sequential", "merged"]
+    rank = {way: (order.index(way.split(",")[0]) if way.split(",")[0] in order else len(order), way) for way in by_way}
     return alone, dict(sorted(by_way.items(), key=lambda item: rank[item[0]]))
 
 
@@ -298,8 +320,10 @@ def main() -> None:
                         help="train nothing: every group's table and the targets over the groups the ledger holds "
                         "(--seeds, --root)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"], choices=["alone", "joint", "merged"],
-                        help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints")
+    parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"],
+                        choices=["alone", "joint", "merged", "sequential"],
+                        help="joint runs the mtdnn way too (one command); merged needs alone's checkpoints; "
+                        "sequential: each small task fine-tuned from the large task's alone model")
     parser.add_argument("--finetune-epochs", type=int,
                         help="mtdnn: each task's epochs after the joint run (default: the group's, else 2)")
     parser.add_argument("--sampling", choices=["proportional", "temperature", "uniform"],
@@ -320,6 +344,10 @@ def main() -> None:
         return summary(options.seeds, Ledger(options.root))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
+    if "sequential" in options.ways and large_task(options.group) is None:
+        parser.error(f"--ways sequential starts a group's small tasks from its one large task's model; group "
+                     f"{options.group} has small tasks {GROUPS[options.group]['small']} of "
+                     f"{list(GROUPS[options.group]['alone'])}: leave out sequential, or give a group of that shape")
     os.chdir(REPO)  # the recipes' relative paths
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}")
     sampler = sampler_name(options.sampling, options.temperature)
@@ -335,11 +363,13 @@ def main() -> None:
             models = {task: alone(options.group, task, seed, options.root, ledger)
                       for task in GROUPS[options.group]["alone"]}
             if options.merge == "deltas" and "merged" in options.ways:
-                models = {task: alone(options.group, task, seed, options.root, ledger, delta=True)
-                          for task in GROUPS[options.group]["alone"]}
+                models = {task: alone(options.group, task, seed, options.root, ledger, "alone, lora",
+                                      tuple(lora_options(task))) for task in GROUPS[options.group]["alone"]}
         if "joint" in options.ways:
             epochs = options.finetune_epochs or GROUPS[options.group].get("finetune_epochs", 2)
             joint_and_mtdnn(options.group, seed, epochs, options.root, ledger, sampling, sampler)
+        if "sequential" in options.ways:
+            sequential(options.group, seed, options.root, ledger)
         if "merged" in options.ways:
             merged(options.group, seed, models, options.root, ledger, merge, merging)
     report(options.group, options.seeds, ledger.records())

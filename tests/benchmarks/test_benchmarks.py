@@ -1,5 +1,6 @@
 """The benchmark scripts' own logic: the FLOP count the MFU column rests on, and the figure script."""
 
+import json
 import subprocess
 import sys
 
@@ -512,3 +513,24 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     targets = subprocess.run([*command, "--summary"], capture_output=True, text=True, timeout=300)
     row = next(line for line in targets.stdout.splitlines() if line.startswith("| tiny |")).split(" | ")
     assert targets.returncode == 0 and row[1] != "alone, lora"  # separate runs are no multi-task way
+    # each small task fine-tuned from the large task's alone model, which is the way's model of the large task too
+    chained = subprocess.run([*command, "--ways", "sequential", "--seeds", "0"], capture_output=True, text=True,
+                             timeout=900)
+    assert chained.returncode == 0, chained.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    start = next(r for r in records if (r["way"], r["task"], r["seed"]) == ("alone", "mood", 0))
+    assert f"model.init_from '{start['checkpoint']}'" in chained.stdout + chained.stderr  # names started from it
+    mine = [r for r in records if r["way"] == "sequential"]
+    assert sorted(r["task"] for r in mine) == ["mood", "names"] and len(records) == len(added) + 3 + 2
+    lines = [line.split(" | ") for line in chained.stdout.splitlines() if line.startswith("| ")]
+    header = [c.strip("| ") for c in lines[0]]
+    mood = next(r for r in lines if r[0].strip("| ") == "mood")
+    names = next(r for r in lines if r[0].strip("| ") == "names (small)")
+    assert mood[header.index("sequential - alone")].strip(" |") == "+0.00"  # the same model
+    assert 0 <= float(names[header.index("sequential")].split()[0]) <= 100
+    # a group without one large task to start from: refused before anything trains
+    (tmp_path / "smalls.yaml").write_text(yaml.safe_dump({"tiny": {**groups["tiny"], "small": ["mood", "names"]}}))
+    refused = subprocess.run([*command, "--groups", str(tmp_path / "smalls.yaml"), "--ways", "sequential"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--ways sequential starts a group's small tasks from its one large task" in \
+        refused.stderr
