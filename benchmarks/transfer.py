@@ -276,7 +276,8 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         def gain(way: str, task: str) -> list[float]:
             return [100 * g for g in task_scores(task, seeds, alone, by_way[way])[1]]
 
-        within = [w for w in by_way if "alone" in mean and mean[w][0] <= budget * mean["alone"][0]
+        # a way whose separate runs are not all done has no compute yet: not picked
+        within = [w for w in by_way if "alone" in mean and w in mean and mean[w][0] <= budget * mean["alone"][0]
                   and learns_from_others(w)]
         best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
                    default=None) if small else None

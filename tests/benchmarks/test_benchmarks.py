@@ -518,7 +518,7 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
                              timeout=900)
     assert chained.returncode == 0, chained.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
-    start = next(r for r in records if (r["way"], r["task"], r["seed"]) == ("alone", "mood", 0))
+    start = next(r for r in records if (r["way"], r.get("task"), r["seed"]) == ("alone", "mood", 0))
     assert f"model.init_from '{start['checkpoint']}'" in chained.stdout + chained.stderr  # names started from it
     mine = [r for r in records if r["way"] == "sequential"]
     assert sorted(r["task"] for r in mine) == ["mood", "names"] and len(records) == len(added) + 3 + 2
@@ -528,6 +528,14 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
     names = next(r for r in lines if r[0].strip("| ") == "names (small)")
     assert mood[header.index("sequential - alone")].strip(" |") == "+0.00"  # the same model
     assert 0 <= float(names[header.index("sequential")].split()[0]) <= 100
+    # a way still under way (the large task's line on record, the small task's run not yet): the summary says so
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "results.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in records if (r["way"], r.get("task")) != ("sequential", "names")))
+    partial = subprocess.run([*command, "--summary", "--root", str(tmp_path / "partial")], capture_output=True,
+                             text=True, timeout=300)
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert not any(line.startswith("| sequential |") for line in partial.stdout.splitlines())  # no compute yet
     # a group without one large task to start from: refused before anything trains
     (tmp_path / "smalls.yaml").write_text(yaml.safe_dump({"tiny": {**groups["tiny"], "small": ["mood", "names"]}}))
     refused = subprocess.run([*command, "--groups", str(tmp_path / "smalls.yaml"), "--ways", "sequential"],
