@@ -193,8 +193,8 @@ def spread(values: list[float], seeds: int, signed: bool = False) -> str:
 
 def collect(group: str, seeds: list[int], records: list[dict]) -> tuple[dict, dict[str, dict[int, dict]]]:
     """The ledger's runs (``records``) of ``group`` over ``seeds``: alone by (task, seed), every other way by seed (a
-    way of separate runs, ``alone, lora``, as one run of a seed: their scores, their steps and minutes summed), in the
-    order alone's variants, joint, mtdnn, sequential, merged, then the ways with other samplers and merges."""
+    way of separate runs, ``alone, lora`` or ``sequential``, as one run of a seed: their scores, steps and minutes
+    summed), in the order alone's variants, joint, mtdnn, sequential, merged, then other samplers and merges."""
     runs = [r for r in records if r["group"] == group and r["seed"] in seeds]
     alone = {(r["task"], r["seed"]): r for r in runs if r["way"] == "alone"}
     by_way: dict[str, dict[int, dict]] = {}
