@@ -293,8 +293,9 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         for way in filter(learns_from_others, by_way):
             by_way_gains.setdefault(way, []).extend(statistics.mean(gain(way, t)) for t in small if gain(way, t))
         large = [t for t in tasks if t not in small]
-        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way if not w.startswith(("merged", "alone"))
-                  for t in large if gain(w, t)]
+        # the ways where a large task shares its trunk (in sequential it is its alone model)
+        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way
+                  if not w.startswith(("merged", "alone", "sequential")) for t in large if gain(w, t)]
         merges = [w for w in by_way if w.startswith("merged") and all(gain(w, t) for t in tasks)]
         # each merge's worst task; the merge whose worst is best
         merged = max((min((statistics.mean(gain(w, t)), t, w) for t in tasks) for w in merges), default=None)
