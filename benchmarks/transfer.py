@@ -177,6 +177,12 @@ def learns_from_others(way: str) -> bool:
     return not way.startswith("alone") and not way.endswith("deltas")
 
 
+def shares_trunk(way: str) -> bool:
+    """Whether every task trains one trunk together under ``way``: the joint run and MT-DNN after it, any sampler (not
+    the separate runs, sequential's large task being its alone model, nor a merge, which trains nothing)."""
+    return way.split(",")[0] in ("joint", "mtdnn")
+
+
 def sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -293,9 +299,8 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         for way in filter(learns_from_others, by_way):
             by_way_gains.setdefault(way, []).extend(statistics.mean(gain(way, t)) for t in small if gain(way, t))
         large = [t for t in tasks if t not in small]
-        # the ways where a large task shares its trunk (in sequential it is its alone model)
-        shared = [(statistics.mean(gain(w, t)), t, w) for w in by_way
-                  if not w.startswith(("merged", "alone", "sequential")) for t in large if gain(w, t)]
+        shared = [(statistics.mean(gain(w, t)), t, w) for w in filter(shares_trunk, by_way) for t in large
+                  if gain(w, t)]
         merges = [w for w in by_way if w.startswith("merged") and all(gain(w, t) for t in tasks)]
         # each merge's worst task; the merge whose worst is best
         merged = max((min((statistics.mean(gain(w, t)), t, w) for t in tasks) for w in merges), default=None)
