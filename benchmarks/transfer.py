@@ -21,7 +21,9 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     delta and learning rate of configs/minilm_conll2003_lora.yaml), the deltas then combined side by side.
 Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
 Every finished run is a line of <root>/results.jsonl (benchmarks/ledger.py): a stopped benchmark goes on where it
-stopped. Compute: optimizer steps and wall minutes (the machine's; a merge trains nothing).
+stopped, and the run it was in resumes from its last checkpoint (what is lost is the steps since; a killed MT-DNN stage
+starts over). Compute: optimizer steps and wall minutes (the machine's, a resumed run's earlier attempts' training
+included; a merge trains nothing).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from lightning.pytorch.callbacks import Timer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ledger import Ledger  # noqa: E402
@@ -59,6 +62,8 @@ GROUPS = {
                   "alone": {"sst2": "configs/minilm_sst2.yaml", "goemotions": "configs/minilm_goemotions.yaml"}},
 }
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+# counts a run's training time into its checkpoints, so a resumed run's minutes include the stopped attempts'
+TIMER = '--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.Timer", "init_args": {"interval": "step"}}'
 # the ``alone, lora`` way's delta and learning rate: MiniLM's LoRA recipe (within 0.1 point of full fine-tuning there)
 LORA_RECIPE = "configs/minilm_conll2003_lora.yaml"
 
@@ -77,6 +82,26 @@ def primary_scores(cli) -> dict[str, float]:
             if f"test/{task}/{objective.primary}" in metrics}
 
 
+def fit(arguments: list[str], directory: Path, group: str):
+    """``trunk fit`` with ``arguments``, its run in ``directory``. A run a stopped benchmark left there goes on from
+    its last checkpoint (``--ckpt_path``: trunk's exact resume), so a session's end or a killed process costs the
+    steps since that checkpoint, not the run. Returns the CLI and the run's wall minutes, the stopped attempts'
+    training time included (a Timer's, which every checkpoint carries)."""
+    # the run's own last.ckpt, not one of the MT-DNN stages' in <directory>/<task> (those start over)
+    found = [path for path in directory.rglob("last.ckpt") if path.relative_to(directory).parts[0]
+             not in GROUPS[group]["alone"]]
+    last = max(found, key=lambda path: path.stat().st_mtime) if found else None
+    if last:
+        print(f"Resuming the stopped run in {directory} from {last}", file=sys.stderr)
+    began = time.perf_counter()
+    cli = run_cli(["fit", *arguments, *QUIET, TIMER, f"--trainer.default_root_dir={directory}",
+                   *([f"--ckpt_path={last}"] if last else [])])
+    timer = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Timer))
+    trained = timer.end_time() - timer.start_time() if timer.start_time() is not None else 0  # none: it had finished
+    before = timer.time_elapsed() - trained  # the training seconds the resumed checkpoint carried
+    return cli, (time.perf_counter() - began + before) / 60
+
+
 def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str = "alone",
           options: tuple[str, ...] = ()) -> dict:
     """``task``'s own recipe; ``way``, ``options``: another way of training it alone, by overrides of that recipe (the
@@ -85,12 +110,10 @@ def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str
     found = ledger.find(key)
     if found:
         return found
-    began, directory = time.perf_counter(), root / group / folder(way) / task / f"seed{seed}"
-    cli = run_cli(["fit", "--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *QUIET, *options,
-                   f"--trainer.default_root_dir={directory}"])
-    callback = cli.trainer.checkpoint_callback
-    return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step,
-                       "minutes": (time.perf_counter() - began) / 60, "checkpoint": callback.best_model_path})
+    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options],
+                       root / group / folder(way) / task / f"seed{seed}", group)
+    return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step, "minutes": minutes,
+                       "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
 def large_task(group: str) -> str | None:
@@ -130,11 +153,10 @@ def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledg
     found = [ledger.find(key) for key in keys]
     if all(found):
         return found[0], found[1]
-    began, directory = time.perf_counter(), root / group / folder(keys[0]["way"]) / f"seed{seed}"
-    cli = run_cli(["fit", "--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
-                   *sampling, *QUIET, f"--trainer.default_root_dir={directory}"])
+    cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
+                        *sampling], root / group / folder(keys[0]["way"]) / f"seed{seed}", group)
     stages = cli.finetune_stages
-    joint_minutes = (time.perf_counter() - began) / 60 - sum(stage["minutes"] for stage in stages.values())
+    joint_minutes = minutes - sum(stage["minutes"] for stage in stages.values())
     joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,
                         "minutes": joint_minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
     mtdnn = ledger.add({**keys[1], "scores": {task: stage["test_score"] for task, stage in stages.items()},

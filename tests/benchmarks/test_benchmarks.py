@@ -434,6 +434,89 @@ def test_the_peft_benchmark_trains_each_method_from_one_trunk_and_composes_a_new
     assert again.returncode == 0 and " ... " not in again.stderr and again.stdout == done.stdout
 
 
+def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, sentiment_files, tmp_path):
+    """A run killed midway (SIGKILL, as a session's end does) is resumed by the next benchmark from its last checkpoint:
+    the same steps and test score as a run never stopped, and the minutes count the stopped attempt's training. A
+    joint run killed in its MT-DNN stages goes on from its own last checkpoint, not a stage's."""
+    import os
+
+    import yaml
+
+    from trunk.core.checkpoint import load_checkpoint
+
+    (tmp_path / "killer.py").write_text(
+        "import os, signal\nfrom pathlib import Path\nfrom lightning.pytorch.callbacks import Callback\n\n\n"
+        "class KillOnce(Callback):\n"
+        "    def __init__(self, at_step: int, marker: str, folder: str = ''):  # folder: only in a run of that name\n"
+        "        self.at_step, self.marker, self.folder = at_step, Path(marker), folder\n\n"
+        "    def on_train_start(self, trainer, *args):  # where each attempt starts\n"
+        "        with (self.marker.parent / 'starts').open('a') as f:\n"
+        "            f.write(f'{trainer.global_step}\\n')\n\n"
+        "    def on_train_batch_end(self, trainer, *args):\n"
+        "        if (trainer.global_step >= self.at_step and not self.marker.exists()\n"
+        "                and Path(trainer.default_root_dir).name.endswith(self.folder)):\n"
+        "            self.marker.touch()\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n")
+    data = {"class_path": "trunk.datamodules.TextClassificationData",
+            "init_args": {**{split: str(sentiment_files[split]) for split in ("train", "validation", "test")},
+                          "max_length": 64, "batch_size": 8}}  # 32 steps an epoch
+
+    def recipe(tasks: list[str], killer: dict) -> str:
+        config = {"model": {"init_from": str(tiny_trunk_dir), "optimizer": {"lr": 3e-3},
+                            "tasks": {task: {"class_path": "trunk.tasks.SequenceClassification"} for task in tasks}},
+                  "data": {"tasks": dict.fromkeys(tasks, data)},
+                  "trainer": {"max_epochs": 2, "accelerator": "cpu", "logger": False, "callbacks": [
+                      {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                       "init_args": {"monitor": "val/score", "mode": "max", "save_last": True}},
+                      {"class_path": "killer.KillOnce", "init_args": killer}]}}
+        (path := tmp_path / f"{'_'.join(tasks)}.yaml").write_text(yaml.safe_dump(config))
+        return str(path)
+
+    alone = recipe(["mood"], {"at_step": 45, "marker": str(tmp_path / "killed")})
+    joint = recipe(["mood", "tone"], {"at_step": 5, "marker": str(tmp_path / "killed_in_stage"), "folder": "tone"})
+    base = str(tiny_trunk_dir)
+    groups = {"one": {"recipe": alone, "small": [], "base": base, "alone": {"mood": alone}},
+              "two": {"recipe": joint, "small": [], "base": base, "alone": {"mood": alone, "tone": alone}}}
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def benchmark(root: str, group: str = "one", way: str = "alone") -> subprocess.CompletedProcess:
+        command = [str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"), "--group", group]
+        command += ["--seeds", "0", "--ways", way, "--finetune-epochs", "1", "--root", str(tmp_path / root)]
+        return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=600, env=environment)
+
+    killed = benchmark("runs")
+    assert killed.returncode == -9, killed.stderr[-3000:]  # killed at step 45, in the second epoch
+    assert not (tmp_path / "runs" / "results.jsonl").exists()
+    last = next((tmp_path / "runs").rglob("last.ckpt"))
+    saved = load_checkpoint(last)
+    assert saved["global_step"] == 32  # the first epoch's end
+    trained = saved["callbacks"]["Timer"]["time_elapsed"]["train"]
+    resumed = benchmark("runs")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming the stopped run in {last.parent.parent} from {last}" in resumed.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert (tmp_path / "starts").read_text().split() == ["0", "32"]  # the second attempt trained the second epoch
+    whole = benchmark("unstopped")  # the marker is there: this one is never killed
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (unstopped,) = [json.loads(line) for line in (tmp_path / "unstopped" / "results.jsonl").read_text().splitlines()]
+    assert record["steps"] == unstopped["steps"] == 64
+    assert record["scores"]["mood"] == pytest.approx(unstopped["scores"]["mood"], abs=1e-6)
+    assert record["minutes"] * 60 > trained > 0
+    # the joint run trains, its first task's stage too; killed in the second's: the joint run is not trained again
+    starts = len((tmp_path / "starts").read_text().split())
+    killed = benchmark("joint", "two", "joint")
+    assert killed.returncode == -9 and (tmp_path / "joint" / "two" / "joint" / "seed0" / "tone").is_dir()
+    resumed = benchmark("joint", "two", "joint")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    seed = tmp_path / "joint" / "two" / "joint" / "seed0"
+    assert f"Resuming the stopped run in {seed} from {seed / 'checkpoints' / 'last.ckpt'}" in resumed.stderr
+    # the joint run and its 2 stages; the joint run again at its end (it trains nothing), the 2 stages again
+    assert (tmp_path / "starts").read_text().split()[starts:] == ["0", "0", "0", "128", "0", "0"]
+    ways = {r["way"]: r for r in map(json.loads, (tmp_path / "joint" / "results.jsonl").read_text().splitlines())}
+    assert (ways["joint"]["steps"], ways["mtdnn"]["steps"]) == (128, 128 + 2 * 32)  # 2 epochs of 2 tasks; 1 each
+
+
 def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
                                                                        tmp_path):
     """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
