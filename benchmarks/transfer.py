@@ -307,11 +307,13 @@ def summary(seeds: list[int], ledger: Ledger, budget: float = 1.5) -> None:
         # a way whose separate runs are not all done has no compute yet: not picked
         within = [w for w in by_way if "alone" in mean and w in mean and mean[w][0] <= budget * mean["alone"][0]
                   and learns_from_others(w)]
-        # compared on equal evidence: a way run on one seed does not outrank ways run on three by its luck
-        most = max((min(len(gain(w, t)) for t in small) for w in within), default=0)
-        within = [w for w in within if min(len(gain(w, t)) for t in small) == most]
-        best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
-                   default=None) if small else None
+        best = None  # a group without small tasks (sentiment) bears on the large-task bound only
+        if small:
+            # compared on equal evidence: a way run on one seed does not outrank ways run on three by its luck
+            most = max((min(len(gain(w, t)) for t in small) for w in within), default=0)
+            within = [w for w in within if min(len(gain(w, t)) for t in small) == most]
+            best = max(within, key=lambda w: statistics.mean(statistics.mean(gain(w, t) or [0]) for t in small),
+                       default=None)
         cells = []
         for task in small if best else []:
             gains = gain(best, task)

@@ -517,6 +517,32 @@ def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, 
     assert (ways["joint"]["steps"], ways["mtdnn"]["steps"]) == (128, 128 + 2 * 32)  # 2 epochs of 2 tasks; 1 each
 
 
+def test_the_transfer_summary_of_a_group_without_small_tasks_has_its_large_tasks_change(tmp_path):
+    """A group whose tasks are all large (sentiment's SST-2 and GoEmotions) picks no best way for small tasks; its row
+    has the large tasks' worst change by sharing a trunk, and its table each way's compute."""
+    import yaml
+
+    groups = {"pair": {"recipe": "pair.yaml", "small": [], "base": "base", "alone": {"a": "a.yaml", "b": "b.yaml"}}}
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    records = [{"group": "pair", "way": "alone", "task": task, "seed": seed, "scores": {task: score},
+                "steps": 100, "minutes": 1.0} for seed in (1, 2) for task, score in (("a", 0.80), ("b", 0.50))]
+    records += [{"group": "pair", "way": way, "seed": seed, "scores": {"a": 0.79 + extra, "b": 0.52}, "steps": steps,
+                 "minutes": steps / 100} for seed in (1, 2) for way, steps, extra in (("joint", 220, 0),
+                                                                                     ("mtdnn", 320, 0.02))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"),
+                           "--summary", "--seeds", "1", "2", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| pair |")).split(" | ")
+    assert row[1:4] == ["–", "–", "–"]  # no small task: no best way, nor its gain
+    assert row[4] == "-1.00 (a, joint)"  # a lost a point jointly; mtdnn gained, b gained in both
+    assert "Average gain of the small tasks" not in done.stdout
+    compute = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in done.stdout.splitlines()
+               if line.startswith(("| alone |", "| joint |", "| mtdnn |"))}
+    assert compute == {"alone": "200", "joint": "220", "mtdnn": "320"}  # alone: both tasks' runs of a seed
+
+
 def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
                                                                        tmp_path):
     """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
