@@ -146,8 +146,9 @@ def transfer_figure(ledger: Path, output: Path) -> None:
     # the recipe's ways in WAYS' order, then other samplers and merges (benchmarks/transfer.py --sampling, --merge)
     found = list(dict.fromkeys(r["way"] for r in others))
     labels = {**WAYS, **{way: way for way in found if way not in WAYS}}
-    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], ["#4c72b0", "#dd8452", "#55a868", "#8172b3",
-                                                                  "#937860", "#da8bc3", "#ccb974", "#64b5cd"] * 3))
+    palette = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd", "#c44e52",
+               "#8c8c8c", "#1b9e77", "#e7298a"]  # twelve ways before a colour repeats
+    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], palette * 3))
     for ax, group in zip(axes[0], groups):
         mine = [r for r in others if r["group"] == group]
         tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
