@@ -82,20 +82,18 @@ def primary_scores(cli) -> dict[str, float]:
             if f"test/{task}/{objective.primary}" in metrics}
 
 
-def fit(arguments: list[str], directory: Path, group: str):
+def fit(arguments: list[str], directory: Path):
     """``trunk fit`` with ``arguments``, its run in ``directory``. A run a stopped benchmark left there goes on from
-    its last checkpoint (``--ckpt_path``: trunk's exact resume), so a session's end or a killed process costs the
-    steps since that checkpoint, not the run. Returns the CLI and the run's wall minutes, the stopped attempts'
-    training time included (a Timer's, which every checkpoint carries)."""
-    # the run's own last.ckpt, not one of the MT-DNN stages' in <directory>/<task> (those start over)
-    found = [path for path in directory.rglob("last.ckpt") if path.relative_to(directory).parts[0]
-             not in GROUPS[group]["alone"]]
-    last = max(found, key=lambda path: path.stat().st_mtime) if found else None
-    if last:
-        print(f"Resuming the stopped run in {directory} from {last}", file=sys.stderr)
+    its last checkpoint (``--ckpt_path last``: trunk's exact resume, which skips the MT-DNN stages' checkpoints in
+    <directory>/<task>; those stages start over), so a session's end or a killed process costs the steps since that
+    checkpoint, not the run. Returns the CLI and the run's wall minutes, the stopped attempts' training time included
+    (a Timer's, which every checkpoint carries)."""
+    stopped = any(directory.rglob("last.ckpt"))
+    if stopped:
+        print(f"Resuming the stopped run in {directory}", file=sys.stderr)
     began = time.perf_counter()
     cli = run_cli(["fit", *arguments, *QUIET, TIMER, f"--trainer.default_root_dir={directory}",
-                   *([f"--ckpt_path={last}"] if last else [])])
+                   *(["--ckpt_path=last"] if stopped else [])])
     timer = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Timer))
     trained = timer.end_time() - timer.start_time() if timer.start_time() is not None else 0  # none: it had finished
     before = timer.time_elapsed() - trained  # the training seconds the resumed checkpoint carried
@@ -111,7 +109,7 @@ def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str
     if found:
         return found
     cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options],
-                       root / group / folder(way) / task / f"seed{seed}", group)
+                       root / group / folder(way) / task / f"seed{seed}")
     return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step, "minutes": minutes,
                        "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
@@ -154,7 +152,7 @@ def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledg
     if all(found):
         return found[0], found[1]
     cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
-                        *sampling], root / group / folder(keys[0]["way"]) / f"seed{seed}", group)
+                        *sampling], root / group / folder(keys[0]["way"]) / f"seed{seed}")
     stages = cli.finetune_stages
     joint_minutes = minutes - sum(stage["minutes"] for stage in stages.values())
     joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,

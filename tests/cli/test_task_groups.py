@@ -77,6 +77,31 @@ def test_finetune_each_trains_jointly_then_each_task_from_the_joint_best(group_c
                      f"--trainer.default_root_dir={tmp_path / 'refused'}"])
 
 
+def test_a_joint_run_stopped_in_a_stage_resumes_from_its_own_last_checkpoint(group_config, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A --finetune_each run's stages write newer last.ckpt files in <root>/<task>; --ckpt_path last (and a requeued
+    SLURM job) takes the joint run's own, so the joint run resumes with both tasks, not a stage's one-task model."""
+    root = tmp_path / "mtdnn"
+    keep_last = ('--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
+                 '"init_args": {"save_last": true}}')
+    args = ["--config", str(group_config), keep_last, f"--trainer.default_root_dir={root}"]
+    run_cli(["fit", *args, "--finetune_each=1"])
+    joint = root / "checkpoints" / "last.ckpt"
+    stages = [root / task / "checkpoints" / "last.ckpt" for task in ("mood", "names")]
+    assert all(stage.stat().st_mtime >= joint.stat().st_mtime for stage in stages)
+    capsys.readouterr()
+    tested = run_cli(["test", *args, "--ckpt_path=last"])
+    assert f"Checkpoint: {joint}" in capsys.readouterr().err
+    assert {"test/mood/acc", "test/names/f1"} <= set(tested.trainer.callback_metrics)
+    resumed = run_cli(["fit", *args, "--ckpt_path=last", "--trainer.max_steps=8"])
+    assert f"Resuming from {joint}" in capsys.readouterr().err
+    assert resumed.trainer.global_step == 8 and set(resumed.model.objectives) == {"mood", "names"}
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued job runs its command unchanged
+    requeued = run_cli(["fit", *args, "--trainer.max_steps=10"])
+    assert f"Resuming from {joint}" in capsys.readouterr().err and requeued.trainer.global_step == 10
+
+
 @pytest.mark.parametrize("block, option, value, where", [
     ("data", "tokenizer", "other/tokenizer.json", "data.tokenizer"),
     ("data", "temperature", 3.0, "data.temperature"),

@@ -289,7 +289,7 @@ class TrunkCLI(LightningCLI):
             self.subcommand == "fit"
             and config.get("ckpt_path") is None
             and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
-            and any(Path(config.trainer.get("default_root_dir") or ".").rglob("last.ckpt"))
+            and self._last_checkpoints(config)
         ):
             print(
                 f"SLURM job {slurm_job_id()} restarted (requeued {os.environ['SLURM_RESTART_COUNT']} times): resuming.",
@@ -377,12 +377,23 @@ class TrunkCLI(LightningCLI):
             if options is not None and "save_dir" in options and options.save_dir in (None, ""):
                 options.save_dir = config.trainer.get("default_root_dir") or "."
 
+    @staticmethod
+    def _last_checkpoints(config) -> list[Path]:
+        """The run's last.ckpt files under trainer.default_root_dir, oldest first. A joint run's ``--finetune_each``
+        stages write theirs in <default_root_dir>/<task>, newer than the joint run's: they are left out, so resuming
+        a joint run stopped in a stage resumes the joint run (whose end then runs the stages again)."""
+        root = Path(config.trainer.get("default_root_dir") or ".")
+        tasks = config.model.get("tasks") or {}
+        stages = set(tasks) if len(tasks) > 1 else set()
+        return sorted((path for path in root.rglob("last.ckpt") if path.relative_to(root).parts[0] not in stages),
+                      key=lambda path: path.stat().st_mtime)
+
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best
         checkpoint it recorded. Lightning resolves these names only inside a fitting Trainer; any other
         subcommand would evaluate untrained weights, so they are resolved here for every subcommand."""
         root = Path(config.trainer.get("default_root_dir") or ".")
-        found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
+        found = self._last_checkpoints(config)
         if not found:
             sys.exit(
                 f"error: --ckpt_path {which}: no last.ckpt under '{root}' (trainer.default_root_dir), so no run to "
