@@ -9,7 +9,9 @@ from pathlib import Path
 
 class Ledger:
     def __init__(self, root: str | Path) -> None:
-        self.path = Path(root) / "results.jsonl"
+        """``root``: a benchmark's run folder (the ledger is its results.jsonl), or a ledger file of its own (.jsonl),
+        such as one kept in the repository beside runs whose folders do not outlive the machine."""
+        self.path = Path(root) if Path(root).suffix == ".jsonl" else Path(root) / "results.jsonl"
 
     def records(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.is_file() else []

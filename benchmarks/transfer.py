@@ -20,10 +20,12 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     ``--merge deltas``: each task alone as a LoRA delta on the frozen trunk (way ``alone, lora``: the recipe with the
     delta and learning rate of configs/minilm_conll2003_lora.yaml), the deltas then combined side by side.
 Scores are each task's primary test metric (the recipes' ``test/score``) on the best checkpoint by validation score.
-Every finished run is a line of <root>/results.jsonl (benchmarks/ledger.py): a stopped benchmark goes on where it
-stopped, and the run it was in resumes from its last checkpoint (what is lost is the steps since; a killed MT-DNN stage
-starts over). Compute: optimizer steps and wall minutes (the machine's, a resumed run's earlier attempts' training
-included; a merge trains nothing).
+Every finished run is a line of <root>/results.jsonl, or of ``--ledger FILE`` (benchmarks/ledger.py; the README's
+runs: benchmarks/results/transfer.jsonl, kept in the repository since run folders do not outlive a machine, while the
+checkpoints its lines name do not leave the machine that trained them): a stopped benchmark goes on where it stopped,
+and the run it was in resumes from its last checkpoint (what is lost is the steps since; a killed MT-DNN stage starts
+over). Compute: optimizer steps and wall minutes (the machine's, a resumed run's earlier attempts' training included;
+a merge trains nothing).
 """
 
 from __future__ import annotations
@@ -114,6 +116,16 @@ def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str
                        "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
+def checkpoint_of(run: dict) -> str:
+    """A finished alone run's best checkpoint, which sequential and merged start from. A ledger kept in the repository
+    names checkpoints of the machine that trained them."""
+    if not Path(run["checkpoint"]).is_file():
+        sys.exit(f"error: the ledger's {run['way']} run of {run['task']} (group {run['group']}, seed {run['seed']}) "
+                 f"saved its model to {run['checkpoint']}, which is not on this machine. Delete that line of the "
+                 "ledger to train the run again here, or run this way on the machine that trained it.")
+    return run["checkpoint"]
+
+
 def large_task(group: str) -> str | None:
     """The task ``sequential`` starts a group's small tasks from: its one task that is not small (None: not one)."""
     large = [task for task in GROUPS[group]["alone"] if task not in GROUPS[group]["small"]]
@@ -126,10 +138,11 @@ def sequential(group: str, seed: int, root: Path, ledger: Ledger) -> None:
     run), so the way's compute is the large task's steps plus the small tasks'."""
     large = large_task(group)
     start = alone(group, large, seed, root, ledger)
+    for task in GROUPS[group]["small"]:
+        if not ledger.find({"group": group, "way": "sequential", "task": task, "seed": seed}):  # needs start's model
+            alone(group, task, seed, root, ledger, "sequential", (f"--model.init_from={checkpoint_of(start)}",))
     if not ledger.find(key := {"group": group, "way": "sequential", "task": large, "seed": seed}):
         ledger.add({**key, **{field: start[field] for field in ("scores", "steps", "minutes", "checkpoint")}})
-    for task in GROUPS[group]["small"]:
-        alone(group, task, seed, root, ledger, "sequential", (f"--model.init_from={start['checkpoint']}",))
 
 
 def folder(way: str) -> str:
@@ -178,7 +191,7 @@ def merged(group: str, seed: int, models: dict[str, dict], root: Path, ledger: L
     if found:
         return found
     began, directory = time.perf_counter(), root / group / folder(key["way"]) / f"seed{seed}"
-    export_main([*(model["checkpoint"] for model in models.values()), str(directory), *merge, "--base",
+    export_main([*map(checkpoint_of, models.values()), str(directory), *merge, "--base",
                  GROUPS[group]["base"], "--overwrite"])
     scores = {}
     for task, recipe in GROUPS[group]["alone"].items():
@@ -350,7 +363,7 @@ def main() -> None:
     parser.add_argument("--group", help=f"built in: {', '.join(sorted(GROUPS))}")
     parser.add_argument("--summary", action="store_true",
                         help="train nothing: every group's table and the targets over the groups the ledger holds "
-                        "(--seeds, --root)")
+                        "(--seeds, --ledger or --root)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ways", nargs="+", default=["alone", "joint", "merged"],
                         choices=["alone", "joint", "merged", "sequential"],
@@ -366,14 +379,16 @@ def main() -> None:
                         "alone as a LoRA delta (way 'alone, lora')")
     parser.add_argument("--merge-density", type=float, help="merged: trunk export's --merge-density (ties)")
     parser.add_argument("--merge-scale", type=float, help="merged: trunk export's --merge-scale")
-    parser.add_argument("--root", type=Path, default=Path("runs/transfer"))
+    parser.add_argument("--root", type=Path, default=Path("runs/transfer"), help="where the runs' folders go")
+    parser.add_argument("--ledger", type=Path,
+                        help="the finished runs' results, one JSON line each (default: <root>/results.jsonl)")
     options = parser.parse_args()
     if options.temperature is not None and options.sampling != "temperature":
         parser.error("--temperature is T of --sampling temperature: give both, or neither")
     if options.groups:
         GROUPS.update(yaml.safe_load(options.groups.read_text()))
     if options.summary:
-        return summary(options.seeds, Ledger(options.root))
+        return summary(options.seeds, Ledger(options.ledger or options.root))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     if "sequential" in options.ways and large_task(options.group) is None:
@@ -389,7 +404,7 @@ def main() -> None:
     merge += [f"--merge-density={options.merge_density}"] if options.merge_density is not None else []
     merge += [f"--merge-scale={options.merge_scale}"] if options.merge_scale is not None else []
     merging = merge_name(options.merge, options.merge_density, options.merge_scale)
-    ledger = Ledger(options.root)
+    ledger = Ledger(options.ledger or options.root)
     for seed in options.seeds:
         if "alone" in options.ways or "merged" in options.ways:
             models = {task: alone(options.group, task, seed, options.root, ledger)

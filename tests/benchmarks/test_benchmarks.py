@@ -545,6 +545,36 @@ def test_the_transfer_summary_of_a_group_without_small_tasks_has_its_large_tasks
     assert compute == {"alone": "200", "joint": "220", "mtdnn": "320"}  # alone: both tasks' runs of a seed
 
 
+def test_a_transfer_ledger_kept_apart_from_its_runs_says_which_checkpoint_is_missing(tmp_path):
+    """--ledger: the results of runs whose folders are gone (another machine) still make the tables; a way that starts
+    from a recorded run's checkpoint (merged, sequential) says which one is missing and how to train it again."""
+    import yaml
+
+    groups = {"pair": {"recipe": "pair.yaml", "small": ["b"], "base": "base", "alone": {"a": "a.yaml", "b": "b.yaml"}}}
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    gone = tmp_path / "gone"
+    records = [{"group": "pair", "way": "alone", "task": task, "seed": 1, "scores": {task: 0.5}, "steps": 10,
+                "minutes": 1.0, "checkpoint": str(gone / f"{task}.ckpt")} for task in ("a", "b")]
+    records.append({"group": "pair", "way": "joint", "seed": 1, "scores": {"a": 0.5, "b": 0.53}, "steps": 20,
+                    "minutes": 1.0, "checkpoint": str(gone / "joint.ckpt")})
+    (kept := tmp_path / "kept.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def benchmark(*args: str) -> subprocess.CompletedProcess:
+        command = [str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"), "--seeds", "1"]
+        return subprocess.run([sys.executable, *command, "--ledger", str(kept), "--root", str(tmp_path / "runs"),
+                               *args], capture_output=True, text=True, timeout=120)
+
+    summary = benchmark("--summary")
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    assert "| b (small) | 50.00 | 53.00 | +3.00 |" in summary.stdout
+    for way, run in (("merged", "alone run of a"), ("sequential", "alone run of a")):
+        refused = benchmark("--group", "pair", "--ways", way)
+        assert refused.returncode == 1 and not (tmp_path / "runs").exists()
+        assert (f"error: the ledger's {run} (group pair, seed 1) saved its model to {gone / 'a.ckpt'}, which is not "
+                "on this machine. Delete that line of the ledger") in refused.stderr
+    assert kept.read_text().count("\n") == 3  # nothing recorded
+
+
 def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
                                                                        tmp_path):
     """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
