@@ -40,12 +40,12 @@ from pathlib import Path
 
 import torch
 import yaml
-from lightning.pytorch.callbacks import Timer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ledger import Ledger  # noqa: E402
 
 from trunk.cli import export_main, run_cli  # noqa: E402
+from trunk.core.checkpoint import load_checkpoint  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,9 +96,10 @@ def fit(arguments: list[str], directory: Path):
     began = time.perf_counter()
     cli = run_cli(["fit", *arguments, *QUIET, TIMER, f"--trainer.default_root_dir={directory}",
                    *(["--ckpt_path=last"] if stopped else [])])
-    timer = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Timer))
-    trained = timer.end_time() - timer.start_time() if timer.start_time() is not None else 0  # none: it had finished
-    before = timer.time_elapsed() - trained  # the training seconds the resumed checkpoint carried
+    # the stopped attempts' training seconds: the Timer's in the checkpoint resumed from (trunk's pick for "last").
+    # Not the Timer's after the run: testing the best checkpoint loads that checkpoint's elapsed time into it.
+    resumed = load_checkpoint(cli.config.fit.ckpt_path) if stopped else {}
+    before = resumed.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {}).get("train", 0)
     return cli, (time.perf_counter() - began + before) / 60
 
 

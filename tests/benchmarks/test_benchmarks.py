@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -445,14 +446,17 @@ def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, 
     from trunk.core.checkpoint import load_checkpoint
 
     (tmp_path / "killer.py").write_text(
-        "import os, signal\nfrom pathlib import Path\nfrom lightning.pytorch.callbacks import Callback\n\n\n"
+        "import os, signal, time\nfrom pathlib import Path\nfrom lightning.pytorch.callbacks import Callback\n\n\n"
         "class KillOnce(Callback):\n"
-        "    def __init__(self, at_step: int, marker: str, folder: str = ''):  # folder: only in a run of that name\n"
-        "        self.at_step, self.marker, self.folder = at_step, Path(marker), folder\n\n"
+        "    def __init__(self, at_step: int, marker: str, folder: str = '', slow_in: str = ''):\n"
+        "        # folder: kill only in a run of that name; slow_in: in a run under it, a step takes 0.25 s more\n"
+        "        self.at_step, self.marker, self.folder, self.slow_in = at_step, Path(marker), folder, slow_in\n\n"
         "    def on_train_start(self, trainer, *args):  # where each attempt starts\n"
         "        with (self.marker.parent / 'starts').open('a') as f:\n"
         "            f.write(f'{trainer.global_step}\\n')\n\n"
         "    def on_train_batch_end(self, trainer, *args):\n"
+        "        if self.slow_in and self.slow_in in trainer.default_root_dir:\n"
+        "            time.sleep(0.25)\n"
         "        if (trainer.global_step >= self.at_step and not self.marker.exists()\n"
         "                and Path(trainer.default_root_dir).name.endswith(self.folder)):\n"
         "            self.marker.touch()\n"
@@ -472,7 +476,8 @@ def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, 
         (path := tmp_path / f"{'_'.join(tasks)}.yaml").write_text(yaml.safe_dump(config))
         return str(path)
 
-    alone = recipe(["mood"], {"at_step": 45, "marker": str(tmp_path / "killed")})
+    # the unstopped run's training takes seconds more than its setup and test, which its minutes must not count twice
+    alone = recipe(["mood"], {"at_step": 45, "marker": str(tmp_path / "killed"), "slow_in": "unstopped"})
     joint = recipe(["mood", "tone"], {"at_step": 5, "marker": str(tmp_path / "killed_in_stage"), "folder": "tone"})
     base = str(tiny_trunk_dir)
     groups = {"one": {"recipe": alone, "small": [], "base": base, "alone": {"mood": alone}},
@@ -492,18 +497,28 @@ def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, 
     saved = load_checkpoint(last)
     assert saved["global_step"] == 32  # the first epoch's end
     trained = saved["callbacks"]["Timer"]["time_elapsed"]["train"]
+    began = time.monotonic()
     resumed = benchmark("runs")
+    resumed_seconds = time.monotonic() - began
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming the stopped run in {last.parent.parent}" in resumed.stderr
     assert f"Resuming from {last}" in resumed.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert (tmp_path / "starts").read_text().split() == ["0", "32"]  # the second attempt trained the second epoch
+    began = time.monotonic()
     whole = benchmark("unstopped")  # the marker is there: this one is never killed
+    whole_seconds = time.monotonic() - began
     assert whole.returncode == 0, whole.stderr[-3000:]
     (unstopped,) = [json.loads(line) for line in (tmp_path / "unstopped" / "results.jsonl").read_text().splitlines()]
     assert record["steps"] == unstopped["steps"] == 64
     assert record["scores"]["mood"] == pytest.approx(unstopped["scores"]["mood"], abs=1e-6)
     assert record["minutes"] * 60 > trained > 0
+    # no more than the time that passed: the stopped attempt's training and the resumed process; and not the best
+    # checkpoint's training time again (testing it loads that checkpoint's elapsed time into the run's Timer)
+    assert record["minutes"] * 60 <= trained + resumed_seconds and unstopped["minutes"] * 60 <= whole_seconds
+    timed = [load_checkpoint(path)["callbacks"]["Timer"]["time_elapsed"]["train"]
+             for path in (next((tmp_path / "unstopped").rglob("last.ckpt")), unstopped["checkpoint"])]
+    assert timed[0] <= unstopped["minutes"] * 60 < sum(timed)  # its training and setup and test; not the best's again
     # the joint run trains, its first task's stage too; killed in the second's: the joint run is not trained again
     starts = len((tmp_path / "starts").read_text().split())
     killed = benchmark("joint", "two", "joint")
