@@ -226,7 +226,8 @@ def test_multiple_choice_and_multi_label_smoothing_follow_their_targets():
         "labels": torch.tensor([[1, 0, 0], [0, 1, 1], [0, 0, 0], [1, 1, 1]]),
     }
     logits = model.objectives["m"](model.trunk, batch).float()
-    expected = F.binary_cross_entropy_with_logits(logits, batch["labels"] * 0.8 + 0.1)  # 1 -> 0.9, 0 -> 0.1
+    # 1 -> 0.9, 0 -> 0.1; summed over the 3 labels, averaged over the 4 examples
+    expected = F.binary_cross_entropy_with_logits(logits, batch["labels"] * 0.8 + 0.1, reduction="sum") / 4
     assert model.objectives["m"].loss(model.trunk, batch, "train").item() == pytest.approx(expected.item(), rel=1e-5)
 
 
