@@ -46,6 +46,7 @@ from ledger import Ledger  # noqa: E402
 
 from trunk.cli import export_main, run_cli  # noqa: E402
 from trunk.core.checkpoint import load_checkpoint  # noqa: E402
+from trunk.training.fault_tolerance import last_checkpoints  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +91,7 @@ def fit(arguments: list[str], directory: Path):
     <directory>/<task>; those stages start over), so a session's end or a killed process costs the steps since that
     checkpoint, not the run. Returns the CLI and the run's wall minutes, the stopped attempts' training time included
     (a Timer's, which every checkpoint carries)."""
-    stopped = any(directory.rglob("last.ckpt"))
+    stopped = bool(last_checkpoints(directory))  # stage checkpoints come after the joint run's: any will do
     if stopped:
         print(f"Resuming the stopped run in {directory}", file=sys.stderr)
     began = time.perf_counter()

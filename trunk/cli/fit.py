@@ -42,7 +42,7 @@ from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
 from trunk.inference.quantize import QuantizeForEvaluation
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.training.callbacks.run_lock import RunFolderLock
-from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, slurm_job_id
+from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, last_checkpoints, slurm_job_id
 from trunk.training.module import TrunkModule
 from trunk.training.precision import on_cuda, resolve_precision
 from trunk.training.threads import fit_threads
@@ -379,14 +379,9 @@ class TrunkCLI(LightningCLI):
 
     @staticmethod
     def _last_checkpoints(config) -> list[Path]:
-        """The run's last.ckpt files under trainer.default_root_dir, oldest first. A joint run's ``--finetune_each``
-        stages write theirs in <default_root_dir>/<task>, newer than the joint run's: they are left out, so resuming
-        a joint run stopped in a stage resumes the joint run (whose end then runs the stages again)."""
-        root = Path(config.trainer.get("default_root_dir") or ".")
+        """The run's last.ckpt files under trainer.default_root_dir, oldest first (its stages' left out)."""
         tasks = config.model.get("tasks") or {}
-        stages = set(tasks) if len(tasks) > 1 else set()
-        return sorted((path for path in root.rglob("last.ckpt") if path.relative_to(root).parts[0] not in stages),
-                      key=lambda path: path.stat().st_mtime)
+        return last_checkpoints(config.trainer.get("default_root_dir") or ".", set(tasks) if len(tasks) > 1 else set())
 
     def _run_checkpoint(self, config, which: str) -> Path:
         """``--ckpt_path last | best``: the run's newest last.ckpt under trainer.default_root_dir, or the best

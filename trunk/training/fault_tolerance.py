@@ -67,6 +67,15 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
+def last_checkpoints(root: str | Path, stages: set[str] | frozenset[str] = frozenset()) -> list[Path]:
+    """The ``last.ckpt`` files of the run in folder ``root``, oldest first; a joint run's ``--finetune_each`` stages
+    (``stages``: its task names) write theirs in <root>/<task>, newer than the joint run's: they are left out, so
+    resuming a joint run stopped in a stage resumes the joint run (whose end then runs the stages again)."""
+    root = Path(root)
+    return sorted((path for path in root.rglob("last.ckpt") if path.relative_to(root).parts[0] not in stages),
+                  key=lambda path: path.stat().st_mtime)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that are never half-written and always verified when read (with ``weights_only=True``).
 
