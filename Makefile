@@ -36,5 +36,6 @@ figures: install
 		--run "joint (configs/joint_sst2_conll.yaml)=runs/joint_sst2_conll/csv/version_0/metrics.csv" \
 		--run "SST-2 alone=runs/sst2_finetune/csv/version_0/metrics.csv" --run "CoNLL alone=runs/conll2003/csv/version_0/metrics.csv" \
 		--metric val/sst2/acc val/conll/f1
+	$(PLOT) transfer benchmarks/results/transfer.jsonl benchmarks/figures/transfer_sentiment.png
 
 .PHONY: install quickstart test figures
