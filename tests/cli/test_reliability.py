@@ -392,6 +392,19 @@ def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the
     assert len(lines) > 2 and lines[0].startswith(("epoch", "lr-", "perf", "step", "train", "val"))  # the history, kept
 
 
+def test_resuming_a_run_from_pretrained_weights_names_no_shape_change(tiny_cli_args, tiny_trunk_dir, tmp_path):
+    # the config's trunk shape (the tiny defaults here: learned positions) is not what ran: init_from's weights gave
+    # theirs (rope), so on resume it is no change of the config's; a real change is still named
+    pretrained = [*tiny_cli_args, f"--model.init_from={tiny_trunk_dir}", "--data.tokenizer=null"]
+    run_cli(["fit", *pretrained, "--trainer.max_steps=3"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*changes to them are not used.*")
+        resumed = run_cli(["fit", *pretrained, "--trainer.max_steps=5", "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 5 and resumed.model.trunk_config.positions == "rope"
+    with pytest.warns(UserWarning, match=r"changes to them are not used: model.optimizer.lr: 0.0005 -> 0.01\. "):
+        run_cli(["fit", *pretrained, "--trainer.max_steps=6", "--model.optimizer.lr=0.01", "--ckpt_path=last"])
+
+
 # -- faults
 # -------------------------------------------------------------------------------------------------------------------
 @pytest.fixture

@@ -154,16 +154,22 @@ def _leaves(value, prefix: str = "") -> dict:
     return {prefix.rstrip("."): list(value) if isinstance(value, tuple) else value}
 
 
-def resume_changes(ckpt: dict, model_options: dict, data_options: dict) -> tuple[list[str], list[str]]:
+def resume_changes(ckpt: dict, model_options: dict, data_options: dict,
+                   from_weights: bool = False) -> tuple[list[str], list[str]]:
     """What a resumed run's config changes against the checkpoint it resumes: (model options, which the saved run's
     values override, and stream options, which would misalign the resumed epoch), each as ``name: saved ->
-    configured``."""
+    configured``. ``from_weights``: the config starts from ``model.init_from``, whose architecture filled the trunk
+    options the config leaves at their defaults, as it did the saved run's: those are no change."""
 
     def differ(saved: dict, configured: dict, keep) -> list[str]:
         return [f"{key}: {saved[key]!r} -> {configured[key]!r}" for key in sorted(set(saved) & set(configured))
                 if keep(key) and saved[key] != configured[key]]
 
     stored = stored_options(ckpt)
+    if from_weights and model_options.get("trunk") is not None and stored.get("trunk") is not None:
+        saved_trunk = trunk_config(stored["trunk"])
+        model_options = {**model_options,
+                         "trunk": pretrained_trunk_config(model_options["trunk"], saved_trunk, saved_trunk.vocab_size)}
     saved, configured = _leaves(stored), _leaves({k: v for k, v in model_options.items() if k in stored})
     inference = {f"tasks.{name}.init_args.{option}" for name, o in (model_options.get("tasks") or {}).items()
                  for option in as_objective(o).inference_options}

@@ -193,7 +193,7 @@ class TrunkCLI(LightningCLI):
         except RunSourceError as err:
             sys.exit(f"error: {err}")
         if self.subcommand == "fit" and self.run.checkpoint is not None:
-            self._check_resume(options, ckpt_path)
+            self._check_resume(options, ckpt_path, from_weights=init_from is not None)
         self.run.say()
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None
@@ -449,12 +449,12 @@ class TrunkCLI(LightningCLI):
             run.checkpoint = None  # the CheckpointIO holds it until Lightning's restore
         return trainer
 
-    def _check_resume(self, model_options: dict, ckpt_path: str) -> None:
+    def _check_resume(self, model_options: dict, ckpt_path: str, from_weights: bool) -> None:
         """A resume continues the saved run: its model, optimizer and schedule as saved, its batches in their order.
         Changed options that would misalign the batches are refused; changed model options, which the saved ones
         override, are named in a warning. Trainer options (max_epochs / max_steps to train longer, devices,
         precision, logging) and evaluation-only data options are honoured."""
-        model, data = resume_changes(self.run.checkpoint, model_options, dict(self.datamodule.hparams))
+        model, data = resume_changes(self.run.checkpoint, model_options, dict(self.datamodule.hparams), from_weights)
         fresh = (f"or start a new run from its weights with --model.init_from={ckpt_path} (a fresh optimizer and "
                  "schedule) instead of --ckpt_path")
         if data:
