@@ -392,6 +392,24 @@ def test_a_resume_refuses_other_batches_names_unused_model_changes_and_keeps_the
     assert len(lines) > 2 and lines[0].startswith(("epoch", "lr-", "perf", "step", "train", "val"))  # the history, kept
 
 
+def test_a_run_folder_moved_before_its_resume_keeps_its_best_checkpoint(tiny_cli_args, tmp_path):
+    # every validation scores the same on this tiny data: only a strictly better one may replace the best (step 2's)
+    best = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"monitor": "val/score", "mode": "max", "save_last": True, "filename": "best-{step}"}}
+    options = [option for option in tiny_cli_args if not option.startswith("--trainer.default_root_dir")]
+    options += ["--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", f"--trainer.callbacks+={best}"]
+    run_cli(["fit", *options, "--trainer.max_steps=6", f"--trainer.default_root_dir={tmp_path / 'before'}"])
+    shutil.move(tmp_path / "before", tmp_path / "after")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*dirpath has changed.*")
+        resumed = run_cli(["fit", *options, "--trainer.max_steps=8", f"--trainer.default_root_dir={tmp_path / 'after'}",
+                           "--ckpt_path=last"])
+    checkpoints = tmp_path / "after" / "lightning_logs" / "version_0" / "checkpoints"
+    callback = resumed.trainer.checkpoint_callback
+    assert resumed.trainer.global_step == 8 and callback.best_model_score is not None
+    assert Path(callback.best_model_path) == checkpoints / "best-step=2.ckpt"
+    assert sorted(path.name for path in checkpoints.glob("best-*.ckpt")) == ["best-step=2.ckpt"]  # top-1 kept
+
 def test_resuming_a_run_from_pretrained_weights_names_no_shape_change(tiny_cli_args, tiny_trunk_dir, tmp_path):
     # the config's trunk shape (the tiny defaults here: learned positions) is not what ran: init_from's weights gave
     # theirs (rope), so on resume it is no change of the config's; a real change is still named

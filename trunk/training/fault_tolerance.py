@@ -13,6 +13,7 @@
     the requeued job's `trunk fit` resumes from ``last.ckpt`` by itself (exit 138);
   - a non-finite loss or gradient is never applied: the run stops with an error naming the step and
     the task (or skips up to ``skip_bad_batches`` such steps), so no checkpoint ever holds NaN weights;
+  - a run folder moved before its resume keeps its best score and best checkpoint (the saved paths follow it);
   - the random state (dropout) is saved and restored, so a resumed run continues exactly as the
     uninterrupted one would have (the training stream skips the batches already trained on: see
     ``MultiTaskStream``).
@@ -99,6 +100,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class TrainingDiverged(RuntimeError):
     """A non-finite loss or gradient: the run stops instead of training on garbage."""
+
+
+def _followed(path: str, old: Path, new: Path) -> str:
+    """``path``, a file that was in the folder ``old``, in ``new`` where it is now (unchanged if it is not there)."""
+    if not path or not Path(path).is_relative_to(old):
+        return path
+    there = new / Path(path).relative_to(old)
+    return str(there) if there.exists() else path
 
 
 class FaultTolerance(Callback):
@@ -237,6 +246,27 @@ class FaultTolerance(Callback):
             # as if saved at the end of the step: a resume trains on from there (the interrupted validation is not
             # counted half-done, which would resume it with metrics over its second half only)
             checkpoint["loops"]["fit_loop"] = self._before_validation[0]
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """A run folder moved (or copied) before its resume: each ModelCheckpoint's saved state names the old folder,
+        and Lightning drops its best score and top-k for a folder it no longer writes to, so the next validation would
+        count as the best, however it scores. Resumed from a checkpoint in the folder it now writes to, the saved paths
+        follow the files there."""
+        resumed = Path(trainer.ckpt_path or "").resolve().parent
+        for callback in trainer.checkpoint_callbacks:
+            state = checkpoint.get("callbacks", {}).get(callback.state_key)
+            here = getattr(callback, "dirpath", None)
+            if not state or not state.get("dirpath") or not here or resumed != Path(here).resolve():
+                continue
+            old, new = Path(state["dirpath"]), Path(here)
+            checkpoint["callbacks"][callback.state_key] = {
+                **state,
+                **{key: _followed(state[key], old, new)
+                   for key in ("best_model_path", "kth_best_model_path", "last_model_path") if key in state},
+                "best_k_models": {_followed(path, old, new): score
+                                  for path, score in state.get("best_k_models", {}).items()},
+                "dirpath": here,
+            }
 
     # -- every step ----------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
