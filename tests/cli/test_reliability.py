@@ -421,6 +421,10 @@ def test_resuming_a_run_from_pretrained_weights_names_no_shape_change(tiny_cli_a
     assert resumed.trainer.global_step == 5 and resumed.model.trunk_config.positions == "rope"
     with pytest.warns(UserWarning, match=r"changes to them are not used: model.optimizer.lr: 0.0005 -> 0.01\. "):
         run_cli(["fit", *pretrained, "--trainer.max_steps=6", "--model.optimizer.lr=0.01", "--ckpt_path=last"])
+    # a shape of its own that cannot fit the weights' (64 heads of their width of 32) is named, not a traceback
+    unset_width = [option for option in pretrained if not option.startswith("--model.trunk.d_model")]
+    with pytest.warns(UserWarning, match=r"changes to them are not used: .*model.trunk.n_heads: 4 -> 64"):
+        run_cli(["fit", *unset_width, "--trainer.max_steps=7", "--model.trunk.n_heads=64", "--ckpt_path=last"])
 
 
 # -- faults

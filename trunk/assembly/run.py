@@ -168,8 +168,11 @@ def resume_changes(ckpt: dict, model_options: dict, data_options: dict,
     stored = stored_options(ckpt)
     if from_weights and model_options.get("trunk") is not None and stored.get("trunk") is not None:
         saved_trunk = trunk_config(stored["trunk"])
-        model_options = {**model_options,
-                         "trunk": pretrained_trunk_config(model_options["trunk"], saved_trunk, saved_trunk.vocab_size)}
+        try:
+            filled = pretrained_trunk_config(model_options["trunk"], saved_trunk, saved_trunk.vocab_size)
+            model_options = {**model_options, "trunk": filled}
+        except ValueError:  # the config's own shape does not fit the weights': every differing field is named
+            pass
     saved, configured = _leaves(stored), _leaves({k: v for k, v in model_options.items() if k in stored})
     inference = {f"tasks.{name}.init_args.{option}" for name, o in (model_options.get("tasks") or {}).items()
                  for option in as_objective(o).inference_options}
