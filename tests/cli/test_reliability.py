@@ -410,6 +410,7 @@ def test_a_run_folder_moved_before_its_resume_keeps_its_best_checkpoint(tiny_cli
     assert Path(callback.best_model_path) == checkpoints / "best-step=2.ckpt"
     assert sorted(path.name for path in checkpoints.glob("best-*.ckpt")) == ["best-step=2.ckpt"]  # top-1 kept
 
+
 def test_resuming_a_run_from_pretrained_weights_names_no_shape_change(tiny_cli_args, tiny_trunk_dir, tmp_path):
     # the config's trunk shape (the tiny defaults here: learned positions) is not what ran: init_from's weights gave
     # theirs (rope), so on resume it is no change of the config's; a real change is still named
