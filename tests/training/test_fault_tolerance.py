@@ -6,6 +6,7 @@ Runs are real ``trunk fit`` processes (tiny model, fp32, CPU), killed by a callb
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -123,6 +124,27 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(
     command = next(line for line in result.stderr.splitlines() if line.startswith("  trunk fit"))
     assert command.endswith(f"--ckpt_path={last(root)}") and "--trainer.max_epochs=2" in command
     assert "test/score" not in result.stdout  # an interrupted run is not tested
+
+
+def test_a_run_stopped_inside_a_script_prints_its_own_resume_command(sentiment_files, ner_files, tmp_path):
+    """A script that runs the CLI (benchmarks/transfer.py, a notebook) has argv of its own: the command printed is
+    the run's, and running it finishes the run."""
+    root = tmp_path / "run"
+    args = [*fit_args(root, sentiment_files, ner_files, epochs=1), *signal_at(7, signal.SIGTERM)]
+    script = "import json, sys; from trunk.cli.fit import run_cli; run_cli(json.loads(sys.argv[1]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    stopped = subprocess.run([sys.executable, "-c", script, json.dumps(args), "--script-option"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    command = next(line for line in stopped.stderr.splitlines() if line.startswith("  trunk fit"))
+    assert "--script-option" not in command and "--trainer.max_epochs=1" in command, command
+    resume = shlex.split(command)[2:]
+    assert resume[-1] == f"--ckpt_path={last(root)}"
+    # the printed command minus the fault that stopped it
+    resume = [a for a in resume if not a.startswith(("--trainer.callbacks+=faults", "--trainer.callbacks.s"))]
+    resumed = trunk(["fit", *resume], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert torch.load(last(root), weights_only=True)["global_step"] == STEPS_PER_EPOCH
 
 
 def test_the_resume_command_drops_the_old_ckpt_path_in_either_spelling():

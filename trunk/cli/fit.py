@@ -106,6 +106,11 @@ class TrunkCLI(LightningCLI):
             for choice in self.parser._subcommands_action._choices_actions:
                 choice.help = SUBCOMMANDS.get(choice.dest, choice.help)
 
+    def parse_arguments(self, parser, args) -> None:
+        # kept for the resume command a stopped run prints (a script calling run_cli has argv of its own)
+        self.arguments = sys.argv[1:] if args is None else list(args) if isinstance(args, (list, tuple)) else None
+        super().parse_arguments(parser, args)
+
     def _parse_ckpt_path(self) -> None:
         """Lightning would read the checkpoint here to restore the model's options; ``resolve`` reads it once."""
 
@@ -204,6 +209,9 @@ class TrunkCLI(LightningCLI):
         self._record_resolved()
         self._add_configure_optimizers_method_to_model(self.subcommand)
         self.trainer = self.instantiate_trainer()
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, FaultTolerance):
+                callback.command = self.arguments
         if config.get("quantize") and self.trainer.strategy.root_device.type != "cpu":
             sys.exit(f"error: --quantize {config.quantize} runs on CPUs, and this run is on "
                      f"{self.trainer.strategy.root_device.type}, where bf16 is the fast path: drop --quantize, or "

@@ -143,6 +143,9 @@ class FaultTolerance(Callback):
             None  # (loops, random state) at the start of fit's validation
         )
         self._saving_mid_validation = False
+        # the run's own command-line arguments, set by the CLI: a script that runs the CLI (a benchmark, a
+        # notebook) has argv of its own, which would make a resume command that is not this run's
+        self.command: list[str] | None = None
 
     # -- where ---------------------------------------------------------------------------------------
     @staticmethod
@@ -338,9 +341,8 @@ class FaultTolerance(Callback):
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         last = self.last_path(trainer)
-        args = without_option(sys.argv[1:], "--ckpt_path")
-        # (scripts such as benchmarks/fit.py add the subcommand themselves)
-        args = (args[1:] if args[:1] == ["fit"] else args)
+        args = without_option(sys.argv[1:] if self.command is None else self.command, "--ckpt_path")
+        args = args[1:] if args[:1] == ["fit"] else args  # the subcommand is the command's own
         if trainer.is_global_zero and trainer.checkpoint_callback is None:
             print(
                 f"Stopped at step {trainer.global_step}; checkpointing is off, so nothing was saved.",
