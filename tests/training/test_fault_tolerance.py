@@ -49,14 +49,18 @@ def fit_args(root: Path, sentiment_files, ner_files, epochs: int = 2) -> list[st
     ]
 
 
-def trunk(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+def python(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS`` with tests/ importable (the fault callbacks live in tests/faults.py)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
         **(env or {}),
     }
-    return subprocess.run([sys.executable, "-m", "trunk.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def trunk(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return python(["-m", "trunk.cli", *args], cwd, env)
 
 
 def signal_at(step: int, signum: int = signal.SIGKILL) -> list[str]:
@@ -132,9 +136,7 @@ def test_a_run_stopped_inside_a_script_prints_its_own_resume_command(sentiment_f
     root = tmp_path / "run"
     args = [*fit_args(root, sentiment_files, ner_files, epochs=1), *signal_at(7, signal.SIGTERM)]
     script = "import json, sys; from trunk.cli.fit import run_cli; run_cli(json.loads(sys.argv[1]))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    stopped = subprocess.run([sys.executable, "-c", script, json.dumps(args), "--script-option"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=600, env=env)
+    stopped = python(["-c", script, json.dumps(args), "--script-option"], tmp_path)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     command = next(line for line in stopped.stderr.splitlines() if line.startswith("  trunk fit"))
     assert "--script-option" not in command and "--trainer.max_epochs=1" in command, command
