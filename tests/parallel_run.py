@@ -84,6 +84,8 @@ def main() -> None:
         "--local", action="store_true", help="local attention: a window of 3 tokens each way, [CLS] global"
     )
     parser.add_argument("--positions", help="model.trunk.positions (the trunk's own by default)")
+    parser.add_argument("--accelerator", default="cpu", help="gpu: the GPU check's one-device runs (tests/gpu)")
+    parser.add_argument("--devices", type=int, help="processes (default: what the mode needs, 1, 2 or 4)")
     options = parser.parse_args()
     torch.manual_seed(0)
     extra = (
@@ -103,17 +105,19 @@ def main() -> None:
         task_info={"s": {"label_names": ["a", "b", "c"]}},
         **extra,
     )
+    devices = options.devices or {"one": 1, "tp_fsdp2": 4}.get(options.mode, 2)
     strategy = {
         "one": "auto",
         "ddp": "ddp",
-        "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, save_distributed_checkpoint=False),
+        "fsdp2": ModelParallelStrategy(
+            data_parallel_size=devices, tensor_parallel_size=1, save_distributed_checkpoint=False
+        ),
         "tp": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2, save_distributed_checkpoint=False),
         "tp_fsdp2": ModelParallelStrategy(
             data_parallel_size=2, tensor_parallel_size=2, save_distributed_checkpoint=False
         ),
     }
-    devices = {"one": 1, "tp_fsdp2": 4}.get(options.mode, 2)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy[options.mode],
+    trainer = L.Trainer(accelerator=options.accelerator, devices=devices, strategy=strategy[options.mode],
                         max_steps=options.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, use_distributed_sampler=False, precision="32-true",
                         callbacks=[StopAt(options.stop_at)] if options.stop_at else [])
