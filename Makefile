@@ -2,6 +2,8 @@
 #   make quickstart   install, then train + evaluate on the built-in dataset (about a minute on 2 CPU cores)
 #   make test         install, then run the test suite
 #   make figures      redraw the README's figures (needs the runs of the README's Results table in runs/)
+#   make gpu-bundle   prepare .gpu/ for the GPU check (wheels the GPU image lacks, data slices, bf16 MiniLM; docs/gpu.md)
+#   make gpu-check    the GPU check on a CUDA machine (no network needed); DRY=1: at tiny sizes on this CPU
 # TORCH picks the torch build: the default pin matches the CPU wheel of the reference machine;
 # on a GPU machine use e.g. `make test TORCH=torch` to get PyPI's CUDA build.
 TORCH ?= torch==2.13.0
@@ -38,4 +40,19 @@ figures: install
 		--metric val/sst2/acc val/conll/f1
 	$(PLOT) transfer benchmarks/results/transfer.jsonl benchmarks/figures/transfer_sentiment.png
 
-.PHONY: install quickstart test figures
+DATA ?= ../shared/data
+GPU_PYTHON ?= 3.12
+GPU_OUT ?= gpu-check
+gpu-bundle: install
+	$(VENV)/bin/python benchmarks/gpu_bundle.py --data $(DATA) --out .gpu --python-version $(GPU_PYTHON)
+
+# On the GPU machine the image's python3 runs it (torch with CUDA there); DRY=1 runs it here, in a fresh environment
+ifdef DRY
+gpu-check: install
+	$(VENV)/bin/python benchmarks/gpu_check.py --dry --out $(GPU_OUT)
+else
+gpu-check:
+	python3 benchmarks/gpu_check.py --bundle .gpu --out $(GPU_OUT)
+endif
+
+.PHONY: install quickstart test figures gpu-bundle gpu-check

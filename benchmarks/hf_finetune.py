@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"
     python benchmarks/hf_finetune.py --model ../shared/data/pretrained/all-MiniLM-L6-v2 --data ../shared/data \\
-        --task sst2 --task conll --precision 32-true --precision bf16-mixed
+        --task sst2 --task conll --precision 32-true --precision bf16-mixed [--device cuda]
 
 Both sides start from the same weights and read the same files with the same epochs, learning rate, schedule (linear,
 10% warmup), weight decay (0.01, none on biases and LayerNorms), batch size, maximum length and seed. Trunk runs the
@@ -12,9 +12,11 @@ transformers runs the plain loop of its examples (``run_glue_no_trainer.py``, ``
 ``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for
 bf16. Trunk computes on real tokens only (its default) and takes its batches in random order as the recipes do
 (``--bucket on``: batches of similar lengths instead, which cost 0.3-3 points here). Printed: each side's dev metric
-(SST-2 accuracy; CoNLL-2003 entity F1 by seqeval, first sub-token of each word) and training seconds per epoch
-(validation excluded), and the ratio. The sides alternate task by task and precision by precision in the same
-process, so a machine that slows down or speeds up meanwhile weighs on both.
+(SST-2 accuracy; CoNLL-2003 entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is conlleval's and
+seqeval's measure and tested against seqeval) and training seconds per epoch (validation excluded), examples/s, and the
+ratio. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The sides alternate
+task by task and precision by precision in the same process, so a machine that slows down or speeds up meanwhile
+weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -65,8 +67,14 @@ def hf_optimizer(model, lr: float, steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def hf_run(task: str, args, precision: str) -> tuple[float, list[float]]:
-    """The transformers side: (dev metric, training seconds of each epoch)."""
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so that a clock read after it measures the work."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
+    """The transformers side: (dev metric, training seconds of each epoch, training examples of an epoch)."""
     import transformers
     from transformers import AutoTokenizer, DataCollatorForTokenClassification, DataCollatorWithPadding
 
@@ -79,7 +87,7 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float]]:
         encode = lambda t, y: [{**tokenizer(a, truncation=True, max_length=args.max_length), "labels": b}  # noqa: E731
                                for a, b in zip(t, y)]
         train, dev = encode(texts, labels), encode(dev_texts, dev_labels)
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2).float()
         collate = DataCollatorWithPadding(tokenizer)
     else:
         train_rows, dev_rows = (read_conll(data / "conll2003" / f"{split}.txt") for split in ("train", "valid"))
@@ -98,7 +106,7 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float]]:
             return out
 
         train, dev = encode(train_rows), encode(dev_rows)
-        model = transformers.AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(names))
+        model = transformers.AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(names)).float()
         collate = DataCollatorForTokenClassification(tokenizer)
     generator = torch.Generator().manual_seed(args.seed)
     loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate,
@@ -106,51 +114,64 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float]]:
     batches = min(len(loader), args.max_batches or len(loader))
     optimizer, schedule = hf_optimizer(model, args.lr, batches * args.epochs)
     bf16 = precision == "bf16-mixed"
-    seconds, scores = [], []
+    model.to(args.device)
+    seconds, scores, examples = [], [], 0
     for _ in range(args.epochs):
         model.train()
-        start = time.perf_counter()
+        synchronize(args.device)
+        start, examples = time.perf_counter(), 0
         for i, batch in enumerate(loader):
             if i == batches:
                 break
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(**batch).loss
+            examples += len(batch["input_ids"])
+            with torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch.to(args.device)).loss
             loss.backward()
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
+        synchronize(args.device)
         seconds.append(time.perf_counter() - start)
-        scores.append(hf_evaluate(model, dev, collate, bf16, None if task == "sst2" else names))
-    return max(scores), seconds  # the best epoch, as Trunk's checkpoint keeps its best
+        scores.append(hf_evaluate(model, dev, collate, bf16, None if task == "sst2" else names, args.device))
+    return max(scores), seconds, examples  # the best epoch, as Trunk's checkpoint keeps its best
 
 
-def hf_evaluate(model, dev: list[dict], collate, bf16: bool, tag_names: list[str] | None) -> float:
-    """Dev accuracy, or (``tag_names``) entity F1 by seqeval over each word's first sub-token."""
+def hf_evaluate(model, dev: list[dict], collate, bf16: bool, tag_names: list[str] | None, device: str = "cpu") -> float:
+    """Dev accuracy, or (``tag_names``) entity F1 over each word's first sub-token."""
+    from trunk.core.tagging import split_tag
+    from trunk.tasks.objectives.token_classification import EntityF1
+
     model.eval()
     predicted, gold = [], []
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         for batch in torch.utils.data.DataLoader(dev, batch_size=64, collate_fn=collate):
-            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            logits = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"}).logits
             predicted += logits.argmax(-1).tolist()
             gold += batch["labels"].tolist()
     if tag_names is None:
         return sum(p == g for p, g in zip(predicted, gold)) / len(gold)
-    from seqeval.metrics import f1_score
-
     kept = [[(tag_names[p], tag_names[g]) for p, g in zip(ps, gs) if g != -100] for ps, gs in zip(predicted, gold)]
-    return float(f1_score([[g for _, g in row] for row in kept], [[p for p, _ in row] for row in kept]))
+    metric = EntityF1(sorted({split_tag(t)[1] for t in tag_names} - {''}))
+    metric.update([[p for p, _ in row] for row in kept], [[g for _, g in row] for row in kept])
+    return float(metric.compute()["f1"])
 
 
 class EpochTimer(L.Callback):
-    """Training seconds of each epoch, validation excluded."""
+    """Training seconds of each epoch, validation excluded, and the training examples of the last epoch."""
 
-    def __init__(self) -> None:
-        self.seconds, self.paused, self.start, self.validating = [], 0.0, 0.0, 0.0
+    def __init__(self, device: str = "cpu") -> None:
+        self.device, self.seconds, self.examples = device, [], 0
+        self.paused, self.start, self.validating = 0.0, 0.0, 0.0
 
     def on_train_epoch_start(self, trainer, module) -> None:
-        self.start, self.paused = time.perf_counter(), 0.0
+        synchronize(self.device)
+        self.start, self.paused, self.examples = time.perf_counter(), 0.0, 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.examples += len(batch["input_ids"])
 
     def on_validation_start(self, trainer, module) -> None:
+        synchronize(self.device)
         self.validating = time.perf_counter()
 
     def on_validation_end(self, trainer, module) -> None:
@@ -158,18 +179,20 @@ class EpochTimer(L.Callback):
             self.paused += time.perf_counter() - self.validating
 
     def on_train_epoch_end(self, trainer, module) -> None:
+        synchronize(self.device)
         self.seconds.append(time.perf_counter() - self.start - self.paused)
 
 
-def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[float]]:
-    """The Trunk side: the recipe with the shared settings; (best dev metric, training seconds of each epoch)."""
+def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[float], int]:
+    """The Trunk side: the recipe with the shared settings; (best dev metric, training seconds of each epoch, training
+    examples of an epoch)."""
     from trunk.cli import run_cli
 
     data = Path(args.data)
     name = "sst2" if task == "sst2" else "conll"
     files = ({"train": data / "sst2/train.tsv", "validation": data / "sst2/dev.tsv"} if task == "sst2"
              else {"train": data / "conll2003/train.txt", "validation": data / "conll2003/valid.txt"})
-    timer = EpochTimer()
+    timer = EpochTimer(args.device)
     cli = run_cli([
         "--config", str(REPO / RECIPES[task]), f"--model.init_from={args.model}",
         *(f"--data.tasks.{name}.init_args.{split}={path}" for split, path in files.items()),
@@ -178,16 +201,34 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
         f"--trainer.max_epochs={args.epochs}", f"--trainer.precision={precision}", f"--seed_everything={args.seed}",
         "--trainer.val_check_interval=1.0", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
+        f"--trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}", "--trainer.devices=1",
         *([f"--trainer.limit_train_batches={args.max_batches}"] if args.max_batches else []),
         *([f"--data.tasks.{name}.init_args.bucket_by_length={args.bucket == 'on'}"] if args.bucket else []),
     ], run=False)
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     metric = cli.trainer.checkpoint_callback.best_model_score
-    return float(metric), timer.seconds
+    return float(metric), timer.seconds, timer.examples
 
 
-def main(argv: list[str]) -> None:
+def compare(args) -> list[dict]:
+    """Each task and precision, Trunk then transformers: their dev metrics, seconds per epoch and examples/s."""
+    rows = []
+    for task in args.task or list(RECIPES):
+        for precision in args.precision or ["32-true"]:
+            trunk_metric, trunk_seconds, trunk_examples = trunk_run(task, args, precision,
+                                                                    Path(args.root) / f"{task}-{precision}")
+            hf_metric, hf_seconds, hf_examples = hf_run(task, args, precision)
+            t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
+            rows.append({"task": task, "precision": precision, "trunk": trunk_metric, "hf": hf_metric,
+                         "trunk_s_per_epoch": t, "hf_s_per_epoch": h, "trunk_examples_per_s": trunk_examples / t,
+                         "hf_examples_per_s": hf_examples / h, "speedup": h / t * trunk_examples / hf_examples})
+            print(f"  {task} {precision}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers {hf_metric:.4f} "
+                  f"in {h:.1f} s/epoch", flush=True)
+    return rows
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a Hugging Face BERT-family model folder (config.json, ...)")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the folder of sst2/, conll2003/")
@@ -202,19 +243,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--root", default="runs/hf_finetune", help="where Trunk's runs write")
     parser.add_argument("--bucket", choices=["on", "off"],
                         help="Trunk's batches of similar lengths (default: as the recipe says, off)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both sides train")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = arguments(argv)
     from trunk.training.precision import cpu_info
 
-    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    rows = []
-    for task in args.task or list(RECIPES):
-        for precision in args.precision or ["32-true"]:
-            trunk_metric, trunk_seconds = trunk_run(task, args, precision, Path(args.root) / f"{task}-{precision}")
-            hf_metric, hf_seconds = hf_run(task, args, precision)
-            t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
-            rows.append((task, precision, trunk_metric, hf_metric, t, h))
-            print(f"  {task} {precision}: Trunk {trunk_metric:.4f} in {t:.0f} s/epoch, transformers {hf_metric:.4f} "
-                  f"in {h:.0f} s/epoch", flush=True)
+    print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+          + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
+    rows = compare(args)
     metric = {"sst2": "dev acc", "conll": "dev entity F1"}
     print(f"\nsame weights ({args.model}), {args.epochs} epoch(s), lr {args.lr}, batch {args.batch_size}, "
           f"max length {args.max_length}, seed {args.seed}" + (f", {args.max_batches} batches an epoch"
@@ -222,9 +261,10 @@ def main(argv: list[str]) -> None:
           + (f", Trunk's length buckets {args.bucket}" if args.bucket else ""))
     print("| task | precision | Trunk | transformers | Trunk s/epoch | transformers s/epoch | speed-up |")
     print("|---|---|---|---|---|---|---|")
-    for task, precision, tm, hm, t, h in rows:
-        print(f"| {task} ({metric[task]}) | {precision} | {tm:.4f} | {hm:.4f} | {t:.0f} | {h:.0f} | "
-              f"{h / t if t and not math.isnan(t) else float('nan'):.2f}x |")
+    for row in rows:
+        t, h = row["trunk_s_per_epoch"], row["hf_s_per_epoch"]
+        print(f"| {row['task']} ({metric[row['task']]}) | {row['precision']} | {row['trunk']:.4f} | {row['hf']:.4f} | "
+              f"{t:.0f} | {h:.0f} | {h / t if t and not math.isnan(t) else float('nan'):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -80,9 +80,9 @@ def trec_questions(data: Path) -> list[str]:
     return [line.split(" ", 1)[1] for line in lines if line.strip()]
 
 
-def make_model(data: Path, directory: Path) -> Path:
+def make_model(data: Path, directory: Path, onnx: bool = True) -> Path:
     """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs (fp32
-    and int8)."""
+    and int8; ``onnx=False``: without)."""
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
     paths = [
         f"--data.tasks.{task}.{split}={data / path}"
@@ -110,8 +110,8 @@ def make_model(data: Path, directory: Path) -> Path:
     subprocess.run(run, check=True, cwd=directory, stdout=subprocess.DEVNULL)
     ckpt = next((directory / "run").rglob("last.ckpt"), None) or next((directory / "run").rglob("*.ckpt"))
     subprocess.run(
-        [sys.executable, "-m", "trunk.cli", "export", str(ckpt), str(directory / "model"), "--onnx", "--quantize",
-         "int8"],
+        [sys.executable, "-m", "trunk.cli", "export", str(ckpt), str(directory / "model"),
+         *(["--onnx", "--quantize", "int8"] if onnx else [])],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -259,7 +259,7 @@ def deltas(paths: list[Path], top: list[Path] | None, inputs: dict, rounds: int)
            [f"{tasks[0]}: LoRA unmerged", speed["unmerged"], 1.0]])
 
 
-def hf_pipelines(predictor, bf16: bool) -> dict:
+def hf_pipelines(predictor, bf16: bool, device: str = "cpu") -> dict:
     """Each task's pipeline on an equal-size BERT with Trunk's tokenizer (random weights: speed only)."""
     from tokenizers import Tokenizer
     from transformers import (
@@ -301,7 +301,7 @@ def hf_pipelines(predictor, bf16: bool) -> dict:
         else:
             net, kind, extra = BertForSequenceClassification(BertConfig(**bert, **labels)), "text-classification", {}
         net = net.eval().to(torch.bfloat16 if bf16 else torch.float32)
-        pipes[name] = pipeline(kind, model=net, tokenizer=fast, device=-1, **extra)
+        pipes[name] = pipeline(kind, model=net.to(device), tokenizer=fast, device=torch.device(device), **extra)
     return pipes
 
 
@@ -344,39 +344,22 @@ def trunk_and_pipeline(predictor, pipe, task: str, sentences: list) -> dict:
             "hf": lambda: pipe(as_text, batch_size=64)}
 
 
-def versus_hugging_face(model: Path, inputs: dict, precisions: list[str], rounds: int) -> dict:
-    rows, trunk_rates = [], {}
+PIPELINE_COLUMNS = ["task", "precision", "sentences", "Trunk predict", "HF pipeline", "ratio",
+                    "HF's token positions per real token"]
+
+
+def versus_hugging_face(model: Path, inputs: dict, precisions: list[str], rounds: int, device: str = "cpu") -> list:
+    """Trunk's predict against the pipeline on ``device``, printed as a table; its rows (``PIPELINE_COLUMNS``)."""
+    rows = []
     for precision in precisions:
-        predictor = load(model, precision="bf16-mixed" if precision == "bf16" else "32-true")
-        pipes = hf_pipelines(predictor, bf16=precision == "bf16")
+        predictor = load(model, map_location=device, precision="bf16-mixed" if precision == "bf16" else "32-true")
+        pipes = hf_pipelines(predictor, bf16=precision == "bf16", device=device)
         for task, sentences in inputs.items():
             got = alternate(trunk_and_pipeline(predictor, pipes[task], task, sentences), len(sentences), rounds)
-            rows.append(
-                [
-                    task,
-                    precision,
-                    len(sentences),
-                    got["trunk"],
-                    got["hf"],
-                    got["trunk"] / got["hf"],
-                    padding_ratio(predictor, task, sentences),
-                ]
-            )
-            trunk_rates[(task, precision)] = got["trunk"]
-    table(
-        "predict against a Hugging Face pipeline (sentences/s)",
-        [
-            "task",
-            "precision",
-            "sentences",
-            "Trunk predict",
-            "HF pipeline",
-            "ratio",
-            "HF's token positions per real token",
-        ],
-        rows,
-    )
-    return trunk_rates
+            rows.append([task, precision, len(sentences), got["trunk"], got["hf"], got["trunk"] / got["hf"],
+                         padding_ratio(predictor, task, sentences)])
+    table("predict against a Hugging Face pipeline (sentences/s)", PIPELINE_COLUMNS, rows)
+    return rows
 
 
 def busy_core(model: Path, data: Path, rounds: int, conll: int) -> None:
@@ -649,7 +632,8 @@ def main() -> None:
         inputs = {"sst2": sst2_sentences(options.data), "conll": conll_sentences(options.data)}
         in_process = {}  # Trunk's sentences/s per (task, precision), from the comparison with Hugging Face
         if "hf" in options.only:
-            in_process = versus_hugging_face(model, inputs, precisions, options.rounds)
+            in_process = {(row[0], row[1]): row[3]
+                          for row in versus_hugging_face(model, inputs, precisions, options.rounds)}
         if "one_pass" in options.only:
             one_pass(model, inputs["conll"], options.rounds)
         if "onnx" in options.only:

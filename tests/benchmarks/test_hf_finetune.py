@@ -8,7 +8,6 @@ import pytest
 from conftest import REPO, ner_sentence, write_conll
 
 pytest.importorskip("transformers")
-pytest.importorskip("seqeval")
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 

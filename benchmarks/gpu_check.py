@@ -1,0 +1,491 @@
+"""The GPU check: everything Trunk claims about CUDA GPUs, measured in one command on a machine with no network
+(docs/gpu.md). Writes ``gpu_check.json`` (every figure), ``gpu_check.md`` (the tables) and ``gpu_check.log`` to
+``--out``.
+
+    make gpu-bundle                     # here, with network: .gpu/ (wheels the image lacks, data slices, bf16 MiniLM)
+    make gpu-check                      # there, on the GPU (python3 benchmarks/gpu_check.py --bundle .gpu)
+    make gpu-check DRY=1                # here: the same at tiny sizes on this CPU, in a fresh environment
+
+Parts, in order, each timed, each in its own process with a time limit, each allowed to fail without stopping the rest:
+
+1. ``install``: the bundle's wheels into a fresh folder with ``pip --no-index`` on top of the image's torch; Trunk
+   runs from this working tree. Each package's requirements are checked against what is there.
+2. ``tests``: tests/gpu (the ``gpu`` marker): bf16 against fp32, fused attention, every task kind, checkpoints across
+   devices, DDP and FSDP2 on the one GPU with exact resume, serve, the int8 refusal, ``precision: auto``.
+3. ``finetune``: the bundle's MiniLM fine-tuned by Trunk and by transformers (benchmarks/hf_finetune.py) on SST-2 and
+   CoNLL-2003, bf16-mixed, the same steps: examples/s and the dev score.
+4. ``pretraining``: masked-LM training steps at the pretraining recipe's width and at BERT-base's (random weights),
+   Trunk and ``BertForMaskedLM`` alternating, eager and ``torch.compile``d: tokens/s, peak memory, and MFU against
+   the bf16 matmul rate measured in the same process.
+5. ``inference``: ``predict`` against the transformers pipeline (benchmarks/inference.py) on SST-2 dev and CoNLL-2003
+   test, fp32 and bf16, sentences/s.
+
+``--dry``: the bundle is built tiny (generated data, a tiny random BERT) for this Python, an environment holding only
+the packages the GPU image holds is made from this one, and every part runs there on the CPU at tiny sizes
+(tests/benchmarks/test_gpu_check.py runs it, so the check cannot rot between GPU runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+PARTS = ("tests", "finetune", "pretraining", "inference")
+# seconds each part may take: the whole check fits in 5 minutes of an H100 with room to spare
+LIMITS = {"install": 120, "tests": 150, "finetune": 120, "pretraining": 150, "inference": 90}
+SIZES = {  # the real check, and the dry run's
+    "gpu": {"finetune_batches": 300, "batch": 32, "max_length": 128, "mlm_batch": 64, "mlm_steps": 10,
+            "shapes": {"recipe width": (256, 4, 4, 1024, 12000), "BERT-base": (768, 12, 12, 3072, 30522)},
+            "peak_size": 8192, "rounds": 3, "workers": 4, "compile": (False, True)},
+    "dry": {"finetune_batches": 2, "batch": 8, "max_length": 32, "mlm_batch": 2, "mlm_steps": 1,
+            "shapes": {"recipe width": (32, 2, 4, 64, 500)}, "peak_size": 256, "rounds": 1, "workers": 2,
+            "compile": (False,)},  # compiling on a CPU takes a minute: the dry run keeps to eager
+}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "TOKENIZERS_PARALLELISM": "false"}
+
+
+# -- the parts (each runs in its own process: ``--part NAME``) ---------------------------------------------------------
+
+def part_tests(args, sizes: dict) -> dict:
+    """tests/gpu under pytest; every test's outcome from its JUnit report."""
+    import xml.etree.ElementTree as ET
+
+    report = Path(args.work) / "tests.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                           "-n", str(sizes["workers"]), "--dist", "worksteal", f"--junitxml={report}"], cwd=REPO)
+    if not report.is_file():
+        raise SystemExit(f"pytest wrote no report (exit {done.returncode}): see its output above")
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        found = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        outcome = "passed" if found is None else "skipped" if found.tag == "skipped" else "failed"
+        message = "" if found is None else (found.get("message") or "").splitlines()[0][:300] if found.get(
+            "message") else ""
+        outcomes[case.get("name")] = {"outcome": outcome, "seconds": float(case.get("time", 0)), "message": message}
+    counts = {k: sum(o["outcome"] == k for o in outcomes.values()) for k in ("passed", "failed", "skipped")}
+    return {**counts, "tests": outcomes}
+
+
+def part_finetune(args, sizes: dict) -> dict:
+    sys.path.insert(0, str(BENCHMARKS))
+    import hf_finetune
+
+    device = "cpu" if args.dry else "cuda"
+    options = hf_finetune.arguments([
+        "--model", str(Path(args.bundle) / "model"), "--data", str(Path(args.bundle) / "data"), "--task", "sst2",
+        "--task", "conll", "--precision", "bf16-mixed", "--device", device, "--max-batches",
+        str(sizes["finetune_batches"]), "--batch-size", str(sizes["batch"]), "--max-length", str(sizes["max_length"]),
+        "--root", str(Path(args.work) / "finetune")])
+    return {"rows": hf_finetune.compare(options), "batches": sizes["finetune_batches"], "batch_size": sizes["batch"],
+            "lr": options.lr, "epochs": options.epochs}
+
+
+def matmul_peak(device: str, size: int) -> float:
+    """The bf16 matmul rate of this device (FLOP/s): the median of 10 products of two size x size matrices."""
+    import torch
+
+    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
+    times = []
+    for _ in range(13):
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / statistics.median(times[3:])
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def mlm_train_flops(d: int, layers: int, ff: int, vocab: int, batch: int, length: int, masked: int) -> float:
+    """One training step's model FLOPs: 2 per multiply-add of every matmul at every token (QKV, output, FFN),
+    attention's two products, the MLM decoder (transform and vocabulary) at the masked tokens; x3 for backward."""
+    tokens = batch * length
+    encoder = tokens * 2 * layers * (4 * d * d + 2 * d * ff) + batch * length ** 2 * layers * 4 * d
+    return 3 * (encoder + 2 * masked * (d * d + d * vocab))
+
+
+def part_pretraining(args, sizes: dict) -> dict:
+    """Masked-LM steps (forward, backward, AdamW) in bf16 autocast, Trunk and BertForMaskedLM of one size taking
+    turns, eager then compiled."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from trunk.tasks import MaskedLanguageModeling, TrunkModule
+
+    device = "cpu" if args.dry else "cuda"
+    peak = matmul_peak(device, sizes["peak_size"])
+    length, batch, steps = 128, sizes["mlm_batch"], sizes["mlm_steps"]
+    rows = []
+    for shape, (d, layers, heads, ff, vocab) in sizes["shapes"].items():
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(5, vocab, (batch, length), generator=g)
+        chosen = torch.rand(batch, length, generator=g) < 0.15
+        data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
+                "labels": torch.where(chosen, ids, -100).to(device)}
+        flops = mlm_train_flops(d, layers, ff, vocab, batch, length, int(chosen.sum()))
+        for compiled in sizes["compile"]:
+            torch.manual_seed(0)
+            trunk = TrunkModule({"mlm": MaskedLanguageModeling()}, task_info={"mlm": {}}, compile=compiled,
+                                trunk={"vocab_size": vocab, "d_model": d, "n_layers": layers, "n_heads": heads,
+                                       "d_ff": ff, "max_len": length, "positions": "learned", "dropout": 0.1,
+                                       "attn_dropout": 0.1}).to(device)
+            bert = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
+                                              num_attention_heads=heads, intermediate_size=ff,
+                                              max_position_embeddings=length)).to(device)
+            if compiled:
+                bert.compile()
+            sides = {"trunk": (trunk, lambda b, m=trunk: m.training_step(b, 0)),
+                     "hf": (bert, lambda b, m=bert: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                                     labels=b["labels"]).loss)}
+            optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+                          for name, (model, _) in sides.items()}
+            seconds, memory = {name: [] for name in sides}, {}
+            for round_ in range(sizes["rounds"] + 1):  # round 0 warms up (and compiles)
+                for name, (model, step) in sides.items():
+                    model.train()
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    synchronize(device)
+                    start = time.perf_counter()
+                    for _ in range(steps if round_ else 2):
+                        with torch.autocast(device, dtype=torch.bfloat16):
+                            loss = step(data)
+                        loss.backward()
+                        optimizers[name].step()
+                        optimizers[name].zero_grad(set_to_none=True)
+                    synchronize(device)
+                    if round_:
+                        seconds[name].append((time.perf_counter() - start) / steps)
+                    if device == "cuda":
+                        memory[name] = torch.cuda.max_memory_allocated() / 2 ** 30
+            for name in sides:
+                step_s = statistics.median(seconds[name])
+                rows.append({"shape": shape, "compiled": compiled, "side": name, "step_ms": 1000 * step_s,
+                             "tokens_per_s": batch * length / step_s, "mfu": flops / step_s / peak,
+                             "peak_memory_gib": memory.get(name)})
+            del trunk, bert, sides, optimizers
+    return {"bf16_matmul_peak_tflops": peak / 1e12, "batch": batch, "length": length, "rows": rows,
+            "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
+                       for k, v in sizes["shapes"].items()}}
+
+
+def part_inference(args, sizes: dict) -> dict:
+    sys.path.insert(0, str(BENCHMARKS))
+    import inference
+
+    device = "cpu" if args.dry else "cuda"
+    data = Path(args.bundle) / "data"
+    (Path(args.work) / "inference").mkdir(parents=True, exist_ok=True)
+    model = inference.make_model(data, Path(args.work) / "inference", onnx=False)
+    inputs = {"sst2": inference.sst2_sentences(data), "conll": inference.conll_sentences(data)}
+    rows = inference.versus_hugging_face(model, inputs, ["fp32", "bf16"], sizes["rounds"], device=device)
+    return {"columns": inference.PIPELINE_COLUMNS, "rows": rows}
+
+
+# -- the install --------------------------------------------------------------------------------------------------
+
+def install(bundle: Path, site: Path) -> dict:
+    """The bundle's wheels into ``site`` (pip --no-index, no dependencies fetched); then every requirement of what is
+    there and of Trunk checked against this Python's packages. A missing wheel is named with what adds it."""
+    requirements = (bundle / "requirements.txt").read_text().split()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                           "--no-compile", "--disable-pip-version-check", "--find-links", str(bundle / "wheels"),
+                           "--target", str(site), *requirements], capture_output=True, text=True)
+    if done.returncode:
+        missing = re.findall(r"No matching distribution found for (\S+)", done.stderr)
+        raise SystemExit(
+            f"error: the bundle {bundle} has no wheel for {', '.join(missing) or 'a requirement'} for this Python "
+            f"({sys.version.split()[0]}): rebuild it with `make gpu-bundle` on a machine with network (or add the "
+            f"wheel: python -m pip download --no-deps --only-binary=:all: --python-version "
+            f"{sys.version_info[0]}.{sys.version_info[1]} --platform manylinux_2_17_x86_64 -d {bundle / 'wheels'} "
+            f"{' '.join(missing) or 'NAME==VERSION'}).\n{done.stderr[-2000:]}")
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"})
+    if probe.returncode:
+        raise SystemExit(f"error: checking the installed packages failed:\n{probe.stderr[-2000:]}")
+    found = json.loads(probe.stdout)
+    if found["missing"]:
+        raise SystemExit("error: missing from the bundle and from this Python: " + "; ".join(
+            f"{need} (needed by {by})" for need, by in found["missing"]) + ". Add them: `make gpu-bundle` resolves "
+            "the packages the image lacks (benchmarks/gpu_bundle.py's IMAGE lists what it holds: take a package out "
+            "of it if the image does not have it).")
+    return {"packages": requirements, "conflicts": found["conflicts"], "versions": found["versions"]}
+
+
+# What the install's check runs in the target Python: each installed requirement of Trunk's (W&B aside: imported only
+# to log there) and of the bundle's packages, walked, is present; a version outside its range is kept as a conflict.
+PROBE = r"""
+import json, importlib.metadata as md, tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as cn
+roots = [Requirement(r) for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]]
+roots = [r for r in roots if cn(r.name) not in ("wandb", "pillow")] + [Requirement("pytest-xdist"),
+         Requirement("transformers")]
+seen, missing, conflicts, queue = set(), [], [], [(r, "trunk") for r in roots]
+while queue:
+    req, by = queue.pop()
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        missing.append((str(req), by))
+        continue
+    if req.specifier and not req.specifier.contains(version, prereleases=True):
+        conflicts.append(f"{req.name} {version} (wanted {req.specifier} by {by})")
+    if cn(req.name) in seen:
+        continue
+    seen.add(cn(req.name))
+    queue += [(Requirement(line), req.name) for line in md.requires(req.name) or []]
+print(json.dumps({"missing": missing, "conflicts": sorted(set(conflicts)),
+                  "versions": {name: md.version(name) for name in sorted(seen)}}))
+"""
+
+
+# -- the whole check ----------------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    import platform
+
+    import torch
+
+    facts = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
+             "torch": torch.__version__, "cpus": os.cpu_count(), "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name()
+        facts["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1)
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            facts["driver"] = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                             capture_output=True, text=True).stdout.strip()
+    return facts
+
+
+def run_part(name: str, args, env: dict, log) -> dict:
+    """One part in its own process under its time limit: its figures, its seconds, and whether it finished."""
+    result = Path(args.work) / f"{name}.json"
+    command = [sys.executable, __file__, "--part", name, "--json", str(result), "--bundle", str(args.bundle),
+               "--work", str(args.work), *(["--dry"] if args.dry else [])]
+    log.write(f"\n===== {name} =====\n")
+    log.flush()
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=LIMITS[name] * (4 if args.dry else 1))
+        status = "ok" if done.returncode == 0 and result.is_file() else f"failed (exit {done.returncode})"
+    except subprocess.TimeoutExpired:
+        status = f"stopped at its limit of {LIMITS[name]} s"
+    seconds = time.perf_counter() - start
+    figures = json.loads(result.read_text()) if result.is_file() else {}
+    if name == "tests" and figures.get("failed"):
+        status = f"{figures['failed']} failed"
+    return {"status": status, "seconds": round(seconds, 1), **figures}
+
+
+def check(args) -> int:
+    import torch
+
+    if not args.dry and not torch.cuda.is_available():
+        print(f"error: no CUDA GPU here (torch {torch.__version__} sees none): the GPU check runs on a CUDA machine; "
+              "`make gpu-check DRY=1` runs it on this CPU at tiny sizes.", file=sys.stderr)
+        return 2
+    bundle = Path(args.bundle)
+    if not (bundle / "bundle.json").is_file():
+        print(f"error: no bundle at {bundle}: build it with `make gpu-bundle` on a machine with network, and carry "
+              "it with the working tree (docs/gpu.md).", file=sys.stderr)
+        return 2
+    made_for, here = json.loads((bundle / "bundle.json").read_text())["python_version"], sys.version_info
+    if made_for != f"{here[0]}.{here[1]}":
+        print(f"error: the bundle {bundle} holds wheels for Python {made_for}, this is Python {here[0]}.{here[1]}: "
+              f"rebuild it with `make gpu-bundle GPU_PYTHON={here[0]}.{here[1]}`.", file=sys.stderr)
+        return 2
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine(), "dry": args.dry, "bundle": json.loads((bundle / "bundle.json").read_text()),
+              "parts": {}}
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join([str(work / "site"), str(REPO)]),
+           "PYTHONUNBUFFERED": "1", **({"TRUNK_GPU_CHECK": "dry"} if args.dry else {})}
+    with open(out / "gpu_check.log", "w") as log:
+        start = time.perf_counter()
+        try:
+            report["parts"]["install"] = {"status": "ok", **install(bundle, work / "site")}
+        except SystemExit as stop:
+            report["parts"]["install"] = {"status": "failed", "error": str(stop)}
+            log.write(f"{stop}\n")
+        report["parts"]["install"]["seconds"] = round(time.perf_counter() - start, 1)
+        for name in PARTS:
+            report["parts"][name] = run_part(name, args, env, log)
+            print(f"{name}: {report['parts'][name]['status']} in {report['parts'][name]['seconds']} s", flush=True)
+    report["targets"] = targets(report["parts"])
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "gpu_check.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if all(part["status"] == "ok" for part in report["parts"].values()) else 1
+
+
+def targets(parts: dict) -> list[dict]:
+    """Issue 67's targets, each read from the parts' figures: [{target, measured, met}]."""
+    out = []
+    tests = parts.get("tests", {})
+    out.append({"target": "every CUDA test passes", "measured": f"{tests.get('passed', 0)} passed, "
+                f"{tests.get('failed', 0)} failed, {tests.get('skipped', 0)} skipped",
+                "met": bool(tests.get("passed")) and not tests.get("failed") and not tests.get("skipped")})
+    for row in parts.get("finetune", {}).get("rows", []):
+        out.append({"target": f"fine-tuning {row['task']}: Trunk's examples/s >= 1.5x transformers'",
+                    "measured": f"{row['speedup']:.2f}x", "met": row["speedup"] >= 1.5})
+        out.append({"target": f"fine-tuning {row['task']}: dev scores within 0.5 point",
+                    "measured": f"{100 * row['trunk']:.2f} vs {100 * row['hf']:.2f}",
+                    "met": row["trunk"] >= row["hf"] - 0.005})
+    base = [r for r in parts.get("pretraining", {}).get("rows", [])
+            if r["shape"] == "BERT-base" and r["side"] == "trunk"]
+    if base:
+        best = max(base, key=lambda r: r["mfu"])
+        out.append({"target": "BERT-base masked-LM MFU >= 40% of the measured bf16 peak",
+                    "measured": f"{best['mfu']:.1%} ({'compiled' if best['compiled'] else 'eager'})",
+                    "met": best["mfu"] >= 0.40})
+    for row in parts.get("inference", {}).get("rows", []):
+        if row[0] == "sst2":
+            out.append({"target": f"predict on SST-2 dev ({row[1]}) >= 2x the pipeline", "measured": f"{row[5]:.2f}x",
+                        "met": row[5] >= 2})
+    return out
+
+
+def markdown(report: dict) -> str:
+    m, parts = report["machine"], report["parts"]
+    lines = [f"# The GPU check{' (dry run, CPU, tiny sizes)' if report['dry'] else ''}", "",
+             f"{m['date']}: {m.get('gpu', 'no GPU')}" + (f", driver {m['driver']}" if m.get("driver") else "")
+             + f", CUDA {m['cuda']}, torch {m['torch']}, Python {m['python']}, {m['cpus']} CPUs", "",
+             "| part | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {part['status']} | {part.get('seconds', '')} |" for name, part in parts.items()]
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in report["targets"]]
+    tests = parts.get("tests", {}).get("tests", {})
+    if tests:
+        lines += ["", "## CUDA tests", "", "| test | outcome | seconds | message |", "|---|---|---|---|"]
+        lines += [f"| {name} | {t['outcome']} | {t['seconds']:.1f} | {t['message'].replace('|', '/')} |"
+                  for name, t in tests.items()]
+    rows = parts.get("finetune", {}).get("rows", [])
+    if rows:
+        f = parts["finetune"]
+        lines += ["", f"## Fine-tuning MiniLM beside transformers ({f['batches']} steps of {f['batch_size']}, "
+                  f"lr {f['lr']}, bf16-mixed)", "",
+                  "| task | Trunk dev | transformers dev | Trunk examples/s | transformers examples/s | speed-up |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['task']} | {r['trunk']:.4f} | {r['hf']:.4f} | {r['trunk_examples_per_s']:,.0f} | "
+                  f"{r['hf_examples_per_s']:,.0f} | {r['speedup']:.2f}x |" for r in rows]
+    rows = parts.get("pretraining", {}).get("rows", [])
+    if rows:
+        p = parts["pretraining"]
+        lines += ["", f"## Masked-LM pretraining steps (batch {p['batch']} x {p['length']} tokens, bf16 autocast; "
+                  f"measured bf16 matmul peak {p['bf16_matmul_peak_tflops']:.0f} TFLOP/s)", "",
+                  "| shape | compiled | side | ms/step | tokens/s | MFU | peak memory (GiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['shape']} | {'yes' if r['compiled'] else 'no'} | "
+                  f"{'Trunk' if r['side'] == 'trunk' else 'BertForMaskedLM'} | {r['step_ms']:.1f} | "
+                  f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+                  f"{'' if r['peak_memory_gib'] is None else format(r['peak_memory_gib'], '.2f')} |" for r in rows]
+    rows = parts.get("inference", {}).get("rows", [])
+    if rows:
+        lines += ["", "## predict against the transformers pipeline (sentences/s)", "",
+                  "| " + " | ".join(parts["inference"]["columns"]) + " |",
+                  "|" + "---|" * len(parts["inference"]["columns"])]
+        lines += ["| " + " | ".join(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
+                  for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# -- the dry run's environment -------------------------------------------------------------------------------------
+
+def image_stand_in(path: Path) -> Path:
+    """A fresh virtual environment that sees, of this one's packages, only those the GPU image holds (linked from
+    here): the bundle then has to bring the rest, as it must there. Its Python."""
+    import importlib.metadata
+
+    from gpu_bundle import IMAGE
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    by_name = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+    held, queue = set(), [name for name in IMAGE if name in by_name]
+    while queue:  # the image's packages and what they need here (there, the image holds that too)
+        name = queue.pop()
+        if name in held or name not in by_name:
+            continue
+        held.add(name)
+        queue += [canonicalize_name(Requirement(r).name) for r in by_name[name].requires or []
+                  if Requirement(r).marker is None or Requirement(r).marker.evaluate({"extra": ""})]
+    venv.create(path, with_pip=True, clear=True)
+    python = path / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    image = path / "image"
+    image.mkdir()
+    for dist in (by_name[name] for name in held):
+        if not dist.files:
+            continue
+        for top in {Path(str(f)).parts[0] for f in dist.files if not str(f).startswith("..")}:
+            source, link = Path(dist.locate_file(top)), image / top
+            if source.exists() and not link.exists() and top != "__pycache__":
+                link.symlink_to(source)
+    (site / "gpu_image.pth").write_text(f"{image}\n")
+    return python
+
+
+def dry_run(args) -> int:
+    """Build a tiny bundle for this Python, make the image's stand-in, and run the check in it."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_bundle
+
+    out, work = Path(args.out).resolve(), Path(args.work).resolve()
+    bundle = work / "bundle"
+    gpu_bundle.main(["--tiny", "--out", str(bundle), "--python-version",
+                     f"{sys.version_info[0]}.{sys.version_info[1]}"])
+    python = image_stand_in(work / "venv")
+    return subprocess.run([python, __file__, "--inside", "--dry", "--bundle", str(bundle), "--out", str(out),
+                           "--work", str(work / "check")], cwd=REPO).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", default=str(REPO / ".gpu"), help="the bundle (make gpu-bundle)")
+    parser.add_argument("--out", default=str(REPO / "gpu-check"), help="where gpu_check.json, .md and .log go")
+    parser.add_argument("--work", help="scratch space: the installed packages, runs (default: a temporary folder)")
+    parser.add_argument("--dry", action="store_true", help="on this CPU at tiny sizes, in a fresh environment")
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # the dry run's second stage
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # one part, in the check's environment
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.part:
+        sys.argv = sys.argv[:1]  # the parts' LightningCLI runs read their own arguments
+        figures = globals()[f"part_{args.part}"](args, SIZES["dry" if args.dry else "gpu"])
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        args.work = args.work or scratch
+        if args.dry and not args.inside:
+            return dry_run(args)
+        return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
