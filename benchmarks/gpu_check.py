@@ -115,18 +115,11 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def mlm_train_flops(d: int, layers: int, ff: int, vocab: int, batch: int, length: int, masked: int) -> float:
-    """One training step's model FLOPs: 2 per multiply-add of every matmul at every token (QKV, output, FFN),
-    attention's two products, the MLM decoder (transform and vocabulary) at the masked tokens; x3 for backward."""
-    tokens = batch * length
-    encoder = tokens * 2 * layers * (4 * d * d + 2 * d * ff) + batch * length ** 2 * layers * 4 * d
-    return 3 * (encoder + 2 * masked * (d * d + d * vocab))
-
-
 def part_pretraining(args, sizes: dict) -> dict:
     """Masked-LM steps (forward, backward, AdamW) in bf16 autocast, Trunk and BertForMaskedLM of one size taking
     turns, eager then compiled."""
     import torch
+    from gpu_estimate import Model
     from transformers import BertConfig, BertForMaskedLM
 
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
@@ -141,7 +134,9 @@ def part_pretraining(args, sizes: dict) -> dict:
         chosen = torch.rand(batch, length, generator=g) < 0.15
         data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
                 "labels": torch.where(chosen, ids, -100).to(device)}
-        flops = mlm_train_flops(d, layers, ff, vocab, batch, length, int(chosen.sum()))
+        # one step's model FLOPs, counted as benchmarks/gpu_estimate.py and throughput.py count them
+        flops = batch * length * Model(shape, d, layers, ff, vocab, length).training_flops_per_token(
+            float(chosen.float().mean()))
         for compiled in sizes["compile"]:
             torch.manual_seed(0)
             trunk = TrunkModule({"mlm": MaskedLanguageModeling()}, task_info={"mlm": {}}, compile=compiled,
