@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the folder of sst2/, conll2003/")
     parser.add_argument("--model", help="the pretrained model folder (default: DATA/pretrained/all-MiniLM-L6-v2)")
     parser.add_argument("--python-version", default="3.12", help="the Python the wheels are for (the image's: 3.12)")
-    parser.add_argument("--sst2-rows", type=int, default=20000)
+    parser.add_argument("--sst2-rows", type=int, default=10000)
     parser.add_argument("--conll-sentences", type=int, default=4000)
     parser.add_argument("--tiny", action="store_true", help="generated data and a tiny random BERT (the dry run's)")
     args = parser.parse_args(argv)

@@ -44,14 +44,14 @@ REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 PARTS = ("tests", "finetune", "pretraining", "inference")
 # seconds each part may take: the whole check fits in 5 minutes of an H100 with room to spare
-LIMITS = {"install": 120, "tests": 150, "finetune": 120, "pretraining": 150, "inference": 90}
+LIMITS = {"install": 60, "tests": 120, "finetune": 90, "pretraining": 90, "inference": 60}
 SIZES = {  # the real check, and the dry run's
     "gpu": {"finetune_batches": 300, "batch": 32, "max_length": 128, "mlm_batch": 64, "mlm_steps": 10,
             "shapes": {"recipe width": (256, 4, 4, 1024, 12000), "BERT-base": (768, 12, 12, 3072, 30522)},
-            "peak_size": 8192, "rounds": 3, "workers": 4, "compile": (False, True)},
+            "peak_size": 8192, "rounds": 3, "workers": 4, "compile": (False, True), "conll_sentences": 1000},
     "dry": {"finetune_batches": 2, "batch": 8, "max_length": 32, "mlm_batch": 2, "mlm_steps": 1,
             "shapes": {"recipe width": (32, 2, 4, 64, 500)}, "peak_size": 256, "rounds": 1, "workers": 2,
-            "compile": (False,)},  # compiling on a CPU takes a minute: the dry run keeps to eager
+            "compile": (False,), "conll_sentences": 32},  # compiling takes a minute on a CPU: the dry run stays eager
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -117,7 +117,8 @@ def synchronize(device: str) -> None:
 
 def part_pretraining(args, sizes: dict) -> dict:
     """Masked-LM steps (forward, backward, AdamW) in bf16 autocast, Trunk and BertForMaskedLM of one size taking
-    turns, eager then compiled."""
+    turns: every shape eager, then every shape compiled. The figures so far are kept after each (a part stopped at its
+    limit keeps them)."""
     import torch
     from gpu_estimate import Model
     from transformers import BertConfig, BertForMaskedLM
@@ -125,19 +126,20 @@ def part_pretraining(args, sizes: dict) -> dict:
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
 
     device = "cpu" if args.dry else "cuda"
-    peak = matmul_peak(device, sizes["peak_size"])
     length, batch, steps = 128, sizes["mlm_batch"], sizes["mlm_steps"]
-    rows = []
-    for shape, (d, layers, heads, ff, vocab) in sizes["shapes"].items():
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(5, vocab, (batch, length), generator=g)
-        chosen = torch.rand(batch, length, generator=g) < 0.15
-        data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
-                "labels": torch.where(chosen, ids, -100).to(device)}
-        # one step's model FLOPs, counted as benchmarks/gpu_estimate.py and throughput.py count them
-        flops = batch * length * Model(shape, d, layers, ff, vocab, length).training_flops_per_token(
-            float(chosen.float().mean()))
-        for compiled in sizes["compile"]:
+    figures = {"bf16_matmul_peak_tflops": matmul_peak(device, sizes["peak_size"]) / 1e12, "batch": batch,
+               "length": length, "rows": [], "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
+                                                         for k, v in sizes["shapes"].items()}}
+    for compiled in sizes["compile"]:
+        for shape, (d, layers, heads, ff, vocab) in sizes["shapes"].items():
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(5, vocab, (batch, length), generator=g)
+            chosen = torch.rand(batch, length, generator=g) < 0.15
+            data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
+                    "labels": torch.where(chosen, ids, -100).to(device)}
+            # one step's model FLOPs, counted as benchmarks/gpu_estimate.py and throughput.py count them
+            flops = batch * length * Model(shape, d, layers, ff, vocab, length).training_flops_per_token(
+                float(chosen.float().mean()))
             torch.manual_seed(0)
             trunk = TrunkModule({"mlm": MaskedLanguageModeling()}, task_info={"mlm": {}}, compile=compiled,
                                 trunk={"vocab_size": vocab, "d_model": d, "n_layers": layers, "n_heads": heads,
@@ -157,9 +159,10 @@ def part_pretraining(args, sizes: dict) -> dict:
             for round_ in range(sizes["rounds"] + 1):  # round 0 warms up (and compiles)
                 for name, (model, step) in sides.items():
                     model.train()
+                    synchronize(device)
                     if device == "cuda":
                         torch.cuda.reset_peak_memory_stats()
-                    synchronize(device)
+                        before = torch.cuda.memory_allocated()
                     start = time.perf_counter()
                     for _ in range(steps if round_ else 2):
                         with torch.autocast(device, dtype=torch.bfloat16):
@@ -170,17 +173,19 @@ def part_pretraining(args, sizes: dict) -> dict:
                     synchronize(device)
                     if round_:
                         seconds[name].append((time.perf_counter() - start) / steps)
-                    if device == "cuda":
-                        memory[name] = torch.cuda.max_memory_allocated() / 2 ** 30
+                    if device == "cuda":  # this side's own: its weights and AdamW state, and what its steps add
+                        state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *(
+                            v for s in optimizers[name].state.values() for v in s.values() if torch.is_tensor(v))])
+                        memory[name] = (torch.cuda.max_memory_allocated() - before + state) / 2 ** 30
             for name in sides:
                 step_s = statistics.median(seconds[name])
-                rows.append({"shape": shape, "compiled": compiled, "side": name, "step_ms": 1000 * step_s,
-                             "tokens_per_s": batch * length / step_s, "mfu": flops / step_s / peak,
-                             "peak_memory_gib": memory.get(name)})
+                figures["rows"].append({"shape": shape, "compiled": compiled, "side": name, "step_ms": 1000 * step_s,
+                                        "tokens_per_s": batch * length / step_s,
+                                        "mfu": flops / step_s / (figures["bf16_matmul_peak_tflops"] * 1e12),
+                                        "peak_memory_gib": memory.get(name)})
             del trunk, bert, sides, optimizers
-    return {"bf16_matmul_peak_tflops": peak / 1e12, "batch": batch, "length": length, "rows": rows,
-            "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
-                       for k, v in sizes["shapes"].items()}}
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+    return figures
 
 
 def part_inference(args, sizes: dict) -> dict:
@@ -191,7 +196,8 @@ def part_inference(args, sizes: dict) -> dict:
     data = Path(args.bundle) / "data"
     (Path(args.work) / "inference").mkdir(parents=True, exist_ok=True)
     model = inference.make_model(data, Path(args.work) / "inference", onnx=False)
-    inputs = {"sst2": inference.sst2_sentences(data), "conll": inference.conll_sentences(data)}
+    inputs = {"sst2": inference.sst2_sentences(data),
+              "conll": inference.conll_sentences(data)[: sizes["conll_sentences"]]}
     rows = inference.versus_hugging_face(model, inputs, ["fp32", "bf16"], sizes["rounds"], device=device)
     return {"columns": inference.PIPELINE_COLUMNS, "rows": rows}
 
