@@ -371,6 +371,12 @@ def targets(parts: dict) -> list[dict]:
     return out
 
 
+def section(title: str, header: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table under its heading, as lines."""
+    return ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(cell).replace("|", "/") for cell in row) + " |" for row in rows)]
+
+
 def markdown(report: dict) -> str:
     m, parts = report["machine"], report["parts"]
     lines = [f"# The GPU check{' (dry run, CPU, tiny sizes)' if report['dry'] else ''}", "",
@@ -378,40 +384,33 @@ def markdown(report: dict) -> str:
              + f", CUDA {m['cuda']}, torch {m['torch']}, Python {m['python']}, {m['cpus']} CPUs", "",
              "| part | status | seconds |", "|---|---|---|"]
     lines += [f"| {name} | {part['status']} | {part.get('seconds', '')} |" for name, part in parts.items()]
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in report["targets"]]
+    lines += section("Targets", ["target", "measured", "met"],
+                     [[t["target"], t["measured"], "yes" if t["met"] else "**no**"] for t in report["targets"]])
     tests = parts.get("tests", {}).get("tests", {})
     if tests:
-        lines += ["", "## CUDA tests", "", "| test | outcome | seconds | message |", "|---|---|---|---|"]
-        lines += [f"| {name} | {t['outcome']} | {t['seconds']:.1f} | {t['message'].replace('|', '/')} |"
-                  for name, t in tests.items()]
-    rows = parts.get("finetune", {}).get("rows", [])
-    if rows:
+        lines += section("CUDA tests", ["test", "outcome", "seconds", "message"],
+                         [[name, t["outcome"], f"{t['seconds']:.1f}", t["message"]] for name, t in tests.items()])
+    if parts.get("finetune", {}).get("rows"):
         f = parts["finetune"]
-        lines += ["", f"## Fine-tuning MiniLM beside transformers ({f['batches']} steps of {f['batch_size']}, "
-                  f"lr {f['lr']}, bf16-mixed)", "",
-                  "| task | Trunk dev | transformers dev | Trunk examples/s | transformers examples/s | speed-up |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['task']} | {r['trunk']:.4f} | {r['hf']:.4f} | {r['trunk_examples_per_s']:,.0f} | "
-                  f"{r['hf_examples_per_s']:,.0f} | {r['speedup']:.2f}x |" for r in rows]
-    rows = parts.get("pretraining", {}).get("rows", [])
-    if rows:
+        lines += section(
+            f"Fine-tuning MiniLM beside transformers ({f['batches']} steps of {f['batch_size']}, lr {f['lr']}, "
+            "bf16-mixed)",
+            ["task", "Trunk dev", "transformers dev", "Trunk examples/s", "transformers examples/s", "speed-up"],
+            [[r["task"], f"{r['trunk']:.4f}", f"{r['hf']:.4f}", f"{r['trunk_examples_per_s']:,.0f}",
+              f"{r['hf_examples_per_s']:,.0f}", f"{r['speedup']:.2f}x"] for r in f["rows"]])
+    if parts.get("pretraining", {}).get("rows"):
         p = parts["pretraining"]
-        lines += ["", f"## Masked-LM pretraining steps (batch {p['batch']} x {p['length']} tokens, bf16 autocast; "
-                  f"measured bf16 matmul peak {p['bf16_matmul_peak_tflops']:.0f} TFLOP/s)", "",
-                  "| shape | compiled | side | ms/step | tokens/s | MFU | peak memory (GiB) |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['shape']} | {'yes' if r['compiled'] else 'no'} | "
-                  f"{'Trunk' if r['side'] == 'trunk' else 'BertForMaskedLM'} | {r['step_ms']:.1f} | "
-                  f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
-                  f"{'' if r['peak_memory_gib'] is None else format(r['peak_memory_gib'], '.2f')} |" for r in rows]
-    rows = parts.get("inference", {}).get("rows", [])
-    if rows:
-        lines += ["", "## predict against the transformers pipeline (sentences/s)", "",
-                  "| " + " | ".join(parts["inference"]["columns"]) + " |",
-                  "|" + "---|" * len(parts["inference"]["columns"])]
-        lines += ["| " + " | ".join(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
-                  for row in rows]
+        lines += section(
+            f"Masked-LM pretraining steps (batch {p['batch']} x {p['length']} tokens, bf16 autocast; measured bf16 "
+            f"matmul peak {p['bf16_matmul_peak_tflops']:.0f} TFLOP/s)",
+            ["shape", "compiled", "side", "ms/step", "tokens/s", "MFU", "peak memory (GiB)"],
+            [[r["shape"], "yes" if r["compiled"] else "no", "Trunk" if r["side"] == "trunk" else "BertForMaskedLM",
+              f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+              "" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"] for r in p["rows"]])
+    if parts.get("inference", {}).get("rows"):
+        lines += section("predict against the transformers pipeline (sentences/s)", parts["inference"]["columns"],
+                         [[f"{v:,.2f}" if isinstance(v, float) else v for v in row]
+                          for row in parts["inference"]["rows"]])
     return "\n".join(lines) + "\n"
 
 
