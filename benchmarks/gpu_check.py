@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -116,76 +117,85 @@ def synchronize(device: str) -> None:
 
 
 def part_pretraining(args, sizes: dict) -> dict:
+    """Masked-LM steps at each shape, every shape eager and then every shape compiled; the figures so far are kept
+    after each (a part stopped at its limit keeps them), and a shape that fails (``torch.compile`` where it does not
+    work) is said in ``errors`` while the others run."""
+    device = "cpu" if args.dry else "cuda"
+    figures = {"bf16_matmul_peak_tflops": matmul_peak(device, sizes["peak_size"]) / 1e12, "batch": sizes["mlm_batch"],
+               "length": 128, "rows": [], "errors": [],
+               "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
+                          for k, v in sizes["shapes"].items()}}
+    for compiled in sizes["compile"]:
+        for shape, dims in sizes["shapes"].items():
+            try:
+                figures["rows"] += mlm_rows(shape, dims, compiled, sizes, device,
+                                            figures["bf16_matmul_peak_tflops"] * 1e12)
+            except Exception as err:  # noqa: BLE001 (any failure of one shape is a finding; the others still run)
+                figures["errors"].append(f"{shape}, {'compiled' if compiled else 'eager'}: {type(err).__name__}: "
+                                         f"{str(err)[:400]}")
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+    return figures
+
+
+def mlm_rows(shape: str, dims: tuple, compiled: bool, sizes: dict, device: str, peak: float) -> list[dict]:
     """Masked-LM steps (forward, backward, AdamW) in bf16 autocast, Trunk and BertForMaskedLM of one size taking
-    turns: every shape eager, then every shape compiled. The figures so far are kept after each (a part stopped at its
-    limit keeps them)."""
+    turns: a row each."""
     import torch
     from gpu_estimate import Model
     from transformers import BertConfig, BertForMaskedLM
 
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
 
-    device = "cpu" if args.dry else "cuda"
+    d, layers, heads, ff, vocab = dims
     length, batch, steps = 128, sizes["mlm_batch"], sizes["mlm_steps"]
-    figures = {"bf16_matmul_peak_tflops": matmul_peak(device, sizes["peak_size"]) / 1e12, "batch": batch,
-               "length": length, "rows": [], "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
-                                                         for k, v in sizes["shapes"].items()}}
-    for compiled in sizes["compile"]:
-        for shape, (d, layers, heads, ff, vocab) in sizes["shapes"].items():
-            g = torch.Generator().manual_seed(0)
-            ids = torch.randint(5, vocab, (batch, length), generator=g)
-            chosen = torch.rand(batch, length, generator=g) < 0.15
-            data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
-                    "labels": torch.where(chosen, ids, -100).to(device)}
-            # one step's model FLOPs, counted as benchmarks/gpu_estimate.py and throughput.py count them
-            flops = batch * length * Model(shape, d, layers, ff, vocab, length).training_flops_per_token(
-                float(chosen.float().mean()))
-            torch.manual_seed(0)
-            trunk = TrunkModule({"mlm": MaskedLanguageModeling()}, task_info={"mlm": {}}, compile=compiled,
-                                trunk={"vocab_size": vocab, "d_model": d, "n_layers": layers, "n_heads": heads,
-                                       "d_ff": ff, "max_len": length, "positions": "learned", "dropout": 0.1,
-                                       "attn_dropout": 0.1}).to(device)
-            bert = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
-                                              num_attention_heads=heads, intermediate_size=ff,
-                                              max_position_embeddings=length)).to(device)
-            if compiled:
-                bert.compile()
-            sides = {"trunk": (trunk, lambda b, m=trunk: m.training_step(b, 0)),
-                     "hf": (bert, lambda b, m=bert: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                                                     labels=b["labels"]).loss)}
-            optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-                          for name, (model, _) in sides.items()}
-            seconds, memory = {name: [] for name in sides}, {}
-            for round_ in range(sizes["rounds"] + 1):  # round 0 warms up (and compiles)
-                for name, (model, step) in sides.items():
-                    model.train()
-                    synchronize(device)
-                    if device == "cuda":
-                        torch.cuda.reset_peak_memory_stats()
-                        before = torch.cuda.memory_allocated()
-                    start = time.perf_counter()
-                    for _ in range(steps if round_ else 2):
-                        with torch.autocast(device, dtype=torch.bfloat16):
-                            loss = step(data)
-                        loss.backward()
-                        optimizers[name].step()
-                        optimizers[name].zero_grad(set_to_none=True)
-                    synchronize(device)
-                    if round_:
-                        seconds[name].append((time.perf_counter() - start) / steps)
-                    if device == "cuda":  # this side's own: its weights and AdamW state, and what its steps add
-                        state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *(
-                            v for s in optimizers[name].state.values() for v in s.values() if torch.is_tensor(v))])
-                        memory[name] = (torch.cuda.max_memory_allocated() - before + state) / 2 ** 30
-            for name in sides:
-                step_s = statistics.median(seconds[name])
-                figures["rows"].append({"shape": shape, "compiled": compiled, "side": name, "step_ms": 1000 * step_s,
-                                        "tokens_per_s": batch * length / step_s,
-                                        "mfu": flops / step_s / (figures["bf16_matmul_peak_tflops"] * 1e12),
-                                        "peak_memory_gib": memory.get(name)})
-            del trunk, bert, sides, optimizers
-            Path(args.json).write_text(json.dumps(figures, indent=1))
-    return figures
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, length), generator=g)
+    chosen = torch.rand(batch, length, generator=g) < 0.15
+    data = {"task": "mlm", "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
+            "labels": torch.where(chosen, ids, -100).to(device)}
+    # one step's model FLOPs, counted as benchmarks/gpu_estimate.py and throughput.py count them
+    flops = batch * length * Model(shape, d, layers, ff, vocab, length).training_flops_per_token(
+        float(chosen.float().mean()))
+    torch.manual_seed(0)
+    trunk = TrunkModule({"mlm": MaskedLanguageModeling()}, task_info={"mlm": {}}, compile=compiled,
+                        trunk={"vocab_size": vocab, "d_model": d, "n_layers": layers, "n_heads": heads,
+                               "d_ff": ff, "max_len": length, "positions": "learned", "dropout": 0.1,
+                               "attn_dropout": 0.1}).to(device)
+    bert = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
+                                      num_attention_heads=heads, intermediate_size=ff,
+                                      max_position_embeddings=length)).to(device)
+    if compiled:
+        bert.compile()
+    sides = {"trunk": (trunk, lambda b, m=trunk: m.training_step(b, 0)),
+             "hf": (bert, lambda b, m=bert: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                             labels=b["labels"]).loss)}
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+                  for name, (model, _) in sides.items()}
+    seconds, memory = {name: [] for name in sides}, {}
+    for round_ in range(sizes["rounds"] + 1):  # round 0 warms up (and compiles)
+        for name, (model, step) in sides.items():
+            model.train()
+            synchronize(device)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            start = time.perf_counter()
+            for _ in range(steps if round_ else 2):
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    loss = step(data)
+                loss.backward()
+                optimizers[name].step()
+                optimizers[name].zero_grad(set_to_none=True)
+            synchronize(device)
+            if round_:
+                seconds[name].append((time.perf_counter() - start) / steps)
+            if device == "cuda":  # this side's own: its weights and AdamW state, and what its steps add
+                state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *(
+                    v for s in optimizers[name].state.values() for v in s.values() if torch.is_tensor(v))])
+                memory[name] = (torch.cuda.max_memory_allocated() - before + state) / 2 ** 30
+    return [{"shape": shape, "compiled": compiled, "side": name, "step_ms": 1000 * step_s,
+             "tokens_per_s": batch * length / step_s, "mfu": flops / step_s / peak, "peak_memory_gib": memory.get(name)}
+            for name, step_s in ((name, statistics.median(seconds[name])) for name in sides)]
 
 
 def part_inference(args, sizes: dict) -> dict:
@@ -288,17 +298,25 @@ def run_part(name: str, args, env: dict, log) -> dict:
                "--work", str(args.work), *(["--dry"] if args.dry else [])]
     log.write(f"\n===== {name} =====\n")
     log.flush()
-    start = time.perf_counter()
+    begin, start = log.tell(), time.perf_counter()
+    # a session of its own: at its limit the part goes with everything it started (pytest's workers, servers)
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=LIMITS[name] * (4 if args.dry else 1))
-        status = "ok" if done.returncode == 0 and result.is_file() else f"failed (exit {done.returncode})"
+        code = process.wait(timeout=LIMITS[name] * (4 if args.dry else 1))
+        status = "ok" if code == 0 and result.is_file() else f"failed (exit {code})"
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
         status = f"stopped at its limit of {LIMITS[name]} s"
     seconds = time.perf_counter() - start
     figures = json.loads(result.read_text()) if result.is_file() else {}
     if name == "tests" and figures.get("failed"):
         status = f"{figures['failed']} failed"
+    if status != "ok" and not figures.get("error"):  # the last line the part said: its error, mostly
+        with open(log.name, errors="replace") as said:
+            said.seek(begin)
+            lines = [line.strip() for line in said.read().splitlines() if line.strip()]
+        figures["error"] = lines[-1][:500] if lines else status
     return {"status": status, "seconds": round(seconds, 1), **figures}
 
 
@@ -411,6 +429,10 @@ def markdown(report: dict) -> str:
         lines += section("predict against the transformers pipeline (sentences/s)", parts["inference"]["columns"],
                          [[f"{v:,.2f}" if isinstance(v, float) else v for v in row]
                           for row in parts["inference"]["rows"]])
+    failures = [[name, part.get("error") or "; ".join(part["errors"])] for name, part in parts.items()
+                if part.get("error") or part.get("errors")]
+    if failures:
+        lines += section("What failed", ["part", "error"], failures)
     return "\n".join(lines) + "\n"
 
 

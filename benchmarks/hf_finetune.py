@@ -22,22 +22,34 @@ weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, b
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPES = {"sst2": "configs/minilm_sst2.yaml", "conll": "configs/minilm_conll2003.yaml"}
 
 
 def read_sst2(path: Path) -> tuple[list[str], list[int]]:
     rows = [line.rstrip("\n").split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
     return [r[0].strip() for r in rows], [int(r[1]) for r in rows]
+
+
+def read_sick(path: Path, split: str, column: str) -> tuple[list[tuple[str, str]], list]:
+    """SICK's sentence pairs of one split (train: TRAIN, dev: TRIAL) and their ``column``: the entailment label or
+    the relatedness score."""
+    with path.open(newline="", encoding="utf-8") as f:
+        wanted = {"train": "TRAIN", "dev": "TRIAL"}[split]
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if r["SemEval_set"] == wanted]
+    return [(r["sentence_A"], r["sentence_B"]) for r in rows], [
+        float(r[column]) if column == "relatedness_score" else r[column] for r in rows]
 
 
 def read_conll(path: Path) -> list[tuple[list[str], list[str]]]:
@@ -52,6 +64,60 @@ def read_conll(path: Path) -> list[tuple[list[str], list[str]]]:
         words.append(parts[0])
         tags.append(parts[-1])
     return sentences
+
+
+def read_trec(path: Path) -> tuple[list[str], list[str]]:
+    """TREC's questions and their coarse classes (``DESC:manner How did ...``; latin-1)."""
+    rows = [line.split(" ", 1) for line in path.read_text(encoding="latin-1").splitlines() if line.strip()]
+    return [text for _, text in rows], [label.split(":")[0] for label, _ in rows]
+
+
+def read_goemotions(path: Path) -> tuple[list[str], list[list[int]]]:
+    """GoEmotions' texts and their label ids (``text<TAB>ids,...<TAB>id``)."""
+    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r[0] for r in rows], [[int(i) for i in r[1].split(",")] for r in rows]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One comparison: Trunk's recipe, its task's name there and the options that point it at the files (under
+    --data); the dev metric; and how the transformers side reads the files: ``read(data, "train" | "dev")`` gives
+    (texts or pairs, targets), or (words, tags) sentences for ``kind="tags"``."""
+
+    recipe: str
+    name: str
+    files: dict[str, str]  # Trunk's data option -> a path under --data, or a value
+    metric: str
+    read: Callable[[Path, str], tuple]
+    kind: str = "classes"  # classes | regression | multilabel | tags
+    threshold: float = 0.5  # multilabel: the recipe's
+
+
+SICK = {"train": "sick/SICK.txt", "validation": "sick/SICK.txt"}
+TASKS = {
+    "sst2": Task("configs/minilm_sst2.yaml", "sst2", {"train": "sst2/train.tsv", "validation": "sst2/dev.tsv"},
+                 "dev acc", lambda data, split: read_sst2(data / "sst2" / f"{split}.tsv")),
+    "conll": Task("configs/minilm_conll2003.yaml", "conll",
+                  {"train": "conll2003/train.txt", "validation": "conll2003/valid.txt"}, "dev entity F1",
+                  lambda data, split: read_conll(
+                      data / "conll2003" / {"train": "train.txt", "dev": "valid.txt"}[split]), "tags"),
+    "sick_entailment": Task("configs/minilm_sick_entailment.yaml", "entailment", SICK, "dev acc",
+                            lambda data, split: read_sick(data / "sick" / "SICK.txt", split, "entailment_label")),
+    "sick_relatedness": Task("configs/minilm_sick.yaml", "sick", SICK, "dev Pearson",
+                             lambda data, split: read_sick(data / "sick" / "SICK.txt", split, "relatedness_score"),
+                             "regression"),
+    "trec": Task("configs/minilm_trec.yaml", "trec",  # no dev split: both sides score TREC_10 (the recipe's test)
+                 {"train": "trec/train_5500.label", "validation": "trec/TREC_10.label", "val_fraction": "0"},
+                 "TREC_10 acc", lambda data, split: read_trec(
+                     data / "trec" / {"train": "train_5500.label", "dev": "TREC_10.label"}[split])),
+    "wnut17": Task("configs/minilm_wnut17.yaml", "wnut",
+                   {"train": "wnut17/wnut17train.conll", "validation": "wnut17/emerging.dev.conll"}, "dev entity F1",
+                   lambda data, split: read_conll(
+                       data / "wnut17" / {"train": "wnut17train.conll", "dev": "emerging.dev.conll"}[split]), "tags"),
+    "goemotions": Task("configs/minilm_goemotions.yaml", "goemotions",
+                       {"train": "goemotions/train.tsv", "validation": "goemotions/dev.tsv"}, "dev macro-F1",
+                       lambda data, split: read_goemotions(data / "goemotions" / f"{split}.tsv"), "multilabel", 0.3),
+}
 
 
 def hf_optimizer(model, lr: float, steps: int):
@@ -80,18 +146,31 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
 
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    data = Path(args.data)
-    if task == "sst2":
-        texts, labels = read_sst2(data / "sst2" / "train.tsv")
-        dev_texts, dev_labels = read_sst2(data / "sst2" / "dev.tsv")
-        encode = lambda t, y: [{**tokenizer(a, truncation=True, max_length=args.max_length), "labels": b}  # noqa: E731
-                               for a, b in zip(t, y)]
-        train, dev = encode(texts, labels), encode(dev_texts, dev_labels)
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2).float()
+    data, spec = Path(args.data), TASKS[task]
+    names = None
+    if spec.kind != "tags":  # one target per text or pair
+        (texts, targets), (dev_texts, dev_targets) = (spec.read(data, split) for split in ("train", "dev"))
+        if spec.kind == "classes":
+            names = sorted(set(targets))
+            targets, dev_targets = ([names.index(y) for y in ys] for ys in (targets, dev_targets))
+        elif spec.kind == "multilabel":
+            n = 1 + max(i for ys in targets + dev_targets for i in ys)
+            targets, dev_targets = ([[float(i in y) for i in range(n)] for y in ys] for ys in (targets, dev_targets))
+
+        def encode(inputs, ys):
+            return [{**tokenizer(*(x if isinstance(x, tuple) else (x,)), truncation=True, max_length=args.max_length),
+                     "labels": y} for x, y in zip(inputs, ys)]
+
+        train, dev = encode(texts, targets), encode(dev_texts, dev_targets)
+        outputs = {"classes": len(names or []), "regression": 1}.get(spec.kind) or len(train[0]["labels"])
+        problem = {"regression": "regression", "multilabel": "multi_label_classification"}.get(
+            spec.kind, "single_label_classification")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            args.model, num_labels=outputs, problem_type=problem).float()
         collate = DataCollatorWithPadding(tokenizer)
     else:
-        train_rows, dev_rows = (read_conll(data / "conll2003" / f"{split}.txt") for split in ("train", "valid"))
-        names = sorted({t for _, tags in train_rows for t in tags})
+        train_rows, dev_rows = (spec.read(data, split) for split in ("train", "dev"))
+        names = sorted({t for _, tags in train_rows + dev_rows for t in tags})
         index = {name: i for i, name in enumerate(names)}
 
         def encode(rows):
@@ -132,26 +211,37 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
             optimizer.zero_grad()
         synchronize(args.device)
         seconds.append(time.perf_counter() - start)
-        scores.append(hf_evaluate(model, dev, collate, bf16, None if task == "sst2" else names, args.device))
+        scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))
     return max(scores), seconds, examples  # the best epoch, as Trunk's checkpoint keeps its best
 
 
-def hf_evaluate(model, dev: list[dict], collate, bf16: bool, tag_names: list[str] | None, device: str = "cpu") -> float:
-    """Dev accuracy, or (``tag_names``) entity F1 over each word's first sub-token."""
+def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: list[str] | None,
+                device: str = "cpu") -> float:
+    """The dev metric Trunk's recipe scores by: accuracy, Pearson's r, macro-F1 at the recipe's threshold, or (tags)
+    entity F1 over each word's first sub-token."""
+    import torchmetrics
+
     from trunk.core.tagging import split_tag
     from trunk.tasks.objectives.token_classification import EntityF1
 
     model.eval()
-    predicted, gold = [], []
+    logits, gold = [], []
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         for batch in torch.utils.data.DataLoader(dev, batch_size=64, collate_fn=collate):
-            logits = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"}).logits
-            predicted += logits.argmax(-1).tolist()
-            gold += batch["labels"].tolist()
-    if tag_names is None:
-        return sum(p == g for p, g in zip(predicted, gold)) / len(gold)
-    kept = [[(tag_names[p], tag_names[g]) for p, g in zip(ps, gs) if g != -100] for ps, gs in zip(predicted, gold)]
-    metric = EntityF1(sorted({split_tag(t)[1] for t in tag_names} - {''}))
+            out = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"}).logits.float().cpu()
+            logits += list(out)
+            gold += list(batch["labels"])
+    if spec.kind == "regression":
+        return float(torchmetrics.functional.pearson_corrcoef(torch.stack(logits)[:, 0], torch.stack(gold).float()))
+    if spec.kind == "multilabel":
+        scores, targets = torch.stack(logits).sigmoid(), torch.stack(gold).long()
+        return float(torchmetrics.functional.classification.multilabel_f1_score(
+            scores, targets, num_labels=targets.shape[1], threshold=spec.threshold, average="macro"))
+    if spec.kind == "classes":
+        return float((torch.stack(logits).argmax(-1) == torch.stack(gold)).float().mean())
+    kept = [[(names[p], names[g]) for p, g in zip(row.argmax(-1).tolist(), gs.tolist()) if g != -100]
+            for row, gs in zip(logits, gold)]
+    metric = EntityF1(sorted({split_tag(t)[1] for t in names} - {""}))
     metric.update([[p for p, _ in row] for row in kept], [[g for _, g in row] for row in kept])
     return float(metric.compute()["f1"])
 
@@ -188,13 +278,12 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
     examples of an epoch)."""
     from trunk.cli import run_cli
 
-    data = Path(args.data)
-    name = "sst2" if task == "sst2" else "conll"
-    files = ({"train": data / "sst2/train.tsv", "validation": data / "sst2/dev.tsv"} if task == "sst2"
-             else {"train": data / "conll2003/train.txt", "validation": data / "conll2003/valid.txt"})
+    data, spec = Path(args.data), TASKS[task]
+    name = spec.name
+    files = {key: data / value if "/" in value else value for key, value in spec.files.items()}
     timer = EpochTimer(args.device)
     cli = run_cli([
-        "--config", str(REPO / RECIPES[task]), f"--model.init_from={args.model}",
+        "--config", str(REPO / spec.recipe), f"--model.init_from={args.model}",
         *(f"--data.tasks.{name}.init_args.{split}={path}" for split, path in files.items()),
         f"--data.tasks.{name}.init_args.test=null", f"--data.tasks.{name}.init_args.batch_size={args.batch_size}",
         f"--data.tasks.{name}.init_args.max_length={args.max_length}", f"--model.optimizer.lr={args.lr}",
@@ -214,7 +303,7 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
 def compare(args) -> list[dict]:
     """Each task and precision, Trunk then transformers: their dev metrics, seconds per epoch and examples/s."""
     rows = []
-    for task in args.task or list(RECIPES):
+    for task in args.task or ["sst2", "conll"]:
         for precision in args.precision or ["32-true"]:
             trunk_metric, trunk_seconds, trunk_examples = trunk_run(task, args, precision,
                                                                     Path(args.root) / f"{task}-{precision}")
@@ -232,7 +321,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a Hugging Face BERT-family model folder (config.json, ...)")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the folder of sst2/, conll2003/")
-    parser.add_argument("--task", action="append", choices=list(RECIPES), help="sst2, conll (default: both)")
+    parser.add_argument("--task", action="append", choices=list(TASKS),
+                        help=f"{', '.join(TASKS)} (default: sst2 and conll)")
     parser.add_argument("--precision", action="append", help="32-true, bf16-mixed (default: 32-true)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -254,7 +344,7 @@ def main(argv: list[str]) -> None:
     print(f"machine: {os.cpu_count()} x {cpu_info()}, torch {torch.__version__}, threads {torch.get_num_threads()}"
           + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
     rows = compare(args)
-    metric = {"sst2": "dev acc", "conll": "dev entity F1"}
+    metric = {key: task.metric for key, task in TASKS.items()}
     print(f"\nsame weights ({args.model}), {args.epochs} epoch(s), lr {args.lr}, batch {args.batch_size}, "
           f"max length {args.max_length}, seed {args.seed}" + (f", {args.max_batches} batches an epoch"
                                                                if args.max_batches else "")
