@@ -73,8 +73,8 @@ def part_tests(args, sizes: dict) -> dict:
     for case in ET.parse(report).getroot().iter("testcase"):
         found = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
         outcome = "passed" if found is None else "skipped" if found.tag == "skipped" else "failed"
-        message = "" if found is None else (found.get("message") or "").splitlines()[0][:300] if found.get(
-            "message") else ""
+        said = "" if found is None else found.get("message") or ""
+        message = said.splitlines()[0][:300] if said else ""
         outcomes[case.get("name")] = {"outcome": outcome, "seconds": float(case.get("time", 0)), "message": message}
     counts = {k: sum(o["outcome"] == k for o in outcomes.values()) for k in ("passed", "failed", "skipped")}
     return {**counts, "tests": outcomes}
@@ -249,12 +249,11 @@ import json, importlib.metadata as md, tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as cn
 roots = [Requirement(r) for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]]
-roots = [r for r in roots if cn(r.name) not in ("wandb", "pillow")] + [Requirement("pytest-xdist"),
-         Requirement("transformers")]
-seen, missing, conflicts, queue = set(), [], [], [(r, "trunk") for r in roots]
+roots = [r for r in roots if cn(r.name) != "wandb"] + [Requirement("pytest-xdist"), Requirement("transformers")]
+seen, missing, conflicts, queue = set(), [], [], [(r, "trunk", {""}) for r in roots]
 while queue:
-    req, by = queue.pop()
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+    req, by, extras = queue.pop()  # extras: those the requirer asked for, under which its markers are read
+    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
         continue
     try:
         version = md.version(req.name)
@@ -263,12 +262,13 @@ while queue:
         continue
     if req.specifier and not req.specifier.contains(version, prereleases=True):
         conflicts.append(f"{req.name} {version} (wanted {req.specifier} by {by})")
-    if cn(req.name) in seen:
+    key = (cn(req.name), tuple(sorted(req.extras)))
+    if key in seen:
         continue
-    seen.add(cn(req.name))
-    queue += [(Requirement(line), req.name) for line in md.requires(req.name) or []]
+    seen.add(key)
+    queue += [(Requirement(line), req.name, {"", *req.extras}) for line in md.requires(req.name) or []]
 print(json.dumps({"missing": missing, "conflicts": sorted(set(conflicts)),
-                  "versions": {name: md.version(name) for name in sorted(seen)}}))
+                  "versions": {name: md.version(name) for name in sorted({name for name, _ in seen})}}))
 """
 
 
