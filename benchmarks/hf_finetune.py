@@ -206,6 +206,8 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
             with torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(**batch.to(args.device)).loss
             loss.backward()
+            if args.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
@@ -292,6 +294,7 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
         f"--trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}", "--trainer.devices=1",
         *([f"--trainer.limit_train_batches={args.max_batches}"] if args.max_batches else []),
+        *([f"--trainer.gradient_clip_val={args.clip}"] if args.clip else []),
         *([f"--data.tasks.{name}.init_args.bucket_by_length={args.bucket == 'on'}"] if args.bucket else []),
     ], run=False)
     cli.trainer.callbacks.append(timer)
@@ -334,6 +337,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bucket", choices=["on", "off"],
                         help="Trunk's batches of similar lengths (default: as the recipe says, off)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both sides train")
+    parser.add_argument("--clip", type=float, default=0.0,
+                        help="clip the gradients' norm at this on both sides (the Trainer's default: 1.0; 0: off)")
     return parser.parse_args(argv)
 
 
@@ -348,7 +353,8 @@ def main(argv: list[str]) -> None:
     print(f"\nsame weights ({args.model}), {args.epochs} epoch(s), lr {args.lr}, batch {args.batch_size}, "
           f"max length {args.max_length}, seed {args.seed}" + (f", {args.max_batches} batches an epoch"
                                                                if args.max_batches else "")
-          + (f", Trunk's length buckets {args.bucket}" if args.bucket else ""))
+          + (f", Trunk's length buckets {args.bucket}" if args.bucket else "")
+          + (f", gradients clipped at {args.clip}" if args.clip else ""))
     print("| task | precision | Trunk | transformers | Trunk s/epoch | transformers s/epoch | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
