@@ -25,6 +25,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +79,15 @@ def read_goemotions(path: Path) -> tuple[list[str], list[list[int]]]:
     return [r[0] for r in rows], [[int(i) for i in r[1].split(",")] for r in rows]
 
 
+def read_openbookqa(path: Path) -> tuple[list[tuple[str, list[str]]], list[int]]:
+    """OpenBookQA's questions with their packed candidates ("(A) ... (B) ...") and the answer's index."""
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    packed = [re.split(r"\(([A-Z])\)\s*", r["Choices"])[1:] for r in rows]  # [letter, text, letter, text, ...]
+    questions = [(r["Question Stem"], [t.strip() for t in cells[1::2]]) for r, cells in zip(rows, packed)]
+    return questions, [cells[0::2].index(r["Answer Key"]) for r, cells in zip(rows, packed)]
+
+
 @dataclass(frozen=True)
 class Task:
     """One comparison: Trunk's recipe, its task's name there and the options that point it at the files (under
@@ -89,7 +99,7 @@ class Task:
     files: dict[str, str]  # Trunk's data option -> a path under --data, or a value
     metric: str
     read: Callable[[Path, str], tuple]
-    kind: str = "classes"  # classes | regression | multilabel | tags
+    kind: str = "classes"  # classes | regression | multilabel | tags | choices
     threshold: float = 0.5  # multilabel: the recipe's
 
 
@@ -114,6 +124,9 @@ TASKS = {
                    {"train": "wnut17/wnut17train.conll", "validation": "wnut17/emerging.dev.conll"}, "dev entity F1",
                    lambda data, split: read_conll(
                        data / "wnut17" / {"train": "wnut17train.conll", "dev": "emerging.dev.conll"}[split]), "tags"),
+    "openbookqa": Task("configs/minilm_openbookqa.yaml", "obqa",
+                       {"train": "openbookqa/train.tsv", "validation": "openbookqa/dev.tsv"}, "dev acc",
+                       lambda data, split: read_openbookqa(data / "openbookqa" / f"{split}.tsv"), "choices"),
     "goemotions": Task("configs/minilm_goemotions.yaml", "goemotions",
                        {"train": "goemotions/train.tsv", "validation": "goemotions/dev.tsv"}, "dev macro-F1",
                        lambda data, split: read_goemotions(data / "goemotions" / f"{split}.tsv"), "multilabel", 0.3),
@@ -139,6 +152,17 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def choices_collate(tokenizer):
+    """Batches of questions, each with its candidates: every candidate padded to the batch's longest, (B, C, T)."""
+    def collate(features: list[dict]) -> dict:
+        n = len(features[0]["input_ids"])
+        flat = [{k: v[i] for k, v in f.items() if k != "labels"} for f in features for i in range(n)]
+        batch = {k: v.view(len(features), n, -1) for k, v in tokenizer.pad(flat, return_tensors="pt").items()}
+        return {**batch, "labels": torch.tensor([f["labels"] for f in features])}
+
+    return collate
+
+
 def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
     """The transformers side: (dev metric, training seconds of each epoch, training examples of an epoch)."""
     import transformers
@@ -148,7 +172,18 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     data, spec = Path(args.data), TASKS[task]
     names = None
-    if spec.kind != "tags":  # one target per text or pair
+    if spec.kind == "choices":  # each question with each candidate, as run_swag_no_trainer.py pairs them
+        def encode(questions, answers):
+            out = []
+            for (question, choices), answer in zip(questions, answers):
+                enc = tokenizer([question] * len(choices), choices, truncation=True, max_length=args.max_length)
+                out.append({**enc, "labels": answer})
+            return out
+
+        train, dev = (encode(*spec.read(data, split)) for split in ("train", "dev"))
+        model = transformers.AutoModelForMultipleChoice.from_pretrained(args.model).float()
+        collate = choices_collate(tokenizer)
+    elif spec.kind != "tags":  # one target per text or pair
         (texts, targets), (dev_texts, dev_targets) = (spec.read(data, split) for split in ("train", "dev"))
         if spec.kind == "classes":
             names = sorted(set(targets))
@@ -204,7 +239,7 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
                 break
             examples += len(batch["input_ids"])
             with torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
-                loss = model(**batch.to(args.device)).loss
+                loss = model(**{k: v.to(args.device) for k, v in batch.items()}).loss
             loss.backward()
             if args.clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -239,7 +274,7 @@ def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: 
         scores, targets = torch.stack(logits).sigmoid(), torch.stack(gold).long()
         return float(torchmetrics.functional.classification.multilabel_f1_score(
             scores, targets, num_labels=targets.shape[1], threshold=spec.threshold, average="macro"))
-    if spec.kind == "classes":
+    if spec.kind in ("classes", "choices"):
         return float((torch.stack(logits).argmax(-1) == torch.stack(gold)).float().mean())
     kept = [[(names[p], names[g]) for p, g in zip(row.argmax(-1).tolist(), gs.tolist()) if g != -100]
             for row, gs in zip(logits, gold)]

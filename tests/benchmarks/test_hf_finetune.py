@@ -5,7 +5,7 @@ import random
 import sys
 
 import pytest
-from conftest import REPO, ner_sentence, scored_pair, write_conll
+from conftest import REPO, ner_sentence, quiz_question, scored_pair, write_conll
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -36,9 +36,10 @@ def test_both_sides_fine_tune_the_same_folder_and_print_the_table(tmp_path, caps
         assert 0.0 <= float(cells[2]) <= 1.0 and 0.0 <= float(cells[3]) <= 1.0 and cells[6].strip().endswith("x")
 
 
-def test_sentence_pairs_are_compared_with_the_trainers_clipping(tmp_path, capsys):
-    """SICK's entailment (pairs, 3 classes) and relatedness (pair regression) from a file of SICK's columns, both
-    sides clipping gradients at 1.0 as the Trainer does: a table row each, scored by accuracy and Pearson's r."""
+def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
+    """SICK's entailment (pairs, 3 classes) and relatedness (pair regression) from a file of SICK's columns, and
+    OpenBookQA's packed candidates, both sides clipping gradients at 1.0 as the Trainer does: a table row each, scored
+    by accuracy, Pearson's r and accuracy."""
     import hf_finetune
     from test_hf import tiny
 
@@ -51,14 +52,21 @@ def test_sentence_pairs_are_compared_with_the_trainers_clipping(tmp_path, capsys
         lines.append(f"{i}\t{row['text']}\t{row['pair']}\t{label}\t{row['score']:.2f}\t{split}")
     (tmp_path / "data" / "sick").mkdir(parents=True)
     (tmp_path / "data" / "sick" / "SICK.txt").write_text("\r\n".join(lines) + "\r\n")  # SICK's line ends
+    (tmp_path / "data" / "openbookqa").mkdir()
+    for split in ("train", "dev"):
+        quiz = [quiz_question(rng) for _ in range(32)]
+        rows = ["ID\tQuestion Stem\tChoices\tComplete Question\tAnswer Key"] + [
+            f"{i}\t{q['question']}\t{' '.join(f'({letter}) {c}' for letter, c in zip('ABCD', q['choices']))}\t"
+            f"{q['question']}\t{q['answer']}" for i, q in enumerate(quiz) if len(q["choices"]) == 4]
+        (tmp_path / "data" / "openbookqa" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sick_entailment",
-                      "--task", "sick_relatedness", "--max-batches", "2", "--batch-size", "8", "--max-length", "32",
-                      "--clip", "1.0", "--root", str(tmp_path / "runs")])
+                      "--task", "sick_relatedness", "--task", "openbookqa", "--max-batches", "2", "--batch-size", "8",
+                      "--max-length", "32", "--clip", "1.0", "--root", str(tmp_path / "runs")])
     out = capsys.readouterr().out
     assert "gradients clipped at 1.0" in out
     table = out.split("| task |")[1].splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| sick_entailment (dev acc)",
-                                                         "| sick_relatedness (dev Pearson)"]
+                                                         "| sick_relatedness (dev Pearson)", "| openbookqa (dev acc)"]
     for row in table[2:]:
         cells = row.strip("|").split("|")
         assert -1.0 <= float(cells[2]) <= 1.0 and -1.0 <= float(cells[3]) <= 1.0
