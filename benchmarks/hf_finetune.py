@@ -3,6 +3,8 @@
     pip install -e ".[bench]"
     python benchmarks/hf_finetune.py --model ../shared/data/pretrained/all-MiniLM-L6-v2 --data ../shared/data \\
         --task sst2 --task conll --precision 32-true --precision bf16-mixed [--device cuda]
+    # the Trainer's settings: --epochs 3 --lr 5e-5 --clip 1.0; every kind: --task sick_entailment, sick_relatedness,
+    # trec, wnut17, goemotions, openbookqa, xquad (with --max-length 256: its recipe's windows)
 
 Both sides start from the same weights and read the same files with the same epochs, learning rate, schedule (linear,
 10% warmup), weight decay (0.01, none on biases and LayerNorms), batch size, maximum length and seed. Trunk runs the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import re
@@ -88,6 +91,62 @@ def read_openbookqa(path: Path) -> tuple[list[tuple[str, list[str]]], list[int]]
     return questions, [cells[0::2].index(r["Answer Key"]) for r, cells in zip(rows, packed)]
 
 
+def read_xquad(path: Path, split: str) -> tuple[list[dict], None]:
+    """XQuAD's questions (one row each, as Trunk reads SQuAD JSON) of the split configs/minilm_xquad.yaml holds out:
+    a fifth of the articles for validation, another for test, by Trunk's own ``split_off``, so both sides train and
+    score the same questions."""
+    from trunk.datamodules.question_answering import squad_rows
+    from trunk.datamodules.text import split_off
+
+    rows = squad_rows(json.loads(path.read_text(encoding="utf-8"))["data"])
+    parts = split_off(len(rows), {"validation": 0.2, "test": 0.2}, units=[r["title"] for r in rows])
+    return [rows[i] for i in parts[{"train": "train", "dev": "validation"}[split]]], None
+
+
+def qa_features(tokenizer, rows: list[dict], args, train: bool) -> tuple[list[dict], list[tuple[int, list]]]:
+    """run_qa_no_trainer.py's windows: question + a window of the context (``only_second``, stride 64); for training
+    the answer's first and last token in each window that holds it whole, else [CLS]; for scoring each window's
+    question and its tokens' spans in the context."""
+    encoded = tokenizer([r["question"] for r in rows], [r["context"] for r in rows], truncation="only_second",
+                        max_length=args.max_length, stride=64, return_overflowing_tokens=True,
+                        return_offsets_mapping=True)
+    features, meta = [], []
+    for i, example in enumerate(encoded["overflow_to_sample_mapping"]):
+        in_context = [s == 1 for s in encoded.sequence_ids(i)]
+        offsets = [o if c else None for o, c in zip(encoded["offset_mapping"][i], in_context)]
+        feature = {k: encoded[k][i] for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded}
+        if train:
+            answer = rows[example]["answers"]
+            start_char = answer["answer_start"][0]
+            end_char = start_char + len(answer["text"][0])
+            tokens = [t for t, o in enumerate(offsets) if o is not None]
+            start = end = 0
+            if offsets[tokens[0]][0] <= start_char and offsets[tokens[-1]][1] >= end_char:
+                start = next(t for t in tokens if offsets[t][1] > start_char)
+                end = next(t for t in reversed(tokens) if offsets[t][0] < end_char)
+            feature.update(start_positions=start, end_positions=end)
+        features.append(feature)
+        meta.append((example, offsets))
+    return features, meta
+
+
+def qa_f1(starts: list, ends: list, rows: list[dict], meta: list, max_answer: int = 30) -> float:
+    """SQuAD's F1 (Trunk's, its evaluation script's) of each question's best span over its windows: the highest start
+    + end logit of a span inside the context, at most ``max_answer`` tokens long, among the top 20 of each."""
+    from trunk.tasks.objectives.question_answering import best_scores
+
+    best: dict[int, tuple[float, str]] = {}
+    for start, end, (example, offsets) in zip(starts, ends, meta):
+        for s in start.topk(min(20, len(start))).indices.tolist():
+            for e in end.topk(min(20, len(end))).indices.tolist():
+                if (s < len(offsets) and e < len(offsets) and offsets[s] is not None and offsets[e] is not None
+                        and s <= e < s + max_answer):
+                    score = float(start[s] + end[e])
+                    if example not in best or score > best[example][0]:
+                        best[example] = (score, rows[example]["context"][offsets[s][0]:offsets[e][1]])
+    return sum(best_scores(best.get(i, (0, ""))[1], r["answers"]["text"])[1] for i, r in enumerate(rows)) / len(rows)
+
+
 @dataclass(frozen=True)
 class Task:
     """One comparison: Trunk's recipe, its task's name there and the options that point it at the files (under
@@ -99,7 +158,7 @@ class Task:
     files: dict[str, str]  # Trunk's data option -> a path under --data, or a value
     metric: str
     read: Callable[[Path, str], tuple]
-    kind: str = "classes"  # classes | regression | multilabel | tags | choices
+    kind: str = "classes"  # classes | regression | multilabel | tags | choices | qa
     threshold: float = 0.5  # multilabel: the recipe's
 
 
@@ -127,6 +186,8 @@ TASKS = {
     "openbookqa": Task("configs/minilm_openbookqa.yaml", "obqa",
                        {"train": "openbookqa/train.tsv", "validation": "openbookqa/dev.tsv"}, "dev acc",
                        lambda data, split: read_openbookqa(data / "openbookqa" / f"{split}.tsv"), "choices"),
+    "xquad": Task("configs/minilm_xquad.yaml", "qa", {"train": "xquad_en/xquad.en.json"}, "held-out F1",
+                  lambda data, split: read_xquad(data / "xquad_en" / "xquad.en.json", split), "qa"),
     "goemotions": Task("configs/minilm_goemotions.yaml", "goemotions",
                        {"train": "goemotions/train.tsv", "validation": "goemotions/dev.tsv"}, "dev macro-F1",
                        lambda data, split: read_goemotions(data / "goemotions" / f"{split}.tsv"), "multilabel", 0.3),
@@ -172,7 +233,14 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     data, spec = Path(args.data), TASKS[task]
     names = None
-    if spec.kind == "choices":  # each question with each candidate, as run_swag_no_trainer.py pairs them
+    if spec.kind == "qa":  # run with --max-length 256, the recipe's (its stride of 64 needs over 128)
+        rows, dev_rows = (spec.read(data, split)[0] for split in ("train", "dev"))
+        train, _ = qa_features(tokenizer, rows, args, train=True)
+        dev, meta = qa_features(tokenizer, dev_rows, args, train=False)
+        names = (dev_rows, meta)
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(args.model).float()
+        collate = DataCollatorWithPadding(tokenizer)
+    elif spec.kind == "choices":  # each question with each candidate, as run_swag_no_trainer.py pairs them
         def encode(questions, answers):
             out = []
             for (question, choices), answer in zip(questions, answers):
@@ -265,9 +333,14 @@ def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: 
     logits, gold = [], []
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         for batch in torch.utils.data.DataLoader(dev, batch_size=64, collate_fn=collate):
-            out = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"}).logits.float().cpu()
-            logits += list(out)
+            out = model(**{k: v.to(device) for k, v in batch.items() if k != "labels"})
+            if spec.kind == "qa":  # each window's start and end logits: (2, T)
+                logits += list(torch.stack([out.start_logits, out.end_logits], 1).float().cpu())
+                continue
+            logits += list(out.logits.float().cpu())
             gold += list(batch["labels"])
+    if spec.kind == "qa":
+        return qa_f1([x[0] for x in logits], [x[1] for x in logits], *names)
     if spec.kind == "regression":
         return float(torchmetrics.functional.pearson_corrcoef(torch.stack(logits)[:, 0], torch.stack(gold).float()))
     if spec.kind == "multilabel":

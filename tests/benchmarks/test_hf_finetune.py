@@ -5,7 +5,7 @@ import random
 import sys
 
 import pytest
-from conftest import REPO, ner_sentence, quiz_question, scored_pair, write_conll
+from conftest import REPO, ner_sentence, quiz_question, scored_pair, squad_article, write_conll
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -70,3 +70,26 @@ def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_p
     for row in table[2:]:
         cells = row.strip("|").split("|")
         assert -1.0 <= float(cells[2]) <= 1.0 and -1.0 <= float(cells[3]) <= 1.0
+
+
+def test_extractive_qa_is_compared_on_the_questions_the_recipe_holds_out(tmp_path, capsys):
+    """XQuAD's one file: both sides hold out the same fifth of the articles (Trunk's split_off), transformers' side
+    in run_qa_no_trainer.py's windows, each scored by SQuAD's F1."""
+    import json
+
+    import hf_finetune
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False, max_position_embeddings=256)
+    rng = random.Random(0)
+    (tmp_path / "data" / "xquad_en").mkdir(parents=True)
+    (tmp_path / "data" / "xquad_en" / "xquad.en.json").write_text(
+        json.dumps({"data": [squad_article(rng, n_paragraphs=2) for _ in range(10)]}))
+    dev, _ = hf_finetune.read_xquad(tmp_path / "data" / "xquad_en" / "xquad.en.json", "dev")
+    train, _ = hf_finetune.read_xquad(tmp_path / "data" / "xquad_en" / "xquad.en.json", "train")
+    assert dev and train and not {r["title"] for r in dev} & {r["title"] for r in train}  # whole articles held out
+    hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "xquad",
+                      "--max-batches", "2", "--batch-size", "8", "--max-length", "160", "--root", str(tmp_path / "r")])
+    row = capsys.readouterr().out.split("| task |")[1].splitlines()[2]
+    cells = row.strip("|").split("|")
+    assert cells[0].strip() == "xquad (held-out F1)" and 0.0 <= float(cells[2]) <= 1.0 and 0.0 <= float(cells[3]) <= 1.0
