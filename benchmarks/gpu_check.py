@@ -413,9 +413,11 @@ def markdown(report: dict) -> str:
         lines += section(
             f"Fine-tuning MiniLM beside transformers ({f['batches']} steps of {f['batch_size']}, lr {f['lr']}, "
             "bf16-mixed)",
-            ["task", "Trunk dev", "transformers dev", "Trunk examples/s", "transformers examples/s", "speed-up"],
+            ["task", "Trunk dev", "transformers dev", "Trunk examples/s", "transformers examples/s", "speed-up",
+             "Trunk peak GiB", "transformers peak GiB"],
             [[r["task"], f"{r['trunk']:.4f}", f"{r['hf']:.4f}", f"{r['trunk_examples_per_s']:,.0f}",
-              f"{r['hf_examples_per_s']:,.0f}", f"{r['speedup']:.2f}x"] for r in f["rows"]])
+              f"{r['hf_examples_per_s']:,.0f}", f"{r['speedup']:.2f}x",
+              *("" if r[k] is None else f"{r[k]:.2f}" for k in ("trunk_peak_gib", "hf_peak_gib"))] for r in f["rows"]])
     if parts.get("pretraining", {}).get("rows"):
         p = parts["pretraining"]
         lines += section(

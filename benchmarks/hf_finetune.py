@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -207,6 +208,17 @@ def hf_optimizer(model, lr: float, steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def reset_peak_memory(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(device: str) -> float | None:
+    """The GPU memory a side held at most since ``reset_peak_memory``, in GiB; None on a CPU, where the two sides
+    share one process's high-water mark."""
+    return torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None
+
+
 def synchronize(device: str) -> None:
     """Wait for the GPU's queued work, so that a clock read after it measures the work."""
     if device == "cuda":
@@ -224,8 +236,9 @@ def choices_collate(tokenizer):
     return collate
 
 
-def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
-    """The transformers side: (dev metric, training seconds of each epoch, training examples of an epoch)."""
+def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int, float | None]:
+    """The transformers side: (dev metric, training seconds of each epoch, training examples of an epoch, peak GPU
+    memory in GiB: None on a CPU)."""
     import transformers
     from transformers import AutoTokenizer, DataCollatorForTokenClassification, DataCollatorWithPadding
 
@@ -296,6 +309,7 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
     batches = min(len(loader), args.max_batches or len(loader))
     optimizer, schedule = hf_optimizer(model, args.lr, batches * args.epochs)
     bf16 = precision == "bf16-mixed"
+    reset_peak_memory(args.device)
     model.to(args.device)
     seconds, scores, examples = [], [], 0
     for _ in range(args.epochs):
@@ -317,7 +331,7 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int]:
         synchronize(args.device)
         seconds.append(time.perf_counter() - start)
         scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))
-    return max(scores), seconds, examples  # the best epoch, as Trunk's checkpoint keeps its best
+    return max(scores), seconds, examples, peak_memory(args.device)  # the best epoch, as Trunk's checkpoint keeps
 
 
 def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: list[str] | None,
@@ -383,9 +397,10 @@ class EpochTimer(L.Callback):
         self.seconds.append(time.perf_counter() - self.start - self.paused)
 
 
-def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[float], int]:
-    """The Trunk side: the recipe with the shared settings; (best dev metric, training seconds of each epoch, training
-    examples of an epoch)."""
+def trunk_run(task: str, args, precision: str, root: Path, own: bool = False) -> tuple[float, list[float], int,
+                                                                                     float | None]:
+    """The Trunk side: the recipe with the shared settings (``own``: with its own learning rate, epochs, batch size
+    and length); (best dev metric, training seconds of each epoch, training examples of an epoch, peak GPU memory)."""
     from trunk.cli import run_cli
 
     data, spec = Path(args.data), TASKS[task]
@@ -395,36 +410,47 @@ def trunk_run(task: str, args, precision: str, root: Path) -> tuple[float, list[
     cli = run_cli([
         "--config", str(REPO / spec.recipe), f"--model.init_from={args.model}",
         *(f"--data.tasks.{name}.init_args.{split}={path}" for split, path in files.items()),
-        f"--data.tasks.{name}.init_args.test=null", f"--data.tasks.{name}.init_args.batch_size={args.batch_size}",
-        f"--data.tasks.{name}.init_args.max_length={args.max_length}", f"--model.optimizer.lr={args.lr}",
-        f"--trainer.max_epochs={args.epochs}", f"--trainer.precision={precision}", f"--seed_everything={args.seed}",
+        f"--data.tasks.{name}.init_args.test=null", f"--trainer.precision={precision}",
+        f"--seed_everything={args.seed}",
+        *([] if own else [f"--data.tasks.{name}.init_args.batch_size={args.batch_size}",
+                          f"--data.tasks.{name}.init_args.max_length={args.max_length}",
+                          f"--model.optimizer.lr={args.lr}", f"--trainer.max_epochs={args.epochs}"]),
         "--trainer.val_check_interval=1.0", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
         f"--trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}", "--trainer.devices=1",
         *([f"--trainer.limit_train_batches={args.max_batches}"] if args.max_batches else []),
-        *([f"--trainer.gradient_clip_val={args.clip}"] if args.clip else []),
+        *([f"--trainer.gradient_clip_val={args.clip}"] if args.clip and not own else []),
         *([f"--data.tasks.{name}.init_args.bucket_by_length={args.bucket == 'on'}"] if args.bucket else []),
     ], run=False)
     cli.trainer.callbacks.append(timer)
+    reset_peak_memory(args.device)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     metric = cli.trainer.checkpoint_callback.best_model_score
-    return float(metric), timer.seconds, timer.examples
+    return float(metric), timer.seconds, timer.examples, peak_memory(args.device)
 
 
 def compare(args) -> list[dict]:
-    """Each task and precision, Trunk then transformers: their dev metrics, seconds per epoch and examples/s."""
+    """Each task, precision and seed, Trunk then transformers (then Trunk's own recipe, with ``--recipe``): their dev
+    metrics, seconds per epoch, examples/s and peak GPU memory."""
     rows = []
     for task in args.task or ["sst2", "conll"]:
         for precision in args.precision or ["32-true"]:
-            trunk_metric, trunk_seconds, trunk_examples = trunk_run(task, args, precision,
-                                                                    Path(args.root) / f"{task}-{precision}")
-            hf_metric, hf_seconds, hf_examples = hf_run(task, args, precision)
-            t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
-            rows.append({"task": task, "precision": precision, "trunk": trunk_metric, "hf": hf_metric,
-                         "trunk_s_per_epoch": t, "hf_s_per_epoch": h, "trunk_examples_per_s": trunk_examples / t,
-                         "hf_examples_per_s": hf_examples / h, "speedup": h / t * trunk_examples / hf_examples})
-            print(f"  {task} {precision}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers {hf_metric:.4f} "
-                  f"in {h:.1f} s/epoch", flush=True)
+            for seed in args.seed:
+                run = argparse.Namespace(**{**vars(args), "seed": seed})
+                root = Path(args.root) / f"{task}-{precision}-seed{seed}"
+                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = trunk_run(task, run, precision, root)
+                hf_metric, hf_seconds, hf_examples, hf_memory = hf_run(task, run, precision)
+                t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
+                rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
+                             "hf": hf_metric, "trunk_s_per_epoch": t, "hf_s_per_epoch": h,
+                             "trunk_examples_per_s": trunk_examples / t, "hf_examples_per_s": hf_examples / h,
+                             "speedup": h / t * trunk_examples / hf_examples, "trunk_peak_gib": trunk_memory,
+                             "hf_peak_gib": hf_memory})
+                if args.recipe:
+                    rows[-1]["trunk_recipe"] = trunk_run(task, run, precision, root.with_name(root.name + "-recipe"),
+                                                         own=True)[0]
+                print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "
+                      f"{hf_metric:.4f} in {h:.1f} s/epoch", flush=True)
     return rows
 
 
@@ -439,7 +465,9 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, nargs="+", default=[42], help="one run of each side per seed")
+    parser.add_argument("--recipe", action="store_true",
+                        help="also Trunk's recipe with its own learning rate, epochs, batch size and length (a column)")
     parser.add_argument("--max-batches", type=int, default=0, help="train on this many batches an epoch (0: all)")
     parser.add_argument("--root", default="runs/hf_finetune", help="where Trunk's runs write")
     parser.add_argument("--bucket", choices=["on", "off"],
@@ -448,6 +476,10 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradients' norm at this on both sides (the Trainer's default: 1.0; 0: off)")
     return parser.parse_args(argv)
+
+
+def mean_sd(values: list[float]) -> str:
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def main(argv: list[str]) -> None:
@@ -463,12 +495,27 @@ def main(argv: list[str]) -> None:
                                                                if args.max_batches else "")
           + (f", Trunk's length buckets {args.bucket}" if args.bucket else "")
           + (f", gradients clipped at {args.clip}" if args.clip else ""))
-    print("| task | precision | Trunk | transformers | Trunk s/epoch | transformers s/epoch | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    extra = (["Trunk's recipe"] if args.recipe else []) + (["Trunk peak GiB", "transformers peak GiB"]
+                                                           if args.device == "cuda" else [])
+    header = ["task", "precision", "Trunk", "transformers", "Trunk s/epoch", "transformers s/epoch", "speed-up", "seed",
+              *extra]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         t, h = row["trunk_s_per_epoch"], row["hf_s_per_epoch"]
+        cells = ([f"{row['trunk_recipe']:.4f}"] if args.recipe else []) + (
+            [f"{row['trunk_peak_gib']:.2f}", f"{row['hf_peak_gib']:.2f}"] if args.device == "cuda" else [])
         print(f"| {row['task']} ({metric[row['task']]}) | {row['precision']} | {row['trunk']:.4f} | {row['hf']:.4f} | "
-              f"{t:.0f} | {h:.0f} | {h / t if t and not math.isnan(t) else float('nan'):.2f}x |")
+              f"{t:.0f} | {h:.0f} | {h / t if t and not math.isnan(t) else float('nan'):.2f}x | {row['seed']} | "
+              + "".join(f"{c} | " for c in cells))
+    if len(args.seed) > 1:  # mean ± sd over the seeds, and the gap paired by seed
+        print("\n| task | precision | seeds | Trunk | transformers | Trunk - transformers | speed-up |")
+        print("|---|---|---|---|---|---|---|")
+        for key in dict.fromkeys((row["task"], row["precision"]) for row in rows):
+            group = [row for row in rows if (row["task"], row["precision"]) == key]
+            trunk, hf = [r["trunk"] for r in group], [r["hf"] for r in group]
+            gaps = [a - b for a, b in zip(trunk, hf)]
+            print(f"| {key[0]} ({metric[key[0]]}) | {key[1]} | {len(group)} | {mean_sd(trunk)} | {mean_sd(hf)} | "
+                  f"{mean_sd(gaps)} | {statistics.mean(r['speedup'] for r in group):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -11,19 +11,25 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
+def write_sst2(data) -> random.Random:
+    """SST-2's layout with generated reviews; the generator, for more data after them."""
+    from trunk.datamodules.builtin import sentiment_example
+
+    rng = random.Random(0)
+    (data / "sst2").mkdir(parents=True)
+    for split in ("train", "dev"):
+        rows = [sentiment_example(rng) for _ in range(64)]
+        lines = ["sentence\tlabel", *(f"{r['text']}\t{int(r['label'] == 'positive')}" for r in rows)]
+        (data / "sst2" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return rng
+
+
 def test_both_sides_fine_tune_the_same_folder_and_print_the_table(tmp_path, capsys):
     import hf_finetune
     from test_hf import tiny
 
-    from trunk.datamodules.builtin import sentiment_example
-
     tiny("bert", tmp_path / "model", masked_lm=False)
-    rng = random.Random(0)
-    (tmp_path / "data" / "sst2").mkdir(parents=True)
-    for split in ("train", "dev"):
-        rows = [sentiment_example(rng) for _ in range(64)]
-        lines = ["sentence\tlabel", *(f"{r['text']}\t{int(r['label'] == 'positive')}" for r in rows)]
-        (tmp_path / "data" / "sst2" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    rng = write_sst2(tmp_path / "data")
     (tmp_path / "data" / "conll2003").mkdir()
     for split in ("train", "valid"):
         write_conll(tmp_path / "data" / "conll2003" / f"{split}.txt", [ner_sentence(rng) for _ in range(64)])
@@ -93,3 +99,21 @@ def test_extractive_qa_is_compared_on_the_questions_the_recipe_holds_out(tmp_pat
     row = capsys.readouterr().out.split("| task |")[1].splitlines()[2]
     cells = row.strip("|").split("|")
     assert cells[0].strip() == "xquad (held-out F1)" and 0.0 <= float(cells[2]) <= 1.0 and 0.0 <= float(cells[3]) <= 1.0
+
+
+def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_run(tmp_path, capsys):
+    import hf_finetune
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    write_sst2(tmp_path / "data")
+    hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sst2",
+                      "--max-batches", "2", "--batch-size", "8", "--max-length", "32", "--seed", "1", "2", "--recipe",
+                      "--root", str(tmp_path / "runs")])
+    runs, summary = capsys.readouterr().out.split("| task |")[1:]
+    rows = [line.strip("|").split("|") for line in runs.strip().splitlines()[2:]]
+    assert [int(cells[7]) for cells in rows] == [1, 2] and all(0.0 <= float(cells[8]) <= 1.0 for cells in rows)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "sst2-32-true-seed1", "sst2-32-true-seed1-recipe", "sst2-32-true-seed2", "sst2-32-true-seed2-recipe"]
+    line = summary.strip().splitlines()[2].strip("|").split("|")
+    assert line[0].strip() == "sst2 (dev acc)" and line[2].strip() == "2" and "±" in line[3] and "±" in line[5]
