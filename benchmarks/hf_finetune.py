@@ -8,18 +8,20 @@
 
 Both sides start from the same weights and read the same files with the same epochs, learning rate, schedule (linear,
 10% warmup), weight decay (0.01, none on biases and LayerNorms), batch size, maximum length and seed. Trunk runs the
-shipped recipe (configs/minilm_sst2.yaml, configs/minilm_conll2003.yaml) with those values set on its command line;
-transformers runs the plain loop of its examples (``run_glue_no_trainer.py``, ``run_ner_no_trainer.py``): an
+shipped recipe of the task (``TASKS``: configs/minilm_*.yaml) with those values set on its command line (``--recipe``:
+also as the recipe itself says, a column more); transformers runs the plain loop of its examples
+(``run_glue_no_trainer.py``, ``run_ner_no_trainer.py``, ``run_swag_no_trainer.py``, ``run_qa_no_trainer.py``): an
 ``AutoModelFor...`` head, batches padded to their longest sequence (``DataCollatorWithPadding`` /
 ``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for
 bf16. Trunk computes on real tokens only (its default) and takes its batches in random order as the recipes do
 (``--bucket on``: batches of similar lengths instead, which cost 0.3-3 points here). Printed: each side's dev metric
-(SST-2 accuracy; CoNLL-2003 entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is conlleval's and
-seqeval's measure and tested against seqeval) and training seconds per epoch (validation excluded), examples/s, and the
-ratio. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The sides alternate
-task by task and precision by precision in the same process, so a machine that slows down or speeds up meanwhile
-weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py).
-"""
+(the recipe's primary: accuracy; entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is
+conlleval's and seqeval's measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and training seconds
+per epoch (validation excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ±
+sd and the gap paired by seed); on CUDA each side's peak memory. Both sides train fp32 master weights (a model folder
+stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same process,
+so a machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU
+(the GPU check, benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
