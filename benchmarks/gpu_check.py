@@ -321,8 +321,13 @@ def run_part(name: str, args, env: dict, log) -> dict:
 
 
 def check(args) -> int:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        print(f"error: this Python ({sys.executable}) has no torch: the GPU check runs in a Python with CUDA torch "
+              "(the GPU image's python3); on this machine `make gpu-check DRY=1` runs it on the CPU at tiny sizes.",
+              file=sys.stderr)
+        return 2
     if not args.dry and not torch.cuda.is_available():
         print(f"error: no CUDA GPU here (torch {torch.__version__} sees none): the GPU check runs on a CUDA machine; "
               "`make gpu-check DRY=1` runs it on this CPU at tiny sizes.", file=sys.stderr)

@@ -52,6 +52,17 @@ def test_without_cuda_the_check_says_so_in_one_line_and_fails(tmp_path):
     assert "make gpu-check DRY=1" in done.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_python_without_torch_is_told_where_the_check_runs(tmp_path):
+    """``make gpu-check`` runs python3: where that Python has no torch (this machine's base Python), one line."""
+    base = getattr(sys, "_base_executable", None)
+    if not base or subprocess.run([base, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("the base Python has torch")
+    done = subprocess.run([base, str(BENCHMARKS / "gpu_check.py"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "has no torch" in done.stderr and "make gpu-check DRY=1" in done.stderr
+
+
 def test_a_missing_wheel_is_named_with_the_command_that_adds_it(tmp_path):
     import gpu_check
 
