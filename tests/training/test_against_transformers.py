@@ -1,5 +1,5 @@
-"""Fine-tuning from an imported checkpoint computes what ``transformers`` computes on the same batch (issue 68: pair
-classification trailed the Trainer): the batch Trunk trains on, the logits and loss of the same weights, and every
+"""Fine-tuning from an imported checkpoint computes what ``transformers`` computes on the same batch (pair
+classification was seen trailing the Trainer on small sets): the batch Trunk trains on, the logits and loss of the same weights, and every
 gradient of the first step, for a sentence-pair classifier with dropout off."""
 
 from __future__ import annotations
