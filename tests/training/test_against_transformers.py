@@ -1,6 +1,6 @@
 """Fine-tuning from an imported checkpoint computes what ``transformers`` computes on the same batch (pair
-classification was seen trailing the Trainer on small sets): the batch Trunk trains on, the logits and loss of the same weights, and every
-gradient of the first step, for a sentence-pair classifier with dropout off."""
+classification was seen trailing the Trainer on small sets): the batch Trunk trains on, the logits and loss of the same
+weights, and every gradient of the first step, for a sentence-pair classifier with dropout off."""
 
 from __future__ import annotations
 
