@@ -97,9 +97,9 @@ def beyond_the_image(roots: list[str], resolved: dict[str, dict], python_version
     environment = {"python_version": python_version, "python_full_version": f"{python_version}.0",
                    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
                    "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
-    wanted, queue = {}, [(Requirement(r), ()) for r in roots]
+    wanted, queue = {}, [Requirement(r) for r in roots]
     while queue:
-        requirement, _ = queue.pop()
+        requirement = queue.pop()
         name = canonicalize_name(requirement.name)
         if name in IMAGE:
             continue
@@ -112,7 +112,7 @@ def beyond_the_image(roots: list[str], resolved: dict[str, dict], python_version
             need = Requirement(line)
             if need.marker is None or any(need.marker.evaluate({**environment, "extra": e})
                                           for e in (wanted[name][1] or {""})):
-                queue.append((need, ()))
+                queue.append(need)
     return sorted(f"{name}=={version}" for name, (version, _) in wanted.items())
 
 

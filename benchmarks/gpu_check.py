@@ -94,42 +94,22 @@ def part_finetune(args, sizes: dict) -> dict:
             "lr": options.lr, "epochs": options.epochs}
 
 
-def matmul_peak(device: str, size: int) -> float:
-    """The bf16 matmul rate of this device (FLOP/s): the median of 10 products of two size x size matrices."""
-    import torch
-
-    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
-    times = []
-    for _ in range(13):
-        synchronize(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 2 * size ** 3 / statistics.median(times[3:])
-
-
-def synchronize(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def part_pretraining(args, sizes: dict) -> dict:
     """Masked-LM steps at each shape, every shape eager and then every shape compiled; the figures so far are kept
     after each (a part stopped at its limit keeps them), and a shape that fails (``torch.compile`` where it does not
     work) is said in ``errors`` while the others run."""
     device = "cpu" if args.dry else "cuda"
-    figures = {"bf16_matmul_peak_tflops": matmul_peak(device, sizes["peak_size"]) / 1e12, "batch": sizes["mlm_batch"],
+    from throughput import matmul_peak
+
+    peak = matmul_peak("bf16", sizes["peak_size"], device=device)  # the same process's own bf16 rate
+    figures = {"bf16_matmul_peak_tflops": peak / 1e12, "batch": sizes["mlm_batch"],
                "length": 128, "rows": [], "errors": [],
                "shapes": {k: dict(zip(("d_model", "layers", "heads", "d_ff", "vocab"), v))
                           for k, v in sizes["shapes"].items()}}
     for compiled in sizes["compile"]:
         for shape, dims in sizes["shapes"].items():
             try:
-                figures["rows"] += mlm_rows(shape, dims, compiled, sizes, device,
-                                            figures["bf16_matmul_peak_tflops"] * 1e12)
+                figures["rows"] += mlm_rows(shape, dims, compiled, sizes, device, peak)
             except Exception as err:  # noqa: BLE001 (any failure of one shape is a finding; the others still run)
                 figures["errors"].append(f"{shape}, {'compiled' if compiled else 'eager'}: {type(err).__name__}: "
                                          f"{str(err)[:400]}")
@@ -142,6 +122,7 @@ def mlm_rows(shape: str, dims: tuple, compiled: bool, sizes: dict, device: str, 
     turns: a row each."""
     import torch
     from gpu_estimate import Model
+    from throughput import synchronize
     from transformers import BertConfig, BertForMaskedLM
 
     from trunk.tasks import MaskedLanguageModeling, TrunkModule
@@ -337,7 +318,8 @@ def check(args) -> int:
         print(f"error: no bundle at {bundle}: build it with `make gpu-bundle` on a machine with network, and carry "
               "it with the working tree (docs/gpu.md).", file=sys.stderr)
         return 2
-    made_for, here = json.loads((bundle / "bundle.json").read_text())["python_version"], sys.version_info
+    manifest, here = json.loads((bundle / "bundle.json").read_text()), sys.version_info
+    made_for = manifest["python_version"]
     if made_for != f"{here[0]}.{here[1]}":
         print(f"error: the bundle {bundle} holds wheels for Python {made_for}, this is Python {here[0]}.{here[1]}: "
               f"rebuild it with `make gpu-bundle GPU_PYTHON={here[0]}.{here[1]}`.", file=sys.stderr)
@@ -345,8 +327,7 @@ def check(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    report = {"machine": machine(), "dry": args.dry, "bundle": json.loads((bundle / "bundle.json").read_text()),
-              "parts": {}}
+    report = {"machine": machine(), "dry": args.dry, "bundle": manifest, "parts": {}}
     env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join([str(work / "site"), str(REPO)]),
            "PYTHONUNBUFFERED": "1", **({"TRUNK_GPU_CHECK": "dry"} if args.dry else {})}
     with open(out / "gpu_check.log", "w") as log:
@@ -362,8 +343,9 @@ def check(args) -> int:
             print(f"{name}: {report['parts'][name]['status']} in {report['parts'][name]['seconds']} s", flush=True)
     report["targets"] = targets(report["parts"])
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "gpu_check.md").write_text(markdown(report))
-    print(markdown(report))
+    table = markdown(report)
+    (out / "gpu_check.md").write_text(table)
+    print(table)
     return 0 if all(part["status"] == "ok" for part in report["parts"].values()) else 1
 
 

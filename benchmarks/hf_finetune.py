@@ -40,6 +40,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from throughput import synchronize  # benchmarks/throughput.py
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,12 +220,6 @@ def peak_memory(device: str) -> float | None:
     """The GPU memory a side held at most since ``reset_peak_memory``, in GiB; None on a CPU, where the two sides
     share one process's high-water mark."""
     return torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None
-
-
-def synchronize(device: str) -> None:
-    """Wait for the GPU's queued work, so that a clock read after it measures the work."""
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def choices_collate(tokenizer):

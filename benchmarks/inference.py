@@ -300,8 +300,8 @@ def hf_pipelines(predictor, bf16: bool, device: str = "cpu") -> dict:
             )
         else:
             net, kind, extra = BertForSequenceClassification(BertConfig(**bert, **labels)), "text-classification", {}
-        net = net.eval().to(torch.bfloat16 if bf16 else torch.float32)
-        pipes[name] = pipeline(kind, model=net.to(device), tokenizer=fast, device=torch.device(device), **extra)
+        net = net.eval().to(device, torch.bfloat16 if bf16 else torch.float32)
+        pipes[name] = pipeline(kind, model=net, tokenizer=fast, device=torch.device(device), **extra)
     return pipes
 
 

@@ -370,16 +370,26 @@ def work(batch: dict, train: bool) -> tuple[float, str]:
     return float(tokens), "tokens"
 
 
-def matmul_peak(precision: str, size: int = 2048, repeats: int = 10) -> float:
+def matmul_peak(precision: str, size: int = 2048, repeats: int = 10, device: str = "cpu") -> float:
+    """The matmul rate (FLOP/s) of ``device`` in ``precision``: the median of ``repeats`` products of two size x size
+    matrices after one warm-up (a GPU's queue drained around each)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     torch.mm(a, b)
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * size ** 3 / statistics.median(times)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so that a clock read after it measures the work."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(side: Side, batches: list[dict], precision: str, steps: int) -> float:
