@@ -1,6 +1,6 @@
 """The recipe files, read once before LightningCLI parses them: not YAML, a key given twice (PyYAML would keep the
 last silently), or a later file's ``model.tasks`` / ``data.tasks`` replacing an earlier file's whole: each a one-line
-error."""
+error. And the loader the parser reads each value with (``PARSER_MODE``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,26 @@ import sys
 from pathlib import Path
 
 import yaml
+from jsonargparse import set_loader
+from jsonargparse._loaders_dumpers import yaml_load  # the loader of jsonargparse's "yaml" mode, kept but for one case
+
+PARSER_MODE = "trunk_yaml"
+YAML_NULLS = ("", "~", "null", "Null", "NULL")
+
+
+def load_value(text: str, path: str | None = None):
+    """jsonargparse's YAML loading of a value, except that a one-line value YAML reads as nothing but a comment stays
+    the text it is (a config file, which comes with its ``path``, is read as YAML says). jsonargparse reads the value
+    of a ``str | None`` option as YAML, so a column named ``#2 String`` (quoted in the file or on the command line)
+    became None: a sentence pair's second column was dropped, the pairs trained as single sentences, nothing said."""
+    value = yaml_load(text)
+    if value is None and path is None and isinstance(text, str) and "\n" not in text.strip() \
+            and text.strip() not in YAML_NULLS:
+        return text
+    return value
+
+
+set_loader(PARSER_MODE, load_value, exceptions=(yaml.YAMLError,))
 
 
 def _repeated_key(node: yaml.Node) -> yaml.Node | None:
@@ -46,6 +66,13 @@ def check_config_files(args: list[str]) -> None:
         except UnicodeDecodeError:
             sys.exit(f"error: {path} is not UTF-8 text: a config must be a YAML text file.")
         repeated = _repeated_key(tree) if tree is not None else None
+        commented = _value_read_as_comment(tree, Path(path).read_text()) if tree is not None else None
+        if commented is not None:
+            key, line, text = commented
+            sys.exit(
+                f"error: {path}, line {line}: {key}: {text} is a YAML comment, so {key} has no value (null). Quote "
+                f"the value, {key}: \"{text}\" (a column name that starts with '#'), or write '# ' for a comment."
+            )
         if repeated is not None:
             sys.exit(
                 f"error: {path}, line {repeated.start_mark.line + 1}: the key {repeated.value!r} appears twice. Task "
@@ -65,6 +92,23 @@ def check_config_files(args: list[str]) -> None:
                     f"every task in the later file, or add a task on the command line (--{section}.tasks.<name>=...)."
                 )
             named[section] = (str(path), set(tasks))
+
+
+def _value_read_as_comment(node: yaml.Node, text: str) -> tuple[str, int, str] | None:
+    """The first ``key: #value`` of a composed YAML tree: an empty value whose line goes on with '#' and no space, which
+    YAML reads as a comment (a null), where the writer meant a value such as the column name ``#1 String``.
+    (key, line, the text after the colon) or None."""
+    if isinstance(node, yaml.MappingNode):
+        lines = text.splitlines()
+        for key, value in node.value:
+            if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":null") and value.value == "":
+                rest = lines[key.start_mark.line][key.end_mark.column:].lstrip(" :")
+                if key.start_mark.line == value.start_mark.line and rest.startswith("#") and rest[1:2].strip():
+                    return key.value, key.start_mark.line + 1, rest.strip()
+        children = [value for _, value in node.value]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    return next((found for child in children if (found := _value_read_as_comment(child, text)) is not None), None)
 
 
 def _mapping_keys(node: yaml.Node | None, *path: str) -> list[str] | None:

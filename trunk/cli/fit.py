@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from trunk.assembly.run import RunSourceError, resolve, resume_changes
 from trunk.assembly.weights import HeadReuse
-from trunk.cli.config_files import check_config_files
+from trunk.cli.config_files import PARSER_MODE, check_config_files
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
@@ -86,6 +86,9 @@ RUN_OPTIONS = {
 
 
 class TrunkArgumentParser(LightningArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"parser_mode": PARSER_MODE, **kwargs})
+
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
         """jsonargparse's message, and where an option a task's block does not take belongs, if it is a run's."""
         found = re.search(r"Option '(\w+)' is not accepted", message)
