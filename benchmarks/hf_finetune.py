@@ -199,14 +199,16 @@ TASKS = {
 
 
 def hf_optimizer(model, lr: float, steps: int):
-    """AdamW and get_linear_schedule_with_warmup's schedule, written out: importing it from transformers imports
-    ``peft``, which this folder's peft.py shadows."""
+    """The Trainer's AdamW and linear schedule, written out (importing its scheduler from transformers imports ``peft``,
+    which this folder's peft.py shadows): weight decay 0.01 on every weight but biases and LayerNorms, 10% warmup
+    rounded up as ``TrainingArguments.get_warmup_steps`` rounds it (tests/benchmarks/test_hf_finetune.py holds both
+    equal to the installed Trainer's)."""
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
     groups = [
         {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": 0.01},
         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
-    optimizer, warmup = torch.optim.AdamW(groups, lr=lr), int(0.1 * steps)
+    optimizer, warmup = torch.optim.AdamW(groups, lr=lr), math.ceil(0.1 * steps)
     factor = lambda step: step / max(1, warmup) if step < warmup else max(0.0, (steps - step) / max(1, steps - warmup))  # noqa: E731
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 

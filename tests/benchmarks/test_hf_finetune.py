@@ -117,3 +117,61 @@ def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_
         "sst2-32-true-seed1", "sst2-32-true-seed1-recipe", "sst2-32-true-seed2", "sst2-32-true-seed2-recipe"]
     line = summary.strip().splitlines()[2].strip("|").split("|")
     assert line[0].strip() == "sst2 (dev acc)" and line[2].strip() == "2" and "±" in line[3] and "±" in line[5]
+
+
+TRAINER_PLAN = """
+import json, sys, transformers
+model = transformers.BertForSequenceClassification.from_pretrained(sys.argv[1], num_labels=2)
+warmup = {"warmup_steps": 0.1} if "warmup_ratio" not in transformers.TrainingArguments.__dataclass_fields__ else {
+    "warmup_ratio": 0.1}  # transformers 5 reads a warmup below 1 as a fraction of the steps
+arguments = transformers.TrainingArguments(
+    output_dir=sys.argv[2], learning_rate=5e-5, weight_decay=0.01, num_train_epochs=3, per_device_train_batch_size=32,
+    lr_scheduler_type="linear", report_to=[], use_cpu=True, **warmup)
+trainer = transformers.Trainer(model=model, args=arguments)
+trainer.create_optimizer_and_scheduler(num_training_steps=345)
+names = {id(p): n for n, p in model.named_parameters()}
+groups = sorted([g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in trainer.optimizer.param_groups)
+lrs = []
+for _ in range(345):
+    lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+defaults = {k: trainer.optimizer.defaults[k] for k in ("betas", "eps", "amsgrad")}
+print(json.dumps({"groups": groups, "lrs": lrs, "defaults": defaults, "max_grad_norm": arguments.max_grad_norm}))
+"""
+
+
+def test_the_transformers_side_optimises_as_the_installed_trainer_does(tmp_path):
+    """The transformers side is the plain loop of transformers' examples; its optimiser and schedule are the installed
+    Trainer's: the same weight-decay groups, AdamW settings and learning rate at every step of a 345-step run (the
+    paraphrase set's 3 epochs of 32). The Trainer runs in a process of its own, where benchmarks/peft.py (the PEFT
+    benchmark) cannot pass for the peft package it imports."""
+    pytest.importorskip("accelerate")  # the Trainer's own dependency
+    import json
+    import subprocess
+
+    import hf_finetune
+    import transformers
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    (tmp_path / "plan.py").write_text(TRAINER_PLAN)
+    done = subprocess.run([sys.executable, "plan.py", str(tmp_path / "model"), str(tmp_path / "trainer")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trainer = json.loads(done.stdout.strip().splitlines()[-1])
+
+    model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "model", num_labels=2)
+    optimizer, schedule = hf_finetune.hf_optimizer(model, 5e-5, 345)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted([g["weight_decay"], sorted(names[id(p)] for p in g["params"])]
+                  for g in optimizer.param_groups) == trainer["groups"]
+    assert {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.defaults.items()
+            if k in trainer["defaults"]} == trainer["defaults"]
+    lrs = []
+    for _ in range(345):
+        lrs.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    assert lrs == pytest.approx(trainer["lrs"], abs=1e-12)
+    assert trainer["max_grad_norm"] == 1.0  # what --clip 1.0 gives both sides
