@@ -321,10 +321,12 @@ def test_a_pair_whose_kept_side_alone_is_too_long_is_named(tmp_path):
 
 
 def paraphrase_recipe(tmp_path: Path, pair_column: str) -> Path:
-    """A recipe for pairs laid out as the paraphrase corpus ships them: a byte-order mark, then columns whose names start
-    with '#' (``Quality``, ``#1 ID``, ``#2 ID``, ``#1 String``, ``#2 String``); ``pair_column``: that option's YAML."""
+    """A recipe for pairs laid out as the paraphrase corpus ships them: a byte-order mark, then columns whose names
+    start with '#' (``Quality``, ``#1 ID``, ``#2 ID``, ``#1 String``, ``#2 String``); ``pair_column``: that option's
+    YAML."""
     rows = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] + [
-        f"{i % 2}\t{i}\t{100 + i}\tthe cat number {i} sat on the mat .\tthe mat had a cat on it , he said" for i in range(16)]
+        f"{i % 2}\t{i}\t{100 + i}\tthe cat number {i} sat on the mat .\tthe mat had a cat on it , he said"
+        for i in range(16)]
     (tmp_path / "pairs.tsv").write_text("\ufeff" + "\n".join(rows) + "\n", encoding="utf-8")
     recipe = tmp_path / "pairs.yaml"
     recipe.write_text(f"""model:
@@ -371,6 +373,15 @@ def test_a_value_yaml_reads_as_a_comment_is_named_with_the_fix(tmp_path):
     line = one_line_error(result)
     assert "line 13: text_pair_column: #2 String is a YAML comment" in line
     assert 'text_pair_column: "#2 String"' in line
+
+
+@pytest.mark.parametrize("option", ["text_column", "label_column"])
+def test_a_column_option_set_to_null_is_named_not_a_traceback(option, tmp_path):
+    """The parser passes a null into a task's options unchecked (``text_column: null``, or an unquoted '#' value in a
+    file the recipe check does not see): the option is named before any file is read."""
+    recipe = paraphrase_recipe(tmp_path, '"#2 String"')
+    with pytest.raises(ValueError, match=rf"data.tasks.paraphrase.{option} is null, and it needs a value \(str"):
+        run_cli(["--config", str(recipe), f"--data.tasks.paraphrase.init_args.{option}=null"], run=False)
 
 
 def test_a_recipe_names_its_task_once_and_its_run_folder_follows_the_file_name(sentiment_files, tmp_path, monkeypatch):

@@ -157,6 +157,7 @@ class TaskSet:
             raise ValueError(f"data.tokenizer_min_frequency must be >= 1, got {tokenizer_min_frequency}.")
         for name, member in tasks.items():
             member.name = name
+            member.check_no_null_options()
         self.tasks = dict(tasks)
         self.tokenizer_path, self.tokenizer_vocab_size, self.lowercase = tokenizer, tokenizer_vocab_size, lowercase
         self.tokenizer_min_frequency, self.tokenizer_model = tokenizer_min_frequency, tokenizer_model

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import os
@@ -314,6 +315,20 @@ class TaskData:
     def option(self, key: str) -> str:
         """How a user spells one of this task's options: ``data.tasks.<name>.<key>``."""
         return f"data.tasks.{self.name}.{key}"
+
+    def check_no_null_options(self) -> None:
+        """Refuse an option that needs a value but holds None (``text_column: null``, or a value YAML read as a
+        comment): the parser passes None into a class's options unchecked, and it would fail deep in the reading."""
+        for cls in type(self).__mro__:
+            if "__init__" not in cls.__dict__:
+                continue
+            for key, param in inspect.signature(cls.__dict__["__init__"]).parameters.items():
+                hint = param.annotation if isinstance(param.annotation, str) else ""  # annotations are text here
+                if hint and "None" not in hint and "Any" not in hint and getattr(self, key, ...) is None:
+                    raise ValueError(
+                        f"{self.option(key)} is null, and it needs a value ({hint}; its default: {param.default!r}). "
+                        f"Set it, or remove it for the default; a value that starts with '#' must be quoted in YAML."
+                    )
 
     def unlabelled(self, role: str, why: str) -> ValueError:
         """The one error for a split that carries no labels (a test split as GLUE ships it), from a file or the hub."""
