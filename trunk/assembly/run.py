@@ -245,6 +245,14 @@ def resolve(
     ``data``: the run's ``TaskSet`` (its ``MultiTaskData``, or the tasks alone for inference); ``init_from``: a path, or
     a trunk already read; ``checkpoint``: ``ckpt_path``'s contents when already read; ``reuse``: how ``init_from``'s
     heads start tasks of other names or labels (``trunk.assembly.weights``)."""
+    resolved = _resolve(options, data, init_from=init_from, ckpt_path=ckpt_path, reuse=reuse, checkpoint=checkpoint)
+    # what each task reads, said once: a column that is not read (a pair trained as single texts) shows here
+    resolved.report += [f"task '{name}' reads {columns}" for name, task in data.tasks.items()
+                        if (columns := task.columns_read())]
+    return resolved
+
+
+def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) -> Resolved:
     report: list[str] = []
     check_task_names(data.tasks)
     if ckpt_path is not None:

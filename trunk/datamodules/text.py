@@ -316,6 +316,10 @@ class TaskData:
         """How a user spells one of this task's options: ``data.tasks.<name>.<key>``."""
         return f"data.tasks.{self.name}.{key}"
 
+    def columns_read(self) -> str | None:
+        """What this task reads, in words, for the run's summary (None: nothing worth saying)."""
+        return None
+
     def check_no_null_options(self) -> None:
         """Refuse an option that needs a value but holds None (``text_column: null``, or a value YAML read as a
         comment): the parser passes None into a class's options unchecked, and it would fail deep in the reading."""

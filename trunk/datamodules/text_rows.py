@@ -74,6 +74,12 @@ class TextRowsData(TextDataModule):
             )
         check_columns(ds, self.target_columns(), self.option(role))
 
+    def columns_read(self) -> str:
+        """In words, for the run's summary: the text column(s) and the target."""
+        texts = f"pairs of '{self.text_column}' and '{self.text_pair_column}'" if self.text_pair_column else (
+            f"texts of '{self.text_column}'")
+        return f"{texts}, targets of {self.label_column!r}"
+
     def tokenizer_columns(self) -> list[str]:
         return [c for c in (self.text_column, self.text_pair_column) if c is not None]
 
