@@ -105,10 +105,21 @@ def hf_hidden(model, ids, mask, types):
     return base(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
 
 
+# DeBERTa-v3's settings (deberta-v3-base's config.json): relative positions in log buckets, no absolute positions,
+# no token types, the layers' own projections read the position table
+DEBERTA_V3 = {"relative_attention": True, "pos_att_type": "p2c|c2p", "share_att_key": True,
+              "position_biased_input": False, "norm_rel_ebd": "layer_norm", "type_vocab_size": 0,
+              "max_relative_positions": -1, "layer_norm_eps": 1e-7}
+
+
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}), ("xlm-roberta", {}),
     ("electra", {"embedding_size": 16}), ("electra", {}),
-])
+    # buckets: 8 each way, logarithmic up to 64 (the batches' pairs reach past 8); exact distances, token types
+    ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("deberta-v2", {**DEBERTA_V3, "legacy": False}),
+    ("deberta-v2", {**DEBERTA_V3, "position_buckets": -1, "max_relative_positions": 16, "type_vocab_size": 2}),
+], ids=lambda value: value if isinstance(value, str) else ",".join(f"{k}={v}" for k, v in value.items()
+                                                                  if k not in DEBERTA_V3 or v != DEBERTA_V3[k]))
 def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, options, tmp_path):
     """fp32, padded batches of single sentences and of pairs: every real position within 1e-5 of transformers, and the
     masked-LM head's logits too."""
@@ -119,7 +130,7 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
     head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
     for texts in (SENTENCES, PAIRS):
         ids, mask, types = batch(pretrained.codec.tokenizer, texts)
-        if texts is PAIRS and "roberta" not in model_type:  # RoBERTa has one segment
+        if texts is PAIRS and "roberta" not in model_type and options.get("type_vocab_size", 2) > 1:  # one segment
             assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
         with torch.no_grad():
             expected, ours = hf_hidden(model, ids, mask, types), trunk(ids, mask)
@@ -204,6 +215,34 @@ def test_real_size_configs_map_on_the_meta_device():
     pooler = sum(p.numel() for p in vit.pooler.parameters())
     # [CLS]'s position row is folded into [CLS]
     assert sum(v.numel() for v in mapped.trunk.values()) == sum(p.numel() for p in vit.parameters()) - pooler - 768
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("deberta-v3-base", {}), ("deberta-v3-large", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                                       intermediate_size=4096)),
+    ("mdeberta-v3-base", dict(vocab_size=251000)),
+])
+def test_deberta_v3_real_sizes_map_on_the_meta_device(name, shape):
+    """Every weight of DeBERTa-v3 base / large and mDeBERTa-v3 base (and the masked-LM head) maps, none is left over."""
+    config = transformers.DebertaV2Config(**{"vocab_size": 128100, "position_buckets": 256, **DEBERTA_V3, **shape})
+    with torch.device("meta"):
+        model = transformers.DebertaV2ForMaskedLM(config)
+    mapped = map_weights(config.to_dict(), saved(model), name)
+    ours = sum(v.numel() for v in mapped.trunk.values()) + sum(
+        v.numel() for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight")
+    assert ours == sum(p.numel() for p in model.parameters())
+    assert mapped.config.relative_buckets == 512 and mapped.config.relative_max_distance == 512
+
+
+@pytest.mark.parametrize("change", [{"conv_kernel_size": 3}, {"share_att_key": False}, {"position_biased_input": True},
+                                    {"pos_att_type": ["c2p"]}, {"norm_rel_ebd": "none"}])
+def test_a_deberta_option_the_trunk_cannot_compute_is_refused_by_name(change, tmp_path):
+    """DeBERTa-v2's convolution beside the first layer, separate position projections, absolute positions at the input,
+    one of the two position terms alone, an unnormalised position table: each named before any weight is read."""
+    tiny("deberta-v2", tmp_path / "hf", masked_lm=False, **{**DEBERTA_V3, **change})
+    name, value = next(iter(change.items()))
+    with pytest.raises(ValueError, match=re.escape(f"deberta-v2 checkpoint has {name}={value!r}, which the trunk")):
+        convert(tmp_path / "hf")
 
 
 def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head(tmp_path):

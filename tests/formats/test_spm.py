@@ -23,8 +23,8 @@ TEXTS = [*SENTENCES, "  leading,  doubled   and trailing spaces ", "Ünïcödé 
 
 
 def train_spm(prefix: Path, model_type: str = "unigram", **options) -> Path:
-    """A tiny SentencePiece model of ``model_type`` on sentences of the test words (T5's ids: <pad> 0, </s> 1,
-    <unk> 2, no <s>)."""
+    """A tiny SentencePiece model of ``model_type`` on sentences of the test words (T5's ids unless ``options`` say
+    otherwise: <pad> 0, </s> 1, <unk> 2, no <s>)."""
     import random
 
     rng = random.Random(0)
@@ -32,9 +32,9 @@ def train_spm(prefix: Path, model_type: str = "unigram", **options) -> Path:
     corpus.write_text("\n".join(" ".join(rng.choice([*WORDS, "Café", "naïve", "1999"]) for _ in range(8))
                                 for _ in range(2000)))
     size = 330 if options.get("byte_fallback") else 60
+    ids = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1, **options}
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=size,
-                                   hard_vocab_limit=False, model_type=model_type, pad_id=0, eos_id=1, unk_id=2,
-                                   bos_id=-1, minloglevel=2, **options)
+                                   hard_vocab_limit=False, model_type=model_type, minloglevel=2, **ids)
     return prefix.with_suffix(".model")
 
 
@@ -125,3 +125,39 @@ def test_trunk_import_without_the_package_says_how_to_install_it_and_writes_noth
                                          r'sentencepiece package: pip install "trunk\[sentencepiece\]"'):
         import_main([str(folder), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_deberta_v3_folder_imports_with_its_sentencepiece_file_and_the_ids_transformers_gives(tmp_path):
+    """DeBERTa-v3 ships spm.model ([PAD] [CLS] [SEP] [UNK] first) and a tokenizer_config.json naming no tokens: [MASK]
+    comes after the pieces, [CLS] a [SEP] b [SEP] around pairs, as transformers' tokenizer numbers them; the embedding
+    table has rows past the tokenizer (128,100 for 128,001 tokens at full size), filled with unused tokens; the
+    encoder computes what transformers' does on those ids."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf import DEBERTA_V3
+
+    folder = tmp_path / "deberta"
+    folder.mkdir()
+    train_spm(folder / "spm", pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
+              eos_piece="[SEP]", unk_piece="[UNK]")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "vocab_type": "spm"}))
+    torch.manual_seed(0)
+    config = transformers.DebertaV2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, max_position_embeddings=64, position_buckets=8,
+                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **DEBERTA_V3)
+    transformers.DebertaV2Model(config).save_pretrained(folder)
+    pretrained, notes = convert(folder)
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), pretrained.codec.tokenizer
+    # transformers 5 normalises DeBERTa's text by NFC alone, where SentencePiece (which DeBERTa was trained with, and
+    # transformers 4's tokenizer) applies the file's character map: a fullwidth word is [UNK] there, pieces here
+    texts = [t for t in TEXTS if t and "ｆ" not in t]
+    assert [ours.encode(t).ids for t in texts] == [theirs(t).input_ids for t in texts]
+    assert ours.encode(*SENTENCES[:2]).ids == theirs(*SENTENCES[:2]).input_ids
+    assert ours.token_to_id("[MASK]") == theirs.mask_token_id == spm.SentencePieceProcessor(
+        model_file=str(folder / "spm.model")).get_piece_size()
+    assert any("padded to the embedding table's 100 rows" in note for note in notes)
+    model = transformers.DebertaV2Model.from_pretrained(folder).eval()
+    encoded = theirs(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**encoded).last_hidden_state
+        got = trunk_of(pretrained)(encoded.input_ids, encoded.attention_mask)
+    assert (expected - got)[encoded.attention_mask.bool()].abs().max() < 1e-5

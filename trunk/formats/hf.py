@@ -50,8 +50,8 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
 # families whose architecture the trunk cannot compute, and why: refused by name
 REFUSED = {
     "albert": "ALBERT shares one set of layer weights across its depth and factorises its embeddings",
-    "deberta": "DeBERTa's disentangled attention scores content and relative position separately",
-    "deberta-v2": "DeBERTa's disentangled attention scores content and relative position separately",
+    "deberta": "DeBERTa (v1) fuses its attention projections with separate query and value biases (DeBERTa-v2 and v3, "
+               "model type deberta-v2, are read)",
     "longformer": "Longformer's attention has separate global-attention projections",
     "xlnet": "XLNet is a permutation language model with two-stream attention",
     "deit": "distilled DeiT adds a distillation token beside [CLS] (DeiT without one ships as model type vit)",
@@ -205,6 +205,73 @@ DISTILBERT = Family(
     heads={"mlm": masked_lm({"head.dense": "vocab_transform", "head.norm": "vocab_layer_norm",
                              "head.decoder": "vocab_projector"})},
     ignored=(r"vocab_projector\.weight", r".*position_ids"),
+)
+
+
+def deberta_v2_config(values: dict) -> TrunkConfig:
+    """DeBERTa-v2 and v3 (mDeBERTa-v3 too): BERT's post-LN blocks, no positions at the input, disentangled attention
+    over log-bucketed relative positions (``trunk/models/positions/disentangled.py``) with the layers' own query and
+    key projections."""
+    # transformers' defaults where the file is silent (a config.json written by hand, or by an older version)
+    values = {"relative_attention": False, "share_att_key": False, "position_biased_input": True,
+              "conv_kernel_size": 0, "norm_rel_ebd": "none", **values}
+    kinds = values.get("pos_att_type") or []
+    kinds = sorted(k.strip() for k in (kinds.split("|") if isinstance(kinds, str) else kinds) if k.strip())
+    _check({**values, "pos_att_type": kinds, "norm_rel_ebd": str(values["norm_rel_ebd"]).lower(),
+            "embedding_size": values.get("embedding_size") or values["hidden_size"]}, "deberta-v2",
+           {"relative_attention": True, "pos_att_type": ["c2p", "p2c"], "share_att_key": True,
+            "position_biased_input": False, "conv_kernel_size": 0, "norm_rel_ebd": "layer_norm",
+            "embedding_size": values["hidden_size"]})
+    max_distance = values.get("max_relative_positions", -1)
+    max_distance = max_distance if max_distance >= 1 else values.get("max_position_embeddings", 512)
+    buckets = values.get("position_buckets", -1)
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
+        n_heads=values["num_attention_heads"], d_ff=values["intermediate_size"],
+        dropout=values.get("hidden_dropout_prob", 0.1), attn_dropout=values.get("attention_probs_dropout_prob", 0.1),
+        max_len=values.get("max_position_embeddings", 512), positions="disentangled", norm="post", embedding_norm=True,
+        activation=ACTIVATIONS[values.get("hidden_act", "gelu")], layer_norm_eps=values.get("layer_norm_eps", 1e-7),
+        segments=values.get("type_vocab_size", 0), init_std=values.get("initializer_range", 0.02),
+        # position_buckets > 0: that many rows each way, logarithmic up to max_relative_positions; else exact
+        relative_buckets=2 * (buckets if buckets > 0 else max_distance),
+        relative_max_distance=max_distance if buckets > 0 else 0,
+    )
+
+
+def deberta_v2_adjust(values: dict, tensors: dict, prefix: str) -> dict:
+    """DeBERTa divides its three attention terms by sqrt(3 D), the trunk by sqrt(D): the query projection is scaled by
+    1/sqrt(3) (it makes both the content queries and the positions' queries). The masked-LM head, saved under either
+    of transformers' two layouts, is read as BERT's."""
+    tensors = {re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.",
+                      re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", k)): v
+               for k, v in tensors.items()}
+    for name in [k for k in tensors if re.search(r"attention\.self\.query_proj\.(weight|bias)$", k)]:
+        tensors[name] = tensors[name] / math.sqrt(3)
+    return tensors
+
+
+DEBERTA_V2 = Family(
+    deberta_v2_config,
+    {"stems.text.token": "embeddings.word_embeddings", "stems.text.segment": "embeddings.token_type_embeddings",
+     "stems.text.norm": "embeddings.LayerNorm", "backbone.position_bias.embedding": "encoder.rel_embeddings",
+     "backbone.position_bias.norm": "encoder.LayerNorm",
+     **_block({
+         "attn.q_proj": "encoder.layer.{i}.attention.self.query_proj",
+         "attn.kv_proj": ("encoder.layer.{i}.attention.self.key_proj", "encoder.layer.{i}.attention.self.value_proj"),
+         "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+         "norm_attn": "encoder.layer.{i}.attention.output.LayerNorm",
+         "ff.fc_in": "encoder.layer.{i}.intermediate.dense",
+         "ff.fc_out": "encoder.layer.{i}.output.dense",
+         "norm_ff": "encoder.layer.{i}.output.LayerNorm",
+     })},
+    ("deberta.",),
+    heads={"mlm": masked_lm({"head.dense": "cls.predictions.transform.dense",
+                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions"})},
+    # a task model's pooler (dense + GELU, not BERT's tanh) and classifier, and DeBERTa-v3's replaced-token head: a new
+    # task trains its own
+    ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r"mask_predictions\..*",
+             r".*position_ids"),
+    adjust=deberta_v2_adjust,
 )
 
 
@@ -424,7 +491,8 @@ T5_FAMILY = Family(
     adjust=t5_adjust,
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "vit": VIT, "bart": BART, "t5": T5_FAMILY}
+                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "vit": VIT, "bart": BART,
+                               "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:
@@ -674,7 +742,9 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
     if "text" in mapped.stems:
         tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
         size, rows = tokenizer.get_vocab_size(), mapped.config.vocab_size
-        if size < rows and rows % 64 == 0 and rows - size < 128:  # a table padded to a round size (T5: 32100 -> 32128)
+        # a table padded to a round size past the tokenizer (T5: 32,100 tokens in 32,128 rows; DeBERTa-v3: 128,001 in
+        # 128,100)
+        if size < rows and (rows % 64 == 0 or rows % 100 == 0) and rows - size < 128:
             tokenizer.add_special_tokens([f"<unused_row_{i}>" for i in range(size, rows)])
             notes.append(f"the tokenizer's {size} tokens padded to the embedding table's {rows} rows with unused "
                          "special tokens")

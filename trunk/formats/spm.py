@@ -15,9 +15,9 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from trunk.core.codec import CLS, SEP, special_id
+from trunk.core.codec import CLS, MASK, SEP, special_id
 
-SPM_FILES = ("spiece.model", "sentencepiece.bpe.model")  # T5 / mT5 / ALBERT, XLM-R / CamemBERT
+SPM_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")  # T5 / mT5 / ALBERT, XLM-R / CamemBERT, DeBERTa-v3
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # ModelProto.SentencePiece.Type
 UNIGRAM, BPE = 1, 2  # TrainerSpec.ModelType
 
@@ -112,6 +112,8 @@ def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
                          "the model's tokenizer.json (transformers' AutoTokenizer.from_pretrained(...)"
                          ".save_pretrained(DIR) writes one).")
     tokenizer.add_special_tokens([added[i] for i in beyond])
+    if tokenizer.token_to_id(CLS) is not None and tokenizer.token_to_id(MASK) is None:
+        tokenizer.add_special_tokens([MASK])  # BERT's roles without a mask piece (DeBERTa-v3): the next id, as theirs
     cls, sep = special_id(tokenizer, CLS), special_id(tokenizer, SEP)
     sep_token = tokenizer.id_to_token(sep) if sep is not None else None
     if cls is not None and sep is not None:

@@ -22,7 +22,7 @@ from torch import nn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, attend, tracing
 from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
-from trunk.models.positions import POSITIONS, PositionBias, PositionScheme, scheme
+from trunk.models.positions import POSITIONS, Disentangled, PositionBias, PositionScheme, scheme
 
 # Named architectures (litgpt's ``Config.from_name``): a recipe says ``trunk: {preset: base}`` instead of retyping the
 # shape; fields it gives itself win. Without a preset the unset shape fields take ``SHAPE_DEFAULTS``.
@@ -52,7 +52,8 @@ class TrunkConfig:
     token_dropout: float = 0.0  # training only: this share of input tokens gets a zero embedding ("token cutoff")
     max_len: int | None = None
     # learned / sinusoidal: tables added to the embeddings; rope: rotary, inside attention; alibi / t5: a bias on the
-    # attention scores from the query-key distance (trunk/models/positions/), t5's in relative_buckets learned buckets
+    # attention scores from the query-key distance (trunk/models/positions/), t5's in relative_buckets learned buckets;
+    # disentangled: DeBERTa's content-to-position and position-to-content scores over relative_buckets embeddings
     positions: str | None = None  # a name of trunk.models.positions.POSITIONS
     norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
     activation: Literal["gelu", "gelu_tanh", "relu", "silu"] | None = None  # gelu_tanh: GPT-2's and ELECTRA's
@@ -71,8 +72,8 @@ class TrunkConfig:
     position_offset: int = 0
     embedding_size: int | None = None
     init_std: float = 0.02
-    relative_buckets: int = 32  # positions=t5: buckets of distance (half for each direction in the encoder)
-    relative_max_distance: int = 128  # positions=t5: distances from here on share the last bucket
+    relative_buckets: int = 32  # positions=t5, disentangled: buckets of distance (half each way in an encoder)
+    relative_max_distance: int = 128  # positions=t5, disentangled: distances from here on share the last bucket
     # local attention (trunk/models/local_attention.py): each token sees the tokens at most local_window positions away
     # (0:
     # all of them), and the first global_tokens positions ([CLS]; raise it to cover a QA question) see and are seen by
@@ -163,7 +164,8 @@ class Attention(nn.Module):
     For incremental decoding, ``cache`` (a dict owned by the caller, one per layer and kind) keeps
     keys and values between calls: self-attention appends the new tokens' and attends to all of
     them, cross-attention projects ``context`` once and reuses it. A step then costs one token.
-    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions/biases.py``).
+    ``position_bias`` (1, H, T, S) is added to the scores (ALiBi, T5: ``trunk/models/positions/biases.py``), or
+    computed from this layer's queries and keys (DeBERTa's ``Disentangled``).
     """
 
     def __init__(
@@ -229,7 +231,9 @@ class Attention(nn.Module):
             causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
             mask = causal_mask if mask is None else mask & causal_mask
         if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
-            bias = position_bias.to(q.dtype)
+            # DeBERTa's reads this layer's queries, keys and projections; the others are one tensor for every layer
+            bias = (position_bias.scores(self, q, k) if isinstance(position_bias, Disentangled)
+                    else position_bias.to(q.dtype))
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         # written out when exporting a float mask: the ONNX exporter mis-strides SDPA's output then (a view of it fails)
         y = attend(q, k, v, mask, p, written_out=(position_bias is not None or local is not None) and tracing())
@@ -335,7 +339,7 @@ class Backbone(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         # Pre-LN leaves the residual stream unnormalised, so it needs one norm at the very end.
         self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
-        self.position_bias = position_bias(cfg)  # alibi, t5: one for every block
+        self.position_bias = position_bias(cfg)  # alibi, t5, disentangled: one for every block
         self.grad_checkpointing = False
         self.replay = None  # set by whatever adds state-reading hooks (trunk/models/deltas.py): see run_block
         init_weights(self, cfg.init_std)
