@@ -79,7 +79,7 @@ def test_attention_matches_torch_multihead_attention(attn):
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", "t5", "disentangled"])
 def test_padding_does_not_change_real_token_outputs(norm, positions):
     torch.manual_seed(0)
     cfg = TrunkConfig(
