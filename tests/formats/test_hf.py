@@ -344,10 +344,11 @@ def test_masked_lm_goes_on_pretraining_from_the_imported_head(tmp_path):
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
-@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra"])
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra", "deberta-v2"])
 def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_path):
     """import -> export --format hf -> transformers: every weight equal to the original's, and the same logits."""
-    model = tiny(model_type, tmp_path / "hf", **({"embedding_size": 16} if model_type == "electra" else {}))
+    options = {"electra": {"embedding_size": 16}, "deberta-v2": {**DEBERTA_V3, "position_buckets": 8}}
+    model = tiny(model_type, tmp_path / "hf", **options.get(model_type, {}))
     import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
     export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
     back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
@@ -363,12 +364,15 @@ def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_pa
         assert torch.allclose(back(**ids).logits, model(**ids).logits, atol=1e-5)
 
 
-@pytest.mark.parametrize("peft", [None, "{sentiment: {method: lora, r: 4, norms: true}}"], ids=["full", "lora"])
-def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(peft, sentiment_files, tmp_path):
-    """Fully fine-tuned, or with a LoRA delta on the frozen trunk (written into the trunk's weights on export)."""
+@pytest.mark.parametrize("model_type,peft", [("bert", None), ("bert", "{sentiment: {method: lora, r: 4, norms: true}}"),
+                                             ("deberta-v2", None)], ids=["full", "lora", "deberta-v3"])
+def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(model_type, peft, sentiment_files,
+                                                                                 tmp_path):
+    """Fully fine-tuned, or with a LoRA delta on the frozen trunk (written into the trunk's weights on export); from
+    BERT, and from DeBERTa-v3 (its context pooler given the head's tanh)."""
     from trunk.inference.predictor import load
 
-    tiny("bert", tmp_path / "hf", masked_lm=False)
+    tiny(model_type, tmp_path / "hf", masked_lm=False, **(DEBERTA_V3 if model_type == "deberta-v2" else {}))
     extra = [f"--model.peft={peft}", "--model.optimizer.lr=0.01"] if peft else []
     cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), *extra])
     ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path

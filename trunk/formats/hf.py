@@ -238,16 +238,10 @@ def deberta_v2_config(values: dict) -> TrunkConfig:
     )
 
 
-def deberta_v2_adjust(values: dict, tensors: dict, prefix: str) -> dict:
-    """DeBERTa divides its three attention terms by sqrt(3 D), the trunk by sqrt(D): the query projection is scaled by
-    1/sqrt(3) (it makes both the content queries and the positions' queries). The masked-LM head, saved under either
-    of transformers' two layouts, is read as BERT's."""
-    tensors = {re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.",
-                      re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", k)): v
-               for k, v in tensors.items()}
-    for name in [k for k in tensors if re.search(r"attention\.self\.query_proj\.(weight|bias)$", k)]:
-        tensors[name] = tensors[name] / math.sqrt(3)
-    return tensors
+def deberta_v2_heads(values: dict, tensors: dict, prefix: str) -> dict:
+    """The masked-LM head, saved under either of transformers' two layouts, read as BERT's."""
+    return {re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.",
+                   re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", k)): v for k, v in tensors.items()}
 
 
 DEBERTA_V2 = Family(
@@ -271,7 +265,7 @@ DEBERTA_V2 = Family(
     # task trains its own
     ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r"mask_predictions\..*",
              r".*position_ids"),
-    adjust=deberta_v2_adjust,
+    adjust=deberta_v2_heads,
 )
 
 

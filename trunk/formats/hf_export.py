@@ -1,7 +1,7 @@
 """Hugging Face model folders out: a trunk of BERT's shape (imported, or trained here with ``norm: post``, learned
-positions and an embedding LayerNorm) and one of its heads written as a folder ``transformers`` loads with
-``AutoModel…from_pretrained`` (``trunk export CKPT DIR --format hf``). The mapping tables are the import's
-(``trunk.formats.hf``), read backwards.
+positions and an embedding LayerNorm), or of DeBERTa-v3's (``positions: disentangled``), and one of its heads written as
+a folder ``transformers`` loads with ``AutoModel…from_pretrained`` (``trunk export CKPT DIR --format hf``). The mapping
+tables are the import's (``trunk.formats.hf``), read backwards.
 
 A head goes where ``transformers`` has the same head: sequence classification and multi-label classification on
 [CLS] through a pooler (``BertForSequenceClassification``), token classification (``…ForTokenClassification``),
@@ -20,21 +20,23 @@ from safetensors.torch import save_file
 
 from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
-from trunk.formats.hf import BERT, ELECTRA, ROBERTA, Family, _expand
+from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
 from trunk.models import TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
 
 POOLED = ("sequence_classification", "multi_label_classification")
 # a head's kind -> (the transformers class suffix, its weights' names there) per model type. A pooled head is BERT's
-# pooler + classifier, and RoBERTa's classification head (dense + tanh + out_proj on <s>); ELECTRA's uses GELU there,
-# so it has no such class.
+# pooler + classifier, RoBERTa's classification head (dense + tanh + out_proj on <s>), and DeBERTa's context pooler
+# (its activation set to tanh in the config); ELECTRA's uses GELU there, so it has no such class.
 ARCHITECTURES = {
     "bert": {kind: ("ForSequenceClassification", {"head.dense": "bert.pooler.dense", "head.classifier": "classifier"})
              for kind in POOLED},
     "roberta": {kind: ("ForSequenceClassification", {"head.dense": "classifier.dense",
                                                      "head.classifier": "classifier.out_proj"}) for kind in POOLED},
     "electra": {},
+    "deberta-v2": {kind: ("ForSequenceClassification", {"head.dense": "pooler.dense", "head.classifier": "classifier"})
+                   for kind in POOLED},
 }
 for heads in ARCHITECTURES.values():
     heads.update(token_classification=("ForTokenClassification", {"head.classifier": "classifier"}),
@@ -43,16 +45,22 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": 
 
 
 def family_for(config: TrunkConfig) -> tuple[str, Family]:
-    """The BERT-family model type that computes what this trunk computes: ELECTRA for a narrower embedding, RoBERTa
-    for a position offset, else BERT; an error naming the fields none of them has."""
-    wanted = {"positions": "learned", "norm": "post", "embedding_norm": True, "local_window": 0}
-    wrong = [f"{name}={getattr(config, name)!r} (BERT: {value!r})" for name, value in wanted.items()
-             if getattr(config, name) != value]
+    """The model type that computes what this trunk computes: DeBERTa-v2 for disentangled positions; of the BERT
+    family, ELECTRA for a narrower embedding, RoBERTa for a position offset, else BERT; an error naming the fields none
+    of them has."""
+    deberta = config.positions == "disentangled"
+    wanted = {"positions": "disentangled" if deberta else "learned", "norm": "post", "embedding_norm": True,
+              "local_window": 0, **({"embedding_size": config.d_model, "position_offset": 0} if deberta else {})}
+    wrong = [f"{name}={getattr(config, name)!r} ({'DeBERTa' if deberta else 'BERT'}: {value!r})"
+             for name, value in wanted.items() if getattr(config, name) != value]
     if config.activation not in ACTIVATIONS:
         wrong.append(f"activation={config.activation!r}")
     if wrong:
         raise ValueError(f"--format hf writes BERT-family models, and this trunk has {', '.join(wrong)}, which "
-                         "transformers' BERT does not compute. Use the trunk directory (or --onnx) instead.")
+                         f"transformers' {'DeBERTa-v2' if deberta else 'BERT'} does not compute. Use the trunk "
+                         "directory (or --onnx) instead.")
+    if deberta:
+        return "deberta-v2", DEBERTA_V2
     if config.embedding_size != config.d_model:
         return "electra", ELECTRA
     return ("roberta", ROBERTA) if config.position_offset else ("bert", BERT)
@@ -70,6 +78,14 @@ def hf_config(model_type: str, config: TrunkConfig, pad_id: int) -> dict:
     }
     if model_type == "electra":
         values["embedding_size"] = config.embedding_size
+    if model_type == "deberta-v2":  # positions in the attention only; a pooled head's activation is BERT's tanh
+        exact = config.relative_max_distance == 0
+        values.update(
+            type_vocab_size=config.segments, position_embedding_type=None, relative_attention=True,
+            pos_att_type=["p2c", "c2p"], share_att_key=True, position_biased_input=False, norm_rel_ebd="layer_norm",
+            position_buckets=-1 if exact else config.relative_buckets // 2,
+            max_relative_positions=config.relative_buckets // 2 if exact else config.relative_max_distance,
+            pooler_hidden_size=config.d_model, pooler_hidden_act="tanh", pooler_dropout=config.dropout)
     return values
 
 
@@ -85,7 +101,7 @@ def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Ten
         theirs = table[module]
         for part, chunk in zip(theirs, tensor.chunk(len(theirs))):
             out[f"{prefix}{part}.{leaf}"] = chunk.contiguous()
-    if not config.segments:  # transformers' BERT always adds a segment row: a zero one changes nothing
+    if not config.segments and family is not DEBERTA_V2:  # BERT always adds a segment row: a zero one changes nothing
         out[f"{prefix}embeddings.token_type_embeddings.weight"] = torch.zeros(1, config.embedding_size)
     return out
 
@@ -110,7 +126,7 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     delta = head_task is not None and pretrained.heads[head_task]["meta"].get("peft")
     weights = merged_trunk(pretrained, head_task) if delta else pretrained.trunk_weights
     tensors = hf_weights(family, config, weights, prefix if head_task else "")
-    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra"}[model_type]
+    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "deberta-v2": "DebertaV2"}[model_type]
     architecture = f"{name}Model"
     if head_task is None and pretrained.pooler and family.pooler:
         tensors.update({f"{family.pooler}.{k}": v for k, v in pretrained.pooler.items()})

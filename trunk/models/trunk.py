@@ -22,7 +22,7 @@ from torch import nn
 from trunk.core.checkpoint import load_checkpoint
 from trunk.models.kernels import Dropout, Unpadded, attend, tracing
 from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
-from trunk.models.positions import POSITIONS, Disentangled, PositionBias, PositionScheme, scheme
+from trunk.models.positions import POSITIONS, QUERY_SCALE, Disentangled, PositionBias, PositionScheme, scheme
 
 # Named architectures (litgpt's ``Config.from_name``): a recipe says ``trunk: {preset: base}`` instead of retyping the
 # shape; fields it gives itself win. Without a preset the unset shape fields take ``SHAPE_DEFAULTS``.
@@ -231,9 +231,12 @@ class Attention(nn.Module):
             causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
             mask = causal_mask if mask is None else mask & causal_mask
         if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
-            # DeBERTa's reads this layer's queries, keys and projections; the others are one tensor for every layer
-            bias = (position_bias.scores(self, q, k) if isinstance(position_bias, Disentangled)
-                    else position_bias.to(q.dtype))
+            # DeBERTa's reads this layer's queries, keys and projections (and scales the content scores by its
+            # 1/sqrt(3 D)); the others are one tensor for every layer
+            if isinstance(position_bias, Disentangled):
+                bias, q = position_bias.scores(self, q, k), q * QUERY_SCALE
+            else:
+                bias = position_bias.to(q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         # written out when exporting a float mask: the ONNX exporter mis-strides SDPA's output then (a view of it fails)
         y = attend(q, k, v, mask, p, written_out=(position_bias is not None or local is not None) and tracing())

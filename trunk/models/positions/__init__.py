@@ -5,7 +5,7 @@ is a file here and its import below (docs/architecture.md)."""
 
 from trunk.models.positions.base import POSITIONS, PositionScheme, scheme
 from trunk.models.positions.biases import T5, Alibi, PositionBias, alibi_slopes, relative_buckets
-from trunk.models.positions.disentangled import Disentangled, DisentangledPositions, RelativeTable
+from trunk.models.positions.disentangled import QUERY_SCALE, Disentangled, DisentangledPositions, RelativeTable
 from trunk.models.positions.rotary import Rotary, rotary_table, rotate
 from trunk.models.positions.tables import (
     Learned,
@@ -17,6 +17,7 @@ from trunk.models.positions.tables import (
 
 __all__ = [
     "POSITIONS",
+    "QUERY_SCALE",
     "Alibi",
     "Disentangled",
     "DisentangledPositions",

@@ -6,8 +6,8 @@ the distance i - j: exact up to a quarter of the table, logarithmic up to ``rela
 (``relative_max_distance`` 0: exact up to half the table).
 Nothing is added to the embeddings, so inputs of any length read the same table.
 
-DeBERTa divides all three terms by sqrt(3 D); the trunk divides by sqrt(D), as everywhere, so an imported checkpoint's
-query projection comes in scaled by 1/sqrt(3) (``trunk/formats/hf.py``), which scales q and Q_r alike.
+All three terms are divided by sqrt(3 D), DeBERTa's scale (three terms of D channels each), where plain attention
+divides by sqrt(D): the layer hands SDPA its queries times ``QUERY_SCALE``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from torch import nn
 
 from trunk.models import kernels
 from trunk.models.positions.base import PositionScheme
+
+QUERY_SCALE = 3 ** -0.5  # 1 / sqrt(3): the content scores' share of DeBERTa's sqrt(3 D)
 
 
 def log_buckets(relative: torch.Tensor, span: int, max_distance: int) -> torch.Tensor:
@@ -63,7 +65,7 @@ class Disentangled:
 
     def scores(self, attention: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, H, T, S) content-to-position + position-to-content terms of a layer (``attention``: its projections)
-        with queries q (B, H, T, D) and keys k (B, H, S, D), scaled as the content scores are (1 / sqrt(D))."""
+        with queries q (B, H, T, D) and keys k (B, H, S, D), divided by sqrt(3 D)."""
         H, D = q.shape[1], q.shape[-1]
         table = kernels.dropout(self.table, self.dropout, attention.training).to(q.dtype)
         positions_as_queries = attention.q_proj(table).view(-1, H, D).transpose(0, 1)  # (H, R, D)
@@ -71,7 +73,7 @@ class Disentangled:
         B, T, S = q.shape[0], q.shape[2], k.shape[2]
         content_to_position = (q @ positions_as_keys.transpose(-1, -2)).gather(-1, self.rows.expand(B, H, T, S))
         position_to_content = (k @ positions_as_queries.transpose(-1, -2)).gather(-1, self.rows.T.expand(B, H, S, T))
-        return (content_to_position + position_to_content.transpose(-1, -2)) * D ** -0.5
+        return (content_to_position + position_to_content.transpose(-1, -2)) * (QUERY_SCALE * D ** -0.5)
 
 
 class DisentangledPositions(PositionScheme):
