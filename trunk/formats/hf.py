@@ -240,8 +240,11 @@ def deberta_v2_config(values: dict) -> TrunkConfig:
 
 def deberta_v2_heads(values: dict, tensors: dict, prefix: str) -> dict:
     """The masked-LM head, saved under either of transformers' two layouts, read as BERT's."""
-    return {re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.",
-                   re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", k)): v for k, v in tensors.items()}
+    def bert_name(name: str) -> str:
+        name = re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", name)
+        return re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.", name)
+
+    return {bert_name(k): v for k, v in tensors.items()}
 
 
 DEBERTA_V2 = Family(
