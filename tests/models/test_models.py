@@ -307,7 +307,7 @@ def test_a_forked_pass_with_local_attention_equals_its_rows_alone(positions):
     torch.testing.assert_close(forked[real], alone[real], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("positions", ["alibi", "t5", "rope"])
+@pytest.mark.parametrize("positions", ["alibi", "t5", "rope", "disentangled"])
 def test_a_decoder_with_a_position_bias_decodes_step_by_step_as_in_one_pass(positions):
     from trunk.models import Decoder
 

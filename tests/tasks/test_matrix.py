@@ -236,13 +236,16 @@ def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_pat
 TEXT_KINDS = [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"]
 
 
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
 @pytest.mark.parametrize("name", TEXT_KINDS)
-def test_every_text_kind_from_an_imported_checkpoint(name, request, tmp_path):
-    """The paths of the matrix from a Hugging Face BERT folder (tests/formats/test_hf.py builds a tiny random one):
-    fine-tune, export (ONNX where the kind has it), predict from the checkpoint and the directory alike."""
-    from test_hf import tiny
+def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_path):
+    """The paths of the matrix from a Hugging Face folder of each text family (tests/formats/test_hf.py builds a tiny
+    random one; DeBERTa-v3's with token types, so pairs read their segments too): fine-tune, export (ONNX where the
+    kind has it), predict from the checkpoint and the directory alike."""
+    from test_hf import DEBERTA_V3, tiny
 
-    tiny("bert", tmp_path / "hf", masked_lm=False, max_position_embeddings=128)
+    options = {**DEBERTA_V3, "type_vocab_size": 2, "position_buckets": 16} if family == "deberta-v2" else {}
+    tiny(family, tmp_path / "hf", masked_lm=False, max_position_embeddings=128, **options)
     kind = KINDS[name]
     files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]

@@ -91,7 +91,5 @@ class DisentangledPositions(PositionScheme):
 
     @staticmethod
     def bias(cfg, causal: bool = False) -> RelativeTable:
-        if causal:
-            raise ValueError("positions=disentangled (DeBERTa's) is an encoder's: a decoder on this trunk needs "
-                             "positions of its own kind (learned, sinusoidal, rope, alibi or t5).")
+        """The stack's table; a decoder's (``causal``) is its own, of which the causal mask leaves the past half."""
         return RelativeTable(cfg)
