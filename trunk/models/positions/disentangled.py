@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trunk.models import kernels
+from trunk.models.kernels import dropout, tracing
 from trunk.models.positions.base import PositionScheme
 
 QUERY_SCALE = 3 ** -0.5  # 1 / sqrt(3): the content scores' share of DeBERTa's sqrt(3 D)
@@ -52,7 +52,12 @@ class RelativeTable(nn.Module):
         device = self.embedding.weight.device
         relative = torch.arange(offset, offset + queries, device=device)[:, None] - torch.arange(keys, device=device)
         rows = (log_buckets(relative, self.span, self.max_distance) + self.span).clamp(0, 2 * self.span - 1)
-        return Disentangled(self.norm(self.embedding.weight), rows, self.dropout)
+        if tracing():  # the graph keeps the whole table (its slice would be fixed at the traced length)
+            return Disentangled(self.norm(self.embedding.weight), rows, self.dropout)
+        # only the rows these distances read (the norm is per row): the layers project these alone, a few dozen of
+        # the 512 of DeBERTa-v3 for a sentence, where transformers projects them all
+        first, last = int(rows.min()), int(rows.max())
+        return Disentangled(self.norm(self.embedding.weight[first : last + 1]), rows - first, self.dropout)
 
 
 class Disentangled:
@@ -67,7 +72,7 @@ class Disentangled:
         """(B, H, T, S) content-to-position + position-to-content terms of a layer (``attention``: its projections)
         with queries q (B, H, T, D) and keys k (B, H, S, D), divided by sqrt(3 D)."""
         H, D = q.shape[1], q.shape[-1]
-        table = kernels.dropout(self.table, self.dropout, attention.training).to(q.dtype)
+        table = dropout(self.table, self.dropout, attention.training).to(q.dtype)
         positions_as_queries = attention.q_proj(table).view(-1, H, D).transpose(0, 1)  # (H, R, D)
         positions_as_keys = attention.kv_proj(table)[:, : H * D].view(-1, H, D).transpose(0, 1)
         B, T, S = q.shape[0], q.shape[2], k.shape[2]
