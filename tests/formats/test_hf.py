@@ -427,6 +427,45 @@ def test_vit_outputs_equal_transformers_at_its_size_and_at_another(tmp_path):
             assert (expected - trunk(pixels, stem="image")).abs().max() < 1e-5, size
 
 
+@pytest.mark.parametrize("options", [{"layerscale_value": 0.5}, {"use_swiglu_ffn": True}], ids=["mlp", "swiglu"])
+def test_dinov2_outputs_equal_transformers_at_its_size_and_at_another(options, tmp_path):
+    """DINOv2: ViT's layout with layer scale (per-channel vectors on each sublayer's output), the giant's SwiGLU
+    feed-forward as the trunk's gated one; positions resized for another image size as transformers resizes them."""
+    torch.manual_seed(0)
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=28,
+                                       patch_size=7, **options)
+    model = transformers.Dinov2Model(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / "hf")
+    pretrained, _ = convert(tmp_path / "hf")
+    assert pretrained.config.layer_scale == options.get("layerscale_value", 1.0)
+    trunk = build_trunk(pretrained.config, pretrained.stems)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    trunk.eval()
+    for size in (28, 42):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            expected = model(pixel_values=pixels).last_hidden_state
+            assert (trunk(pixels, stem="image") - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", [
+    dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6),  # dinov2-small
+    dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),  # dinov2-base
+    dict(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, use_swiglu_ffn=True),  # dinov2-giant
+], ids=["small", "base", "giant"])
+def test_dinov2_real_sizes_map_on_the_meta_device(shape):
+    with torch.device("meta"):
+        model = transformers.Dinov2Model(transformers.Dinov2Config(image_size=518, patch_size=14, **shape))
+    mapped = map_weights(model.config.to_dict(), saved(model), "dinov2")
+    # the mask token stays behind; [CLS]'s position row is folded into [CLS]
+    assert sum(v.numel() for v in mapped.trunk.values()) == sum(p.numel() for p in model.parameters()) - 2 * shape[
+        "hidden_size"]
+
+
 def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resized(tmp_path):
     from trunk.assembly.weights import from_pretrained
     from trunk.tasks import ImageClassification

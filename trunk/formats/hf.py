@@ -327,6 +327,63 @@ VIT = Family(
 )
 
 
+def dinov2_config(values: dict) -> TrunkConfig:
+    """DINOv2: ViT's pre-norm blocks with layer scale; the giant's SwiGLU feed-forward as the trunk's gated one."""
+    _check(values, "dinov2", {"qkv_bias": True})
+    swiglu = values.get("use_swiglu_ffn", False)
+    width = int(values["hidden_size"] * values.get("mlp_ratio", 4))
+    grid = values.get("image_size", 518) // values.get("patch_size", 14)
+    return TrunkConfig(
+        vocab_size=1, d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
+        n_heads=values["num_attention_heads"], d_ff=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width,
+        gated_ff=swiglu, dropout=values.get("hidden_dropout_prob", 0.0),
+        attn_dropout=values.get("attention_probs_dropout_prob", 0.0), max_len=1 + grid * grid, positions="learned",
+        norm="pre", embedding_norm=False, activation="silu" if swiglu else ACTIVATIONS[values.get("hidden_act", "gelu")],
+        layer_norm_eps=values.get("layer_norm_eps", 1e-6), init_std=values.get("initializer_range", 0.02),
+        layer_scale=values.get("layerscale_value", 1.0),
+    )
+
+
+def dinov2_adjust(values: dict, tensors: dict, prefix: str) -> dict:
+    """ViT's [CLS] position folded in (``vit_positions``); the layer scales' ``lambda1`` as ``weight``; SwiGLU's one
+    input projection split into the gate (its first half, which SiLU reads) and the input, its output as fc2."""
+    tensors = {re.sub(r"\.mlp\.weights_out\.", ".mlp.fc2.", re.sub(r"\.layer_scale(\d)\.lambda1$",
+                                                                   r".layer_scale\1.weight", k)): v
+               for k, v in vit_positions(values, tensors, prefix).items()}
+    for name in [k for k in tensors if ".mlp.weights_in." in k]:
+        gate, given = tensors.pop(name).chunk(2)
+        tensors[name.replace("weights_in", "gate")], tensors[name.replace("weights_in", "fc1")] = gate, given
+    return tensors
+
+
+DINOV2 = Family(
+    dinov2_config,
+    {
+        "stems.image": "embeddings",  # its cls and position (vit_positions)
+        "stems.image.proj": "embeddings.patch_embeddings.projection",
+        **_block({
+            "attn.q_proj": "encoder.layer.{i}.attention.attention.query",
+            "attn.kv_proj": tuple(f"encoder.layer.{{i}}.attention.attention.{kv}" for kv in ("key", "value")),
+            "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+            "norm_attn": "encoder.layer.{i}.norm1",
+            "scale_attn": "encoder.layer.{i}.layer_scale1",
+            "ff.fc_in": "encoder.layer.{i}.mlp.fc1",
+            "ff.fc_gate": "encoder.layer.{i}.mlp.gate",  # SwiGLU's (dinov2_adjust)
+            "ff.fc_out": "encoder.layer.{i}.mlp.fc2",
+            "norm_ff": "encoder.layer.{i}.norm2",
+            "scale_ff": "encoder.layer.{i}.layer_scale2",
+        }),
+        "backbone.final_norm": "layernorm",
+    },
+    ("dinov2.",),
+    # an image classifier's output layer, and the masked-image token of DINOv2's pretraining: a new task trains its own
+    ignored=(r"classifier\.(weight|bias)", r".*mask_token"),
+    stems=lambda values: {"image": {"image_size": values.get("image_size", 518), "patch_size": values.get(
+        "patch_size", 14), "channels": values.get("num_channels", 3)}},
+    adjust=dinov2_adjust,
+)
+
+
 def bart_config(values: dict) -> TrunkConfig:
     """BART's encoder as the trunk (its decoder, of the same shape, is the translation head's)."""
     activation = values.get("activation_function", "gelu")
@@ -488,8 +545,8 @@ T5_FAMILY = Family(
     adjust=t5_adjust,
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "vit": VIT, "bart": BART,
-                               "t5": T5_FAMILY}
+                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "vit": VIT, "dinov2": DINOV2,
+                               "bart": BART, "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:

@@ -73,6 +73,7 @@ class DecoderBlock(Block):
                 position_bias=position_bias,
             ),
             self.norm_attn,
+            self.scale_attn,
         )
         x = self.residual(
             x,
@@ -81,7 +82,7 @@ class DecoderBlock(Block):
             ),
             self.norm_cross,
         )
-        return self.residual(x, self.ff, self.norm_ff)
+        return self.residual(x, self.ff, self.norm_ff, self.scale_ff)
 
 
 class Decoder(nn.Module):

@@ -80,6 +80,9 @@ class TrunkConfig:
     # all
     local_window: int = 0
     global_tokens: int = 1
+    # layer scale (CaiT, DINOv2): each block's attention and feed-forward outputs times a learned per-channel vector
+    # before the residual sum, started at this value (0: none)
+    layer_scale: float = 0.0
     preset: Literal["tiny", "small", "base"] | None = None  # a named shape (PRESETS)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,8 @@ class TrunkConfig:
         for name in ("dropout", "attn_dropout", "token_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be a probability in [0, 1), got {getattr(self, name)}.")
+        if self.layer_scale < 0:
+            raise ValueError(f"TrunkConfig.layer_scale must be >= 0 (0: none), got {self.layer_scale}.")
         for name in ("layer_norm_eps", "init_std"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrunkConfig.{name} must be > 0, got {getattr(self, name)}.")
@@ -268,8 +273,20 @@ class FeedForward(nn.Module):
         return self.fc_out(self.act(self.fc_in(x)))
 
 
+class LayerScale(nn.Module):
+    """A learned per-channel scale (CaiT's layer scale, DINOv2's), kept as ``weight`` as a norm keeps its gain."""
+
+    def __init__(self, width: int, value: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((width,), value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
 class Block(nn.Module):
-    """One residual block: attention then feed-forward, each wrapped in a norm (``norm_layer``) + residual."""
+    """One residual block: attention then feed-forward, each wrapped in a norm (``norm_layer``) + residual (with
+    ``cfg.layer_scale``, each output scaled per channel before the sum)."""
 
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
@@ -279,11 +296,13 @@ class Block(nn.Module):
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
         self.norm_ff = norm_layer(cfg)
         self.drop = Dropout(cfg.dropout)
+        scale = (lambda: LayerScale(cfg.d_model, cfg.layer_scale)) if cfg.layer_scale else nn.Identity
+        self.scale_attn, self.scale_ff = scale(), scale()
 
-    def residual(self, x: torch.Tensor, sublayer, norm: nn.Module) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, sublayer, norm: nn.Module, scale: nn.Module = nn.Identity()) -> torch.Tensor:
         if self.pre_norm:  # x + f(LN(x)): the residual stream is never normalised
-            return x + self.drop(sublayer(norm(x)))
-        return norm(x + self.drop(sublayer(x)))  # post-LN (BERT): LN(x + f(x))
+            return x + self.drop(scale(sublayer(norm(x))))
+        return norm(x + self.drop(scale(sublayer(x))))  # post-LN (BERT): LN(x + f(x))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 unpadded: Unpadded | None = None, position_bias: torch.Tensor | PositionBias | None = None,
@@ -295,8 +314,9 @@ class Block(nn.Module):
                 h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias, local=local
             ),
             self.norm_attn,
+            self.scale_attn,
         )
-        return self.residual(x, self.ff, self.norm_ff)
+        return self.residual(x, self.ff, self.norm_ff, self.scale_ff)
 
 
 def scores_dtype(x: torch.Tensor) -> torch.dtype:
