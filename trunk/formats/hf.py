@@ -338,7 +338,8 @@ def dinov2_config(values: dict) -> TrunkConfig:
         n_heads=values["num_attention_heads"], d_ff=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width,
         gated_ff=swiglu, dropout=values.get("hidden_dropout_prob", 0.0),
         attn_dropout=values.get("attention_probs_dropout_prob", 0.0), max_len=1 + grid * grid, positions="learned",
-        norm="pre", embedding_norm=False, activation="silu" if swiglu else ACTIVATIONS[values.get("hidden_act", "gelu")],
+        norm="pre", embedding_norm=False,
+        activation="silu" if swiglu else ACTIVATIONS[values.get("hidden_act", "gelu")],
         layer_norm_eps=values.get("layer_norm_eps", 1e-6), init_std=values.get("initializer_range", 0.02),
         layer_scale=values.get("layerscale_value", 1.0),
     )
