@@ -466,6 +466,52 @@ def test_dinov2_real_sizes_map_on_the_meta_device(shape):
         "hidden_size"]
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["vision-tower", "clip-model"])
+def test_clip_vision_outputs_equal_transformers_at_its_size_and_at_another(whole, tmp_path):
+    """CLIP's vision tower, saved alone or inside a whole CLIP model (whose text tower is not read): its [CLS] vector
+    and position row folded into the stem's [CLS], the norm before the blocks as the stem's, QuickGELU; every token
+    after ``post_layernorm`` equals transformers' (its pooled output at [CLS]), at its size and resized."""
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
+                  patch_size=7)
+    if whole:
+        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50)
+        model = transformers.CLIPModel(transformers.CLIPConfig(vision_config=vision, text_config=text,
+                                                               projection_dim=16)).eval()
+    else:
+        model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**vision)).eval()
+    tower = getattr(model, "vision_model", model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / "hf")
+    pretrained, _ = convert(tmp_path / "hf")
+    assert pretrained.config.activation == "quick_gelu" and pretrained.stems["image"]["patch_size"] == 7
+    trunk = build_trunk(pretrained.config, pretrained.stems)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    trunk.eval()
+    for size in (28, 42):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            out = tower(pixel_values=pixels, interpolate_pos_encoding=size != 28)
+            ours = trunk(pixels, stem="image")
+            assert (ours - tower.post_layernorm(out.last_hidden_state)).abs().max() < 1e-5
+            assert (ours[:, 0] - out.pooler_output).abs().max() < 1e-5
+
+
+def test_clip_vit_b16_maps_on_the_meta_device():
+    """openai/clip-vit-base-patch16's vision tower: every weight of it maps (the text tower and projections stay)."""
+    config = transformers.CLIPConfig(vision_config=dict(patch_size=16))
+    with torch.device("meta"):
+        model = transformers.CLIPModel(config)
+    mapped = map_weights(config.to_dict(), saved(model), "clip")
+    tower = sum(p.numel() for p in model.vision_model.parameters())
+    # one row fewer (the [CLS] position row, folded into [CLS]), one zero bias more (the patch projection's): as many
+    assert sum(v.numel() for v in mapped.trunk.values()) == tower
+    assert mapped.stems == {"image": {"image_size": 224, "patch_size": 16, "channels": 3}}
+
+
 def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resized(tmp_path):
     from trunk.assembly.weights import from_pretrained
     from trunk.tasks import ImageClassification

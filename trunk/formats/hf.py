@@ -46,7 +46,7 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
 HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", *SPM_FILES]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}
+               "quick_gelu": "quick_gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 # families whose architecture the trunk cannot compute, and why: refused by name
 REFUSED = {
     "albert": "ALBERT shares one set of layer weights across its depth and factorises its embeddings",
@@ -385,6 +385,72 @@ DINOV2 = Family(
 )
 
 
+def clip_vision(values: dict) -> dict:
+    """The vision tower's settings: a CLIP model's ``vision_config`` (its text tower is not read), or the values of a
+    vision model saved alone."""
+    return values.get("vision_config") or values
+
+
+def clip_config(values: dict) -> TrunkConfig:
+    """CLIP's vision tower: pre-norm blocks after a norm on the embeddings (``pre_layrnorm``), QuickGELU (OpenAI's) or
+    GELU; its ``post_layernorm`` is the final norm, on every token (as timm reads CLIP; transformers' last hidden
+    state stops before it, its pooled output is [CLS] after it)."""
+    vision = clip_vision(values)
+    _check(vision, "clip")
+    grid = vision.get("image_size", 224) // vision.get("patch_size", 32)
+    return TrunkConfig(
+        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
+        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
+        attn_dropout=vision.get("attention_dropout", 0.0), max_len=1 + grid * grid, positions="learned", norm="pre",
+        embedding_norm=True, activation=ACTIVATIONS[vision.get("hidden_act", "quick_gelu")],
+        layer_norm_eps=vision.get("layer_norm_eps", 1e-5), init_std=vision.get("initializer_range", 0.02),
+    )
+
+
+def clip_embeddings(values: dict, tensors: dict, prefix: str) -> dict:
+    """CLIP's [CLS] (a vector) and its position row (the table's first) folded into the stem's [CLS]; the rest of the
+    table is the patch grid's; the bias-free patch projection gets a zero bias."""
+    cls, table = f"{prefix}embeddings.class_embedding", f"{prefix}embeddings.position_embedding.weight"
+    if cls not in tensors or table not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    rows = tensors.pop(table)
+    tensors[f"{prefix}embeddings.cls"] = (tensors.pop(cls) + rows[0])[None, None]
+    tensors[f"{prefix}embeddings.position"] = rows[None, 1:]
+    weight = tensors[f"{prefix}embeddings.patch_embedding.weight"]
+    tensors.setdefault(f"{prefix}embeddings.patch_embedding.bias", torch.zeros(weight.shape[0], dtype=weight.dtype,
+                                                                             device=weight.device))
+    return tensors
+
+
+CLIP = Family(
+    clip_config,
+    {
+        "stems.image": "embeddings",  # its cls and position (clip_embeddings)
+        "stems.image.proj": "embeddings.patch_embedding",
+        "stems.image.norm": "pre_layrnorm",
+        **_block({
+            "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
+            "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
+            "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
+            "norm_attn": "encoder.layers.{i}.layer_norm1",
+            "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
+            "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
+            "norm_ff": "encoder.layers.{i}.layer_norm2",
+        }),
+        "backbone.final_norm": "post_layernorm",
+    },
+    ("vision_model.",),
+    # a CLIP model's text tower and its two projections into the joint space, an image classifier's output layer
+    ignored=(r"text_model\..*", r"(text|visual)_projection\.weight", r"logit_scale", r"classifier\.(weight|bias)",
+             r".*position_ids"),
+    stems=lambda values: {"image": {"image_size": clip_vision(values).get("image_size", 224),
+                                    "patch_size": clip_vision(values).get("patch_size", 32),
+                                    "channels": clip_vision(values).get("num_channels", 3)}},
+    adjust=clip_embeddings,
+)
+
+
 def bart_config(values: dict) -> TrunkConfig:
     """BART's encoder as the trunk (its decoder, of the same shape, is the translation head's)."""
     activation = values.get("activation_function", "gelu")
@@ -547,7 +613,7 @@ T5_FAMILY = Family(
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "vit": VIT, "dinov2": DINOV2,
-                               "bart": BART, "t5": T5_FAMILY}
+                               "clip": CLIP, "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:

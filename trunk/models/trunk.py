@@ -56,7 +56,8 @@ class TrunkConfig:
     # disentangled: DeBERTa's content-to-position and position-to-content scores over relative_buckets embeddings
     positions: str | None = None  # a name of trunk.models.positions.POSITIONS
     norm: Literal["pre", "post"] | None = None  # pre-LN (GPT-2) trains stably without warmup tricks; post-LN is BERT
-    activation: Literal["gelu", "gelu_tanh", "relu", "silu"] | None = None  # gelu_tanh: GPT-2's and ELECTRA's
+    # gelu_tanh: GPT-2's and ELECTRA's; quick_gelu: x * sigmoid(1.702 x), OpenAI CLIP's
+    activation: Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu"] | None = None
     layer_norm_eps: float = 1e-5
     # The text stem, for checkpoints pretrained elsewhere (trunk/formats/hf.py) and for Trunk's own trunks alike:
     # segments: token-type embeddings (BERT's 2), a token's type being the number of [SEP]s before it, so a sentence
@@ -145,7 +146,15 @@ class TrunkConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the sigmoid approximation of GELU OpenAI's CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "quick_gelu": QuickGELU,
+               "relu": nn.ReLU, "silu": nn.SiLU}
 
 
 def norm_layer(cfg: TrunkConfig, width: int | None = None) -> nn.Module:
