@@ -257,3 +257,36 @@ def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_
         onnx_matches_pytorch(tmp_path / "exported")
     records = load(ckpt).predict(list(kind.inputs))
     assert len(records) == len(kind.inputs) and records == load(tmp_path / "exported").predict(list(kind.inputs))
+
+
+def vision_folder(family: str, folder):
+    """A tiny random transformers vision model of ``family`` (28-pixel images in 7-pixel patches), saved."""
+    import torch
+    import transformers
+
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
+                 patch_size=7)
+    torch.manual_seed(0)
+    model = {"vit": lambda: transformers.ViTModel(transformers.ViTConfig(**shape)),
+             "dinov2": lambda: transformers.Dinov2Model(transformers.Dinov2Config(**shape)),
+             "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**shape))}[family]()
+    model.save_pretrained(folder)
+
+
+@pytest.mark.parametrize("family", ["vit", "dinov2", "clip"])
+def test_image_classification_from_each_imported_vision_family(family, tmp_path):
+    """The image kind's paths from a Hugging Face folder of each vision family: fine-tune (the shapes resized to the
+    model's 28 pixels, in RGB), export, predict from the checkpoint and the directory alike."""
+    pytest.importorskip("transformers")
+    vision_folder(family, tmp_path / "hf")
+    kind = KINDS["image_classification"]
+    args = [a for a in kind_args(kind, {}, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))
+            and "image_size" not in a]
+    fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}", "--model.tasks.t.init_args.image_size=28",
+                   "--model.tasks.t.init_args.patch_size=7", "--model.tasks.t.init_args.channels=3",
+                   "--data.tasks.t.init_args.image_size=28", "--data.tasks.t.init_args.channels=3"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "exported")])
+    pixels = torch.rand(3, 28, 28, 3)  # images as stored: height, width, channels
+    records = load(ckpt).predict(pixels)
+    assert len(records) == 3 and records == load(tmp_path / "exported").predict(pixels)

@@ -39,7 +39,8 @@ SETTINGS_DIGEST = "config_sha256"  # in the weights' header: the digest of confi
 # The fields that fix the shapes and the computation; dropout and init_std may differ per run.
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "positions", "norm",
                        "activation", "layer_norm_eps", "segments", "embedding_norm", "position_offset",
-                       "embedding_size", "rms_norm", "gated_ff", "relative_buckets", "relative_max_distance")
+                       "embedding_size", "rms_norm", "gated_ff", "relative_buckets", "relative_max_distance",
+                       "layer_scale")
 # what only the text stem depends on
 TEXT_STEM_FIELDS = ("vocab_size", "max_len", "segments", "position_offset", "embedding_size")
 
