@@ -21,5 +21,6 @@ def test_the_pairs_keep_their_layout_and_the_recipe_names_both_columns(tmp_path)
     assert train[0] == "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String" and len(train) == 9
     assert [line.split("\t")[0] for line in train[1:]] == ["0", "0", "0", "1", "1", "0", "0", "0"]  # relatedness >= 3.4
     task = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())["data"]["tasks"]["para"]["init_args"]
-    assert (task["text_column"], task["text_pair_column"], task["label_column"]) == ("#1 String", "#2 String", "Quality")
+    columns = (task["text_column"], task["text_pair_column"], task["label_column"])
+    assert columns == ("#1 String", "#2 String", "Quality")
     assert task["train"] == str((tmp_path / "out" / "train.tsv").resolve())
