@@ -3,8 +3,8 @@ configs/minilm_sst2.yaml pointed at it, as a user makes one for a data set of th
 
 The layout is the one whose second column Trunk once dropped: a byte-order mark, then the columns ``Quality``,
 ``#1 ID``, ``#2 ID``, ``#1 String``, ``#2 String`` (names that start with '#', which YAML reads as comments unquoted
-and the parser read as None quoted). The pairs are SICK's (TRAIN to train, TRIAL to validate), the label "paraphrase" where
-their relatedness is at least 3.4 (63% of them, as the paraphrase corpus's 68% positive).
+and the parser read as None quoted). The pairs are SICK's (TRAIN to train, TRIAL to validate), the label "paraphrase"
+where their relatedness is at least 3.4 (63% of them, as the paraphrase corpus's 68% positive).
 
     python benchmarks/paraphrase_layout.py --sick ../shared/data/sick/SICK.txt --out runs/paraphrase_layout
     trunk fit --config runs/paraphrase_layout/recipe.yaml
