@@ -3,6 +3,7 @@ models of each family built here (no network), saved as ``save_pretrained`` writ
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -60,7 +61,7 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
     """A random ``transformers`` model of ``model_type`` saved to ``folder`` with its family's kind of vocabulary, and
     the model."""
     folder.mkdir(parents=True, exist_ok=True)
-    fairseq = model_type in ("roberta", "xlm-roberta")
+    fairseq = model_type in ("roberta", "xlm-roberta", "mpnet")
     vocab = write_bpe(folder) if fairseq else write_vocab(folder)
     if fairseq:  # fairseq's ids: padding 1, positions from 2 on
         options = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "type_vocab_size": 1,
@@ -99,10 +100,14 @@ def batch(tokenizer, texts):
     return ids, (ids != pad).long(), types
 
 
+def token_types(model, types) -> dict:
+    """``token_type_ids`` where the model takes them (DistilBERT and MPNet do not)."""
+    return {"token_type_ids": types} if "token_type_ids" in inspect.signature(model.forward).parameters else {}
+
+
 def hf_hidden(model, ids, mask, types):
     base = model.base_model
-    kwargs = {} if "distilbert" in type(model).__name__.lower() else {"token_type_ids": types}
-    return base(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
+    return base(input_ids=ids, attention_mask=mask, **token_types(base, types)).last_hidden_state
 
 
 # DeBERTa-v3's settings (deberta-v3-base's config.json): relative positions in log buckets, no absolute positions,
@@ -114,7 +119,7 @@ DEBERTA_V3 = {"relative_attention": True, "pos_att_type": "p2c|c2p", "share_att_
 
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}), ("xlm-roberta", {}),
-    ("electra", {"embedding_size": 16}), ("electra", {}),
+    ("electra", {"embedding_size": 16}), ("electra", {}), ("mpnet", {}),
     # buckets: 8 each way, logarithmic up to 64 (the batches' pairs reach past 8); exact distances, token types
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("deberta-v2", {**DEBERTA_V3, "legacy": False}),
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": -1, "max_relative_positions": 16, "type_vocab_size": 2}),
@@ -130,14 +135,14 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
     head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
     for texts in (SENTENCES, PAIRS):
         ids, mask, types = batch(pretrained.codec.tokenizer, texts)
-        if texts is PAIRS and "roberta" not in model_type and options.get("type_vocab_size", 2) > 1:  # one segment
+        one_segment = model_type in ("roberta", "xlm-roberta", "mpnet") or options.get("type_vocab_size", 2) < 2
+        if texts is PAIRS and not one_segment:
             assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
         with torch.no_grad():
             expected, ours = hf_hidden(model, ids, mask, types), trunk(ids, mask)
             real = mask.bool()
             assert (expected - ours)[real].abs().max() < 1e-5
-            kwargs = {} if model_type == "distilbert" else {"token_type_ids": types}
-            logits = model(input_ids=ids, attention_mask=mask, **kwargs).logits
+            logits = model(input_ids=ids, attention_mask=mask, **token_types(model, types)).logits
             assert (logits - head(ours))[real].abs().max() < 1e-4  # vocabulary logits: larger values
     assert "the pretrained masked-LM head, as task 'mlm'" in notes
 
@@ -174,13 +179,14 @@ def saved(model) -> dict[str, torch.Tensor]:
 
 
 def test_real_size_configs_map_on_the_meta_device():
-    """BERT-base, DistilBERT-base, ELECTRA-small's discriminator and generator, RoBERTa-base: every weight of a
-    transformers model of that size maps, none is left over, without allocating any."""
+    """BERT-base, DistilBERT-base, ELECTRA-small's discriminator and generator, RoBERTa-base, MPNet-base: every weight
+    of a transformers model of that size maps, none is left over, without allocating any."""
     configs = {
         "bert": transformers.BertConfig(),
         "distilbert": transformers.DistilBertConfig(),
         "electra": transformers.ElectraConfig(),  # ELECTRA-small: embeddings 128 wide, projected to 256
         "roberta": transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
+        "mpnet": transformers.MPNetConfig(),  # mpnet-base (all-mpnet-base-v2's shape)
     }
     for model_type, config in configs.items():
         with torch.device("meta"):

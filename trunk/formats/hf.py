@@ -12,6 +12,7 @@ trained from the trunk, as ``transformers`` does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -269,6 +270,36 @@ DEBERTA_V2 = Family(
     ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r"mask_predictions\..*",
              r".*position_ids"),
     adjust=deberta_v2_heads,
+)
+
+
+def mpnet_config(values: dict) -> TrunkConfig:
+    """MPNet: BERT's post-LN blocks, RoBERTa's learned positions from the padding id + 1 on, and beside them T5's
+    learned bias of the relative distance's bucket (32 buckets up to 128), shared by every layer; no token types."""
+    config = bert_config({**values, "type_vocab_size": 0}, "mpnet", position_offset=values.get("pad_token_id", 1) + 1)
+    return dataclasses.replace(config, positions="learned_relative",
+                               relative_buckets=values.get("relative_attention_num_buckets", 32),
+                               relative_max_distance=128)
+
+
+MPNET = Family(
+    mpnet_config,
+    {"stems.text.token": "embeddings.word_embeddings", "stems.text.position": "embeddings.position_embeddings",
+     "stems.text.norm": "embeddings.LayerNorm", "backbone.position_bias.embedding": "encoder.relative_attention_bias",
+     **_block({
+         "attn.q_proj": "encoder.layer.{i}.attention.attn.q",
+         "attn.kv_proj": ("encoder.layer.{i}.attention.attn.k", "encoder.layer.{i}.attention.attn.v"),
+         "attn.out_proj": "encoder.layer.{i}.attention.attn.o",
+         "norm_attn": "encoder.layer.{i}.attention.LayerNorm",
+         "ff.fc_in": "encoder.layer.{i}.intermediate.dense",
+         "ff.fc_out": "encoder.layer.{i}.output.dense",
+         "norm_ff": "encoder.layer.{i}.output.LayerNorm",
+     })},
+    ("mpnet.",),
+    heads={"mlm": masked_lm({"head.dense": "lm_head.dense", "head.norm": "lm_head.layer_norm",
+                             "head.decoder": "lm_head"})},
+    pooler="pooler.dense",
+    ignored=(r"lm_head\.decoder\.(weight|bias)", r".*position_ids"),
 )
 
 
@@ -612,7 +643,8 @@ T5_FAMILY = Family(
     adjust=t5_adjust,
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "vit": VIT, "dinov2": DINOV2,
+                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET, "vit": VIT,
+                               "dinov2": DINOV2,
                                "clip": CLIP, "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
 
 

@@ -1,10 +1,10 @@
 """Position schemes, one file each, behind one interface (``base.PositionScheme``): absolute tables (``tables.py``:
-learned, sinusoidal), rotary (``rotary.py``: rope), attention biases (``biases.py``: alibi, t5) and DeBERTa's
-disentangled attention (``disentangled.py``). ``POSITIONS`` maps ``TrunkConfig.positions`` to its scheme; a new scheme
-is a file here and its import below (docs/architecture.md)."""
+learned, sinusoidal), rotary (``rotary.py``: rope), attention biases (``biases.py``: alibi, t5, and MPNet's
+learned_relative, a table and t5's bias) and DeBERTa's disentangled attention (``disentangled.py``). ``POSITIONS`` maps
+``TrunkConfig.positions`` to its scheme; a new scheme is a file here and its import below (docs/architecture.md)."""
 
 from trunk.models.positions.base import POSITIONS, PositionScheme, scheme
-from trunk.models.positions.biases import T5, Alibi, PositionBias, alibi_slopes, relative_buckets
+from trunk.models.positions.biases import T5, Alibi, LearnedRelative, PositionBias, alibi_slopes, relative_buckets
 from trunk.models.positions.disentangled import QUERY_SCALE, Disentangled, DisentangledPositions, RelativeTable
 from trunk.models.positions.rotary import Rotary, rotary_table, rotate
 from trunk.models.positions.tables import (
@@ -22,6 +22,7 @@ __all__ = [
     "Disentangled",
     "DisentangledPositions",
     "Learned",
+    "LearnedRelative",
     "PositionBias",
     "PositionScheme",
     "RelativeTable",

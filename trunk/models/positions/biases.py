@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from trunk.models.positions.base import PositionScheme
+from trunk.models.positions.tables import Learned
 
-BIASES = ("alibi", "t5")  # the schemes that are a PositionBias
+BIASES = ("alibi", "t5")  # the kinds of PositionBias
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -132,3 +133,13 @@ class T5(PositionScheme):
     @staticmethod
     def bias(cfg, causal: bool = False) -> PositionBias:
         return PositionBias("t5", cfg.n_heads, causal, cfg.relative_buckets, cfg.relative_max_distance)
+
+
+class LearnedRelative(Learned):
+    """MPNet's: a learned table added to the embeddings and, beside it, T5's learned bias of the distance's bucket on
+    the attention scores (one table for every layer)."""
+
+    name = "learned_relative"
+
+    check = T5.check
+    bias = T5.bias
