@@ -269,7 +269,7 @@ def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head
     (lambda cfg, folder: cfg.update(model_type="albert"), "albert model, which Trunk cannot import: ALBERT shares"),
     (lambda cfg, folder: cfg.update(model_type="gpt-neo"), "'gpt-neo' model; Trunk imports the model types bert"),
     (lambda cfg, folder: cfg.update(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
-    (lambda cfg, folder: cfg.update(hidden_act="quick_gelu"), "activation 'quick_gelu' is not one the trunk has"),
+    (lambda cfg, folder: cfg.update(hidden_act="mish"), "activation .mish. is not one the trunk has"),
     (lambda cfg, folder: cfg.update(num_hidden_layers=3), r"missing \['bert.encoder.layer.2"),
     (lambda cfg, folder: cfg.update(num_hidden_layers=1), r"unexpected \['bert.encoder.layer.1"),
     # ten million blocks are never built (the import used to build them on the meta device for hours)
@@ -516,6 +516,30 @@ def test_clip_vit_b16_maps_on_the_meta_device():
     # one row fewer (the [CLS] position row, folded into [CLS]), one zero bias more (the patch projection's): as many
     assert sum(v.numel() for v in mapped.trunk.values()) == tower
     assert mapped.stems == {"image": {"image_size": 224, "patch_size": 16, "channels": 3}}
+
+
+@pytest.mark.parametrize("source, task", [("clip", "text"), ("bert", "image")])
+def test_a_model_of_another_kind_than_the_tasks_is_named(source, task, sentiment_files, tmp_path):
+    """A vision tower for text tasks, a text encoder for image tasks: one line naming what the folder reads and what
+    the tasks need, before any weight is loaded into the run (a trunk of Trunk's own lends its blocks instead)."""
+    if source == "clip":
+        transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=28,
+            patch_size=7)).save_pretrained(tmp_path / "hf")
+    else:
+        tiny("bert", tmp_path / "hf", masked_lm=False)
+    if task == "text":
+        args = ["--model=trunk.tasks.SequenceClassification", "--data=trunk.datamodules.TextClassificationData",
+                f"--data.train={sentiment_files['train']}"]
+    else:
+        args = ["--model=trunk.tasks.ImageClassification", "--data=trunk.datamodules.ImageClassificationData",
+                "--data.dataset=trunk:shapes", "--data.train=train"]
+    reads = {"text": "text", "image": "images"}
+    model_type, its_inputs = ("clip_vision_model", "images") if source == "clip" else ("bert", "text")
+    with pytest.raises(ValueError, match=rf"is a {model_type} model that reads {its_inputs}, and this run's tasks "
+                                         rf"read {reads[task]}"):
+        run_cli(single_task([*args, f"--model.init_from={tmp_path / 'hf'}",
+                             f"--trainer.default_root_dir={tmp_path / 'run'}"], "t"), run=False)
 
 
 def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resized(tmp_path):

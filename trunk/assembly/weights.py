@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from trunk.formats.hf import is_hf_folder
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import (
     TEXT_STEM_FIELDS,
@@ -65,6 +66,9 @@ def from_pretrained(
     return model
 
 
+INPUTS = {"text": "text", "image": "images"}  # a stem's kind, as a model's inputs are named in messages
+
+
 def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReuse | None = None) -> list[str]:
     """Start ``model`` from a pretrained trunk (and its heads), after checking that the architectures match. Stems the
     directory lacks stay fresh (a ViT from a text trunk gets a new patch stem). Each task takes the stored head of its
@@ -90,6 +94,14 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
             )
     trunk = model.trunk
     shared = [kind for kind in trunk.stems if kind in pretrained.stems]
+    if not shared and is_hf_folder(pretrained.path):  # Trunk's own trunks lend their blocks across modalities
+        model_type = json.loads((Path(pretrained.path) / "config.json").read_text()).get("model_type")
+        reads = lambda stems: " and ".join(INPUTS.get(kind, kind) for kind in sorted(stems))  # noqa: E731
+        raise ValueError(
+            f"'{pretrained.path}' is a {model_type} model that reads {reads(pretrained.stems)}, and this run's tasks "
+            f"read {reads(trunk.stems)}: nothing it learnt about its inputs would be used. Start these tasks from a "
+            f"model that reads {reads(trunk.stems)}, or give this one tasks on {reads(pretrained.stems)}."
+        )
     names = [n for n in architecture_fields(pretrained.config) if "text" in shared or n not in TEXT_STEM_FIELDS]
     check_architecture(model.trunk_config, pretrained.config, pretrained.path, names)
     state = {
