@@ -109,6 +109,8 @@ def test_tensor_parallelism_refuses_what_it_cannot_split(monkeypatch):
 
     with pytest.raises(ValueError, match=r"n_heads=3 and d_ff=48 must be multiples of 2"):
         tensor_parallel(model(n_heads=3), Mesh())
+    with pytest.raises(ValueError, match=r"does not split DeBERTa's disentangled attention .* DDP or FSDP2"):
+        tensor_parallel(model(n_heads=2, positions="disentangled"), Mesh())
 
 
 @pytest.mark.slow

@@ -50,6 +50,11 @@ def tensor_parallel(model: nn.Module, mesh) -> None:
             f"n_heads={trunk_cfg.n_heads} and d_ff={trunk_cfg.d_ff} must be multiples of {size} (the strategy's "
             "tensor_parallel_size)."
         )
+    if trunk_cfg.positions == "disentangled":
+        raise ValueError(
+            "Tensor parallelism does not split DeBERTa's disentangled attention (positions: disentangled) yet: its "
+            "relative table feeds every head's projections. Train it with DDP or FSDP2 (tensor_parallel_size: 1)."
+        )
     if getattr(model, "router", None) is not None and model.router.deltas:
         raise ValueError(
             "Tensor parallelism does not split model.peft's deltas: train them with DDP or FSDP2 "
