@@ -57,6 +57,14 @@ def write_bpe(folder: Path) -> list[str]:
     return list(tokenizer.get_vocab())
 
 
+def off_init(model) -> None:
+    """LayerNorms and biases moved off their init values (ones, zeros), so a wrong mapping of them shows."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
 def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
     """A random ``transformers`` model of ``model_type`` saved to ``folder`` with its family's kind of vocabulary, and
     the model."""
@@ -75,10 +83,7 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
         config = transformers.AutoConfig.for_model(model_type, vocab_size=len(vocab), **{**TINY, **options})
     auto = transformers.AutoModelForMaskedLM if masked_lm else transformers.AutoModel
     model = auto.from_config(config).eval()
-    with torch.no_grad():  # LayerNorms and biases off their init values, so a wrong mapping shows
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
+    off_init(model)
     model.save_pretrained(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     return model
@@ -407,10 +412,7 @@ def tiny_vit(folder: Path, **options):
     shape = {k: v for k, v in TINY.items() if k != "max_position_embeddings"}  # a ViT's positions are its patches'
     config = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3, **shape, **options)
     model = transformers.ViTModel(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
+    off_init(model)
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
     return model
@@ -441,10 +443,7 @@ def test_dinov2_outputs_equal_transformers_at_its_size_and_at_another(options, t
     config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=28,
                                        patch_size=7, **options)
     model = transformers.Dinov2Model(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
+    off_init(model)
     model.save_pretrained(tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")
     assert pretrained.config.layer_scale == options.get("layerscale_value", 1.0)
@@ -487,10 +486,7 @@ def test_clip_vision_outputs_equal_transformers_at_its_size_and_at_another(whole
     else:
         model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**vision)).eval()
     tower = getattr(model, "vision_model", model)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
+    off_init(model)
     model.save_pretrained(tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")
     assert pretrained.config.activation == "quick_gelu" and pretrained.stems["image"]["patch_size"] == 7
@@ -569,10 +565,8 @@ def tiny_bart(folder: Path):
         decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None,
     )
     model = transformers.BartForConditionalGeneration(config).eval()
+    off_init(model)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
         model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
     model.save_pretrained(folder)
     return model
