@@ -12,16 +12,16 @@ shipped recipe of the task (``TASKS``: configs/minilm_*.yaml) with those values 
 also as the recipe itself says, a column more); transformers runs the plain loop of its examples
 (``run_glue_no_trainer.py``, ``run_ner_no_trainer.py``, ``run_swag_no_trainer.py``, ``run_qa_no_trainer.py``): an
 ``AutoModelFor...`` head, batches padded to their longest sequence (``DataCollatorWithPadding`` /
-``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for
-bf16. Trunk computes on real tokens only (its default) and takes its batches in random order as the recipes do
-(``--bucket on``: batches of similar lengths instead, which cost 0.3-3 points here). Printed: each side's dev metric
-(the recipe's primary: accuracy; entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is
-conlleval's and seqeval's measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and training seconds
-per epoch (validation excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ±
-sd and the gap paired by seed); on CUDA each side's peak memory. Both sides train fp32 master weights (a model folder
-stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same process,
-so a machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU
-(the GPU check, benchmarks/gpu_check.py)."""
+``DataCollatorForTokenClassification``), AdamW, the scheduler of ``get_linear_schedule_with_warmup``, autocast for bf16.
+Trunk computes on real tokens only (its default) and takes its batches in random order as the recipes do (``--bucket
+on``: batches of similar lengths instead, which cost 0.3-3 points here). Printed: each side's dev metric (the recipe's
+primary: accuracy; entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is conlleval's and seqeval's
+measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and training seconds per epoch (validation
+excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ± sd and the gap paired by
+seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its own) on a CPU each side's
+peak resident memory. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The sides
+alternate task by task and precision by precision in the same process, so a machine that slows down or speeds up
+meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -428,6 +428,24 @@ def trunk_run(task: str, args, precision: str, root: Path, own: bool = False) ->
     return float(metric), timer.seconds, timer.examples, peak_memory(args.device)
 
 
+def isolated(side: Callable, *args) -> tuple:
+    """``side(*args)`` in a process of its own (spawned: it inherits no memory), so its peak memory is its own: on a
+    CPU that process's peak resident set in GiB takes the result's last field (a GPU's is the allocator's already)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(with_peak_memory, side, *args).result()
+
+
+def with_peak_memory(side: Callable, *args) -> tuple:
+    import resource
+
+    *result, gpu_memory = side(*args)
+    peak = gpu_memory if gpu_memory is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB
+    return (*result, peak)
+
+
 def compare(args) -> list[dict]:
     """Each task, precision and seed, Trunk then transformers (then Trunk's own recipe, with ``--recipe``): their dev
     metrics, seconds per epoch, examples/s and peak GPU memory."""
@@ -437,8 +455,9 @@ def compare(args) -> list[dict]:
             for seed in args.seed:
                 run = argparse.Namespace(**{**vars(args), "seed": seed})
                 root = Path(args.root) / f"{task}-{precision}-seed{seed}"
-                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = trunk_run(task, run, precision, root)
-                hf_metric, hf_seconds, hf_examples, hf_memory = hf_run(task, run, precision)
+                side = isolated if args.isolate else (lambda run_side, *values: run_side(*values))
+                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side(trunk_run, task, run, precision, root)
+                hf_metric, hf_seconds, hf_examples, hf_memory = side(hf_run, task, run, precision)
                 t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
                 rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
                              "hf": hf_metric, "trunk_s_per_epoch": t, "hf_s_per_epoch": h,
@@ -446,8 +465,8 @@ def compare(args) -> list[dict]:
                              "speedup": h / t * trunk_examples / hf_examples, "trunk_peak_gib": trunk_memory,
                              "hf_peak_gib": hf_memory})
                 if args.recipe:
-                    rows[-1]["trunk_recipe"] = trunk_run(task, run, precision, root.with_name(root.name + "-recipe"),
-                                                         own=True)[0]
+                    rows[-1]["trunk_recipe"] = side(trunk_run, task, run, precision,
+                                                    root.with_name(root.name + "-recipe"), True)[0]
                 print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "
                       f"{hf_metric:.4f} in {h:.1f} s/epoch", flush=True)
     return rows
@@ -472,6 +491,9 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bucket", choices=["on", "off"],
                         help="Trunk's batches of similar lengths (default: as the recipe says, off)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both sides train")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run each side in a process of its own and report its peak memory (on a CPU, the "
+                             "process's peak resident set: libraries included)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradients' norm at this on both sides (the Trainer's default: 1.0; 0: off)")
     return parser.parse_args(argv)
@@ -494,15 +516,16 @@ def main(argv: list[str]) -> None:
                                                                if args.max_batches else "")
           + (f", Trunk's length buckets {args.bucket}" if args.bucket else "")
           + (f", gradients clipped at {args.clip}" if args.clip else ""))
+    memory = args.device == "cuda" or args.isolate  # each side's own peak: the GPU allocator's, or a process's RSS
     extra = (["Trunk's recipe"] if args.recipe else []) + (["Trunk peak GiB", "transformers peak GiB"]
-                                                           if args.device == "cuda" else [])
+                                                           if memory else [])
     header = ["task", "precision", "Trunk", "transformers", "Trunk s/epoch", "transformers s/epoch", "speed-up", "seed",
               *extra]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         t, h = row["trunk_s_per_epoch"], row["hf_s_per_epoch"]
         cells = ([f"{row['trunk_recipe']:.4f}"] if args.recipe else []) + (
-            [f"{row['trunk_peak_gib']:.2f}", f"{row['hf_peak_gib']:.2f}"] if args.device == "cuda" else [])
+            [f"{row['trunk_peak_gib']:.2f}", f"{row['hf_peak_gib']:.2f}"] if memory else [])
         print(f"| {row['task']} ({metric[row['task']]}) | {row['precision']} | {row['trunk']:.4f} | {row['hf']:.4f} | "
               f"{t:.0f} | {h:.0f} | {h / t if t and not math.isnan(t) else float('nan'):.2f}x | {row['seed']} | "
               + "".join(f"{c} | " for c in cells))

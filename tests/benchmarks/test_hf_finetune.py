@@ -42,6 +42,22 @@ def test_both_sides_fine_tune_the_same_folder_and_print_the_table(tmp_path, caps
         assert 0.0 <= float(cells[2]) <= 1.0 and 0.0 <= float(cells[3]) <= 1.0 and cells[6].strip().endswith("x")
 
 
+def test_each_side_in_a_process_of_its_own_reports_its_peak_memory(tmp_path, capsys):
+    """--isolate: each side runs in a spawned process, whose peak resident memory (the libraries' included: over 0.1
+    GiB) is that side's column."""
+    import hf_finetune
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    write_sst2(tmp_path / "data")
+    hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sst2",
+                      "--max-batches", "2", "--batch-size", "8", "--max-length", "32", "--isolate",
+                      "--root", str(tmp_path / "runs")])
+    header, _, row = capsys.readouterr().out.split("| task |")[1].splitlines()[:3]
+    assert header.strip(" |").split(" | ")[-2:] == ["Trunk peak GiB", "transformers peak GiB"]
+    assert all(float(cell) > 0.1 for cell in row.strip(" |").split(" | ")[-2:])
+
+
 def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
     """SICK's entailment (pairs, 3 classes) and relatedness (pair regression) from a file of SICK's columns, and
     OpenBookQA's packed candidates, both sides clipping gradients at 1.0 as the Trainer does: a table row each, scored
