@@ -74,6 +74,10 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
     if fairseq:  # fairseq's ids: padding 1, positions from 2 on
         options = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "type_vocab_size": 1,
                    "max_position_embeddings": 66, **options}
+    if model_type == "modernbert":  # the special ids of BERT's test vocabulary, not of its own 50k one; 4 blocks
+        # (global, local, local, global) with a window of 4 tokens each way, which the test sentences exceed
+        options = {"pad_token_id": 0, "cls_token_id": 7, "sep_token_id": 8, "bos_token_id": 7, "eos_token_id": 8,
+                   "num_hidden_layers": 4, "local_attention": 8, "global_attn_every_n_layers": 3, **options}
     torch.manual_seed(0)
     if model_type == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
@@ -124,7 +128,7 @@ DEBERTA_V3 = {"relative_attention": True, "pos_att_type": "p2c|c2p", "share_att_
 
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}), ("xlm-roberta", {}),
-    ("electra", {"embedding_size": 16}), ("electra", {}), ("mpnet", {}),
+    ("electra", {"embedding_size": 16}), ("electra", {}), ("mpnet", {}), ("modernbert", {}),
     # buckets: 8 each way, logarithmic up to 64 (the batches' pairs reach past 8); exact distances, token types
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("deberta-v2", {**DEBERTA_V3, "legacy": False}),
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": -1, "max_relative_positions": 16, "type_vocab_size": 2}),
@@ -140,7 +144,8 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
     head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
     for texts in (SENTENCES, PAIRS):
         ids, mask, types = batch(pretrained.codec.tokenizer, texts)
-        one_segment = model_type in ("roberta", "xlm-roberta", "mpnet") or options.get("type_vocab_size", 2) < 2
+        one_segment = model_type in ("roberta", "xlm-roberta", "mpnet", "modernbert") or options.get("type_vocab_size",
+                                                                                                   2) < 2
         if texts is PAIRS and not one_segment:
             assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
         with torch.no_grad():
@@ -243,6 +248,54 @@ def test_deberta_v3_real_sizes_map_on_the_meta_device(name, shape):
         v.numel() for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight")
     assert ours == sum(p.numel() for p in model.parameters())
     assert mapped.config.relative_buckets == 512 and mapped.config.relative_max_distance == 512
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("ModernBERT-base", dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152)),
+    ("ModernBERT-large", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624)),
+])
+def test_modernbert_real_sizes_map_on_the_meta_device(name, shape):
+    """Every weight of ModernBERT base / large with its masked-LM head maps (zero biases added where it has none);
+    every third block global with rope base 160,000, the others within 64 tokens with 10,000."""
+    config = transformers.ModernBertConfig(vocab_size=50368, **shape)
+    with torch.device("meta"):
+        model = transformers.ModernBertForMaskedLM(config)
+    mapped = map_weights(config.to_dict(), saved(model), name)
+    ours = {**mapped.trunk, **{k: v for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight"}}
+    added = sum(v.numel() for k, v in ours.items() if k.endswith("bias") and k != "head.decoder.bias")  # all zero
+    assert sum(v.numel() for v in ours.values()) - added == sum(p.numel() for p in model.parameters())
+    c = mapped.config
+    assert (c.local_window, c.global_every, c.rope_base, c.rope_base_local, c.first_block_norm) == (
+        64, 3, 160000.0, 10000.0, False)
+
+
+def test_a_task_built_on_a_modernbert_folder_keeps_its_local_blocks_and_rope_bases(tmp_path):
+    """A fine-tuning run from the folder takes how the trunk attended (every third block global, the others within 4
+    tokens, their rope bases, no norm before the first block's attention), so its trunk still computes transformers'
+    hidden states; a run may still choose other attention itself."""
+    from trunk.assembly.weights import from_pretrained
+    from trunk.tasks import SequenceClassification
+
+    model = tiny("modernbert", tmp_path / "hf", masked_lm=False)
+    task = {"s": SequenceClassification()}
+    built = from_pretrained(tmp_path / "hf", task, task_info={"s": {"label_names": ["a", "b"]}}).eval()
+    built.trunk.stems["text"].separator_id = 8
+    ids, mask, _ = batch(convert(tmp_path / "hf")[0].codec.tokenizer, SENTENCES)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (built.trunk(ids, mask) - expected)[mask.bool()].abs().max() < 1e-5
+    full = from_pretrained(tmp_path / "hf", task, task_info={"s": {"label_names": ["a", "b"]}},
+                           trunk={"local_window": 16})
+    assert full.trunk_config.local_window == 16 and full.trunk_config.global_every == 3
+
+
+def test_a_modernbert_with_scaled_rotary_positions_is_refused_by_name(tmp_path):
+    tiny("modernbert", tmp_path / "hf", masked_lm=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["rope_parameters"]["full_attention"].update(rope_type="yarn", factor=4.0)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"modernbert checkpoint scales its rotary positions \(\['full_attention'\]"):
+        convert(tmp_path / "hf")
 
 
 @pytest.mark.parametrize("change", [{"conv_kernel_size": 3}, {"share_att_key": False}, {"position_biased_input": True},

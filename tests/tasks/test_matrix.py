@@ -236,7 +236,7 @@ def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_pat
 TEXT_KINDS = [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"]
 
 
-@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet"])
+@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "modernbert"])
 @pytest.mark.parametrize("name", TEXT_KINDS)
 def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_path):
     """The paths of the matrix from a Hugging Face folder of each text family (tests/formats/test_hf.py builds a tiny
@@ -250,8 +250,8 @@ def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_
     files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]
     fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}"])
-    # [SEP] (id 8 in BERT's test vocabulary) marks the segments; MPNet's RoBERTa-style </s> (2), with none
-    segments, separator = (0, 2) if family == "mpnet" else (2, 8)
+    # [SEP] (id 8 in BERT's test vocabulary) marks the segments; MPNet's RoBERTa-style </s> (2); ModernBERT has none
+    segments, separator = {"mpnet": (0, 2), "modernbert": (0, 8)}.get(family, (2, 8))
     assert fit.model.trunk_config.segments == segments and fit.model.trunk.stems["text"].separator_id == separator
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "exported"), *(["--onnx"] if kind.onnx else [])])

@@ -303,6 +303,80 @@ MPNET = Family(
 )
 
 
+def modernbert_config(values: dict) -> TrunkConfig:
+    """ModernBERT: pre-norm blocks on rotary positions, every ``global_attn_every_n_layers``-th attending globally (rope
+    base ``global_rope_theta``) and the others within ``local_attention`` / 2 tokens (``local_rope_theta``), GeGLU, no
+    norm before the first block's attention (the embeddings are normed), a final norm. Its bias-free linears and norms
+    come in with zero biases."""
+    _check({**values, "hidden_act": values.get("hidden_activation", "gelu")}, "modernbert",
+           {"position_embedding_type": "absolute"})
+    every = values.get("global_attn_every_n_layers", 3)
+    types = values.get("layer_types") or ["full_attention" if i % every == 0 else "sliding_attention"
+                                          for i in range(values["num_hidden_layers"])]
+    if types != ["full_attention" if i % every == 0 else "sliding_attention" for i in range(len(types))]:
+        raise ValueError(f"The modernbert checkpoint's layer_types {types} are not every {every}-th block global and "
+                         "the others local, the pattern the trunk computes (global_every).")
+    rope = values.get("rope_parameters") or {}
+    bases = {kind: (rope.get(kind) or {}).get("rope_theta", values.get(key, default)) for kind, key, default in (
+        ("full_attention", "global_rope_theta", 160000.0), ("sliding_attention", "local_rope_theta", 10000.0))}
+    scaled = [kind for kind, params in rope.items() if (params or {}).get("rope_type", "default") != "default"]
+    if scaled:
+        raise ValueError(f"The modernbert checkpoint scales its rotary positions ({scaled}: "
+                         f"{[rope[k]['rope_type'] for k in scaled]}), which the trunk does not compute.")
+    return TrunkConfig(
+        vocab_size=values["vocab_size"], d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
+        n_heads=values["num_attention_heads"], d_ff=values["intermediate_size"], gated_ff=True,
+        dropout=values.get("embedding_dropout", 0.0), attn_dropout=values.get("attention_dropout", 0.0),
+        max_len=values.get("max_position_embeddings", 8192), positions="rope", norm="pre", embedding_norm=True,
+        activation=ACTIVATIONS[values.get("hidden_activation", "gelu")], layer_norm_eps=values.get("norm_eps", 1e-5),
+        init_std=values.get("initializer_range", 0.02), segments=0,
+        local_window=values.get("local_attention", 128) // 2, global_tokens=0, global_every=every,
+        rope_base=bases["full_attention"], rope_base_local=bases["sliding_attention"], first_block_norm=False,
+    )
+
+
+def modernbert_adjust(values: dict, tensors: dict, prefix: str) -> dict:
+    """The fused query-key-value projection split into the trunk's query and key-value ones; GeGLU's one input
+    projection into the activated half (the gate here) and the other; zero biases where ModernBERT has none."""
+    if not any(k.endswith("decoder.bias") for k in tensors):  # a task model's head (dense + GELU + norm): not MLM's
+        tensors = {re.sub(r"^head\.", "task_head.", k): v for k, v in tensors.items()}
+    tensors = dict(tensors)
+    for name in [k for k in tensors if k.endswith(".attn.Wqkv.weight")]:
+        q, kv = tensors.pop(name).split([values["hidden_size"], 2 * values["hidden_size"]])
+        tensors[name.replace("Wqkv", "Wq")], tensors[name.replace("Wqkv", "Wkv")] = q, kv
+    for name in [k for k in tensors if k.endswith(".mlp.Wi.weight")]:
+        gate, given = tensors.pop(name).chunk(2)
+        tensors[name.replace("Wi", "Wgate")], tensors[name.replace("Wi", "Win")] = gate, given
+    for name in [k for k in tensors if k.endswith(".weight") and not k.endswith("tok_embeddings.weight")]:
+        bias = name[: -len("weight")] + "bias"
+        weight = tensors[name]
+        if bias not in tensors and not name.startswith("decoder."):
+            tensors[bias] = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    return tensors
+
+
+MODERNBERT = Family(
+    modernbert_config,
+    {"stems.text.token": "embeddings.tok_embeddings", "stems.text.norm": "embeddings.norm",
+     **_block({
+         "attn.q_proj": "layers.{i}.attn.Wq",
+         "attn.kv_proj": "layers.{i}.attn.Wkv",
+         "attn.out_proj": "layers.{i}.attn.Wo",
+         "norm_attn": "layers.{i}.attn_norm",
+         "ff.fc_gate": "layers.{i}.mlp.Wgate",
+         "ff.fc_in": "layers.{i}.mlp.Win",
+         "ff.fc_out": "layers.{i}.mlp.Wo",
+         "norm_ff": "layers.{i}.mlp_norm",
+     }),
+     "backbone.final_norm": "final_norm"},
+    ("model.",),
+    heads={"mlm": masked_lm({"head.dense": "head.dense", "head.norm": "head.norm", "head.decoder": "decoder"})},
+    # a task model's head (dense + GELU + norm) and classifier: a new task trains its own
+    ignored=(r"decoder\.weight", r"task_head\..*", r"classifier\..*"),
+    adjust=modernbert_adjust,
+)
+
+
 def vit_config(values: dict) -> TrunkConfig:
     if not values.get("qkv_bias", True):
         raise ValueError("The vit checkpoint has qkv_bias=False, which the trunk cannot compute (its attention "
@@ -643,7 +717,8 @@ T5_FAMILY = Family(
     adjust=t5_adjust,
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET, "vit": VIT,
+                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
+                               "modernbert": MODERNBERT, "vit": VIT,
                                "dinov2": DINOV2,
                                "clip": CLIP, "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
 

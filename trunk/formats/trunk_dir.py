@@ -40,7 +40,10 @@ SETTINGS_DIGEST = "config_sha256"  # in the weights' header: the digest of confi
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "positions", "norm",
                        "activation", "layer_norm_eps", "segments", "embedding_norm", "position_offset",
                        "embedding_size", "rms_norm", "gated_ff", "relative_buckets", "relative_max_distance",
-                       "layer_scale")
+                       "layer_scale", "rope_base", "rope_base_local", "first_block_norm")
+# how the pretrained trunk attended (ModernBERT's local blocks): taken where a run leaves them at their defaults, but a
+# run may choose otherwise (local attention on a trunk pretrained without it, for long inputs)
+ATTENTION_FIELDS = ("local_window", "global_tokens", "global_every")
 # what only the text stem depends on
 TEXT_STEM_FIELDS = ("vocab_size", "max_len", "segments", "position_offset", "embedding_size")
 
@@ -264,6 +267,9 @@ def pretrained_trunk_config(
             values[name] = max(values[name] or defaults[name], pretrained.max_len)
         # None: unset (TrunkConfig's shape fields)
         elif name != "vocab_size" and values[name] in (None, defaults[name]):
+            values[name] = getattr(pretrained, name)
+    for name in ATTENTION_FIELDS:
+        if name not in given or given[name] == defaults[name]:
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
     return trunk_config(values)

@@ -48,8 +48,8 @@ class KVCache:
 class DecoderBlock(Block):
     """Causal self-attention, cross-attention on the memory, feed-forward; each a residual sublayer."""
 
-    def __init__(self, cfg: TrunkConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: TrunkConfig, index: int = 0) -> None:
+        super().__init__(cfg, index)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)  # no rotation: no shared positions
         self.norm_cross = norm_layer(cfg)
 
@@ -100,7 +100,7 @@ class Decoder(nn.Module):
         self.stem = TokenStem(cfg)
         # the output projection: the target embeddings themselves, or (T5 v1.1's) a matrix of its own
         self.output = None if tied_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(DecoderBlock(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.position_bias = position_bias(cfg, causal=True)  # alibi, t5: the decoder's own, for its self-attention

@@ -81,6 +81,13 @@ class TrunkConfig:
     # all
     local_window: int = 0
     global_tokens: int = 1
+    # with local_window: blocks 0, n, 2n, ... attend globally, the others locally (ModernBERT's 3; 0: every block local)
+    global_every: int = 0
+    # rope's base (theta) in global blocks, and in local ones (None: the same; ModernBERT: 160,000 and 10,000)
+    rope_base: float = 10000.0
+    rope_base_local: float | None = None
+    # False: the first block reads the (normed) embeddings without a norm of its own before attention (ModernBERT)
+    first_block_norm: bool = True
     # layer scale (CaiT, DINOv2): each block's attention and feed-forward outputs times a learned per-channel vector
     # before the residual sum, started at this value (0: none)
     layer_scale: float = 0.0
@@ -104,7 +111,7 @@ class TrunkConfig:
         scheme(self.positions).check(self)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TrunkConfig.activation={self.activation!r}: choose {', '.join(ACTIVATIONS)}.")
-        for name in ("local_window", "global_tokens", "segments", "position_offset"):
+        for name in ("local_window", "global_tokens", "segments", "position_offset", "global_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "embedding_size"):
@@ -183,10 +190,11 @@ class Attention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme
+        self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme,
+        rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.rope_base = n_heads, rope_base
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.positions = positions if positions.rotates else None
@@ -223,7 +231,7 @@ class Attention(nn.Module):
             if context is None:
                 offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
                 if self.positions is not None:
-                    q, k = self.positions.rotate(q, offset), self.positions.rotate(k, offset)
+                    q, k = (self.positions.rotate(t, offset, self.rope_base) for t in (q, k))
                 if offset:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             if cache is not None:  # contiguous: else every later step's attention products copy them
@@ -297,11 +305,14 @@ class Block(nn.Module):
     """One residual block: attention then feed-forward, each wrapped in a norm (``norm_layer``) + residual (with
     ``cfg.layer_scale``, each output scaled per channel before the sum)."""
 
-    def __init__(self, cfg: TrunkConfig) -> None:
+    def __init__(self, cfg: TrunkConfig, index: int = 0) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions])
-        self.norm_attn = norm_layer(cfg)
+        # with local attention, whether this block attends locally (``cfg.global_every``: every n-th attends globally)
+        self.local = bool(cfg.local_window) and not (cfg.global_every and index % cfg.global_every == 0)
+        base = cfg.rope_base_local if self.local and cfg.rope_base_local is not None else cfg.rope_base
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions], base)
+        self.norm_attn = norm_layer(cfg) if cfg.first_block_norm or index else nn.Identity()
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
         self.norm_ff = norm_layer(cfg)
         self.drop = Dropout(cfg.dropout)
@@ -368,7 +379,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         # Pre-LN leaves the residual stream unnormalised, so it needs one norm at the very end.
         self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.position_bias = position_bias(cfg)  # alibi, t5, disentangled: one for every block
@@ -407,7 +418,9 @@ class Backbone(nn.Module):
             )
 
         local = local_layout(key_padding_mask, B)
-        bias = self.position_bias(T, T) if self.position_bias is not None and not windowed else None
+        # the full-attention bias, for every block when none is windowed, else for the global ones (cfg.global_every)
+        globals_too = not windowed or any(not block.local for block in self.blocks)
+        bias = self.position_bias(T, T) if self.position_bias is not None and globals_too else None
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
@@ -415,9 +428,9 @@ class Backbone(nn.Module):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
                 local = local_layout(key_padding_mask, len(fork[1]))
-            x = run_block(
-                block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded, bias, local, replay=self.replay
-            )
+            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded,
+                          None if windowed and block.local else bias, local if block.local else None,
+                          replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 

@@ -51,8 +51,9 @@ class PositionScheme:
         return None
 
     @staticmethod
-    def rotate(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Queries or keys (B, H, T, D) of positions offset .. offset + T - 1, as attention reads them."""
+    def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+        """Queries or keys (B, H, T, D) of positions offset .. offset + T - 1, as attention reads them (``base``: a
+        rotary scheme's, per layer)."""
         return x
 
     @staticmethod

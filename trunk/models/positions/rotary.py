@@ -52,5 +52,5 @@ class Rotary(PositionScheme):
             )
 
     @staticmethod
-    def rotate(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        return rotate(x, offset)
+    def rotate(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+        return rotate(x, offset, base)
