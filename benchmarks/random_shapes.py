@@ -25,6 +25,12 @@ SHAPES = {
         "norm_rel_ebd": "layer_norm", "share_att_key": True, "pos_att_type": "p2c|c2p", "layer_norm_eps": 1e-7,
         "max_relative_positions": -1, "position_biased_input": False, "type_vocab_size": 0, "hidden_act": "gelu",
     },
+    "modernbert-base": {  # answerdotai/ModernBERT-base's config.json
+        "model_type": "modernbert", "hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12,
+        "intermediate_size": 1152, "max_position_embeddings": 8192, "local_attention": 128,
+        "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
+        "hidden_activation": "gelu", "norm_eps": 1e-5,
+    },
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -40,9 +46,12 @@ def write_random_model(shape: str, folder: Path, tokenizer: Path, seed: int = 0,
     for name in TOKENIZER_FILES:
         if (tokenizer / name).is_file():
             shutil.copy(tokenizer / name, folder / name)
-    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    # the borrowed tokenizer's special ids, where the shape's config names its own vocabulary's
+    ids = {f"{role}_token_id": vocab[token] for role, token in (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"),
+                                                                 ("bos", "[CLS]"), ("eos", "[SEP]")) if token in vocab}
     torch.manual_seed(seed)
-    config = transformers.AutoConfig.for_model(values.pop("model_type"), vocab_size=vocab, **values)
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), vocab_size=len(vocab), **{**ids, **values})
     transformers.AutoModel.from_config(config).save_pretrained(folder)
     return folder
 
