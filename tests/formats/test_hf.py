@@ -93,6 +93,13 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
     return model
 
 
+def image_trunk(pretrained):
+    """The imported weights in a trunk of their stems (an image model's), for evaluation."""
+    trunk = build_trunk(pretrained.config, pretrained.stems)
+    trunk.load_state_dict(pretrained.trunk_weights)
+    return trunk.eval()
+
+
 def trunk_of(pretrained):
     trunk = build_trunk(pretrained.config)
     trunk.load_state_dict(pretrained.trunk_weights)
@@ -478,9 +485,7 @@ def test_vit_outputs_equal_transformers_at_its_size_and_at_another(tmp_path):
     pretrained, notes = convert(tmp_path / "hf")
     assert pretrained.stems == {"image": {"image_size": 32, "patch_size": 8, "channels": 3}}
     assert pretrained.codec.tokenizer is None and any("mean [0.5, 0.5, 0.5]" in note for note in notes)
-    trunk = build_trunk(pretrained.config, pretrained.stems)
-    trunk.load_state_dict(pretrained.trunk_weights)
-    trunk.eval()
+    trunk = image_trunk(pretrained)
     for size in (32, 48):
         pixels = torch.randn(2, 3, size, size)
         with torch.no_grad():
@@ -500,9 +505,7 @@ def test_dinov2_outputs_equal_transformers_at_its_size_and_at_another(options, t
     model.save_pretrained(tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")
     assert pretrained.config.layer_scale == options.get("layerscale_value", 1.0)
-    trunk = build_trunk(pretrained.config, pretrained.stems)
-    trunk.load_state_dict(pretrained.trunk_weights)
-    trunk.eval()
+    trunk = image_trunk(pretrained)
     for size in (28, 42):
         pixels = torch.randn(2, 3, size, size)
         with torch.no_grad():
@@ -543,9 +546,7 @@ def test_clip_vision_outputs_equal_transformers_at_its_size_and_at_another(whole
     model.save_pretrained(tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")
     assert pretrained.config.activation == "quick_gelu" and pretrained.stems["image"]["patch_size"] == 7
-    trunk = build_trunk(pretrained.config, pretrained.stems)
-    trunk.load_state_dict(pretrained.trunk_weights)
-    trunk.eval()
+    trunk = image_trunk(pretrained)
     for size in (28, 42):
         pixels = torch.randn(2, 3, size, size)
         with torch.no_grad():

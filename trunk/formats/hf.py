@@ -406,15 +406,20 @@ def vit_positions(values: dict, tensors: dict, prefix: str) -> dict:
     return tensors
 
 
+# ViT's patch embedding and attention names, which DINOv2 keeps
+VIT_PATCHES = {"stems.image": "embeddings",  # its cls and position (vit_positions)
+               "stems.image.proj": "embeddings.patch_embeddings.projection"}
+VIT_ATTENTION = {
+    "attn.q_proj": "encoder.layer.{i}.attention.attention.query",
+    "attn.kv_proj": tuple(f"encoder.layer.{{i}}.attention.attention.{kv}" for kv in ("key", "value")),
+    "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+}
 VIT = Family(
     vit_config,
     {
-        "stems.image": "embeddings",  # its cls and position (vit_positions)
-        "stems.image.proj": "embeddings.patch_embeddings.projection",
+        **VIT_PATCHES,
         **_block({
-            "attn.q_proj": "encoder.layer.{i}.attention.attention.query",
-            "attn.kv_proj": tuple(f"encoder.layer.{{i}}.attention.attention.{kv}" for kv in ("key", "value")),
-            "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+            **VIT_ATTENTION,
             "norm_attn": "encoder.layer.{i}.layernorm_before",
             "ff.fc_in": "encoder.layer.{i}.intermediate.dense",
             "ff.fc_out": "encoder.layer.{i}.output.dense",
@@ -465,12 +470,9 @@ def dinov2_adjust(values: dict, tensors: dict, prefix: str) -> dict:
 DINOV2 = Family(
     dinov2_config,
     {
-        "stems.image": "embeddings",  # its cls and position (vit_positions)
-        "stems.image.proj": "embeddings.patch_embeddings.projection",
+        **VIT_PATCHES,
         **_block({
-            "attn.q_proj": "encoder.layer.{i}.attention.attention.query",
-            "attn.kv_proj": tuple(f"encoder.layer.{{i}}.attention.attention.{kv}" for kv in ("key", "value")),
-            "attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+            **VIT_ATTENTION,
             "norm_attn": "encoder.layer.{i}.norm1",
             "scale_attn": "encoder.layer.{i}.layer_scale1",
             "ff.fc_in": "encoder.layer.{i}.mlp.fc1",
