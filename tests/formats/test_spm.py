@@ -51,6 +51,16 @@ def test_a_sentencepiece_file_encodes_and_decodes_as_sentencepiece_does(model_ty
     assert len(known) > 5 and [ours.decode(ids) for ids in known] == [reference.decode(ids) for ids in known]
 
 
+def assert_encodes_as(model, tokenizer, pretrained) -> None:
+    """The imported trunk's hidden states on the test sentences, encoded by transformers' tokenizer, within 1e-5 of
+    ``model``'s at every real position."""
+    encoded = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.eval()(**encoded).last_hidden_state
+        got = trunk_of(pretrained)(encoded.input_ids, encoded.attention_mask)
+    assert (expected - got)[encoded.attention_mask.bool()].abs().max() < 1e-5
+
+
 def t5_folder(folder: Path, rows: int) -> Path:
     """A T5 model folder as older uploads ship it: spiece.model and a tokenizer_config.json with 8 sentinel tokens,
     no tokenizer.json; the embedding table padded to ``rows``."""
@@ -82,12 +92,7 @@ def test_a_t5_folder_with_only_its_sentencepiece_file_imports_with_the_ids_trans
     assert ours.get_vocab_size() == 128 and ours.token_to_id("<extra_id_0>") == theirs.convert_tokens_to_ids(
         "<extra_id_0>")
     assert any("padded to the embedding table's 128 rows" in note for note in notes)
-    model = transformers.T5EncoderModel.from_pretrained(folder).eval()
-    encoded = theirs(SENTENCES, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        expected = model(**encoded).last_hidden_state
-        got = trunk_of(pretrained)(encoded.input_ids, encoded.attention_mask)
-    assert (expected - got)[encoded.attention_mask.bool()].abs().max() < 1e-5
+    assert_encodes_as(transformers.T5EncoderModel.from_pretrained(folder), theirs, pretrained)
 
 
 def test_sentencepiece_files_that_cannot_be_read_as_they_are_are_refused_by_name(tmp_path, monkeypatch):
@@ -155,9 +160,4 @@ def test_a_deberta_v3_folder_imports_with_its_sentencepiece_file_and_the_ids_tra
     assert ours.token_to_id("[MASK]") == theirs.mask_token_id == spm.SentencePieceProcessor(
         model_file=str(folder / "spm.model")).get_piece_size()
     assert any("padded to the embedding table's 100 rows" in note for note in notes)
-    model = transformers.DebertaV2Model.from_pretrained(folder).eval()
-    encoded = theirs(SENTENCES, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        expected = model(**encoded).last_hidden_state
-        got = trunk_of(pretrained)(encoded.input_ids, encoded.attention_mask)
-    assert (expected - got)[encoded.attention_mask.bool()].abs().max() < 1e-5
+    assert_encodes_as(transformers.DebertaV2Model.from_pretrained(folder), theirs, pretrained)
