@@ -247,6 +247,9 @@ class Attention(nn.Module):
         if key_padding_mask is not None:
             padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
             mask = padding if mask is None else mask & padding
+            if local is not None:  # a padding query far from every real key sees itself: a row of -inf would be NaN,
+                # reaching real tokens through the next layer's values (the chunked layout floors instead)
+                mask = mask | torch.eye(T, S, dtype=torch.bool, device=x.device)
         if causal and T > 1:
             # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
             # Queries are the last T of the S positions (earlier ones may come from the cache).
