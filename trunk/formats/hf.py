@@ -136,6 +136,15 @@ def _check(values: dict, model_type: str, only: dict | None = None) -> None:
                          f"({', '.join(ACTIVATIONS)}).")
 
 
+def with_zero_biases(tensors: dict, weights: list[str]) -> dict:
+    """``tensors`` with a zero bias beside each of ``weights`` that has none (the trunk's linears and norms have biases;
+    T5's, CLIP's patch projection and ModernBERT's have none, which is the same as a zero one)."""
+    for name in weights:
+        weight = tensors[name]
+        tensors.setdefault(name[: -len("weight")] + "bias", weight.new_zeros(weight.shape[0]))
+    return tensors
+
+
 def bert_config(values: dict, model_type: str = "bert", position_offset: int = 0) -> TrunkConfig:
     _check(values, model_type)
     return TrunkConfig(
@@ -347,12 +356,8 @@ def modernbert_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     for name in [k for k in tensors if k.endswith(".mlp.Wi.weight")]:
         gate, given = tensors.pop(name).chunk(2)
         tensors[name.replace("Wi", "Wgate")], tensors[name.replace("Wi", "Win")] = gate, given
-    for name in [k for k in tensors if k.endswith(".weight") and not k.endswith("tok_embeddings.weight")]:
-        bias = name[: -len("weight")] + "bias"
-        weight = tensors[name]
-        if bias not in tensors and not name.startswith("decoder."):
-            tensors[bias] = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
-    return tensors
+    return with_zero_biases(tensors, [k for k in tensors if k.endswith(".weight") and not k.startswith("decoder.")
+                                      and not k.endswith("tok_embeddings.weight")])
 
 
 MODERNBERT = Family(
@@ -524,10 +529,7 @@ def clip_embeddings(values: dict, tensors: dict, prefix: str) -> dict:
     rows = tensors.pop(table)
     tensors[f"{prefix}embeddings.cls"] = (tensors.pop(cls) + rows[0])[None, None]
     tensors[f"{prefix}embeddings.position"] = rows[None, 1:]
-    weight = tensors[f"{prefix}embeddings.patch_embedding.weight"]
-    tensors.setdefault(f"{prefix}embeddings.patch_embedding.bias", torch.zeros(weight.shape[0], dtype=weight.dtype,
-                                                                             device=weight.device))
-    return tensors
+    return with_zero_biases(tensors, [f"{prefix}embeddings.patch_embedding.weight"])
 
 
 CLIP = Family(
@@ -661,12 +663,11 @@ def t5_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     with tied embeddings the decoder scales its output by d_model^-0.5 before the logits (folded into its final
     norm); the output bias it lacks is zero."""
     tensors = {re.sub(r"DenseReluDense\.wi\.", "DenseReluDense.wi_1.", k): v for k, v in tensors.items()}
-    for name in [k for k in tensors if re.search(r"\.(q|k|v|o|wi_0|wi_1|wo)\.weight$", k)]:
-        weight = tensors[name]
+    linears = [k for k in tensors if re.search(r"\.(q|k|v|o|wi_0|wi_1|wo)\.weight$", k)]
+    for name in linears:
         if name.endswith(".q.weight"):
-            tensors[name] = weight * math.sqrt(values["d_kv"])
-        tensors.setdefault(name[: -len("weight")] + "bias", torch.zeros(weight.shape[0], dtype=weight.dtype,
-                                                                        device=weight.device))
+            tensors[name] = tensors[name] * math.sqrt(values["d_kv"])
+    tensors = with_zero_biases(tensors, linears)
     if "decoder.final_layer_norm.weight" in tensors:
         tied = t5_tied(values, tensors)
         if values.get("scale_decoder_outputs", tied):
@@ -720,9 +721,8 @@ T5_FAMILY = Family(
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
-                               "modernbert": MODERNBERT, "vit": VIT,
-                               "dinov2": DINOV2,
-                               "clip": CLIP, "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
+                               "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2, "clip": CLIP,
+                               "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:
