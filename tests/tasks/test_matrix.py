@@ -292,3 +292,27 @@ def test_image_classification_from_each_imported_vision_family(family, tmp_path)
     pixels = torch.rand(3, 28, 28, 3)  # images as stored: height, width, channels
     records = load(ckpt).predict(pixels)
     assert len(records) == 3 and records == load(tmp_path / "exported").predict(pixels)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_translation_from_each_imported_seq2seq_family(family, request, tmp_path):
+    """The translation kind's paths from a Hugging Face folder of each encoder-decoder family, its decoder as the
+    task's (``heads_from``): fine-tune, export, predict from the checkpoint and the directory alike. Marian's targets
+    are segmented by its own target.spm, which the checkpoint and the directory keep."""
+    pytest.importorskip("transformers")
+    from test_hf import tiny_bart
+    from test_hf_translation import tiny_marian
+
+    {"bart": tiny_bart, "marian": tiny_marian}[family](tmp_path / "hf")
+    kind = KINDS["translation"]
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
+    args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]
+    fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}", "--model.heads_from={t: translation}",
+                   "--model.tasks.t.init_args.decoder_layers=3"])
+    data = fit.datamodule.tasks["t"]
+    assert (data.target_tokenizer is not data.tokenizer) == (family == "marian")
+    assert (fit.model.codec.target("t") is not fit.model.codec.tokenizer) == (family == "marian")
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    export_main([ckpt, str(tmp_path / "exported")])
+    records = load(ckpt).predict(list(kind.inputs))
+    assert len(records) == len(kind.inputs) and records == load(tmp_path / "exported").predict(list(kind.inputs))

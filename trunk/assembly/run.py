@@ -300,7 +300,12 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
             tokenizer = pretrained.codec.tokenizer
             report.append(f"tokenizer from '{source}' ({tokenizer.get_vocab_size()} tokens, "
                           f"{'lowercasing' if lowercases(tokenizer) else 'keeping case'})")
-            data.connect(Codec(tokenizer, dict(pretrained.codec.targets)))  # a stored head's target vocabulary with it
+            # a stored head's target tokenizer goes with it, to the task of its name or the one heads_from starts
+            # from it
+            heads_from = (reuse.heads_from if reuse is not None else None) or {}
+            brought = {task: pretrained.codec.targets[heads_from.get(task, task)] for task in data.tasks
+                       if heads_from.get(task, task) in pretrained.codec.targets}
+            data.connect(Codec(tokenizer, brought))
             # else the data's own
             targets = {name: member.own_target_tokenizer() for name, member in data.text_tasks.items()}
             # it would train no tokenizer here

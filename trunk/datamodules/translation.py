@@ -174,7 +174,7 @@ class TranslationData(TextDataModule):
         return [self.source_lang, self.target_lang, self.translation_column, *super().tokenizer_text_options()]
 
     def tokenizer_fingerprints(self) -> list[str]:
-        own = [] if self.joint_vocabulary else [fingerprint(self.target_tokenizer)]
+        own = [] if self.target_tokenizer is self.tokenizer else [fingerprint(self.target_tokenizer)]
         return super().tokenizer_fingerprints() + own
 
     def info(self) -> dict:
@@ -185,19 +185,26 @@ class TranslationData(TextDataModule):
         }
 
     def connect(self, tokenizer: Tokenizer, lowercase: bool = False, target: Tokenizer | None = None) -> None:
+        """``target``: with separate vocabularies, the targets' tokenizer; with a joint one, a segmenter of the targets
+        over the run's vocabulary (a pretrained model's own, Marian's ``target.spm``), else the run's tokenizer."""
         super().connect(tokenizer, lowercase)
-        if target is not None and not self.joint_vocabulary:
-            if self._target_tokenizer is not None and self._target_tokenizer.get_vocab() != target.get_vocab():
-                self._encoded.clear()  # encoded with another target tokenizer
-            self._target_tokenizer = target
+        if self.joint_vocabulary and target is not None and target.get_vocab() != tokenizer.get_vocab():
+            target = None
+        if target is None and not self.joint_vocabulary:
+            return
+        previous = self._target_tokenizer
+        if previous is not None and (target is None or target.to_str() != previous.to_str()):
+            self._encoded.clear()  # encoded with another target tokenizer
+        self._target_tokenizer = target
 
     def own_target_tokenizer(self) -> Tokenizer | None:
-        return None if self.joint_vocabulary else self.target_tokenizer
+        target = self.target_tokenizer
+        return None if target is self.tokenizer else target
 
     @property
     def target_tokenizer(self) -> Tokenizer:
         if self.joint_vocabulary:
-            return self.tokenizer
+            return self._target_tokenizer or self.tokenizer
         if self._target_tokenizer is None:
             if self.target_tokenizer_path:
                 self._target_tokenizer = load_tokenizer(

@@ -32,7 +32,7 @@ from trunk.core.codec import OTHER_SPELLING, Codec, check_padding
 from trunk.core.contract import TaskSpec
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
-from trunk.formats.spm import SPM_FILES, spm_folder_tokenizer
+from trunk.formats.spm import MARIAN_FILES, SPM_FILES, marian_tokenizers, spm_folder_tokenizer
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
 from trunk.models import TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import Objective
@@ -45,7 +45,8 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
 HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", *SPM_FILES]
+            "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", *SPM_FILES,
+            *MARIAN_FILES]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "quick_gelu": "quick_gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 # families whose architecture the trunk cannot compute, and why: refused by name
@@ -560,24 +561,38 @@ CLIP = Family(
 )
 
 
-def bart_config(values: dict) -> TrunkConfig:
-    """BART's encoder as the trunk (its decoder, of the same shape, is the translation head's)."""
-    activation = values.get("activation_function", "gelu")
-    _check({**values, "hidden_act": activation}, values["model_type"],
-           {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False})
+def seq2seq_config(values: dict, **architecture) -> TrunkConfig:
+    """A BART-like encoder-decoder's encoder as the trunk (its decoder, of the same shape, is the translation head's);
+    ``architecture``: the fields by which the family differs from BART (positions, norms)."""
     for ours, theirs in (("attention_heads", "the heads"), ("ffn_dim", "the feed-forward width")):
         if values[f"encoder_{ours}"] != values[f"decoder_{ours}"]:
             encoder, decoder = values[f"encoder_{ours}"], values[f"decoder_{ours}"]
             raise ValueError(f"The {values['model_type']} checkpoint's encoder and decoder differ in {theirs} "
                              f"(encoder_{ours}={encoder}, decoder_{ours}={decoder}): Trunk's decoder has the trunk's "
                              "shape.")
-    return TrunkConfig(
-        vocab_size=values["vocab_size"], d_model=values["d_model"], n_layers=values["encoder_layers"],
-        n_heads=values["encoder_attention_heads"], d_ff=values["encoder_ffn_dim"], dropout=values.get("dropout", 0.1),
-        attn_dropout=values.get("attention_dropout", 0.0), max_len=values.get("max_position_embeddings", 1024),
-        position_offset=2, positions="learned", norm="post", embedding_norm=True, activation=ACTIVATIONS[activation],
-        layer_norm_eps=1e-5, init_std=values.get("init_std", 0.02),
-    )
+    return TrunkConfig(**{
+        "vocab_size": values["vocab_size"], "d_model": values["d_model"], "n_layers": values["encoder_layers"],
+        "n_heads": values["encoder_attention_heads"], "d_ff": values["encoder_ffn_dim"],
+        "dropout": values.get("dropout", 0.1), "attn_dropout": values.get("attention_dropout", 0.0),
+        "max_len": values.get("max_position_embeddings", 1024), "layer_norm_eps": 1e-5,
+        "init_std": values.get("init_std", 0.02),
+        "activation": ACTIVATIONS[values.get("activation_function", "gelu")], **architecture})
+
+
+def bart_config(values: dict) -> TrunkConfig:
+    activation = values.get("activation_function", "gelu")
+    _check({**values, "hidden_act": activation}, values["model_type"],
+           {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False})
+    return seq2seq_config(values, position_offset=2, positions="learned", norm="post", embedding_norm=True)
+
+
+def marian_config(values: dict) -> TrunkConfig:
+    """Marian (opus-mt): BART's post-LN layers over fixed sinusoidal positions (sines, then cosines), token embeddings
+    scaled by sqrt(d_model), no embedding norm, one vocabulary for both sides."""
+    _check({**values, "hidden_act": values.get("activation_function", "gelu")}, "marian",
+           {"share_encoder_decoder_embeddings": True, "normalize_before": False})
+    return seq2seq_config(values, positions="sinusoidal_halves", norm="post", embedding_norm=False,
+                          scale_embedding=values.get("scale_embedding", False))
 
 
 def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:
@@ -603,18 +618,15 @@ def bart_logits_bias(values: dict, tensors: dict, prefix: str) -> dict:
     return tensors
 
 
-BART = Family(
-    bart_config,
-    {"stems.text.token": "shared", "stems.text.position": "encoder.embed_positions",
-     "stems.text.norm": "encoder.layernorm_embedding", **_block(bart_layer("encoder"))},
-    ("model.",),
-    heads={"translation": HeadTable(
+def seq2seq_decoder(stem: dict[str, str]) -> HeadTable:
+    """A BART-like decoder as the translation head's: its layers as BART's, ``stem``: the rest (Trunk's name ->
+    theirs: a position table, an embedding norm, a final norm)."""
+    return HeadTable(
         "decoder (sequence to sequence)",
         lambda values: Translation(decoder_layers=values["decoder_layers"]),
         {
             "decoder": "decoder",  # its output bias (bart_logits_bias)
-            "decoder.stem.position": "decoder.embed_positions",
-            "decoder.stem.norm": "decoder.layernorm_embedding",
+            **stem,
             **{f"decoder.blocks.{{i}}.{ours}": theirs for ours, theirs in bart_layer("decoder").items()},
             "decoder.blocks.{i}.cross_attn.q_proj": "decoder.layers.{i}.encoder_attn.q_proj",
             "decoder.blocks.{i}.cross_attn.kv_proj": ("decoder.layers.{i}.encoder_attn.k_proj",
@@ -624,8 +636,26 @@ BART = Family(
         },
         depth="decoder_layers",
         tied={"decoder.stem.token.weight": "stems.text.token.weight"},
-    )},
+    )
+
+
+BART = Family(
+    bart_config,
+    {"stems.text.token": "shared", "stems.text.position": "encoder.embed_positions",
+     "stems.text.norm": "encoder.layernorm_embedding", **_block(bart_layer("encoder"))},
+    ("model.",),
+    heads={"translation": seq2seq_decoder({"decoder.stem.position": "decoder.embed_positions",
+                                           "decoder.stem.norm": "decoder.layernorm_embedding"})},
     ignored=(r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
+    adjust=bart_logits_bias,
+)
+MARIAN = Family(
+    marian_config,
+    {"stems.text.token": "shared", **_block(bart_layer("encoder"))},
+    ("model.",),
+    heads={"translation": seq2seq_decoder({})},
+    # its fixed position tables (computed here: sinusoidal_halves), which older files store
+    ignored=(r"(model\.)?(encoder|decoder)\.embed_(tokens|positions)\.weight", r"lm_head\.weight"),
     adjust=bart_logits_bias,
 )
 
@@ -722,7 +752,8 @@ T5_FAMILY = Family(
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2, "clip": CLIP,
-                               "clip_vision_model": CLIP, "bart": BART, "t5": T5_FAMILY}
+                               "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
+                               "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:
@@ -793,12 +824,12 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             for k, v in tensors.items()}
 
 
-def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
+def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str], Tokenizer | None]:
     """The model's own tokenizer as it ships (``tokenizer.json``, else BERT's ``vocab.txt`` with its lowercasing,
-    RoBERTa's BPE files, or a SentencePiece model), and
-    what was changed: padding and truncation switched on in the file are cleared (the data pads and cuts per batch;
-    a fixed padding would make every input that long)."""
-    config = _json(folder / "tokenizer_config.json")
+    RoBERTa's BPE files, Marian's two segmenters, or a SentencePiece model), what was changed (padding and truncation
+    switched on in the file are cleared: the data pads and cuts per batch; a fixed padding would make every input that
+    long), and the tokenizer of a decoder's outputs where it has one of its own (Marian's ``target.spm``)."""
+    config, target = _json(folder / "tokenizer_config.json"), None
     if (folder / "tokenizer.json").is_file():
         try:
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -814,6 +845,8 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
         tokenizer.add_special_tokens([t for t in OTHER_SPELLING.values() if tokenizer.token_to_id(t) is not None])
         sep, cls = (("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")))
         tokenizer.post_processor = processors.RobertaProcessing(sep, cls, add_prefix_space=prefix_space)
+    elif (folder / "source.spm").is_file() or (folder / "target.spm").is_file():
+        tokenizer, target = marian_tokenizers(folder)
     elif spm := next((folder / name for name in SPM_FILES if (folder / name).is_file()), None):
         tokenizer = spm_folder_tokenizer(spm, config)
     else:
@@ -828,7 +861,7 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str]]:
         cleared.append(f"truncation at {tokenizer.truncation['max_length']}")
         tokenizer.no_truncation()
     check_padding(tokenizer, str(folder))
-    return tokenizer, cleared
+    return tokenizer, cleared, target
 
 
 def _json(path: Path) -> dict:
@@ -970,7 +1003,7 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
     mapped = map_weights(values, read_weights(folder), folder)
     notes, codec = list(mapped.notes), Codec()
     if "text" in mapped.stems:
-        tokenizer, cleared = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
+        tokenizer, cleared, target = read_tokenizer(Path(tokenizer_folder) if tokenizer_folder else folder)
         size, rows = tokenizer.get_vocab_size(), mapped.config.vocab_size
         # a table padded to a round size past the tokenizer (T5: 32,100 tokens in 32,128 rows; DeBERTa-v3: 128,001 in
         # 128,100)
@@ -983,7 +1016,8 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
                              "table: they do not belong together. Give the model's own tokenizer (--tokenizer DIR).")
         if cleared:
             notes.append(f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)")
-        codec = Codec(tokenizer)
+        # a decoder's own segmenter of its outputs, over the same vocabulary (Marian's)
+        codec = Codec(tokenizer, {task: target for task in mapped.heads if target is not None})
     processor = _json(folder / "preprocessor_config.json")
     if "image" in mapped.stems and processor.get("image_mean"):
         notes.append(f"it was pretrained on images normalised with mean {processor['image_mean']} and std "

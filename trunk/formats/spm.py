@@ -10,6 +10,7 @@ schema; the tokenizer it makes runs without it. Hand-written because ``tokenizer
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -41,15 +42,27 @@ def read_model(path: Path):
     return proto
 
 
-def spm_tokenizer(path: str | Path) -> Tokenizer:
+def spm_tokenizer(path: str | Path, vocab: dict[str, int] | None = None) -> Tokenizer:
     """The SentencePiece model at ``path`` as a ``Tokenizer`` with the same pieces, ids and segmentation (special
-    tokens and the post-processor are the caller's: they belong to the model, not to the file)."""
+    tokens and the post-processor are the caller's: they belong to the model, not to the file). ``vocab``: the ids are
+    this vocabulary's instead of the file's (Marian's ``vocab.json``, which a source and a target segmenter share): its
+    pieces the file lacks are never chosen while segmenting (the other side's), the file's pieces it lacks are not
+    written (unigram models only)."""
     path = Path(path)
     proto = read_model(path)
     spec, trainer = proto.normalizer_spec, proto.trainer_spec
     pieces = [(p.piece, p.score) for p in proto.pieces]
     user_defined = [p.piece for p in proto.pieces if p.type == USER_DEFINED]
-    if trainer.model_type == UNIGRAM:
+    if vocab is not None:
+        if trainer.model_type != UNIGRAM:
+            raise ValueError(f"'{path}' is a SentencePiece {trainer.ModelType.Name(trainer.model_type)} model; Trunk "
+                             "reads a segmenter over a separate vocabulary (Marian's) for unigram models only.")
+        scores = dict(pieces)
+        never = min(scores.values()) - 1e6  # far below any path of the file's own pieces
+        by_id = sorted(vocab.items(), key=lambda item: item[1])
+        model = models.Unigram([(piece, scores.get(piece, never)) for piece, _ in by_id], unk_id=vocab["<unk>"],
+                               byte_fallback=trainer.byte_fallback)
+    elif trainer.model_type == UNIGRAM:
         model = models.Unigram(pieces, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback)
     elif trainer.model_type == BPE:
         vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
@@ -86,10 +99,9 @@ def spm_tokenizer(path: str | Path) -> Tokenizer:
     elif trainer.byte_fallback:
         steps.append(decoders.Fuse())
     tokenizer.decoder = decoders.Sequence(steps)
-    special = [p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)]
+    special = [p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL) and (vocab is None or p.piece in vocab)]
     tokenizer.add_special_tokens(special)  # never split, skipped when decoding
     return tokenizer
-
 
 
 def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
@@ -125,3 +137,38 @@ def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"$A {sep_token}", pair=f"$A {sep_token} $B:1 {sep_token}:1", special_tokens=[(sep_token, sep)])
     return tokenizer
+
+
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+
+
+def marian_tokenizers(folder: Path) -> tuple[Tokenizer, Tokenizer]:
+    """Marian's (opus-mt's) two segmenters over its one vocabulary: ``source.spm`` for the inputs and ``target.spm`` for
+    the outputs, both numbering pieces as ``vocab.json`` does, each input ending with ``</s>``; its language codes
+    (``>>fra<<``, leading a multilingual model's input) are whole tokens. ``transformers``' ``MarianTokenizer``
+    encodes the same (without ``sacremoses``, whose punctuation normalisation it applies where installed)."""
+    absent = [name for name in MARIAN_FILES if not (folder / name).is_file()]
+    if absent:
+        raise FileNotFoundError(f"'{folder}' is a Marian model without {' and '.join(absent)}: its tokenizer is two "
+                                "SentencePiece segmenters (source.spm, target.spm) over vocab.json. Download the model "
+                                "again, or give its tokenizer folder with --tokenizer DIR.")
+    if (folder / "target_vocab.json").is_file():
+        raise ValueError(f"'{folder}' has a target vocabulary of its own (target_vocab.json), which Trunk does not "
+                         "read: it reads Marian models whose two sides share vocab.json.")
+    try:
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"'{folder / 'vocab.json'}' is not valid JSON ({err}). Download the model again.") from None
+    numbered = isinstance(vocab, dict) and sorted(vocab.values()) == list(range(len(vocab)))
+    if not numbered or not {"<unk>", "</s>"} <= set(vocab):
+        raise ValueError(f"'{folder / 'vocab.json'}' is not a vocabulary numbering its pieces 0..n-1 with <unk> and "
+                         "</s>. Download the model again.")
+    sides = []
+    for name in ("source.spm", "target.spm"):
+        tokenizer = spm_tokenizer(folder / name, vocab)
+        codes = [piece for piece in vocab if piece.startswith(">>") and piece.endswith("<<")]
+        tokenizer.add_special_tokens([t for t in ("</s>", "<pad>", "<unk>", *codes) if t in vocab])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", pair="$A $B:1 </s>:1", special_tokens=[("</s>", vocab["</s>"])])
+        sides.append(tokenizer)
+    return sides[0], sides[1]

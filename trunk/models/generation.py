@@ -106,7 +106,8 @@ def beam_search(
     Each step extends the K live hypotheses of every sentence by every token and keeps the 2K best
     candidates by log-probability. Candidates among the best K that end in EOS join the sentence's
     finished pool (ranked by the length-normalised score); the K best that do not end stay live. A
-    sentence is done when its pool holds K hypotheses; at ``max_steps`` the live ones join the pool.
+    sentence is done when its pool holds K hypotheses; at ``max_steps`` the best K candidates join the pool, ended
+    or not (``transformers``' ``generate`` with ``early_stopping=True`` keeps the same hypotheses).
 
     The first step runs one hypothesis per sentence (all K would be the same start token) and widens
     to K after it, so the memory's keys and values are projected once per sentence, not per beam.
@@ -138,7 +139,9 @@ def beam_search(
         sequences = torch.cat([tokens.view(B, k, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
                                token[:, :, None]], dim=2)  # (B, 2K, step + 1), without the start token
 
-        finishing = ends & (rank < K) & ~done[:, None] & (top_scores > float("-inf"))
+        # at the last step the best K join the pool whether they end or not (out of steps), ranked with the ended ones
+        last = step == max_steps - 1
+        finishing = (ends | last) & (rank < K) & ~done[:, None] & (top_scores > float("-inf"))
         normalised = torch.where(finishing, top_scores / (step + 1) ** length_penalty, float("-inf"))
         pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, normalised, sequences, ids.pad)
 
@@ -154,11 +157,6 @@ def beam_search(
         done |= pool_scores[:, -1] > float("-inf")
         if done.all():
             break
-    else:  # out of steps: sentences still searching take their live hypotheses too
-        live_scores = torch.where(done[:, None], float("-inf"), scores / max_steps ** length_penalty)
-        pool_scores, pool_tokens = _keep_best(
-            pool_scores, pool_tokens, live_scores, tokens.view(B, K, -1)[:, :, 1:], ids.pad
-        )
     best = pool_tokens[:, 0]
     length = int((best != ids.pad).sum(1).max())
     return best[:, : max(length, 1)]

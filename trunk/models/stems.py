@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -28,6 +30,7 @@ class TokenStem(nn.Module):
         self.max_len, self.position_offset = cfg.max_len, cfg.position_offset
         width = cfg.embedding_size
         self.token = nn.Embedding(cfg.vocab_size, width)
+        self.token_scale = math.sqrt(width) if cfg.scale_embedding else 1.0
         self.scheme = POSITIONS[cfg.positions]  # learned, sinusoidal: a table here; rope, alibi, t5: in attention
         self.scheme.add_token_table(self, cfg.position_offset + cfg.max_len, width)
         self.segment = nn.Embedding(cfg.segments, width) if cfg.segments else None
@@ -62,6 +65,8 @@ class TokenStem(nn.Module):
                 "(the datamodules do this via their max_length option) or build the trunk with a larger max_len."
             )
         x = self.token(input_ids)
+        if self.token_scale != 1.0:
+            x = x * self.token_scale
         if self.training and self.token_dropout > 0:
             x = x * (torch.rand(input_ids.shape, device=x.device) >= self.token_dropout).unsqueeze(-1).to(x.dtype)
         table = self.scheme.token_table(self, self.position_offset + offset, self.position_offset + T)

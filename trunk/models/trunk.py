@@ -63,9 +63,12 @@ class TrunkConfig:
     # segments: token-type embeddings (BERT's 2), a token's type being the number of [SEP]s before it, so a sentence
     # pair reads [CLS] a [SEP] as 0 and b [SEP] as 1 (0: none); embedding_norm: a LayerNorm on the embeddings (None:
     # with post-LN, as BERT); position_offset: learned position rows before the first token's (RoBERTa's 2);
-    # embedding_size: the width of the embedding tables when narrower than d_model, projected up (ELECTRA-small's 128)
+    # embedding_size: the width of the embedding tables when narrower than d_model, projected up (ELECTRA-small's 128);
+    # scale_embedding: token embeddings times sqrt(their width) before positions are added (Vaswani et al.'s, Marian's,
+    # NLLB's)
     segments: int = 0
     embedding_norm: bool | None = None
+    scale_embedding: bool = False
     # T5's: RMSNorm (a gain, no mean, no bias) wherever the trunk normalises; a gated feed-forward,
     # act(x W_gate) * x W_in (T5 v1.1's gated GELU, LLaMA's SwiGLU with silu)
     rms_norm: bool = False

@@ -1,7 +1,8 @@
 """Position schemes, one file each, behind one interface (``base.PositionScheme``): absolute tables (``tables.py``:
-learned, sinusoidal), rotary (``rotary.py``: rope), attention biases (``biases.py``: alibi, t5, and MPNet's
-learned_relative, a table and t5's bias) and DeBERTa's disentangled attention (``disentangled.py``). ``POSITIONS`` maps
-``TrunkConfig.positions`` to its scheme; a new scheme is a file here and its import below (docs/architecture.md)."""
+learned, and sinusoidal in three layouts), rotary (``rotary.py``: rope), attention biases (``biases.py``: alibi, t5,
+and MPNet's learned_relative, a table and t5's bias) and DeBERTa's disentangled attention (``disentangled.py``).
+``POSITIONS`` maps ``TrunkConfig.positions`` to its scheme; a new scheme is a file here and its import below
+(docs/architecture.md)."""
 
 from trunk.models.positions.base import POSITIONS, PositionScheme, scheme
 from trunk.models.positions.biases import T5, Alibi, LearnedRelative, PositionBias, alibi_slopes, relative_buckets
@@ -10,6 +11,8 @@ from trunk.models.positions.rotary import Rotary, rotary_table, rotate
 from trunk.models.positions.tables import (
     Learned,
     Sinusoidal,
+    SinusoidalHalves,
+    SinusoidalT2T,
     resize_grid,
     sinusoidal_positions,
     sinusoidal_positions_2d,
@@ -28,6 +31,8 @@ __all__ = [
     "RelativeTable",
     "Rotary",
     "Sinusoidal",
+    "SinusoidalHalves",
+    "SinusoidalT2T",
     "T5",
     "alibi_slopes",
     "relative_buckets",

@@ -135,7 +135,8 @@ class Translation(Objective):
         """Target token ids (B, L), ending with [SEP] (unless cut by the length limit), padded after it."""
         beam_size = beam_size or self.generation.beam_size
         memory, memory_mask = trunk(input_ids, attention_mask), attention_mask.bool()
-        steps = self.generation.steps(int(attention_mask.sum(1).max()))
+        # no longer than the decoder has positions for (its start token takes the first)
+        steps = min(self.generation.steps(int(attention_mask.sum(1).max())), self.decoder.cfg.max_len)
         if beam_size == 1:
             return greedy_search(self.decoder, memory, memory_mask, self.generation_ids, steps, use_cache)
         return beam_search(

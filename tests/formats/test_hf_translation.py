@@ -1,0 +1,153 @@
+"""Translation checkpoints into the trunk and its translation head (trunk/formats/hf.py), checked against
+``transformers`` itself: Marian (opus-mt) models built here at random (no network), with two SentencePiece segmenters
+trained here over one vocabulary, as ``save_pretrained`` and opus-mt ship them."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+from test_hf import off_init, trunk_of  # noqa: E402
+
+from trunk.core.contract import TaskSpec  # noqa: E402
+from trunk.formats.hf import convert, map_weights  # noqa: E402
+from trunk.tasks import Translation  # noqa: E402
+
+ENGLISH = ["the cat sat on the mat .", "a dog runs in the park !", "two people are walking on the beach",
+           "the children play football in the garden", "a man is reading a book on a bench"]
+GERMAN = ["die katze sitzt auf der matte .", "ein hund rennt im park !", "zwei menschen gehen am strand",
+          "die kinder spielen fussball im garten", "ein mann liest ein buch auf einer bank"]
+
+
+def train_spm(sentences: list[str], size: int) -> bytes:
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences * 20), model_writer=model, vocab_size=size, model_type="unigram",
+        hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    return model.getvalue()
+
+
+def write_marian_tokenizer(folder: Path) -> dict[str, int]:
+    """opus-mt's tokenizer files: source.spm and target.spm, and the vocab.json both number their pieces by (</s> 0,
+    <unk> 1, the pieces of both segmenters, <pad> last)."""
+    pieces = []
+    for name, sentences in (("source.spm", ENGLISH), ("target.spm", GERMAN)):
+        (folder / name).write_bytes(train_spm(sentences, 40))
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / name))
+        pieces += [processor.id_to_piece(i) for i in range(3, processor.get_piece_size())]
+    vocab = {piece: i for i, piece in enumerate(dict.fromkeys(["</s>", "<unk>", *pieces, "<pad>"]))}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    return vocab
+
+
+def tiny_marian(folder: Path, eos_bias: float = 0.0, **options):
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_marian_tokenizer(folder)
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, activation_function="swish", scale_embedding=True,
+        pad_token_id=vocab["<pad>"], eos_token_id=vocab["</s>"], decoder_start_token_id=vocab["<pad>"],
+        forced_eos_token_id=None, **options)
+    model = transformers.MarianMTModel(config).eval()
+    off_init(model)
+    with torch.no_grad():
+        model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
+        model.final_logits_bias[0, vocab["</s>"]] += eos_bias  # hypotheses that end at different lengths
+    model.save_pretrained(folder)
+    return model
+
+
+def translation_head(pretrained, trunk, decoder_layers: int) -> Translation:
+    objective = Translation(decoder_layers=decoder_layers)
+    objective.build("translation", trunk, TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    objective.load_head(pretrained.heads["translation"]["state"], None, False, "test")
+    objective.connect(pretrained.codec)
+    return objective.eval()
+
+
+def padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+    length = max(map(len, rows))
+    return torch.tensor([row + [pad] * (length - len(row)) for row in rows])
+
+
+def test_marian_segmenters_encode_as_its_tokenizer_does(tmp_path):
+    """Sources through source.spm, targets through target.spm, both numbered by vocab.json, inputs ending with </s>;
+    decoding gives the text back."""
+    tiny_marian(tmp_path / "hf")
+    reference = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    pretrained, _ = convert(tmp_path / "hf")
+    source, target = pretrained.codec.tokenizer, pretrained.codec.target("translation")
+    texts = [*ENGLISH, "the dog sat in the garden .", "a cat !"]
+    assert [source.encode(t).ids for t in texts] == reference(texts)["input_ids"]
+    german = [*GERMAN, "die katze rennt im garten"]
+    assert [target.encode(t, add_special_tokens=False).ids for t in german] == \
+        [ids[:-1] for ids in reference(text_target=german)["input_ids"]]
+    assert target.decode(target.encode(german[1]).ids, skip_special_tokens=True) == german[1]
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, 1.0], ids=["to-the-length-limit", "ending-early"])
+def test_marian_teacher_forced_logits_greedy_and_beam_outputs_equal_transformers(eos_bias, tmp_path):
+    """Marian: scaled embeddings, sinusoidal positions in halves, post-LN layers without an embedding norm, its output
+    bias; the decoder starts from <pad>. Logits under teacher forcing within 1e-5; greedy and beam-4 outputs token for
+    token as ``generate`` writes them."""
+    model = tiny_marian(tmp_path / "hf", eos_bias=eos_bias)
+    pretrained, notes = convert(tmp_path / "hf")
+    assert any("'translation'" in note for note in notes)
+    assert pretrained.config.positions == "sinusoidal_halves" and pretrained.config.scale_embedding
+    trunk = trunk_of(pretrained)
+    objective = translation_head(pretrained, trunk, 3)
+    source, target = pretrained.codec.tokenizer, pretrained.codec.target("translation")
+    special = objective.generation_ids
+    assert special.bos == special.pad == model.config.pad_token_id and special.eos == model.config.eos_token_id
+    ids = padded([source.encode(t).ids for t in ENGLISH[:3]], special.pad)
+    mask = (ids != special.pad).long()
+    targets = padded([[special.bos, *target.encode(t, add_special_tokens=False).ids] for t in GERMAN[:3]], special.pad)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
+        ours = objective(trunk, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": targets})
+        assert (expected - ours).abs().max() < 1e-5
+        # the same length limit on both sides
+        steps = min(objective.generation.steps(int(mask.sum(1).max())), objective.decoder.cfg.max_len)
+        for beams in (1, 4):
+            generated = objective.generate(trunk, ids, mask, beam_size=beams)
+            reference = model.generate(
+                input_ids=ids, attention_mask=mask, num_beams=beams, do_sample=False, early_stopping=True,
+                max_new_tokens=steps, min_length=0, length_penalty=1.0,
+                bad_words_ids=[[t] for t in special.banned])[:, 1:]
+            cut = lambda row: row[: row.index(special.eos) + 1] if special.eos in row else row  # noqa: E731
+            assert [cut(row) for row in generated.tolist()] == [cut(row) for row in reference.tolist()], beams
+
+
+def test_opus_mt_en_de_maps_on_the_meta_device():
+    """Helsinki-NLP/opus-mt-en-de's config.json (6 + 6 layers, width 512, 58,101 tokens): every weight mapped, none
+    left over, on the meta device."""
+    values = {"model_type": "marian", "vocab_size": 58101, "d_model": 512, "encoder_layers": 6, "decoder_layers": 6,
+              "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_ffn_dim": 2048,
+              "decoder_ffn_dim": 2048, "activation_function": "swish", "max_position_embeddings": 512,
+              "scale_embedding": True, "pad_token_id": 58100, "decoder_start_token_id": 58100, "eos_token_id": 0,
+              "share_encoder_decoder_embeddings": True, "normalize_before": False}
+    with torch.device("meta"):
+        model = transformers.MarianMTModel(transformers.MarianConfig(**values))
+    tensors = {**model.state_dict(), "final_logits_bias": model.final_logits_bias}
+    mapped = map_weights(values, tensors, "opus-mt-en-de")
+    assert mapped.config.n_layers == 6 and mapped.config.activation == "silu"
+    state = mapped.heads["translation"]["state"]
+    assert state["decoder.output_bias"].shape == (58101,) and len([k for k in state if "cross_attn.q_proj.w" in k]) == 6
+
+
+@pytest.mark.parametrize("absent", ["target.spm", "vocab.json"])
+def test_a_marian_folder_missing_a_segmenter_is_named(absent, tmp_path):
+    tiny_marian(tmp_path / "hf")
+    (tmp_path / "hf" / absent).unlink()
+    with pytest.raises(FileNotFoundError, match=f"Marian model without {absent}"):
+        convert(tmp_path / "hf")
