@@ -151,3 +151,100 @@ def test_a_marian_folder_missing_a_segmenter_is_named(absent, tmp_path):
     (tmp_path / "hf" / absent).unlink()
     with pytest.raises(FileNotFoundError, match=f"Marian model without {absent}"):
         convert(tmp_path / "hf")
+
+
+LANGUAGES = {"m2m_100": ("eng_Latn", "deu_Latn", "fra_Latn"), "mbart": ("en_XX", "de_DE", "fr_XX")}
+
+
+def write_multilingual_tokenizer(folder: Path, codes: tuple[str, ...]) -> dict[str, int]:
+    """An NLLB or mBART-50 kind of tokenizer.json: <s> <pad> </s> <unk>, the pieces, the language codes as special
+    tokens after them, and inputs framed ``code A </s>`` with the first code (the saved default source language)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.train_from_iterator(ENGLISH + GERMAN, trainers.BpeTrainer(
+        vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], show_progress=False))
+    tokenizer.add_special_tokens(list(codes))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{codes[0]} $A </s>", pair=f"{codes[0]} $A $B </s>",
+        special_tokens=[(codes[0], tokenizer.token_to_id(codes[0])), ("</s>", 2)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return tokenizer.get_vocab()
+
+
+def tiny_multilingual(model_type: str, folder: Path):
+    """A random NLLB (model type m2m_100) or mBART-50 translator with its kind of tokenizer, saved."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_multilingual_tokenizer(folder, LANGUAGES[model_type])
+    torch.manual_seed(0)
+    shape = dict(vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                 dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True, pad_token_id=1,
+                 bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    if model_type == "m2m_100":
+        model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**shape))
+    else:
+        model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**shape))
+        with torch.no_grad():
+            model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
+    off_init(model.eval())
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["m2m_100", "mbart"])
+def test_nllb_and_mbart_logits_and_outputs_with_the_languages_forced_equal_transformers(model_type, tmp_path):
+    """NLLB (pre-LN, tensor2tensor sinusoids from position 2, scaled embeddings, no output bias) and mBART-50
+    (pre-LN with embedding and final norms, learned positions, its output bias): the decoder starts from </s> as
+    stored with the head, the target language's code comes first (forced when generating), the source language's
+    replaces the tokenizer's default. Logits within 1e-5; greedy and beam-4 outputs as ``generate`` writes them."""
+    from trunk.core.codec import with_first_token
+
+    model = tiny_multilingual(model_type, tmp_path / "hf")
+    _, german, french = LANGUAGES[model_type]
+    pretrained, notes = convert(tmp_path / "hf")
+    assert any("starts from '</s>'" in note for note in notes)
+    stored = pretrained.heads["translation"]["meta"]["objective"]["init_args"]
+    assert stored["decoder_start"] == "</s>"
+    trunk = trunk_of(pretrained)
+    objective = Translation(**{**stored, "target_language": german})
+    objective.build("translation", trunk, TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    objective.load_head(pretrained.heads["translation"]["state"], None, False, "test")
+    objective.connect(pretrained.codec)
+    objective.eval()
+    source = with_first_token(pretrained.codec.tokenizer, french, "source_language")
+    rows = [source.encode(t).ids for t in ENGLISH[:3]]
+    assert all(row[0] == source.token_to_id(french) and row[-1] == 2 for row in rows)
+    special = objective.generation_ids
+    assert (special.bos, special.forced) == (2, (source.token_to_id(german),))
+    ids = padded(rows, special.pad)
+    mask = (ids != special.pad).long()
+    targets = [source.encode(t, add_special_tokens=False).ids for t in GERMAN[:3]]
+    data_start = 0  # what the data writes first (<s>): the objective reads its own start and the language instead
+    batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": padded([[data_start, *t] for t in targets],
+                                                                                   special.pad)}
+    theirs = padded([[2, special.forced[0], *t] for t in targets], special.pad)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=theirs).logits
+        real = theirs != special.pad
+        assert (expected - objective(trunk, batch))[real].abs().max() < 1e-5
+        steps = min(objective.generation.steps(int(mask.sum(1).max())), objective.decoder.cfg.max_len)
+        for beams in (1, 4):
+            generated = objective.generate(trunk, ids, mask, beam_size=beams)
+            reference = model.generate(
+                input_ids=ids, attention_mask=mask, num_beams=beams, do_sample=False, early_stopping=True,
+                decoder_start_token_id=2, forced_bos_token_id=special.forced[0], max_new_tokens=steps, min_length=0,
+                length_penalty=1.0, bad_words_ids=[[t] for t in special.banned])[:, 1:]
+            cut = lambda row: row[: row.index(special.eos) + 1] if special.eos in row else row  # noqa: E731
+            assert [cut(row) for row in generated.tolist()] == [cut(row) for row in reference.tolist()], beams
+            assert all(row[0] == special.forced[0] for row in generated.tolist())
+
+
+def test_a_target_language_not_in_the_vocabulary_is_named(tmp_path):
+    tiny_multilingual("m2m_100", tmp_path / "hf")
+    pretrained, _ = convert(tmp_path / "hf")
+    objective = Translation(decoder_layers=3, target_language="deu_Latin")
+    objective.build("translation", trunk_of(pretrained), TaskSpec(target_vocab_size=pretrained.config.vocab_size))
+    with pytest.raises(ValueError, match=r"target_language='deu_Latin' is not a token .* like it: \['deu_Latn',"):
+        objective.connect(pretrained.codec)

@@ -458,3 +458,13 @@ def test_a_sustained_mix_of_good_malformed_and_oversized_requests(tiny_cli_args)
         time.sleep(2)
         after = resident_mib(server.process.pid)
         assert after <= 1.1 * before, (before, after)
+
+
+def test_serve_options_are_read_per_task_and_a_malformed_one_is_named():
+    from trunk.cli.serve import task_options
+
+    assert task_options(["t.target_language=fra_Latn", "t.generation={beam_size: 1}", "u.val_beam_size=2"]) == {
+        "t": {"target_language": "fra_Latn", "generation": {"beam_size": 1}}, "u": {"val_beam_size": 2}}
+    for bad, why in (("target_language=fra_Latn", "write TASK.NAME=VALUE"), ("t.generation={beam", "not YAML")):
+        with pytest.raises(ValueError, match=why):
+            task_options([bad])

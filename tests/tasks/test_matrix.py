@@ -294,25 +294,40 @@ def test_image_classification_from_each_imported_vision_family(family, tmp_path)
     assert len(records) == 3 and records == load(tmp_path / "exported").predict(pixels)
 
 
-@pytest.mark.parametrize("family", ["bart", "marian"])
+@pytest.mark.parametrize("family", ["bart", "marian", "m2m_100", "mbart"])
 def test_translation_from_each_imported_seq2seq_family(family, request, tmp_path):
     """The translation kind's paths from a Hugging Face folder of each encoder-decoder family, its decoder as the
     task's (``heads_from``): fine-tune, export, predict from the checkpoint and the directory alike. Marian's targets
-    are segmented by its own target.spm, which the checkpoint and the directory keep."""
+    are segmented by its own target.spm, which the checkpoint and the directory keep; NLLB's and mBART-50's inputs
+    start with the source language's code and their outputs with the target's, which predict may change."""
     pytest.importorskip("transformers")
     from test_hf import tiny_bart
-    from test_hf_translation import tiny_marian
+    from test_hf_translation import LANGUAGES, tiny_marian, tiny_multilingual
 
-    {"bart": tiny_bart, "marian": tiny_marian}[family](tmp_path / "hf")
+    build = {"bart": tiny_bart, "marian": tiny_marian}.get(family, lambda folder: tiny_multilingual(family, folder))
+    build(tmp_path / "hf")
+    english, german, french = LANGUAGES.get(family, (None, None, None))
+    languages = [f"--data.tasks.t.init_args.source_language={english}",
+                 f"--model.tasks.t.init_args.target_language={german}"] if english else []
     kind = KINDS["translation"]
     files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]
     fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}", "--model.heads_from={t: translation}",
-                   "--model.tasks.t.init_args.decoder_layers=3"])
+                   "--model.tasks.t.init_args.decoder_layers=3", *languages])
     data = fit.datamodule.tasks["t"]
+    if english:
+        assert fit.model.objectives["t"].decoder_start == "</s>"  # carried with the stored head
+        assert data.tokenizer.encode("cat").ids[0] == data.tokenizer.token_to_id(english)
     assert (data.target_tokenizer is not data.tokenizer) == (family == "marian")
     assert (fit.model.codec.target("t") is not fit.model.codec.tokenizer) == (family == "marian")
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "exported")])
     records = load(ckpt).predict(list(kind.inputs))
     assert len(records) == len(kind.inputs) and records == load(tmp_path / "exported").predict(list(kind.inputs))
+    if english:  # another output language at predict time
+        model = load(ckpt, options={"t": {"target_language": french, "generation": {"beam_size": 2}}})
+        objective = model.model.objectives["t"]
+        assert objective.generation_ids.forced == (data.tokenizer.token_to_id(french),)
+        assert objective.generation.beam_size == 2 and len(model.predict(list(kind.inputs))) == len(kind.inputs)
+        with pytest.raises(ValueError, match=r"\['decoder_layers'\] cannot be set on a trained model"):
+            load(ckpt, options={"t": {"decoder_layers": 2}})

@@ -131,13 +131,18 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
         source = head.get("source", pretrained.path)  # a task directory's, or the trunk's
         state, fresh_delta = _with_delta(objective, head, source)
         stored_options = {k: v for k, v in (head["meta"].get("objective") or {}).get("init_args", {}).items()
-                          if objective.config.get(k) != v and k not in objective.inference_options}
+                          if objective.config.get(k) != v
+                          and k not in (*objective.inference_options, *objective.carried_options)}
         try:
             how = objective.load_head(state, head["meta"].get("label_names"), reuse.reinit_mismatched_heads,
                                       str(source), label_map.get(name), reuse.keep_shared_labels)
         except ValueError as err:  # a head of another shape: the stored options that differ say which
             raise ValueError(f"{err} The stored head was built with {stored_options}: give the task these options."
                              if stored_options and "does not fit" in str(err) else str(err)) from None
+        taken = objective.adopt((head["meta"].get("objective") or {}).get("init_args", {}))
+        if taken:
+            model.hparams["tasks"][name] = objective.spec()  # stored with the run's checkpoints
+            how = ", ".join([*([how] if how else []), *(f"{k}={v!r} as stored" for k, v in taken.items())])
         origin = f"the head '{stored}' from {source}" if stored != name else f"its head from {source}"
         notes.append(f"task '{name}': {origin}{f' ({how})' if how else ''}{f', {fresh_delta}' if fresh_delta else ''}")
     fresh = sorted(set(trunk.stems) - set(shared))

@@ -44,6 +44,9 @@ def serve_main(args: list[str]) -> None:
     parser.add_argument("--quantize", choices=["int8"],
                         help="int8: the trunk's linear layers in int8 (CPU; with --runtime onnx, the int8 graphs of "
                              "`trunk export CKPT DIR --onnx --quantize int8`)")
+    parser.add_argument("--option", action="append", default=[], metavar="TASK.NAME=VALUE",
+                        help="an option that changes a task's predictions, not its weights (a translation's "
+                             "t.target_language=fra_Latn, t.generation={beam_size: 1}); repeatable")
     parser.add_argument("--max-batch-size", type=ranged(int, 1), default=32, help="requests gathered into one batch")
     parser.add_argument("--batch-timeout", type=ranged(float, 0), default=0.005,
                         help="seconds a batch waits for more requests")
@@ -87,6 +90,7 @@ def serve_main(args: list[str]) -> None:
             Limits(int(options.max_body_mb * 2**20), options.max_inputs, options.max_chars, options.max_image_pixels),
             options.stuck_after,
             options.quantize,
+            task_options(options.option),
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
@@ -95,6 +99,23 @@ def serve_main(args: list[str]) -> None:
     print(f"trunk serve: http://{options.host}:{options.port}/predict ({reach}); threads: {threads}", flush=True)
     stop_on_signals()
     server.run(host=options.host, port=options.port, generate_client_file=False)
+
+
+def task_options(given: list[str]) -> dict[str, dict]:
+    """``--option TASK.NAME=VALUE`` (VALUE read as YAML) as {task: {name: value}}."""
+    import yaml
+
+    out: dict[str, dict] = {}
+    for item in given:
+        key, equals, value = item.partition("=")
+        task, dot, name = key.partition(".")
+        if not (equals and dot and task and name):
+            raise ValueError(f"--option {item!r}: write TASK.NAME=VALUE, as t.target_language=fra_Latn.")
+        try:
+            out.setdefault(task, {})[name] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ValueError(f"--option {item!r}: its value is not YAML ({str(err).splitlines()[0]}).") from None
+    return out
 
 
 def ranged(kind: type, low: float, high: float | None = None) -> Callable[[str], float]:

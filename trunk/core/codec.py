@@ -4,6 +4,7 @@ tokenizer is read back from a file, a trunk directory or a checkpoint. (Training
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -151,3 +152,42 @@ def cache_folder(kind: str) -> Path | None:
 
 
 _UNWRITABLE: set[str] = set()  # caches already said to be unusable
+
+
+LANGUAGE_CODES = ("Give a language code the model's tokenizer has (NLLB's are like deu_Latn, mBART-50's like de_DE, "
+                  "M2M100's like __de__).")
+
+
+def like(tokenizer: Tokenizer, token: str) -> str:
+    """The tokenizer's tokens closest to a misspelt ``token``, said in a few words (empty: none close)."""
+    near = difflib.get_close_matches(token, list(tokenizer.get_vocab()), n=5, cutoff=0.6)
+    return f" (tokens like it: {near})" if near else ""
+
+
+def with_first_token(tokenizer: Tokenizer, token: str, option: str) -> Tokenizer:
+    """A copy of ``tokenizer`` whose inputs start with ``token`` (a source language's code: NLLB's ``deu_Latn``,
+    mBART-50's ``de_DE``), in place of the language code its template puts first (a special token of no role of
+    ``SPECIAL_TOKENS``), or before everything where it puts none. ``option``: the setting that asked, for errors."""
+    if tokenizer.token_to_id(token) is None:
+        raise ValueError(f"{option}={token!r} is not a token of the tokenizer{like(tokenizer, token)}. "
+                         f"{LANGUAGE_CODES}")
+    state = json.loads(tokenizer.to_str())
+    template = state.get("post_processor") or {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A",
+                                                                                                      "type_id": 0}}],
+                                               "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                                        {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}}
+    if template["type"] != "TemplateProcessing":
+        raise ValueError(f"{option}={token!r} puts a language code first, which Trunk does for tokenizers whose "
+                         f"post-processor is a template (NLLB's, mBART-50's); this one's is {template['type']}.")
+    roles = set(SPECIAL_TOKENS) | set(OTHER_SPELLING.values())
+    first = {"SpecialToken": {"id": token, "type_id": 0}}
+    for side in ("single", "pair"):
+        pieces = template[side]
+        codes = [i for i, piece in enumerate(pieces) if piece.get("SpecialToken", {}).get("id") not in (None, *roles)]
+        for i in codes:
+            pieces[i] = {"SpecialToken": {**pieces[i]["SpecialToken"], "id": token}}
+        if not codes:
+            pieces.insert(0, first)
+    template["special_tokens"][token] = {"id": token, "ids": [tokenizer.token_to_id(token)], "tokens": [token]}
+    state["post_processor"] = template
+    return Tokenizer.from_str(json.dumps(state))

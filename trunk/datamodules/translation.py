@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 from tokenizers import Tokenizer
 
-from trunk.core.codec import IGNORE_INDEX, PAD, TARGET_KEY, fingerprint, load_tokenizer, special_id
+from trunk.core.codec import IGNORE_INDEX, PAD, TARGET_KEY, fingerprint, load_tokenizer, special_id, with_first_token
 from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
 from trunk.datamodules.text import TextDataModule, pad
 from trunk.datamodules.tokenizer import cached_tokenizer
@@ -44,6 +44,9 @@ class TranslationData(TextDataModule):
             tokenizer.json, a directory or a Trunk .ckpt); unset: trained on the targets.
         target_tokenizer_vocab_size: its vocabulary size when it is trained here.
         target_max_length: longer targets are truncated (one warning per split); unset: max_length.
+        source_language: a language-code token every source starts with (NLLB's ``eng_Latn``, mBART-50's ``en_XX``,
+            M2M100's ``__en__``), in place of the one the tokenizer's template puts first; the target's is the
+            objective's ``target_language``.
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, max_length, batch_size, ...).
     """
 
@@ -61,6 +64,7 @@ class TranslationData(TextDataModule):
         target_tokenizer: str | None = None,
         target_tokenizer_vocab_size: int = 8192,
         target_max_length: int | None = None,
+        source_language: str | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -76,6 +80,8 @@ class TranslationData(TextDataModule):
         self.target_tokenizer_path = target_tokenizer
         self.target_max_length = target_max_length or self.max_length
         self._target_tokenizer: Tokenizer | None = None
+        self.source_language = source_language
+        self._with_language: tuple[Tokenizer, Tokenizer] | None = None  # (the run's tokenizer, it with source_language)
 
     # -- rows: every source becomes (source: str, target: str | None) ---------------------------------
     def load(self, spec: str, role: str) -> datasets.Dataset:
@@ -197,9 +203,19 @@ class TranslationData(TextDataModule):
             self._encoded.clear()  # encoded with another target tokenizer
         self._target_tokenizer = target
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer, with ``source_language`` first where it is set."""
+        run = super().tokenizer
+        if self.source_language is None:
+            return run
+        if self._with_language is None or self._with_language[0] is not run:
+            self._with_language = (run, with_first_token(run, self.source_language, self.option("source_language")))
+        return self._with_language[1]
+
     def own_target_tokenizer(self) -> Tokenizer | None:
         target = self.target_tokenizer
-        return None if target is self.tokenizer else target
+        return None if target is self.tokenizer or target is super().tokenizer else target
 
     @property
     def target_tokenizer(self) -> Tokenizer:

@@ -34,7 +34,7 @@ from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
 from trunk.formats.spm import MARIAN_FILES, SPM_FILES, marian_tokenizers, spm_folder_tokenizer
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
-from trunk.models import TrunkConfig, build_trunk
+from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
 from trunk.tasks.objectives.translation import Translation
@@ -595,6 +595,22 @@ def marian_config(values: dict) -> TrunkConfig:
                           scale_embedding=values.get("scale_embedding", False))
 
 
+def m2m100_config(values: dict) -> TrunkConfig:
+    """M2M100 and NLLB: pre-LN layers with a final norm on each side over fixed sinusoidal positions (tensor2tensor's
+    layout, from padding id + 1 on), token embeddings scaled by sqrt(d_model)."""
+    _check({**values, "hidden_act": values.get("activation_function", "relu")}, "m2m_100")
+    return seq2seq_config(values, positions="sinusoidal_t2t", position_offset=values.get("pad_token_id", 1) + 1,
+                          norm="pre", embedding_norm=False, scale_embedding=values.get("scale_embedding", True))
+
+
+def mbart_config(values: dict) -> TrunkConfig:
+    """mBART (mbart-large-50 and its fine-tuned translators): BART's learned positions and embedding norm, pre-LN layers
+    with a final norm on each side."""
+    _check({**values, "hidden_act": values.get("activation_function", "gelu")}, "mbart")
+    return seq2seq_config(values, positions="learned", position_offset=2, norm="pre", embedding_norm=True,
+                          scale_embedding=values.get("scale_embedding", False))
+
+
 def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:
     """One BART layer's modules ``side`` (encoder or decoder) as a Trunk block's."""
     layer = f"{side}.layers.{{i}}"
@@ -610,11 +626,14 @@ def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:
 
 
 def bart_logits_bias(values: dict, tensors: dict, prefix: str) -> dict:
-    """``final_logits_bias`` (1, vocab), outside the model's prefix, is the decoder's output bias."""
-    if "final_logits_bias" not in tensors:
-        return tensors
+    """``final_logits_bias`` (1, vocab), outside the model's prefix, is the decoder's output bias; a decoder without one
+    (M2M100's and NLLB's, a base model saved without its LM head) has a zero bias."""
     tensors = dict(tensors)
-    tensors[f"{prefix}decoder.output_bias"] = tensors.pop("final_logits_bias")[0]
+    if "final_logits_bias" in tensors:
+        tensors[f"{prefix}decoder.output_bias"] = tensors.pop("final_logits_bias")[0]
+    elif any(k.startswith(f"{prefix}decoder.layers.") for k in tensors):
+        shared = tensors[f"{prefix}shared.weight"]
+        tensors[f"{prefix}decoder.output_bias"] = shared.new_zeros(shared.shape[0])
     return tensors
 
 
@@ -656,6 +675,26 @@ MARIAN = Family(
     heads={"translation": seq2seq_decoder({})},
     # its fixed position tables (computed here: sinusoidal_halves), which older files store
     ignored=(r"(model\.)?(encoder|decoder)\.embed_(tokens|positions)\.weight", r"lm_head\.weight"),
+    adjust=bart_logits_bias,
+)
+M2M100 = Family(
+    m2m100_config,
+    {"stems.text.token": "shared", **_block(bart_layer("encoder")), "backbone.final_norm": "encoder.layer_norm"},
+    ("model.",),
+    heads={"translation": seq2seq_decoder({"decoder.final_norm": "decoder.layer_norm"})},
+    ignored=(r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
+    adjust=bart_logits_bias,
+)
+MBART = Family(
+    mbart_config,
+    {"stems.text.token": "shared", "stems.text.position": "encoder.embed_positions",
+     "stems.text.norm": "encoder.layernorm_embedding", **_block(bart_layer("encoder")),
+     "backbone.final_norm": "encoder.layer_norm"},
+    ("model.",),
+    heads={"translation": seq2seq_decoder({"decoder.stem.position": "decoder.embed_positions",
+                                           "decoder.stem.norm": "decoder.layernorm_embedding",
+                                           "decoder.final_norm": "decoder.layer_norm"})},
+    ignored=(r"(model\.)?(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
     adjust=bart_logits_bias,
 )
 
@@ -753,7 +792,7 @@ FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": 
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2, "clip": CLIP,
                                "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
-                               "t5": T5_FAMILY}
+                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY}
 
 
 def download(reference: str) -> Path:
@@ -993,6 +1032,22 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     return Mapped(config, stems, trunk_weights, heads, pooler, notes)
 
 
+def _decoder_starts(values: dict, heads: dict[str, dict], codec: Codec) -> list[str]:
+    """A pretrained decoder's start token (``decoder_start_token_id``) kept with its head where it is not the one a
+    decoder starts from by default (BART's, mBART's and NLLB's ``</s>``)."""
+    start, notes = values.get("decoder_start_token_id"), []
+    for task, head in heads.items():
+        target = codec.target(task)
+        if head["meta"]["kind"] == "translation" and start is not None and start != SpecialIds.of(target).bos:
+            token = target.id_to_token(start)
+            if token is None:
+                raise ValueError(f"The config's decoder_start_token_id={start} is not a token of the model's "
+                                 "tokenizer: they do not belong together. Give the model's own tokenizer.")
+            head["meta"]["objective"]["init_args"]["decoder_start"] = token
+            notes.append(f"its decoder starts from {token!r}, as it was trained (task '{task}''s decoder_start)")
+    return notes
+
+
 def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> tuple[PretrainedTrunk, list[str]]:
     """A Hugging Face model folder as a ``PretrainedTrunk``, and notes on what was done (in words)."""
     folder = Path(folder)
@@ -1018,6 +1073,7 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
             notes.append(f"the tokenizer's {' and '.join(cleared)} cleared (the data pads and cuts each batch)")
         # a decoder's own segmenter of its outputs, over the same vocabulary (Marian's)
         codec = Codec(tokenizer, {task: target for task in mapped.heads if target is not None})
+        notes += _decoder_starts(values, mapped.heads, codec)
     processor = _json(folder / "preprocessor_config.json")
     if "image" in mapped.stems and processor.get("image_mean"):
         notes.append(f"it was pretrained on images normalised with mean {processor['image_mean']} and std "

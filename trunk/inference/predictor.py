@@ -144,7 +144,8 @@ class Predictor:
 
 
 def load(path: str | Path | list, data: dict | None = None, map_location: str = "cpu", precision: str = "auto",
-         runtime: str = "torch", merge: bool = False, quantize: str | None = None) -> Predictor:
+         runtime: str = "torch", merge: bool = False, quantize: str | None = None,
+         options: dict[str, dict] | None = None) -> Predictor:
     """A ``Predictor`` from a checkpoint written by ``trunk fit`` or from a trunk directory with heads, read
     once (``trunk.assembly.run``: labels in the order the heads were trained in, tokenizer and lengths as stored).
     ``path`` may be a list: a trunk (directory or checkpoint) and task directories (``trunk export CKPT DIR --task
@@ -156,7 +157,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     are ``trunk.inference.runtimes.RUNTIMES``.
     ``merge``: a model of one task with a LoRA delta has the delta written into the trunk's weights, so a forward costs
     what the trunk's does. ``quantize="int8"``: the trunk's linear layers compute in int8 (``trunk.inference.quantize``;
-    with ``runtime="onnx"``, the int8 graphs of ``trunk export --onnx --quantize int8``)."""
+    with ``runtime="onnx"``, the int8 graphs of ``trunk export --onnx --quantize int8``). ``options``: task -> options
+    that change its predictions but not its weights, set anew (``{"t": {"target_language": "fra_Latn"}}``; each
+    objective's ``inference_options``)."""
     check_quantize(quantize)
     if str(map_location) == "cpu":
         cap_threads()
@@ -192,6 +195,11 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
         model = resolve({}, TaskSet(tasks), ckpt_path=path, checkpoint=ckpt).model
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])
+    for name, chosen in (options or {}).items():
+        if name not in model.objectives:
+            raise ValueError(f"options name the task '{name}', which the model lacks; its tasks: "
+                             f"{list(model.objectives)}.")
+        model.objectives[name].set_inference_options(chosen)
     if merge:
         merge_delta(model)
     model = model.to(map_location)

@@ -155,7 +155,8 @@ class TrunkAPI(ls.LitAPI):
 
     def __init__(
         self, paths: list[str], precision: str, runtime: str, batch_size: int, threads: int, merge: bool,
-        limits: Limits = Limits(), stuck_after: float = 300.0, quantize: str | None = None, **batching
+        limits: Limits = Limits(), stuck_after: float = 300.0, quantize: str | None = None,
+        options: dict[str, dict] | None = None, **batching
     ) -> None:
         super().__init__(api_path="/predict", **batching)
         self.limits, self.heartbeat, self.slot = limits, Heartbeat(stuck_after), None
@@ -166,7 +167,7 @@ class TrunkAPI(ls.LitAPI):
             batch_size,
             threads,
         )
-        self.merge, self.quantize = merge, quantize
+        self.merge, self.quantize, self.options = merge, quantize, options
 
     def setup(self, device: str) -> None:
         import torch
@@ -178,7 +179,7 @@ class TrunkAPI(ls.LitAPI):
         self.slot = self.heartbeat.claim()
         self.predictor = load(
             self.paths, map_location=device, precision=self.precision, runtime=self.runtime, merge=self.merge,
-            quantize=self.quantize,
+            quantize=self.quantize, options=self.options,
         )
 
     def health(self) -> bool:
@@ -326,6 +327,7 @@ def build_server(
     limits: Limits = Limits(),
     stuck_after: float = 300.0,
     quantize: str | None = None,
+    options: dict[str, dict] | None = None,
 ) -> tuple[ls.LitServer, str]:
     """The ``LitServer`` of ``trunk serve`` and its threads in words: a model, or a trunk and task directories (one
     trunk in memory for all their tasks). The model is loaded once here, to fail early on a bad path and to describe
@@ -333,7 +335,7 @@ def build_server(
     from trunk.inference.predictor import load
 
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
-    predictor = load(paths, precision=precision, runtime=runtime, merge=merge, quantize=quantize)
+    predictor = load(paths, precision=precision, runtime=runtime, merge=merge, quantize=quantize, options=options)
     metadata = {
         "tasks": describe(predictor),
         "precision": predictor.precision,
@@ -354,6 +356,7 @@ def build_server(
         limits,
         stuck_after,
         quantize,
+        options,
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
     )

@@ -50,6 +50,7 @@ class SpecialIds:
     eos: int  # ends a hypothesis
     pad: int  # fills positions after the end
     banned: tuple[int, ...] = ()  # never generated (padding, start, mask ...)
+    forced: tuple[int, ...] = ()  # the first tokens written, whatever the model prefers (a target language's code)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer | None) -> SpecialIds:
@@ -67,6 +68,11 @@ def _next_logits(decoder: Decoder, tokens: torch.Tensor, memory: torch.Tensor, m
     """Float logits (N, V) of the token after ``tokens`` (N, t), banned tokens at -inf."""
     new_tokens = tokens if cache is None else tokens[:, len(cache) :]
     logits = decoder(new_tokens, memory, memory_mask, cache)[:, -1].float()
+    written = tokens.shape[1] - 1
+    if written < len(ids.forced):  # the one possible token, at log-probability 0 (as transformers' forced BOS)
+        logits.fill_(float("-inf"))
+        logits[:, ids.forced[written]] = 0.0
+        return logits
     logits[:, list(ids.banned)] = float("-inf")
     return logits
 

@@ -43,6 +43,9 @@ class Objective(nn.Module):
     primary: ClassVar[str] = "acc"
     lower_is_better: ClassVar[frozenset[str]] = frozenset({"loss"})
     inference_options: ClassVar[tuple[str, ...]] = ()
+    # options a stored head brings to a task that leaves them unset (a pretrained decoder's start token): how the head
+    # was trained to be read, not a shape
+    carried_options: ClassVar[tuple[str, ...]] = ()
     label_keys: ClassVar[tuple[str, ...]] = ()  # state entries with one row per label (reordered / reset on reuse)
     exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
     onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
@@ -136,6 +139,27 @@ class Objective(nn.Module):
 
     def connect(self, codec: Codec | None) -> None:
         self.codec = codec
+
+    def set_inference_options(self, options: dict) -> None:
+        """Set ``inference_options`` anew on a trained model (a translation's ``target_language`` at predict time); any
+        other option is refused by name."""
+        wrong = sorted(set(options) - set(self.inference_options))
+        if wrong:
+            raise ValueError(f"Task '{self.name}' ({type(self).__name__}): {wrong} cannot be set on a trained model; "
+                             f"what can: {list(self.inference_options) or 'nothing'}.")
+        for key, value in options.items():
+            self.config[key] = value
+            setattr(self, key, value)
+
+    def adopt(self, stored: dict) -> dict:
+        """Take a stored head's ``carried_options`` (its objective's init args) that this task leaves unset; returns
+        those taken."""
+        taken = {k: v for k, v in stored.items() if k in self.carried_options and v is not None
+                 and self.config.get(k) is None}
+        for key, value in taken.items():
+            self.config[key] = value
+            setattr(self, key, value)
+        return taken
 
     # -- running ---------------------------------------------------------------------------------------
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:

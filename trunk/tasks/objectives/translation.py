@@ -10,7 +10,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from trunk.core.codec import IGNORE_INDEX
+from trunk.core.codec import IGNORE_INDEX, LANGUAGE_CODES, like
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
@@ -37,15 +37,23 @@ class Translation(Objective):
         label_smoothing: the target distribution's mass spread over the vocabulary.
         generation: beam size, length penalty and length limits for test and predict.
         val_beam_size: beam size when generating for validation BLEU (1: greedy, the quickest).
+        decoder_start: the token the decoder starts from; unset: [CLS] (``<s>``) where the target vocabulary has one,
+            else the padding token (T5's, Marian's). A pretrained decoder's own start comes with its head (BART,
+            mBART and NLLB start from ``</s>``).
+        target_language: a language-code token of the target vocabulary that every target starts with, written first
+            when generating (NLLB's ``deu_Latn``, mBART-50's ``de_DE``, M2M100's ``__de__``): a multilingual decoder's
+            choice of output language, which predict and serve may set anew.
     """
 
     kind = "translation"
     primary = "bleu_fraction"
-    inference_options = ("generation", "val_beam_size")
+    inference_options = ("generation", "val_beam_size", "target_language")
+    carried_options = ("decoder_start",)  # a stored head's, where the run leaves them unset
 
     def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
                  generation: GenerationConfig = GenerationConfig(), val_beam_size: int = 1,
-                 tied_output: bool = True) -> None:
+                 tied_output: bool = True, decoder_start: str | None = None,
+                 target_language: str | None = None) -> None:
         generation = GenerationConfig(**generation) if isinstance(generation, dict) else generation
         super().__init__(
             decoder_layers=decoder_layers,
@@ -54,7 +62,10 @@ class Translation(Objective):
             generation=asdict(generation),
             val_beam_size=val_beam_size,
             tied_output=tied_output,
+            decoder_start=decoder_start,
+            target_language=target_language,
         )
+        self.decoder_start, self.target_language = decoder_start, target_language
         self.decoder_layers, self.share_embeddings, self.label_smoothing, self.tied_output = (
             decoder_layers,
             share_embeddings,
@@ -85,6 +96,33 @@ class Translation(Objective):
         if self.share_embeddings:
             self.decoder.stem.token = trunk.stems["text"].token
 
+    def set_inference_options(self, options: dict) -> None:
+        generation = options.get("generation")
+        super().set_inference_options(options)
+        if isinstance(generation, dict):
+            self.generation = GenerationConfig(**{**asdict(GenerationConfig()), **generation})
+            self.config["generation"] = asdict(self.generation)
+        if self.codec is not None:
+            self.generation_ids  # noqa: B018 (a target language the vocabulary lacks is named now)
+
+    def connect(self, codec) -> None:
+        super().connect(codec)
+        if codec is not None and codec.tokenizer is not None:
+            self.generation_ids  # noqa: B018 (names a start or language token the target vocabulary lacks, now)
+
+    def framed(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's decoder inputs and labels (None: a batch without) as this decoder reads them: from its own start
+        token, with the target language first (the data writes ``start target`` and ``target end``)."""
+        inputs, labels = batch["decoder_input_ids"], batch.get("labels")
+        if self.decoder_start is None and self.target_language is None:
+            return inputs, labels
+        ids = self.generation_ids
+        column = lambda rows, token: rows.new_full((len(rows), 1), token)  # noqa: E731
+        inputs = torch.cat([column(inputs, ids.bos), *[column(inputs, t) for t in ids.forced], inputs[:, 1:]], 1)
+        if labels is not None:
+            labels = torch.cat([*[column(labels, t) for t in ids.forced], labels], 1)
+        return inputs, labels
+
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         metrics = {"acc": MulticlassAccuracy(self.target_vocab_size, average="micro", ignore_index=IGNORE_INDEX)}
         if stage != "train":
@@ -101,13 +139,13 @@ class Translation(Objective):
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """Teacher forcing: (B, S) sources and (B, U) shifted targets -> (B, U, target vocab) logits."""
         memory = self.encode(trunk, batch)
-        return self.decoder(batch["decoder_input_ids"], memory, batch["attention_mask"].bool())
+        return self.decoder(self.framed(batch)[0], memory, batch["attention_mask"].bool())
 
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        labels = batch["labels"]
+        decoder_inputs, labels = self.framed(batch)
         scored = labels != IGNORE_INDEX  # the real target positions: the decoder and its output layer skip the padding
         hidden = self.decoder.hidden(
-            batch["decoder_input_ids"], self.encode(trunk, batch), batch["attention_mask"].bool(), target_mask=scored
+            decoder_inputs, self.encode(trunk, batch), batch["attention_mask"].bool(), target_mask=scored
         )
         logits, labels = self.decoder.logits(hidden[scored]).float(), labels[scored]  # (N, V), (N,)
         metrics = self.metrics(stage)
@@ -121,7 +159,19 @@ class Translation(Objective):
 
     @property
     def generation_ids(self) -> SpecialIds:
-        return SpecialIds.of(None if self.codec is None else self.codec.target(self.name))
+        tokenizer = None if self.codec is None else self.codec.target(self.name)
+        ids = SpecialIds.of(tokenizer)
+        start, language = (None if token is None else self._token_id(tokenizer, token, option)
+                           for token, option in ((self.decoder_start, "decoder_start"),
+                                                 (self.target_language, "target_language")))
+        return replace(ids, bos=ids.bos if start is None else start, forced=() if language is None else (language,))
+
+    def _token_id(self, tokenizer, token: str, option: str) -> int:
+        found = None if tokenizer is None else tokenizer.token_to_id(token)
+        if found is None:
+            raise ValueError(f"Task '{self.name}': {option}={token!r} is not a token of the target vocabulary"
+                             f"{'' if tokenizer is None else like(tokenizer, token)}. {LANGUAGE_CODES}")
+        return found
 
     @torch.no_grad()
     def generate(
@@ -157,8 +207,9 @@ class Translation(Objective):
                 f"Task '{self.name}' has no tokenizer to decode with: the model was built without a codec."
             )
         tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"], beam_size).tolist()
-        eos = self.generation_ids.eos
-        cut = [row[: row.index(eos)] if eos in row else row for row in tokens]
+        ids = self.generation_ids
+        tokens = [row[len(ids.forced):] for row in tokens]  # without the target language's code
+        cut = [row[: row.index(ids.eos)] if ids.eos in row else row for row in tokens]
         return self.codec.target(self.name).decode_batch(cut, skip_special_tokens=True)
 
     def samples(self, trunk: Trunk, batch: dict) -> list[dict]:
