@@ -102,6 +102,7 @@ KINDS = {
         inputs=("cat dog egg", "bird hat"),
         objective_args=("--model.generation.beam_size=1",),
         extra=("--data.source_lang=src", "--data.target_lang=tgt"),
+        recipe_resets=("--data.source_language=null",),  # a pretrained tokenizer's language code
     ),
     "image_classification": Kind(
         ("train", "validation", "test"),

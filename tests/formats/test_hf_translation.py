@@ -248,3 +248,30 @@ def test_a_target_language_not_in_the_vocabulary_is_named(tmp_path):
     objective.build("translation", trunk_of(pretrained), TaskSpec(target_vocab_size=pretrained.config.vocab_size))
     with pytest.raises(ValueError, match=r"target_language='deu_Latin' is not a token .* like it: \['deu_Latn',"):
         objective.connect(pretrained.codec)
+
+
+@pytest.mark.parametrize("model_type,values", [
+    ("m2m_100", {"vocab_size": 256206, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,  # NLLB-600M
+                 "encoder_attention_heads": 16, "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
+                 "decoder_ffn_dim": 4096, "activation_function": "relu", "max_position_embeddings": 1024,
+                 "scale_embedding": True, "pad_token_id": 1, "decoder_start_token_id": 2}),
+    ("mbart", {"vocab_size": 250054, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,  # mbart-large-50
+               "encoder_attention_heads": 16, "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
+               "decoder_ffn_dim": 4096, "activation_function": "gelu", "max_position_embeddings": 1024,
+               "scale_embedding": True, "pad_token_id": 1, "decoder_start_token_id": 2}),
+], ids=["nllb-200-distilled-600M", "mbart-large-50"])
+def test_real_size_translators_map_on_the_meta_device(model_type, values):
+    """facebook/nllb-200-distilled-600M's and facebook/mbart-large-50's config.json: every weight mapped, none left
+    over, on the meta device."""
+    config = {"m2m_100": transformers.M2M100Config, "mbart": transformers.MBartConfig}[model_type](**values)
+    with torch.device("meta"):
+        model = {"m2m_100": transformers.M2M100ForConditionalGeneration,
+                 "mbart": transformers.MBartForConditionalGeneration}[model_type](config)
+    tensors = dict(model.state_dict())
+    if model_type == "mbart":
+        tensors["final_logits_bias"] = model.final_logits_bias
+    mapped = map_weights({"model_type": model_type, **values}, tensors, model_type)
+    assert mapped.config.norm == "pre" and mapped.config.n_layers == 12
+    state = mapped.heads["translation"]["state"]
+    assert state["decoder.final_norm.weight"].shape == (1024,) and state["decoder.output_bias"].shape == (
+        values["vocab_size"],)
