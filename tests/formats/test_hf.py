@@ -493,18 +493,26 @@ def test_vit_outputs_equal_transformers_at_its_size_and_at_another(tmp_path):
             assert (expected - trunk(pixels, stem="image")).abs().max() < 1e-5, size
 
 
-@pytest.mark.parametrize("options", [{"layerscale_value": 0.5}, {"use_swiglu_ffn": True}], ids=["mlp", "swiglu"])
+@pytest.mark.parametrize("options", [{"layerscale_value": 0.5}, {"use_swiglu_ffn": True}, {"num_register_tokens": 4}],
+                         ids=["mlp", "swiglu", "registers"])
 def test_dinov2_outputs_equal_transformers_at_its_size_and_at_another(options, tmp_path):
     """DINOv2: ViT's layout with layer scale (per-channel vectors on each sublayer's output), the giant's SwiGLU
-    feed-forward as the trunk's gated one; positions resized for another image size as transformers resizes them."""
+    feed-forward as the trunk's gated one, register tokens after [CLS] (``registers``: no positions); positions
+    resized for a larger image as transformers resizes them."""
     torch.manual_seed(0)
-    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=28,
-                                       patch_size=7, **options)
-    model = transformers.Dinov2Model(config).eval()
+    registers = "num_register_tokens" in options
+    config = (transformers.Dinov2WithRegistersConfig if registers else transformers.Dinov2Config)(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=7, **options)
+    model = (transformers.Dinov2WithRegistersModel if registers else transformers.Dinov2Model)(config).eval()
     off_init(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 3:  # [CLS], the registers and the position table start at zero
+                p.add_(torch.randn_like(p))
     model.save_pretrained(tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")
     assert pretrained.config.layer_scale == options.get("layerscale_value", 1.0)
+    assert pretrained.config.registers == options.get("num_register_tokens", 0)
     trunk = image_trunk(pretrained)
     for size in (28, 42):
         pixels = torch.randn(2, 3, size, size)
@@ -517,10 +525,14 @@ def test_dinov2_outputs_equal_transformers_at_its_size_and_at_another(options, t
     dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6),  # dinov2-small
     dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),  # dinov2-base
     dict(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, use_swiglu_ffn=True),  # dinov2-giant
-], ids=["small", "base", "giant"])
+    dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_register_tokens=4),  # with registers
+], ids=["small", "base", "giant", "with-registers-base"])
 def test_dinov2_real_sizes_map_on_the_meta_device(shape):
+    registers = "num_register_tokens" in shape
     with torch.device("meta"):
-        model = transformers.Dinov2Model(transformers.Dinov2Config(image_size=518, patch_size=14, **shape))
+        model = (transformers.Dinov2WithRegistersModel if registers else transformers.Dinov2Model)(
+            (transformers.Dinov2WithRegistersConfig if registers else transformers.Dinov2Config)(
+                image_size=518, patch_size=14, **shape))
     mapped = map_weights(model.config.to_dict(), saved(model), "dinov2")
     # the mask token stays behind; [CLS]'s position row is folded into [CLS]
     assert sum(v.numel() for v in mapped.trunk.values()) == sum(p.numel() for p in model.parameters()) - 2 * shape[

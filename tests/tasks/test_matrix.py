@@ -271,11 +271,13 @@ def vision_folder(family: str, folder):
     torch.manual_seed(0)
     model = {"vit": lambda: transformers.ViTModel(transformers.ViTConfig(**shape)),
              "dinov2": lambda: transformers.Dinov2Model(transformers.Dinov2Config(**shape)),
-             "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**shape))}[family]()
+             "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**shape)),
+             "dinov2_with_registers": lambda: transformers.Dinov2WithRegistersModel(
+                 transformers.Dinov2WithRegistersConfig(num_register_tokens=2, **shape))}[family]()
     model.save_pretrained(folder)
 
 
-@pytest.mark.parametrize("family", ["vit", "dinov2", "clip"])
+@pytest.mark.parametrize("family", ["vit", "dinov2", "clip", "dinov2_with_registers"])
 def test_image_classification_from_each_imported_vision_family(family, tmp_path):
     """The image kind's paths from a Hugging Face folder of each vision family: fine-tune (the shapes resized to the
     model's 28 pixels, in RGB), export, predict from the checkpoint and the directory alike."""

@@ -160,7 +160,8 @@ def _resize_image_stem(state: dict[str, torch.Tensor], pretrained: PretrainedTru
                          "the patch size and the channels must be the trunk's (the image size may differ).")
     grid = wanted["image_size"] // wanted["patch_size"]
     if "stems.image.position" in state:
-        state["stems.image.position"] = resize_grid(state["stems.image.position"], grid, grid)
+        state["stems.image.position"] = resize_grid(state["stems.image.position"], grid, grid,
+                                                    pretrained.config.resize_antialias)
     old = stored["image_size"] // stored["patch_size"]
     return f"its patch positions resized from a {old}x{old} grid to {grid}x{grid} (image_size {wanted['image_size']})"
 

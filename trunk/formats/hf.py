@@ -444,8 +444,10 @@ VIT = Family(
 
 
 def dinov2_config(values: dict) -> TrunkConfig:
-    """DINOv2: ViT's pre-norm blocks with layer scale; the giant's SwiGLU feed-forward as the trunk's gated one."""
-    _check(values, "dinov2", {"qkv_bias": True})
+    """DINOv2: ViT's pre-norm blocks with layer scale; the giant's SwiGLU feed-forward as the trunk's gated one; with
+    registers, its register tokens after [CLS]."""
+    _check(values, values["model_type"], {"qkv_bias": True})
+    registers = values.get("num_register_tokens", 0) if values["model_type"] == "dinov2_with_registers" else 0
     swiglu = values.get("use_swiglu_ffn", False)
     width = int(values["hidden_size"] * values.get("mlp_ratio", 4))
     grid = values.get("image_size", 518) // values.get("patch_size", 14)
@@ -453,11 +455,12 @@ def dinov2_config(values: dict) -> TrunkConfig:
         vocab_size=1, d_model=values["hidden_size"], n_layers=values["num_hidden_layers"],
         n_heads=values["num_attention_heads"], d_ff=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width,
         gated_ff=swiglu, dropout=values.get("hidden_dropout_prob", 0.0),
-        attn_dropout=values.get("attention_probs_dropout_prob", 0.0), max_len=1 + grid * grid, positions="learned",
-        norm="pre", embedding_norm=False,
+        attn_dropout=values.get("attention_probs_dropout_prob", 0.0), max_len=1 + registers + grid * grid,
+        positions="learned", norm="pre", embedding_norm=False,
         activation="silu" if swiglu else ACTIVATIONS[values.get("hidden_act", "gelu")],
         layer_norm_eps=values.get("layer_norm_eps", 1e-6), init_std=values.get("initializer_range", 0.02),
-        layer_scale=values.get("layerscale_value", 1.0),
+        layer_scale=values.get("layerscale_value", 1.0), registers=registers,
+        resize_antialias=values["model_type"] == "dinov2_with_registers",  # its reference code's resizing
     )
 
 
@@ -467,6 +470,7 @@ def dinov2_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     tensors = {re.sub(r"\.mlp\.weights_out\.", ".mlp.fc2.", re.sub(r"\.layer_scale(\d)\.lambda1$",
                                                                    r".layer_scale\1.weight", k)): v
                for k, v in vit_positions(values, tensors, prefix).items()}
+    tensors = {re.sub(r"embeddings\.register_tokens$", "embeddings.registers", k): v for k, v in tensors.items()}
     for name in [k for k in tensors if ".mlp.weights_in." in k]:
         gate, given = tensors.pop(name).chunk(2)
         tensors[name.replace("weights_in", "gate")], tensors[name.replace("weights_in", "fc1")] = gate, given
@@ -489,7 +493,7 @@ DINOV2 = Family(
         }),
         "backbone.final_norm": "layernorm",
     },
-    ("dinov2.",),
+    ("dinov2.", "dinov2_with_registers."),
     # an image classifier's output layer, and the masked-image token of DINOv2's pretraining: a new task trains its own
     ignored=(r"classifier\.(weight|bias)", r".*mask_token"),
     stems=lambda values: {"image": {"image_size": values.get("image_size", 518), "patch_size": values.get(
@@ -790,7 +794,8 @@ T5_FAMILY = Family(
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
-                               "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2, "clip": CLIP,
+                               "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
+                               "dinov2_with_registers": DINOV2, "clip": CLIP,
                                "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
                                "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY}
 

@@ -79,7 +79,8 @@ class TokenStem(nn.Module):
 
 
 class PatchStem(nn.Module):
-    """ViT stem: images (B, C, H, W) -> [CLS] + one vector per non-overlapping patch, (B, 1 + N, d_model).
+    """ViT stem: images (B, C, H, W) -> [CLS] (+ ``cfg.registers`` register tokens) + one vector per non-overlapping
+    patch, (B, 1 + R + N, d_model).
 
     Each p x p patch is flattened and projected linearly (a convolution with stride p computes
     exactly that). Positions follow ``cfg.positions``: ``learned`` or ``sinusoidal`` add a 2-D
@@ -95,18 +96,21 @@ class PatchStem(nn.Module):
                 f"patch_size={patch_size} does not divide image_size={image_size}: choose a patch size that divides it "
                 f"(for {image_size}: {[p for p in range(1, image_size + 1) if image_size % p == 0]})."
             )
-        self.patch_size, self.channels = patch_size, channels
+        self.patch_size, self.channels, self.resize_antialias = patch_size, channels, cfg.resize_antialias
         self.grid = image_size // patch_size
         self.proj = nn.Conv2d(channels, cfg.d_model, kernel_size=patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         nn.init.normal_(self.cls, std=cfg.init_std)
+        if cfg.registers:
+            self.registers = nn.Parameter(torch.zeros(1, cfg.registers, cfg.d_model))
+            nn.init.normal_(self.registers, std=cfg.init_std)
         self.scheme = POSITIONS[cfg.positions]
         self.scheme.add_grid_table(self, self.grid, cfg.d_model, cfg.init_std)
         self.norm = norm_layer(cfg) if cfg.embedding_norm else nn.Identity()
         self.drop = Dropout(cfg.dropout)
 
     def no_weight_decay(self) -> set[str]:
-        return {"cls", "position"} if hasattr(self, "position") else {"cls"}
+        return {"cls", "registers", "position"} & {name for name, _ in self.named_parameters()}
 
     def positions(self, rows: int, cols: int) -> torch.Tensor | None:
         """The (1, rows * cols, d_model) position table for a grid of patches; None where the scheme adds none."""
@@ -127,7 +131,8 @@ class PatchStem(nn.Module):
         table = self.positions(H // self.patch_size, W // self.patch_size)
         if table is not None:
             x = x + table
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        extra = [self.cls, *([self.registers] if hasattr(self, "registers") else [])]  # registers: no position
+        x = torch.cat([*(t.expand(x.shape[0], -1, -1).to(x.dtype) for t in extra), x], dim=1)
         return self.drop(self.norm(x))
 
 

@@ -94,6 +94,12 @@ class TrunkConfig:
     # layer scale (CaiT, DINOv2): each block's attention and feed-forward outputs times a learned per-channel vector
     # before the residual sum, started at this value (0: none)
     layer_scale: float = 0.0
+    # the patch stem: learned tokens between [CLS] and the patches, without positions, that attention may use as
+    # scratch space ("Vision Transformers Need Registers"; DINOv2 with registers' 4)
+    registers: int = 0
+    # a learned patch position table read at another grid size is resized bicubically, antialiased (PIL's kernel, as
+    # DINOv2 with registers resizes) or not (timm's, ViT's)
+    resize_antialias: bool = False
     preset: Literal["tiny", "small", "base"] | None = None  # a named shape (PRESETS)
 
     def __post_init__(self) -> None:
@@ -114,7 +120,7 @@ class TrunkConfig:
         scheme(self.positions).check(self)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TrunkConfig.activation={self.activation!r}: choose {', '.join(ACTIVATIONS)}.")
-        for name in ("local_window", "global_tokens", "segments", "position_offset", "global_every"):
+        for name in ("local_window", "global_tokens", "segments", "position_offset", "global_every", "registers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "embedding_size"):

@@ -52,12 +52,12 @@ def sinusoidal_positions_2d(rows: int, cols: int, dim: int) -> torch.Tensor:
     return torch.cat([row, col], dim=-1).reshape(rows * cols, dim)
 
 
-def resize_grid(table: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+def resize_grid(table: torch.Tensor, rows: int, cols: int, antialias: bool = False) -> torch.Tensor:
     """A learned (1, grid * grid, d) patch position table resized bicubically to a rows x cols grid (timm's and
     transformers' ``interpolate_pos_encoding``): images of another size than the table was trained for."""
     grid = math.isqrt(table.shape[1])
     square = table.reshape(1, grid, grid, -1).permute(0, 3, 1, 2)  # (1, d, grid, grid)
-    square = F.interpolate(square.float(), size=(rows, cols), mode="bicubic", align_corners=False)
+    square = F.interpolate(square.float(), size=(rows, cols), mode="bicubic", align_corners=False, antialias=antialias)
     return square.permute(0, 2, 3, 1).reshape(1, rows * cols, -1).to(table.dtype)
 
 
@@ -80,7 +80,9 @@ class Learned(PositionScheme):
 
     @staticmethod
     def grid_table(stem: nn.Module, rows: int, cols: int) -> torch.Tensor:
-        return stem.position if (rows, cols) == (stem.grid, stem.grid) else resize_grid(stem.position, rows, cols)
+        if (rows, cols) == (stem.grid, stem.grid):
+            return stem.position
+        return resize_grid(stem.position, rows, cols, stem.resize_antialias)
 
 
 class Sinusoidal(PositionScheme):
