@@ -123,46 +123,53 @@ def beam_search(
     B = memory.shape[0]
     K, device = beam_size, memory.device
     tokens = torch.full((B, 1), ids.bos, dtype=torch.long, device=device)
-    scores = torch.zeros(B, 1, device=device)  # (B, live hypotheses per sentence): 1 at the first step, K after
+    scores = torch.zeros(B, 1, device=device)  # (sentences searching, live hypotheses): 1 at the first step, K after
     pool_scores = torch.full((B, K), float("-inf"), device=device)
     pool_tokens = torch.full((B, K, max_steps), ids.pad, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    active = torch.arange(B, device=device)  # the sentences still searching: the finished leave the batch
     cache = decoder.new_cache() if use_cache else None
     rank = torch.arange(2 * K, device=device)
     for step in range(max_steps):
-        logits = _next_logits(decoder, tokens, memory, memory_mask, cache, ids)  # (B * k, V)
-        k, (_, V) = scores.shape[1], logits.shape
+        logits = _next_logits(decoder, tokens, memory, memory_mask, cache, ids)  # (b * k, V)
+        (b, k), V = scores.shape, logits.shape[1]
         n = min(2 * K, V)
         best_logits, best_tokens = logits.topk(n, dim=1)  # each hypothesis's n best next tokens
         log_probs = best_logits - logits.logsumexp(-1, keepdim=True)
-        candidates = (scores[:, :, None] + log_probs.view(B, k, n)).view(B, k * n)
+        candidates = (scores[:, :, None] + log_probs.view(b, k, n)).view(b, k * n)
         if k * n < 2 * K:  # a tiny vocabulary: fill up with impossible candidates
-            candidates = torch.cat([candidates, candidates.new_full((B, 2 * K - k * n), float("-inf"))], dim=1)
-        top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K)
+            candidates = torch.cat([candidates, candidates.new_full((b, 2 * K - k * n), float("-inf"))], dim=1)
+        top_scores, top_index = candidates.topk(2 * K, dim=1)  # (b, 2K)
         top_index = top_index.clamp(max=k * n - 1)
-        beam, token = top_index // n, best_tokens.view(B, k * n).gather(1, top_index)
+        beam, token = top_index // n, best_tokens.view(b, k * n).gather(1, top_index)
         ends = token == ids.eos
-        sequences = torch.cat([tokens.view(B, k, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
-                               token[:, :, None]], dim=2)  # (B, 2K, step + 1), without the start token
+        sequences = torch.cat([tokens.view(b, k, -1)[:, :, 1:].gather(1, beam[:, :, None].expand(-1, -1, step)),
+                               token[:, :, None]], dim=2)  # (b, 2K, step + 1), without the start token
 
         # at the last step the best K join the pool whether they end or not (out of steps), ranked with the ended ones
         last = step == max_steps - 1
-        finishing = (ends | last) & (rank < K) & ~done[:, None] & (top_scores > float("-inf"))
+        finishing = (ends | last) & (rank < K) & (top_scores > float("-inf"))
         normalised = torch.where(finishing, top_scores / (step + 1) ** length_penalty, float("-inf"))
-        pool_scores, pool_tokens = _keep_best(pool_scores, pool_tokens, normalised, sequences, ids.pad)
+        pool_scores[active], pool_tokens[active] = _keep_best(pool_scores[active], pool_tokens[active], normalised,
+                                                              sequences, ids.pad)
 
         live = (ends.long() * 2 * K + rank).argsort(dim=1)[:, :K]  # the K best that did not end, in score order
         scores = top_scores.gather(1, live)
-        rows = (torch.arange(B, device=device)[:, None] * k + beam.gather(1, live)).view(-1)
+        rows = (torch.arange(b, device=device)[:, None] * k + beam.gather(1, live)).view(-1)
         tokens = torch.cat([tokens[rows], token.gather(1, live).view(-1, 1)], dim=1)
         if step == 0:  # widen to K hypotheses per sentence (beams of one sentence are adjacent)
             memory = memory.repeat_interleave(K, dim=0)
             memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, dim=0)
-        if cache is not None:
-            cache.reorder(rows, memory_rows=rows if step == 0 else None)
-        done |= pool_scores[:, -1] > float("-inf")
-        if done.all():
+        searching = pool_scores[active, -1] == float("-inf")  # a sentence is done when its pool holds K
+        if not searching.any():
             break
+        if not searching.all():  # the finished sentences' hypotheses leave every tensor of the batch
+            kept = (searching.nonzero()[:, 0, None] * K + torch.arange(K, device=device)).view(-1)
+            active, scores, tokens = active[searching], scores[searching], tokens[kept]
+            memory = memory[kept]
+            memory_mask = None if memory_mask is None else memory_mask[kept]
+            rows = rows[kept]
+        if cache is not None:
+            cache.reorder(rows, memory_rows=rows if step == 0 else kept if not searching.all() else None)
     best = pool_tokens[:, 0]
     length = int((best != ids.pad).sum(1).max())
     return best[:, : max(length, 1)]
