@@ -118,7 +118,8 @@ def beam_search(
     The first step runs one hypothesis per sentence (all K would be the same start token) and widens
     to K after it, so the memory's keys and values are projected once per sentence, not per beam.
     A sentence's 2K best candidates are among each hypothesis's 2K best tokens, so only those are
-    normalised and ranked, never the whole (B, K x V) table.
+    normalised and ranked, never the whole (B, K x V) table. A sentence whose pool is full leaves the batch (its
+    hypotheses, memory rows and cached keys), so the longest sentence does not keep the others computing.
     """
     B = memory.shape[0]
     K, device = beam_size, memory.device
