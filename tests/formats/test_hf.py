@@ -568,6 +568,51 @@ def test_clip_vision_outputs_equal_transformers_at_its_size_and_at_another(whole
             assert (ours[:, 0] - out.pooler_output).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["vision-tower", "siglip-model"])
+def test_siglip_vision_outputs_and_attention_pooling_equal_transformers(whole, tmp_path):
+    """SigLIP's vision tower, alone or inside a whole SigLIP model (its text tower not read): no [CLS], positions on
+    the patches only, tanh GELU, ``post_layernorm`` as the final norm; every token equals transformers' at its size and
+    resized, and its attention-pooling head, read as Trunk's ``AttentionPool``, gives its pooled output."""
+    from trunk.models import AttentionPool
+
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
+                  patch_size=7)
+    if whole:
+        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50)
+        model = transformers.SiglipModel(transformers.SiglipConfig(vision_config=vision, text_config=text)).eval()
+    else:
+        model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision)).eval()
+    tower = getattr(model, "vision_model", model)
+    off_init(model)
+    model.save_pretrained(tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    assert not pretrained.config.cls_token and pretrained.config.activation == "gelu_tanh"
+    assert any("attention-pooling head" in note for note in notes)
+    trunk = image_trunk(pretrained)
+    pool = AttentionPool(pretrained.config).eval()
+    pool.load_state_dict({k.removeprefix("attention_pool."): v for k, v in pretrained.pooler.items()})
+    for size in (28, 42):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            out = tower(pixel_values=pixels, interpolate_pos_encoding=size != 28)
+            ours = trunk(pixels, stem="image")
+            assert ours.shape[1] == (size // 7) ** 2  # patches only
+            assert (ours - out.last_hidden_state).abs().max() < 1e-5
+            assert (pool(ours) - out.pooler_output).abs().max() < 1e-5
+
+
+def test_siglip_base_maps_on_the_meta_device():
+    """google/siglip-base-patch16-224's vision tower: every weight maps (the text tower and the similarity's scale and
+    bias stay)."""
+    config = transformers.SiglipConfig(vision_config=dict(patch_size=16, image_size=224))
+    with torch.device("meta"):
+        model = transformers.SiglipModel(config)
+    mapped = map_weights(config.to_dict(), saved(model), "siglip")
+    assert mapped.config.n_layers == 12 and mapped.config.max_len == 196
+    assert mapped.pooler["attention_pool.attn.kv_proj.weight"].shape == (2 * 768, 768)
+
+
 def test_clip_vit_b16_maps_on_the_meta_device():
     """openai/clip-vit-base-patch16's vision tower: every weight of it maps (the text tower and projections stay)."""
     config = transformers.CLIPConfig(vision_config=dict(patch_size=16))

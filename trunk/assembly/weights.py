@@ -168,8 +168,15 @@ def _resize_image_stem(state: dict[str, torch.Tensor], pretrained: PretrainedTru
 
 def _start_pooler(objective: Objective, pooler: dict[str, torch.Tensor]) -> bool:
     """A fresh [CLS]-pooled head starts its pooler (dense + tanh) from a pretrained one, as ``transformers``' task
-    models do."""
+    models do; a head that pools by attention starts its ``AttentionPool`` from a pretrained one (SigLIP's)."""
     head = getattr(objective, "head", None)
+    pool = {k.removeprefix("attention_pool."): v for k, v in pooler.items() if k.startswith("attention_pool.")}
+    if isinstance(head, SequenceClassificationHead) and head.attention_pool is not None and pool:
+        if head.attention_pool.probe.shape != pool["probe"].shape:
+            return False
+        head.attention_pool.load_state_dict(pool)
+        return True
+    pooler = {k: v for k, v in pooler.items() if not k.startswith("attention_pool.")}
     dense = getattr(head, "dense", None) if isinstance(head, SequenceClassificationHead) else None
     if not pooler or dense is None or head.pooling != "cls" or dense.weight.shape != pooler["weight"].shape:
         return False

@@ -92,6 +92,9 @@ class Family:
     prefixes: tuple[str, ...]
     heads: dict[str, HeadTable] = field(default_factory=dict)
     pooler: str | None = None  # the module of the pretrained pooler (dense + tanh on [CLS])
+    # the module of a pretrained attention-pooling head (SigLIP's: a probe, torch's MultiheadAttention, a norm, an MLP),
+    # which starts every head that pools by attention
+    attention_pool: str | None = None
     ignored: tuple[str, ...] = ()
     stems: Callable[[dict], dict] = lambda values: {"text": {}}  # the stems the trunk reads with, and their options
     # the family's tensors rewritten where Trunk keeps the same numbers in another form (ViT's [CLS] position folded
@@ -565,6 +568,58 @@ CLIP = Family(
 )
 
 
+def siglip_config(values: dict) -> TrunkConfig:
+    """SigLIP's vision tower: CLIP's pre-norm blocks without [CLS] (``cls_token: false``) and without a norm before
+    them; ``post_layernorm`` as the final norm; its attention-pooling head starts the heads that pool by attention."""
+    vision = clip_vision(values)
+    _check(vision, "siglip")
+    grid = vision.get("image_size", 224) // vision.get("patch_size", 16)
+    return TrunkConfig(
+        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
+        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
+        attn_dropout=vision.get("attention_dropout", 0.0), max_len=grid * grid, positions="learned", norm="pre",
+        embedding_norm=False, activation=ACTIVATIONS[vision.get("hidden_act", "gelu_pytorch_tanh")],
+        layer_norm_eps=vision.get("layer_norm_eps", 1e-6), cls_token=False,
+    )
+
+
+def siglip_positions(values: dict, tensors: dict, prefix: str) -> dict:
+    """SigLIP's position table (patches, no [CLS]), an embedding's (N, C) weight, as the patch stem's (1, N, C)."""
+    name = f"{prefix}embeddings.position_embedding.weight"
+    if name not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    tensors[f"{prefix}embeddings.position"] = tensors.pop(name)[None]
+    return tensors
+
+
+SIGLIP = Family(
+    siglip_config,
+    {
+        "stems.image": "embeddings",  # its position table (siglip_positions)
+        "stems.image.proj": "embeddings.patch_embedding",
+        **_block({
+            "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
+            "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
+            "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
+            "norm_attn": "encoder.layers.{i}.layer_norm1",
+            "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
+            "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
+            "norm_ff": "encoder.layers.{i}.layer_norm2",
+        }),
+        "backbone.final_norm": "post_layernorm",
+    },
+    ("vision_model.",),
+    attention_pool="head",
+    # a SigLIP model's text tower and its scale and bias of the similarities, an image classifier's output layer
+    ignored=(r"text_model\..*", r"logit_(scale|bias)", r"classifier\.(weight|bias)", r".*position_ids"),
+    stems=lambda values: {"image": {"image_size": clip_vision(values).get("image_size", 224),
+                                    "patch_size": clip_vision(values).get("patch_size", 16),
+                                    "channels": clip_vision(values).get("num_channels", 3)}},
+    adjust=siglip_positions,
+)
+
+
 def seq2seq_config(values: dict, **architecture) -> TrunkConfig:
     """A BART-like encoder-decoder's encoder as the trunk (its decoder, of the same shape, is the translation head's);
     ``architecture``: the fields by which the family differs from BART (positions, norms)."""
@@ -795,7 +850,8 @@ T5_FAMILY = Family(
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
-                               "dinov2_with_registers": DINOV2, "clip": CLIP,
+                               "dinov2_with_registers": DINOV2, "clip": CLIP, "siglip": SIGLIP,
+                               "siglip_vision_model": SIGLIP,
                                "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
                                "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY}
 
@@ -968,6 +1024,25 @@ def _take(expected: dict[str, torch.Size], table: dict[str, tuple[str, ...]], te
     return out
 
 
+def attention_pool(tensors: dict, module: str, used: set[str]) -> dict[str, torch.Tensor]:
+    """A SigLIP-style pooling head (``module``) as the weights of Trunk's ``AttentionPool``, keyed as the pretrained
+    pooler is (``attention_pool.*``): torch's fused query-key-value projection split into the query and the keys and
+    values."""
+    names = {"probe": "probe", "attn.out_proj": "attention.out_proj", "norm": "layernorm", "ff.fc_in": "mlp.fc1",
+             "ff.fc_out": "mlp.fc2"}
+    out = {"attention_pool.probe": tensors[f"{module}.probe"]}
+    for ours, theirs in names.items():
+        for leaf in ("weight", "bias") if ours != "probe" else ():
+            out[f"attention_pool.{ours}.{leaf}"] = tensors[f"{module}.{theirs}.{leaf}"]
+    width = out["attention_pool.probe"].shape[-1]
+    for leaf in ("weight", "bias"):
+        fused = tensors[f"{module}.attention.in_proj_{leaf}"]
+        out[f"attention_pool.attn.q_proj.{leaf}"], out[f"attention_pool.attn.kv_proj.{leaf}"] = fused[:width], fused[
+            width:]
+    used.update(k for k in tensors if k.startswith(f"{module}."))
+    return out
+
+
 @dataclass
 class Mapped:
     """A foreign checkpoint's weights in Trunk's names."""
@@ -1020,6 +1095,9 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         state.update({ours: trunk_weights.get(theirs) for ours, theirs in head.tied.items()})
         heads[task] = {"meta": objective.head_meta(), "state": state}
         notes.append(f"the pretrained {head.what}, as task '{task}'")
+    if family.attention_pool and f"{prefix}{family.attention_pool}.probe" in tensors:
+        pooler = attention_pool(tensors, f"{prefix}{family.attention_pool}", used)
+        notes.append("its attention-pooling head, which starts every head that pools by attention")
     if family.pooler and f"{prefix}{family.pooler}.weight" in tensors:
         names = {leaf: f"{prefix}{family.pooler}.{leaf}" for leaf in ("weight", "bias")}
         pooler = {leaf: tensors[name] for leaf, name in names.items()}
