@@ -262,9 +262,15 @@ def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_
 
 
 def vision_folder(family: str, folder):
-    """A tiny random transformers vision model of ``family`` (28-pixel images in 7-pixel patches), saved."""
+    """A tiny random transformers vision model of ``family`` (28-pixel images in 7-pixel patches), saved (timm's: a timm
+    Hub folder)."""
     import torch
     import transformers
+
+    if family == "timm":
+        from test_hf import timm_folder
+
+        return timm_folder(folder)
 
     shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
                  patch_size=7)
@@ -278,7 +284,7 @@ def vision_folder(family: str, folder):
     model.save_pretrained(folder)
 
 
-@pytest.mark.parametrize("family", ["vit", "dinov2", "clip", "dinov2_with_registers", "siglip"])
+@pytest.mark.parametrize("family", ["vit", "dinov2", "clip", "dinov2_with_registers", "siglip", "timm"])
 def test_image_classification_from_each_imported_vision_family(family, tmp_path):
     """The image kind's paths from a Hugging Face folder of each vision family: fine-tune (the shapes resized to the
     model's 28 pixels, in RGB), export, predict from the checkpoint and the directory alike."""

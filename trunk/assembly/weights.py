@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trunk.formats.hf import is_hf_folder
+from trunk.formats.hf import is_hf_folder, model_values
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import (
     TEXT_STEM_FIELDS,
@@ -95,7 +95,7 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     trunk = model.trunk
     shared = [kind for kind in trunk.stems if kind in pretrained.stems]
     if not shared and is_hf_folder(pretrained.path):  # Trunk's own trunks lend their blocks across modalities
-        model_type = json.loads((Path(pretrained.path) / "config.json").read_text()).get("model_type")
+        model_type = model_values(Path(pretrained.path)).get("model_type")
         reads = lambda stems: " and ".join(INPUTS.get(kind, kind) for kind in sorted(stems))  # noqa: E731
         raise ValueError(
             f"'{pretrained.path}' is a {model_type} model that reads {reads(pretrained.stems)}, and this run's tasks "
