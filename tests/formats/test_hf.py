@@ -568,6 +568,129 @@ def test_clip_vision_outputs_equal_transformers_at_its_size_and_at_another(whole
             assert (ours[:, 0] - out.pooler_output).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["vision-tower", "siglip-model"])
+def test_siglip_vision_outputs_and_attention_pooling_equal_transformers(whole, tmp_path):
+    """SigLIP's vision tower, alone or inside a whole SigLIP model (its text tower not read): no [CLS], positions on
+    the patches only, tanh GELU, ``post_layernorm`` as the final norm; every token equals transformers' at its size and
+    resized, and its attention-pooling head, read as Trunk's ``AttentionPool``, gives its pooled output."""
+    from trunk.models import AttentionPool
+
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
+                  patch_size=7)
+    if whole:
+        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50)
+        model = transformers.SiglipModel(transformers.SiglipConfig(vision_config=vision, text_config=text)).eval()
+    else:
+        model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision)).eval()
+    tower = getattr(model, "vision_model", model)
+    off_init(model)
+    model.save_pretrained(tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    assert not pretrained.config.cls_token and pretrained.config.activation == "gelu_tanh"
+    assert any("attention-pooling head" in note for note in notes)
+    trunk = image_trunk(pretrained)
+    pool = AttentionPool(pretrained.config).eval()
+    pool.load_state_dict({k.removeprefix("attention_pool."): v for k, v in pretrained.pooler.items()})
+    for size in (28, 42):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            out = tower(pixel_values=pixels, interpolate_pos_encoding=size != 28)
+            ours = trunk(pixels, stem="image")
+            assert ours.shape[1] == (size // 7) ** 2  # patches only
+            assert (ours - out.last_hidden_state).abs().max() < 1e-5
+            assert (pool(ours) - out.pooler_output).abs().max() < 1e-5
+
+
+def test_siglip_base_maps_on_the_meta_device():
+    """google/siglip-base-patch16-224's vision tower: every weight maps (the text tower and the similarity's scale and
+    bias stay)."""
+    config = transformers.SiglipConfig(vision_config=dict(patch_size=16, image_size=224))
+    with torch.device("meta"):
+        model = transformers.SiglipModel(config)
+    mapped = map_weights(config.to_dict(), saved(model), "siglip")
+    assert mapped.config.n_layers == 12 and mapped.config.max_len == 196
+    assert mapped.pooler["attention_pool.attn.kv_proj.weight"].shape == (2 * 768, 768)
+
+
+def timm_names(theirs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers ViT's weights (as saved) under timm's names: what a timm ViT of the same math holds."""
+    names = {"embeddings.patch_embeddings.projection": "patch_embed.proj", "layernorm": "norm"}
+    ours = {"cls_token": theirs["embeddings.cls_token"], "pos_embed": theirs["embeddings.position_embeddings"]}
+    for name, tensor in theirs.items():
+        module, leaf = name.rsplit(".", 1)
+        if module in names:
+            ours[f"{names[module]}.{leaf}"] = tensor
+        elif match := re.fullmatch(r"encoder\.layer\.(\d+)\.(.*)", module):
+            i, part = match.groups()
+            if part == "attention.attention.query":
+                parts = [f"encoder.layer.{i}.attention.attention.{kind}.{leaf}" for kind in ("query", "key", "value")]
+                ours[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat([theirs[part] for part in parts])
+            renamed = {"attention.output.dense": "attn.proj", "layernorm_before": "norm1", "layernorm_after": "norm2",
+                       "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}.get(part)
+            if renamed:
+                ours[f"blocks.{i}.{renamed}.{leaf}"] = tensor
+    return ours
+
+
+def timm_folder(folder: Path, **model_args):
+    """A timm ViT's Hub folder (config.json with its architecture and pretrained_cfg, model.safetensors in timm's
+    names) holding the weights of a random transformers ViT of the same math (eps 1e-6, as timm's), and that ViT."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=28, patch_size=7,
+        layer_norm_eps=1e-6), add_pooling_layer=False).eval()
+    off_init(model)
+    with torch.no_grad():
+        model.embeddings.cls_token.normal_()
+        model.embeddings.position_embeddings.normal_()
+    ours = {**timm_names(saved(model)), "head.weight": torch.randn(10, 32), "head.bias": torch.randn(10)}
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in ours.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "vit_tiny_patch7_28.test", "num_classes": 10, "global_pool": "token",
+        "model_args": {"embed_dim": 32, "depth": 2, "num_heads": 4, **model_args},
+        "pretrained_cfg": {"input_size": [3, 28, 28], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+                           "classifier": "head"}}))
+    return model
+
+
+def test_a_timm_vit_outputs_equal_the_same_vit_in_transformers(tmp_path):
+    """timm's ViT state dict (a Hub timm folder: config.json with its architecture and pretrained_cfg): the fused
+    query-key-value projection split, [CLS]'s position folded in, its classifier left behind, its normalisation said
+    in the notes; every token equals transformers' ViT with the same weights, at its size and resized."""
+    model = timm_folder(tmp_path / "timm")
+    pretrained, notes = convert(tmp_path / "timm")
+    assert pretrained.stems["image"] == {"image_size": 28, "patch_size": 7, "channels": 3}
+    assert any("mean [0.5, 0.5, 0.5]" in note for note in notes)
+    trunk = image_trunk(pretrained)
+    for size in (28, 42):
+        pixels = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            expected = model(pixel_values=pixels, interpolate_pos_encoding=size != 28).last_hidden_state
+            assert (trunk(pixels, stem="image") - expected).abs().max() < 1e-5
+
+
+def test_timm_vit_base_patch16_224_maps_on_the_meta_device():
+    """vit_base_patch16_224's shape by its name alone: every weight of timm's state dict maps (its classifier stays)."""
+    with torch.device("meta"):
+        model = transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False)
+    tensors = {**timm_names(saved(model)), "head.weight": torch.empty(1000, 768, device="meta")}
+    mapped = map_weights({"model_type": "timm", "architecture": "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+                          "pretrained_cfg": {"input_size": [3, 224, 224]}}, tensors, "timm")
+    assert (mapped.config.d_model, mapped.config.n_layers, mapped.config.n_heads) == (768, 12, 12)
+    assert mapped.stems["image"]["patch_size"] == 16 and mapped.config.max_len == 197
+
+
+@pytest.mark.parametrize("option,value", [("global_pool", "avg"), ("reg_tokens", 4), ("qk_norm", True)])
+def test_a_timm_option_the_trunk_cannot_compute_is_refused_by_name(option, value, tmp_path):
+    timm_folder(tmp_path / "timm", **{option: value})
+    with pytest.raises(ValueError, match=f"has {option}={value!r}, which the trunk cannot compute"):
+        convert(tmp_path / "timm")
+
+
 def test_clip_vit_b16_maps_on_the_meta_device():
     """openai/clip-vit-base-patch16's vision tower: every weight of it maps (the text tower and projections stay)."""
     config = transformers.CLIPConfig(vision_config=dict(patch_size=16))

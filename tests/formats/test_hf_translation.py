@@ -275,3 +275,37 @@ def test_real_size_translators_map_on_the_meta_device(model_type, values):
     state = mapped.heads["translation"]["state"]
     assert state["decoder.final_norm.weight"].shape == (1024,) and state["decoder.output_bias"].shape == (
         values["vocab_size"],)
+
+
+def test_marian_import_then_export_gives_transformers_the_same_model(tmp_path):
+    """trunk import of an opus-mt folder, then trunk export --format hf: MarianMTModel loads the folder with every
+    weight equal to the original's, and the two tokenizers come along as tokenizer.json and target_tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    from trunk.cli import export_main
+    from trunk.cli.import_model import import_main
+
+    model = tiny_marian(tmp_path / "hf", eos_bias=1.0)
+    import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
+    back = transformers.MarianMTModel.from_pretrained(tmp_path / "out").eval()
+    original = model.state_dict()
+    for name, tensor in back.state_dict().items():
+        if "embed_positions" not in name:  # fixed tables, computed by each side
+            assert torch.equal(tensor, original[name]), name
+    assert back.config.decoder_start_token_id == model.config.decoder_start_token_id
+    pretrained, _ = convert(tmp_path / "hf")
+    target = Tokenizer.from_file(str(tmp_path / "out" / "target_tokenizer.json"))
+    ours = pretrained.codec.target("translation")
+    assert [target.encode(t).ids for t in GERMAN] == [ours.encode(t).ids for t in GERMAN]
+
+
+def test_a_translator_marian_cannot_compute_is_refused_by_name(tmp_path):
+    from trunk.cli import export_main
+    from trunk.cli.import_model import import_main
+
+    tiny_multilingual("m2m_100", tmp_path / "hf")
+    import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    with pytest.raises(SystemExit, match="positions='sinusoidal_t2t' \\(Marian: 'sinusoidal_halves'\\)"):
+        export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
+    assert not (tmp_path / "out").exists()

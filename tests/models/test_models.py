@@ -8,6 +8,7 @@ from torch import nn
 
 from trunk.models import (
     Attention,
+    AttentionPool,
     Backbone,
     SequenceClassificationHead,
     TokenStem,
@@ -94,8 +95,9 @@ def test_padding_does_not_change_real_token_outputs(norm, positions):
     padded = trunk(padded_ids, mask)
     torch.testing.assert_close(padded[:, :9], short, atol=1e-5, rtol=1e-5)
 
-    for pooling in ("mean", "max"):
-        head = SequenceClassificationHead(32, 3, pooling=pooling).eval()
+    for pooling in ("mean", "max", "attention"):
+        pool = AttentionPool(cfg) if pooling == "attention" else None
+        head = SequenceClassificationHead(32, 3, pooling=pooling, attention_pool=pool).eval()
         torch.testing.assert_close(head(padded, mask), head(short, torch.ones_like(ids)), atol=1e-5, rtol=1e-5)
 
 

@@ -262,9 +262,15 @@ def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_
 
 
 def vision_folder(family: str, folder):
-    """A tiny random transformers vision model of ``family`` (28-pixel images in 7-pixel patches), saved."""
+    """A tiny random transformers vision model of ``family`` (28-pixel images in 7-pixel patches), saved (timm's: a timm
+    Hub folder)."""
     import torch
     import transformers
+
+    if family == "timm":
+        from test_hf import timm_folder
+
+        return timm_folder(folder)
 
     shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
                  patch_size=7)
@@ -273,11 +279,12 @@ def vision_folder(family: str, folder):
              "dinov2": lambda: transformers.Dinov2Model(transformers.Dinov2Config(**shape)),
              "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**shape)),
              "dinov2_with_registers": lambda: transformers.Dinov2WithRegistersModel(
-                 transformers.Dinov2WithRegistersConfig(num_register_tokens=2, **shape))}[family]()
+                 transformers.Dinov2WithRegistersConfig(num_register_tokens=2, **shape)),
+             "siglip": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**shape))}[family]()
     model.save_pretrained(folder)
 
 
-@pytest.mark.parametrize("family", ["vit", "dinov2", "clip", "dinov2_with_registers"])
+@pytest.mark.parametrize("family", ["vit", "dinov2", "clip", "dinov2_with_registers", "siglip", "timm"])
 def test_image_classification_from_each_imported_vision_family(family, tmp_path):
     """The image kind's paths from a Hugging Face folder of each vision family: fine-tune (the shapes resized to the
     model's 28 pixels, in RGB), export, predict from the checkpoint and the directory alike."""
@@ -286,9 +293,20 @@ def test_image_classification_from_each_imported_vision_family(family, tmp_path)
     kind = KINDS["image_classification"]
     args = [a for a in kind_args(kind, {}, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))
             and "image_size" not in a]
-    fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}", "--model.tasks.t.init_args.image_size=28",
-                   "--model.tasks.t.init_args.patch_size=7", "--model.tasks.t.init_args.channels=3",
-                   "--data.tasks.t.init_args.image_size=28", "--data.tasks.t.init_args.channels=3"])
+    args += [f"--model.init_from={tmp_path / 'hf'}", "--model.tasks.t.init_args.image_size=28",
+             "--model.tasks.t.init_args.patch_size=7", "--model.tasks.t.init_args.channels=3",
+             "--data.tasks.t.init_args.image_size=28", "--data.tasks.t.init_args.channels=3"]
+    if family == "siglip":  # no [CLS]: its heads pool by attention, started from its pretrained pooling head
+        with pytest.raises(ValueError, match="pooling='cls' reads the \\[CLS\\] token, which this trunk's image stem"):
+            run_cli(args, run=False)
+        args.append("--model.tasks.t.init_args.pooling=attention")
+        from trunk.formats.hf import convert
+
+        built = run_cli(args, run=False).model
+        assert built.trunk_config.cls_token is False
+        assert torch.equal(built.objectives["t"].head.attention_pool.probe,
+                           convert(tmp_path / "hf")[0].pooler["attention_pool.probe"])
+    fit = run_cli(["fit", *args])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "exported")])
     pixels = torch.rand(3, 28, 28, 3)  # images as stored: height, width, channels

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trunk.formats.hf import is_hf_folder
+from trunk.formats.hf import is_hf_folder, model_values
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import (
     TEXT_STEM_FIELDS,
@@ -95,7 +95,7 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
     trunk = model.trunk
     shared = [kind for kind in trunk.stems if kind in pretrained.stems]
     if not shared and is_hf_folder(pretrained.path):  # Trunk's own trunks lend their blocks across modalities
-        model_type = json.loads((Path(pretrained.path) / "config.json").read_text()).get("model_type")
+        model_type = model_values(Path(pretrained.path)).get("model_type")
         reads = lambda stems: " and ".join(INPUTS.get(kind, kind) for kind in sorted(stems))  # noqa: E731
         raise ValueError(
             f"'{pretrained.path}' is a {model_type} model that reads {reads(pretrained.stems)}, and this run's tasks "
@@ -168,8 +168,15 @@ def _resize_image_stem(state: dict[str, torch.Tensor], pretrained: PretrainedTru
 
 def _start_pooler(objective: Objective, pooler: dict[str, torch.Tensor]) -> bool:
     """A fresh [CLS]-pooled head starts its pooler (dense + tanh) from a pretrained one, as ``transformers``' task
-    models do."""
+    models do; a head that pools by attention starts its ``AttentionPool`` from a pretrained one (SigLIP's)."""
     head = getattr(objective, "head", None)
+    pool = {k.removeprefix("attention_pool."): v for k, v in pooler.items() if k.startswith("attention_pool.")}
+    if isinstance(head, SequenceClassificationHead) and head.attention_pool is not None and pool:
+        if head.attention_pool.probe.shape != pool["probe"].shape:
+            return False
+        head.attention_pool.load_state_dict(pool)
+        return True
+    pooler = {k: v for k, v in pooler.items() if not k.startswith("attention_pool.")}
     dense = getattr(head, "dense", None) if isinstance(head, SequenceClassificationHead) else None
     if not pooler or dense is None or head.pooling != "cls" or dense.weight.shape != pooler["weight"].shape:
         return False

@@ -92,6 +92,9 @@ class Family:
     prefixes: tuple[str, ...]
     heads: dict[str, HeadTable] = field(default_factory=dict)
     pooler: str | None = None  # the module of the pretrained pooler (dense + tanh on [CLS])
+    # the module of a pretrained attention-pooling head (SigLIP's: a probe, torch's MultiheadAttention, a norm, an MLP),
+    # which starts every head that pools by attention
+    attention_pool: str | None = None
     ignored: tuple[str, ...] = ()
     stems: Callable[[dict], dict] = lambda values: {"text": {}}  # the stems the trunk reads with, and their options
     # the family's tensors rewritten where Trunk keeps the same numbers in another form (ViT's [CLS] position folded
@@ -565,6 +568,151 @@ CLIP = Family(
 )
 
 
+def siglip_config(values: dict) -> TrunkConfig:
+    """SigLIP's vision tower: CLIP's pre-norm blocks without [CLS] (``cls_token: false``) and without a norm before
+    them; ``post_layernorm`` as the final norm; its attention-pooling head starts the heads that pool by attention."""
+    vision = clip_vision(values)
+    _check(vision, "siglip")
+    grid = vision.get("image_size", 224) // vision.get("patch_size", 16)
+    return TrunkConfig(
+        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
+        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
+        attn_dropout=vision.get("attention_dropout", 0.0), max_len=grid * grid, positions="learned", norm="pre",
+        embedding_norm=False, activation=ACTIVATIONS[vision.get("hidden_act", "gelu_pytorch_tanh")],
+        layer_norm_eps=vision.get("layer_norm_eps", 1e-6), cls_token=False,
+    )
+
+
+def siglip_positions(values: dict, tensors: dict, prefix: str) -> dict:
+    """SigLIP's position table (patches, no [CLS]), an embedding's (N, C) weight, as the patch stem's (1, N, C)."""
+    name = f"{prefix}embeddings.position_embedding.weight"
+    if name not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    tensors[f"{prefix}embeddings.position"] = tensors.pop(name)[None]
+    return tensors
+
+
+SIGLIP = Family(
+    siglip_config,
+    {
+        "stems.image": "embeddings",  # its position table (siglip_positions)
+        "stems.image.proj": "embeddings.patch_embedding",
+        **_block({
+            "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
+            "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
+            "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
+            "norm_attn": "encoder.layers.{i}.layer_norm1",
+            "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
+            "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
+            "norm_ff": "encoder.layers.{i}.layer_norm2",
+        }),
+        "backbone.final_norm": "post_layernorm",
+    },
+    ("vision_model.",),
+    attention_pool="head",
+    # a SigLIP model's text tower and its scale and bias of the similarities, an image classifier's output layer
+    ignored=(r"text_model\..*", r"logit_(scale|bias)", r"classifier\.(weight|bias)", r".*position_ids"),
+    stems=lambda values: {"image": {"image_size": clip_vision(values).get("image_size", 224),
+                                    "patch_size": clip_vision(values).get("patch_size", 16),
+                                    "channels": clip_vision(values).get("num_channels", 3)}},
+    adjust=siglip_positions,
+)
+
+
+# timm's ViT sizes by name (vision_transformer.py's model definitions): width, depth, heads
+TIMM_VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
+                  "huge": (1280, 32, 16)}
+# timm's ViT options that the trunk computes only at these values
+TIMM_ONLY = {"class_token": True, "no_embed_class": False, "reg_tokens": 0, "pre_norm": False, "qk_norm": False,
+             "global_pool": "token", "fc_norm": None, "qkv_bias": True}
+
+
+def is_timm(values: dict) -> bool:
+    """A timm model's config.json (the Hub's timm repositories): an ``architecture`` and its ``pretrained_cfg``, no
+    ``model_type``."""
+    return "model_type" not in values and "architecture" in values and "pretrained_cfg" in values
+
+
+def timm_args(values: dict) -> dict:
+    """A timm ViT's settings: its config's ``model_args`` over what its architecture's name says (vit_base_patch16_224:
+    width 768, 12 blocks of 12 heads, 16-pixel patches, 224-pixel images)."""
+    name = values["architecture"].split(".")[0]
+    match = re.fullmatch(r"vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)", name)
+    args = dict(values.get("model_args") or {})
+    if match is None and not {"embed_dim", "depth", "num_heads", "patch_size"} <= set(args):
+        raise ValueError(f"The timm model {values['architecture']!r} is not one of timm's plain ViTs "
+                         "(vit_{tiny,small,base,large,huge}_patch{P}_{size}) and its config.json gives no model_args "
+                         "with its shape: Trunk reads timm's plain ViTs (DINOv2, CLIP and SigLIP by their "
+                         "transformers folders).")
+    if match is not None:
+        width, depth, heads = TIMM_VIT_SIZES[match.group(1)]
+        args = {"embed_dim": width, "depth": depth, "num_heads": heads, "patch_size": int(match.group(2)),
+                "img_size": int(match.group(3)), **args}
+    size = (values["pretrained_cfg"].get("input_size") or [3, args.get("img_size", 224)])[-1]
+    return {"img_size": size, "mlp_ratio": 4.0, "in_chans": 3, **args}
+
+
+def timm_config(values: dict) -> TrunkConfig:
+    """timm's ViT: ViT's pre-norm blocks (eps 1e-6), a fused query-key-value projection, layer scale where its
+    ``init_values`` is set; what else its options choose is refused by name."""
+    args = timm_args(values)
+    for name, supported in TIMM_ONLY.items():
+        if args.get(name, supported) not in (supported, *(("",) if name == "fc_norm" else ())):
+            raise ValueError(f"The timm model {values['architecture']!r} has {name}={args[name]!r}, which the trunk "
+                             f"cannot compute (it supports {name}={supported!r} only).")
+    grid = args["img_size"] // args["patch_size"]
+    return TrunkConfig(
+        vocab_size=1, d_model=args["embed_dim"], n_layers=args["depth"], n_heads=args["num_heads"],
+        d_ff=int(args["embed_dim"] * args["mlp_ratio"]), dropout=0.0, attn_dropout=0.0, max_len=1 + grid * grid,
+        positions="learned", norm="pre", embedding_norm=False, activation="gelu", layer_norm_eps=1e-6,
+        layer_scale=args.get("init_values") or 0.0,
+    )
+
+
+def timm_adjust(values: dict, tensors: dict, prefix: str) -> dict:
+    """timm's names as ViT's where the trunk keeps the same numbers in another form: [CLS]'s position row folded into
+    [CLS] (``vit_positions``), the fused query-key-value projection split into the query and the keys and values, the
+    layer scales' ``gamma`` as ``weight``."""
+    tensors = {re.sub(r"^cls_token$", "embeddings.cls_token", re.sub(r"^pos_embed$", "embeddings.position_embeddings",
+                                                                      k)): v for k, v in tensors.items()}
+    tensors = vit_positions(values, tensors, "")
+    out = {}
+    for name, tensor in tensors.items():
+        name = re.sub(r"\.ls(\d)\.gamma$", r".ls\1.weight", name)
+        if ".attn.qkv." in name:
+            width = tensor.shape[0] // 3
+            out[name.replace(".qkv.", ".q.")], out[name.replace(".qkv.", ".kv.")] = tensor[:width], tensor[width:]
+        else:
+            out[name] = tensor
+    return out
+
+
+TIMM_VIT = Family(
+    timm_config,
+    {"stems.image": "embeddings",  # its cls and position (timm_adjust)
+     "stems.image.proj": "patch_embed.proj",
+     **_block({
+         "attn.q_proj": "blocks.{i}.attn.q",
+         "attn.kv_proj": "blocks.{i}.attn.kv",
+         "attn.out_proj": "blocks.{i}.attn.proj",
+         "norm_attn": "blocks.{i}.norm1",
+         "scale_attn": "blocks.{i}.ls1",
+         "ff.fc_in": "blocks.{i}.mlp.fc1",
+         "ff.fc_out": "blocks.{i}.mlp.fc2",
+         "norm_ff": "blocks.{i}.norm2",
+         "scale_ff": "blocks.{i}.ls2",
+     }),
+     "backbone.final_norm": "norm"},
+    ("",),
+    ignored=(r"head\.(weight|bias)",),  # its classifier (ImageNet's labels): a new task trains its own
+    stems=lambda values: {"image": {"image_size": timm_args(values)["img_size"],
+                                    "patch_size": timm_args(values)["patch_size"],
+                                    "channels": timm_args(values)["in_chans"]}},
+    adjust=timm_adjust,
+)
+
+
 def seq2seq_config(values: dict, **architecture) -> TrunkConfig:
     """A BART-like encoder-decoder's encoder as the trunk (its decoder, of the same shape, is the translation head's);
     ``architecture``: the fields by which the family differs from BART (positions, norms)."""
@@ -795,9 +943,11 @@ T5_FAMILY = Family(
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
                                "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
-                               "dinov2_with_registers": DINOV2, "clip": CLIP,
+                               "dinov2_with_registers": DINOV2, "clip": CLIP, "siglip": SIGLIP,
+                               "siglip_vision_model": SIGLIP,
                                "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
-                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY}
+                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY,
+                               "timm": TIMM_VIT}
 
 
 def download(reference: str) -> Path:
@@ -817,7 +967,13 @@ def is_hf_folder(path: str | Path) -> bool:
         meta = json.loads(config.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
-    return isinstance(meta, dict) and "model_type" in meta and "format" not in meta
+    return isinstance(meta, dict) and ("model_type" in meta or is_timm(meta)) and "format" not in meta
+
+
+def model_values(folder: Path) -> dict:
+    """A model folder's ``config.json`` values, a timm model's with ``model_type: timm``."""
+    values = _json(folder / CONFIG)
+    return {**values, "model_type": "timm"} if is_timm(values) else values
 
 
 def family_of(values: dict, source: Path) -> Family:
@@ -968,6 +1124,25 @@ def _take(expected: dict[str, torch.Size], table: dict[str, tuple[str, ...]], te
     return out
 
 
+def attention_pool(tensors: dict, module: str, used: set[str]) -> dict[str, torch.Tensor]:
+    """A SigLIP-style pooling head (``module``) as the weights of Trunk's ``AttentionPool``, keyed as the pretrained
+    pooler is (``attention_pool.*``): torch's fused query-key-value projection split into the query and the keys and
+    values."""
+    names = {"probe": "probe", "attn.out_proj": "attention.out_proj", "norm": "layernorm", "ff.fc_in": "mlp.fc1",
+             "ff.fc_out": "mlp.fc2"}
+    out = {"attention_pool.probe": tensors[f"{module}.probe"]}
+    for ours, theirs in names.items():
+        for leaf in ("weight", "bias") if ours != "probe" else ():
+            out[f"attention_pool.{ours}.{leaf}"] = tensors[f"{module}.{theirs}.{leaf}"]
+    width = out["attention_pool.probe"].shape[-1]
+    for leaf in ("weight", "bias"):
+        fused = tensors[f"{module}.attention.in_proj_{leaf}"]
+        out[f"attention_pool.attn.q_proj.{leaf}"], out[f"attention_pool.attn.kv_proj.{leaf}"] = fused[:width], fused[
+            width:]
+    used.update(k for k in tensors if k.startswith(f"{module}."))
+    return out
+
+
 @dataclass
 class Mapped:
     """A foreign checkpoint's weights in Trunk's names."""
@@ -1020,6 +1195,9 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         state.update({ours: trunk_weights.get(theirs) for ours, theirs in head.tied.items()})
         heads[task] = {"meta": objective.head_meta(), "state": state}
         notes.append(f"the pretrained {head.what}, as task '{task}'")
+    if family.attention_pool and f"{prefix}{family.attention_pool}.probe" in tensors:
+        pooler = attention_pool(tensors, f"{prefix}{family.attention_pool}", used)
+        notes.append("its attention-pooling head, which starts every head that pools by attention")
     if family.pooler and f"{prefix}{family.pooler}.weight" in tensors:
         names = {leaf: f"{prefix}{family.pooler}.{leaf}" for leaf in ("weight", "bias")}
         pooler = {leaf: tensors[name] for leaf, name in names.items()}
@@ -1058,7 +1236,7 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
     folder = Path(folder)
     if not (folder / CONFIG).is_file():
         raise FileNotFoundError(f"'{folder}' is not a Hugging Face model folder: it has no {CONFIG}.")
-    values = _json(folder / CONFIG)
+    values = model_values(folder)
     family_of(values, folder)  # before reading any weights
     mapped = map_weights(values, read_weights(folder), folder)
     notes, codec = list(mapped.notes), Codec()
@@ -1079,7 +1257,8 @@ def convert(folder: str | Path, tokenizer_folder: str | Path | None = None) -> t
         # a decoder's own segmenter of its outputs, over the same vocabulary (Marian's)
         codec = Codec(tokenizer, {task: target for task in mapped.heads if target is not None})
         notes += _decoder_starts(values, mapped.heads, codec)
-    processor = _json(folder / "preprocessor_config.json")
+    processor = _json(folder / "preprocessor_config.json") or {
+        f"image_{k}": v for k, v in (values.get("pretrained_cfg") or {}).items() if k in ("mean", "std")}  # timm's
     if "image" in mapped.stems and processor.get("image_mean"):
         notes.append(f"it was pretrained on images normalised with mean {processor['image_mean']} and std "
                      f"{processor.get('image_std')}: give the task's data these (data.tasks.<task>.mean / std)")

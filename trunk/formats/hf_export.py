@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 
 from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
-from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, ROBERTA, Family, _expand
+from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, MARIAN, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
-from trunk.models import TrunkConfig, build_trunk
+from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
 
 POOLED = ("sequence_classification", "multi_label_classification")
@@ -101,7 +101,7 @@ def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Ten
         theirs = table[module]
         for part, chunk in zip(theirs, tensor.chunk(len(theirs))):
             out[f"{prefix}{part}.{leaf}"] = chunk.contiguous()
-    if not config.segments and family is not DEBERTA_V2:  # BERT always adds a segment row: a zero one changes nothing
+    if not config.segments and family in (BERT, ROBERTA, ELECTRA):  # BERT's always adds a segment row: a zero one
         out[f"{prefix}embeddings.token_type_embeddings.weight"] = torch.zeros(1, config.embedding_size)
     return out
 
@@ -109,10 +109,14 @@ def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Ten
 def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | None = None, overwrite: bool = False
               ) -> tuple[Path, str]:
     """Write ``pretrained`` (with the head of ``task``, or its only head that transformers has) as a Hugging Face
-    model folder; returns the folder and the transformers class that loads it."""
+    model folder; returns the folder and the transformers class that loads it. A translation head goes out as a
+    Marian model (``export_marian``)."""
     directory = Path(directory)
     if "text" not in pretrained.stems or pretrained.codec.tokenizer is None:
         raise ValueError("--format hf writes text models; this one has no text stem.")
+    translation = [name for name, head in pretrained.heads.items() if head["meta"]["kind"] == "translation"]
+    if translation and (task in translation or task is None and len(pretrained.heads) == 1):
+        return export_marian(pretrained, directory, task or translation[0], overwrite)
     model_type, family = family_for(pretrained.config)
     tokenizer, config = pretrained.codec.tokenizer, pretrained.config
     pad_id = special_id(tokenizer, PAD)
@@ -158,6 +162,13 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
         if kind == "multi_label_classification":
             values["problem_type"] = "multi_label_classification"
     values["architectures"] = [architecture]
+    return write_hf_folder(directory, overwrite, tensors, values, tokenizer, config.max_len), architecture
+
+
+def write_hf_folder(directory: Path, overwrite: bool, tensors: dict[str, torch.Tensor], values: dict, tokenizer,
+                    max_len: int, target=None) -> Path:
+    """The folder, written whole or not at all: weights, config, the tokenizer (and a decoder's own target tokenizer,
+    ``target_tokenizer.json``) with its special tokens' roles."""
     tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     directory = followed(Path(directory))
@@ -166,14 +177,72 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(values, indent=2) + "\n")
     tokenizer.save(str(tmp / "tokenizer.json"))
+    if target is not None:
+        target.save(str(tmp / TARGET_TOKENIZER))
     roles = {"cls_token": CLS, "sep_token": SEP, "pad_token": PAD, "mask_token": MASK, "unk_token": UNK}
     spelled = {key: token if tokenizer.token_to_id(token) is not None else OTHER_SPELLING[token]
                for key, token in roles.items() if special_id(tokenizer, token) is not None}
     (tmp / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_len, **spelled}, indent=2
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **spelled}, indent=2
     ) + "\n")
     replace_directory(tmp, directory)
-    return directory, architecture
+    return directory
+
+
+TARGET_TOKENIZER = "target_tokenizer.json"
+# Trunk's activations as transformers' seq2seq configs name them
+SEQ2SEQ_ACTIVATIONS = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+
+
+def export_marian(pretrained: PretrainedTrunk, directory: Path, task: str, overwrite: bool) -> tuple[Path, str]:
+    """A trunk of Marian's shape (``positions: sinusoidal_halves``, post-LN, no embedding norm) and its translation
+    head as a ``MarianMTModel`` folder: the import's tables read backwards, the decoder's output bias as
+    ``final_logits_bias``. Its tokenizers go as ``tokenizer.json`` (sources) and ``target_tokenizer.json`` (targets),
+    which ``tokenizers`` and ``PreTrainedTokenizerFast`` read; ``MarianTokenizer`` reads SentencePiece files, which a
+    Trunk model does not keep: copy ``source.spm``, ``target.spm`` and ``vocab.json`` from the model it started from."""
+    config, head = pretrained.config, pretrained.heads[task]
+    wanted = {"positions": "sinusoidal_halves", "norm": "post", "embedding_norm": False, "position_offset": 0,
+              "segments": 0, "embedding_size": config.d_model, "local_window": 0, "rms_norm": False,
+              "gated_ff": False, "layer_scale": 0.0}
+    wrong = [f"{name}={getattr(config, name)!r} (Marian: {value!r})" for name, value in wanted.items()
+             if getattr(config, name) != value]
+    options = head["meta"]["objective"].get("init_args") or {}
+    if config.activation not in SEQ2SEQ_ACTIVATIONS:
+        wrong.append(f"activation={config.activation!r}")
+    if not options.get("share_embeddings", True) or not options.get("tied_output", True):
+        wrong.append("a decoder with embeddings or an output projection of its own")
+    if options.get("target_language"):
+        wrong.append(f"target_language={options['target_language']!r} (Marian has no forced language code)")
+    if wrong:
+        raise ValueError(f"--format hf writes a translation model as Marian's, and this one has {', '.join(wrong)}, "
+                         "which transformers' MarianMTModel does not compute. Use the trunk directory instead.")
+    tokenizer = pretrained.codec.tokenizer
+    target = pretrained.codec.targets.get(task)
+    state = head["state"]
+    depth = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("decoder.blocks."))
+    tensors = hf_weights(MARIAN, config, pretrained.trunk_weights, "model.")
+    table = _expand(MARIAN.heads["translation"].table, depth)
+    for key, tensor in state.items():
+        module, leaf = key.rsplit(".", 1)
+        if key == "decoder.output_bias":
+            tensors["final_logits_bias"] = tensor[None].contiguous()
+        elif key != "decoder.stem.token.weight":  # the shared embeddings (tied)
+            for part, chunk in zip(table[module], tensor.chunk(len(table[module]))):
+                tensors[f"model.{part}.{leaf}"] = chunk.contiguous()
+    ids = SpecialIds.of(target or tokenizer)
+    start = (target or tokenizer).token_to_id(options["decoder_start"]) if options.get("decoder_start") else ids.bos
+    values = {
+        "model_type": "marian", "architectures": ["MarianMTModel"], "vocab_size": config.vocab_size,
+        "decoder_vocab_size": config.vocab_size, "d_model": config.d_model, "encoder_layers": config.n_layers,
+        "decoder_layers": depth, "encoder_attention_heads": config.n_heads, "decoder_attention_heads": config.n_heads,
+        "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff,
+        "activation_function": SEQ2SEQ_ACTIVATIONS[config.activation], "max_position_embeddings": config.max_len,
+        "scale_embedding": config.scale_embedding, "dropout": config.dropout, "attention_dropout": config.attn_dropout,
+        "init_std": config.init_std, "pad_token_id": ids.pad, "eos_token_id": ids.eos,
+        "forced_eos_token_id": ids.eos, "decoder_start_token_id": start, "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True, "is_encoder_decoder": True,
+    }
+    return write_hf_folder(directory, overwrite, tensors, values, tokenizer, config.max_len, target), "MarianMTModel"
 
 
 def merged_trunk(pretrained: PretrainedTrunk, task: str) -> dict[str, torch.Tensor]:
@@ -219,7 +288,7 @@ def check_hf_writable(directory: Path, overwrite: bool) -> None:
     if not directory.is_dir():
         raise FileExistsError(f"'{directory}' exists and is not a directory. Choose another output path.")
     contents = sorted(p.name for p in directory.iterdir())
-    ours = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    ours = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", TARGET_TOKENIZER}
     if contents and (not overwrite or set(contents) - ours):
         raise FileExistsError(
             f"'{directory}' is not empty ({contents[:5]}): choose a new or empty directory"

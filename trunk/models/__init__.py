@@ -3,6 +3,7 @@
 from trunk.models.decoder import Decoder, DecoderBlock, KVCache
 from trunk.models.generation import GenerationConfig, SpecialIds, beam_search, greedy_search
 from trunk.models.heads import (
+    AttentionPool,
     MaskedLMHead,
     Pooling,
     ReplacedTokenHead,
@@ -32,6 +33,7 @@ from trunk.models.trunk import Attention, Backbone, Block, FeedForward, Trunk, T
 
 __all__ = [
     "Attention",
+    "AttentionPool",
     "Backbone",
     "Block",
     "Decoder",

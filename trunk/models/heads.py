@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from trunk.models.kernels import Dropout
-from trunk.models.trunk import ACTIVATIONS, init_weights
+from trunk.models.trunk import ACTIVATIONS, Attention, FeedForward, TrunkConfig, init_weights, norm_layer
 
-Pooling = Literal["cls", "mean", "max"]
+Pooling = Literal["cls", "mean", "max", "attention"]
 
 
 def check_pooling(pooling: str) -> None:
@@ -19,10 +19,30 @@ def check_pooling(pooling: str) -> None:
         raise ValueError(f"pooling must be one of {', '.join(get_args(Pooling))}; got {pooling!r}.")
 
 
+class AttentionPool(nn.Module):
+    """Pooling by attention (SigLIP's multi-head attention pooling head, the Set Transformer's PMA): a learned probe
+    attends over the real tokens with the trunk's heads, then an MLP of the trunk's shape is added after a norm.
+    (B, T, C) -> (B, C)."""
+
+    def __init__(self, cfg: TrunkConfig) -> None:
+        super().__init__()
+        self.probe = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+        self.attn = Attention(cfg.d_model, cfg.n_heads)
+        self.norm = norm_layer(cfg)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
+        init_weights(self, cfg.init_std)
+        nn.init.normal_(self.probe, std=cfg.init_std)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        probe = self.probe.expand(hidden.shape[0], -1, -1).to(hidden.dtype)
+        x = self.attn(probe, None if attention_mask is None else attention_mask.bool(), context=hidden)
+        return (x + self.ff(self.norm(x)))[:, 0]
+
+
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Pooling) -> torch.Tensor:
     """(B, T, C) -> (B, C): the first ([CLS]) vector, or the mean or the per-channel maximum over real
     (unpadded) tokens. Max pooling is a CNN's max-over-time: each channel says whether its feature occurs
-    anywhere in the text."""
+    anywhere in the text. (``attention`` pooling has weights: ``AttentionPool``.)"""
     if how == "cls":
         return hidden[:, 0]
     if attention_mask is None:
@@ -47,18 +67,24 @@ class SequenceClassificationHead(nn.Module):
         dropout: float = 0.1,
         pooler: bool = True,
         init_std: float = 0.02,
+        attention_pool: AttentionPool | None = None,
     ) -> None:
         super().__init__()
         check_pooling(pooling)
+        if (pooling == "attention") != (attention_pool is not None):
+            raise ValueError("pooling='attention' pools through an AttentionPool, which only it takes.")
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model) if pooler else None
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
         init_weights(self, init_std)
+        self.attention_pool = attention_pool  # initialised by itself
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, num_labels)."""
-        x = self.drop(pool(hidden, attention_mask, self.pooling))
+        pooled = pool(hidden, attention_mask, self.pooling) if self.attention_pool is None else self.attention_pool(
+            hidden, attention_mask)
+        x = self.drop(pooled)
         if self.dense is not None:
             x = self.drop(torch.tanh(self.dense(x)))
         return self.classifier(x)

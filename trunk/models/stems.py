@@ -79,8 +79,8 @@ class TokenStem(nn.Module):
 
 
 class PatchStem(nn.Module):
-    """ViT stem: images (B, C, H, W) -> [CLS] (+ ``cfg.registers`` register tokens) + one vector per non-overlapping
-    patch, (B, 1 + R + N, d_model).
+    """ViT stem: images (B, C, H, W) -> [CLS] (unless ``cfg.cls_token`` is false, as SigLIP's), ``cfg.registers``
+    register tokens and one vector per non-overlapping patch, (B, 1 + R + N, d_model).
 
     Each p x p patch is flattened and projected linearly (a convolution with stride p computes
     exactly that). Positions follow ``cfg.positions``: ``learned`` or ``sinusoidal`` add a 2-D
@@ -99,8 +99,9 @@ class PatchStem(nn.Module):
         self.patch_size, self.channels, self.resize_antialias = patch_size, channels, cfg.resize_antialias
         self.grid = image_size // patch_size
         self.proj = nn.Conv2d(channels, cfg.d_model, kernel_size=patch_size, stride=patch_size)
-        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        nn.init.normal_(self.cls, std=cfg.init_std)
+        if cfg.cls_token:
+            self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+            nn.init.normal_(self.cls, std=cfg.init_std)
         if cfg.registers:
             self.registers = nn.Parameter(torch.zeros(1, cfg.registers, cfg.d_model))
             nn.init.normal_(self.registers, std=cfg.init_std)
@@ -131,7 +132,7 @@ class PatchStem(nn.Module):
         table = self.positions(H // self.patch_size, W // self.patch_size)
         if table is not None:
             x = x + table
-        extra = [self.cls, *([self.registers] if hasattr(self, "registers") else [])]  # registers: no position
+        extra = [getattr(self, name) for name in ("cls", "registers") if hasattr(self, name)]  # no positions
         x = torch.cat([*(t.expand(x.shape[0], -1, -1).to(x.dtype) for t in extra), x], dim=1)
         return self.drop(self.norm(x))
 

@@ -97,6 +97,8 @@ class TrunkConfig:
     # the patch stem: learned tokens between [CLS] and the patches, without positions, that attention may use as
     # scratch space ("Vision Transformers Need Registers"; DINOv2 with registers' 4)
     registers: int = 0
+    # the patch stem prepends a [CLS] token (ViT's, DINOv2's, CLIP's); SigLIP's has none (its heads pool by attention)
+    cls_token: bool = True
     # a learned patch position table read at another grid size is resized bicubically, antialiased (PIL's kernel, as
     # DINOv2 with registers resizes) or not (timm's, ViT's)
     resize_antialias: bool = False

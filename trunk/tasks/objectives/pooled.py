@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from trunk.core.contract import TaskSpec
-from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
+from trunk.models import AttentionPool, Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
 from trunk.tasks.objectives.base import Objective
 
 
@@ -15,8 +15,9 @@ class PooledObjective(Objective):
     with one output per label (``label_names``: classes, or the names of regression targets).
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over the tokens, then
+            an MLP: SigLIP's head, which a SigLIP checkpoint's starts).
         head_dropout: dropout inside the head.
         pooler: a BERT-style pooler (dense + tanh) before the output layer; false: the output layer reads the pooled
             vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
@@ -31,8 +32,13 @@ class PooledObjective(Objective):
         self.pooling, self.head_dropout, self.pooler = pooling, head_dropout, pooler
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
+        if self.pooling == "cls" and self.stem == "image" and not cfg.cls_token:
+            raise ValueError(f"Task '{self.name}': pooling='cls' reads the [CLS] token, which this trunk's image stem "
+                             "does not have (cls_token: false, as SigLIP's). Use pooling: attention (SigLIP's own "
+                             "head, started from the pretrained one) or mean.")
         self.head = SequenceClassificationHead(
-            cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler, cfg.init_std
+            cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler, cfg.init_std,
+            AttentionPool(cfg) if self.pooling == "attention" else None,
         )
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
