@@ -511,20 +511,27 @@ def clip_vision(values: dict) -> dict:
     return values.get("vision_config") or values
 
 
+def tower_config(values: dict, model_type: str, patch_size: int, activation: str, eps: float, cls_token: bool,
+                 embedding_norm: bool) -> TrunkConfig:
+    """A CLIP-like vision tower's trunk (pre-norm blocks, learned positions), its family's defaults given."""
+    vision = clip_vision(values)
+    _check(vision, model_type)
+    grid = vision.get("image_size", 224) // vision.get("patch_size", patch_size)
+    return TrunkConfig(
+        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
+        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
+        attn_dropout=vision.get("attention_dropout", 0.0), max_len=int(cls_token) + grid * grid, positions="learned",
+        norm="pre", embedding_norm=embedding_norm, activation=ACTIVATIONS[vision.get("hidden_act", activation)],
+        layer_norm_eps=vision.get("layer_norm_eps", eps), init_std=vision.get("initializer_range", 0.02),
+        cls_token=cls_token,
+    )
+
+
 def clip_config(values: dict) -> TrunkConfig:
     """CLIP's vision tower: pre-norm blocks after a norm on the embeddings (``pre_layrnorm``), QuickGELU (OpenAI's) or
     GELU; its ``post_layernorm`` is the final norm, on every token (as timm reads CLIP; transformers' last hidden
     state stops before it, its pooled output is [CLS] after it)."""
-    vision = clip_vision(values)
-    _check(vision, "clip")
-    grid = vision.get("image_size", 224) // vision.get("patch_size", 32)
-    return TrunkConfig(
-        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
-        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
-        attn_dropout=vision.get("attention_dropout", 0.0), max_len=1 + grid * grid, positions="learned", norm="pre",
-        embedding_norm=True, activation=ACTIVATIONS[vision.get("hidden_act", "quick_gelu")],
-        layer_norm_eps=vision.get("layer_norm_eps", 1e-5), init_std=vision.get("initializer_range", 0.02),
-    )
+    return tower_config(values, "clip", 32, "quick_gelu", 1e-5, cls_token=True, embedding_norm=True)
 
 
 def clip_embeddings(values: dict, tensors: dict, prefix: str) -> dict:
@@ -540,30 +547,39 @@ def clip_embeddings(values: dict, tensors: dict, prefix: str) -> dict:
     return with_zero_biases(tensors, [f"{prefix}embeddings.patch_embedding.weight"])
 
 
+def clip_stems(values: dict, patch_size: int) -> dict:
+    """A vision tower's patch stem as its config gives it (``patch_size``: the family's default)."""
+    vision = clip_vision(values)
+    return {"image": {"image_size": vision.get("image_size", 224), "patch_size": vision.get("patch_size", patch_size),
+                      "channels": vision.get("num_channels", 3)}}
+
+
+# CLIP's blocks and final norm, which SigLIP's tower keeps
+CLIP_BLOCKS = {
+    **_block({
+        "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
+        "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
+        "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
+        "norm_attn": "encoder.layers.{i}.layer_norm1",
+        "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
+        "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
+        "norm_ff": "encoder.layers.{i}.layer_norm2",
+    }),
+    "backbone.final_norm": "post_layernorm",
+}
 CLIP = Family(
     clip_config,
     {
         "stems.image": "embeddings",  # its cls and position (clip_embeddings)
         "stems.image.proj": "embeddings.patch_embedding",
         "stems.image.norm": "pre_layrnorm",
-        **_block({
-            "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
-            "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
-            "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
-            "norm_attn": "encoder.layers.{i}.layer_norm1",
-            "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
-            "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
-            "norm_ff": "encoder.layers.{i}.layer_norm2",
-        }),
-        "backbone.final_norm": "post_layernorm",
+        **CLIP_BLOCKS,
     },
     ("vision_model.",),
     # a CLIP model's text tower and its two projections into the joint space, an image classifier's output layer
     ignored=(r"text_model\..*", r"(text|visual)_projection\.weight", r"logit_scale", r"classifier\.(weight|bias)",
              r".*position_ids"),
-    stems=lambda values: {"image": {"image_size": clip_vision(values).get("image_size", 224),
-                                    "patch_size": clip_vision(values).get("patch_size", 32),
-                                    "channels": clip_vision(values).get("num_channels", 3)}},
+    stems=lambda values: clip_stems(values, patch_size=32),
     adjust=clip_embeddings,
 )
 
@@ -571,16 +587,7 @@ CLIP = Family(
 def siglip_config(values: dict) -> TrunkConfig:
     """SigLIP's vision tower: CLIP's pre-norm blocks without [CLS] (``cls_token: false``) and without a norm before
     them; ``post_layernorm`` as the final norm; its attention-pooling head starts the heads that pool by attention."""
-    vision = clip_vision(values)
-    _check(vision, "siglip")
-    grid = vision.get("image_size", 224) // vision.get("patch_size", 16)
-    return TrunkConfig(
-        vocab_size=1, d_model=vision["hidden_size"], n_layers=vision["num_hidden_layers"],
-        n_heads=vision["num_attention_heads"], d_ff=vision["intermediate_size"], dropout=0.0,
-        attn_dropout=vision.get("attention_dropout", 0.0), max_len=grid * grid, positions="learned", norm="pre",
-        embedding_norm=False, activation=ACTIVATIONS[vision.get("hidden_act", "gelu_pytorch_tanh")],
-        layer_norm_eps=vision.get("layer_norm_eps", 1e-6), cls_token=False,
-    )
+    return tower_config(values, "siglip", 16, "gelu_pytorch_tanh", 1e-6, cls_token=False, embedding_norm=False)
 
 
 def siglip_positions(values: dict, tensors: dict, prefix: str) -> dict:
@@ -598,24 +605,13 @@ SIGLIP = Family(
     {
         "stems.image": "embeddings",  # its position table (siglip_positions)
         "stems.image.proj": "embeddings.patch_embedding",
-        **_block({
-            "attn.q_proj": "encoder.layers.{i}.self_attn.q_proj",
-            "attn.kv_proj": ("encoder.layers.{i}.self_attn.k_proj", "encoder.layers.{i}.self_attn.v_proj"),
-            "attn.out_proj": "encoder.layers.{i}.self_attn.out_proj",
-            "norm_attn": "encoder.layers.{i}.layer_norm1",
-            "ff.fc_in": "encoder.layers.{i}.mlp.fc1",
-            "ff.fc_out": "encoder.layers.{i}.mlp.fc2",
-            "norm_ff": "encoder.layers.{i}.layer_norm2",
-        }),
-        "backbone.final_norm": "post_layernorm",
+        **CLIP_BLOCKS,
     },
     ("vision_model.",),
     attention_pool="head",
     # a SigLIP model's text tower and its scale and bias of the similarities, an image classifier's output layer
     ignored=(r"text_model\..*", r"logit_(scale|bias)", r"classifier\.(weight|bias)", r".*position_ids"),
-    stems=lambda values: {"image": {"image_size": clip_vision(values).get("image_size", 224),
-                                    "patch_size": clip_vision(values).get("patch_size", 16),
-                                    "channels": clip_vision(values).get("num_channels", 3)}},
+    stems=lambda values: clip_stems(values, patch_size=16),
     adjust=siglip_positions,
 )
 
