@@ -32,8 +32,8 @@ class Classification(PooledObjective):
     ``f1_positive``, the F1 of that class (paraphrase-style tasks report it).
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the classification head.
         primary_metric: the metric that stands for the task in ``val/score`` and on the progress bar.
         positive_label: the label whose F1 is ``f1_positive``.

@@ -22,7 +22,8 @@ class ImageClassification(Classification):
         image_size: the side of the (square) training images, in pixels: sizes the position table.
         patch_size: the side of each patch; must divide the image size.
         channels: 1 (grey) or 3 (RGB).
-        pooling: ``cls``, ``mean`` or ``max`` (over all tokens).
+        pooling: ``cls``, ``mean``, ``max`` (over all tokens) or ``attention`` (SigLIP's head; a trunk without [CLS],
+            ``cls_token: false``, refuses ``cls``).
         head_dropout: dropout inside the classification head.
         primary_metric, positive_label, class_weights, label_smoothing, pooler: see ``Classification``.
     """

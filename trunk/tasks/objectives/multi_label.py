@@ -27,8 +27,8 @@ class MultiLabelClassification(PooledObjective):
     probs: every label's}``.
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the head.
         threshold: a label is predicted when its probability is at least this.
         primary_metric: the metric that stands for the task in ``val/score``.

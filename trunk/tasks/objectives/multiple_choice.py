@@ -18,8 +18,8 @@ class MultipleChoice(Objective):
     probs}``.
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the head. label_smoothing: the share of each target's probability spread over the
         other candidates: a regulariser against over-confidence (0: none). pooler: a dense + tanh pooler before the
         output layer (false: the output layer reads the pooled vector).

@@ -27,8 +27,8 @@ class SequenceRegression(PooledObjective):
     (several targets: ``{text, scores: {target: value}}``).
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the head.
         loss: ``mse``, or ``huber`` (less pulled by outlying targets).
         huber_delta: where the Huber loss turns from squared to linear, in standard deviations of the target.

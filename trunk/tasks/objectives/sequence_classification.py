@@ -13,8 +13,8 @@ class SequenceClassification(Classification):
     ``{text, label, probs}`` per example. Label names come from the task's data.
 
     Args:
-        pooling: ``cls`` (the first token), ``mean`` (average over real tokens) or ``max`` (each channel's
-            maximum over real tokens, as a CNN pools).
+        pooling: ``cls`` (the first token), ``mean`` (average over real tokens), ``max`` (each channel's
+            maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the classification head. primary_metric: the metric that stands for the task in
         ``val/score``: acc, f1_macro, mcc or f1_positive. positive_label: the label whose F1 is logged as
         ``f1_positive``. class_weights: ``balanced`` (by the training split's label counts) or one weight per label, for
