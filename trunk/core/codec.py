@@ -164,13 +164,21 @@ def like(tokenizer: Tokenizer, token: str) -> str:
     return f" (tokens like it: {near})" if near else ""
 
 
+def token_id(tokenizer: Tokenizer | None, token: str, option: str) -> int:
+    """The id of ``token`` (a language code, a decoder's start), else an error naming ``option`` and the closest
+    tokens."""
+    found = None if tokenizer is None else tokenizer.token_to_id(token)
+    if found is None:
+        raise ValueError(f"{option}={token!r} is not a token of the tokenizer"
+                         f"{'' if tokenizer is None else like(tokenizer, token)}. {LANGUAGE_CODES}")
+    return found
+
+
 def with_first_token(tokenizer: Tokenizer, token: str, option: str) -> Tokenizer:
     """A copy of ``tokenizer`` whose inputs start with ``token`` (a source language's code: NLLB's ``deu_Latn``,
     mBART-50's ``de_DE``), in place of the language code its template puts first (a special token of no role of
     ``SPECIAL_TOKENS``), or before everything where it puts none. ``option``: the setting that asked, for errors."""
-    if tokenizer.token_to_id(token) is None:
-        raise ValueError(f"{option}={token!r} is not a token of the tokenizer{like(tokenizer, token)}. "
-                         f"{LANGUAGE_CODES}")
+    found = token_id(tokenizer, token, option)
     state = json.loads(tokenizer.to_str())
     template = state.get("post_processor") or {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A",
                                                                                                       "type_id": 0}}],
@@ -188,6 +196,6 @@ def with_first_token(tokenizer: Tokenizer, token: str, option: str) -> Tokenizer
             pieces[i] = {"SpecialToken": {**pieces[i]["SpecialToken"], "id": token}}
         if not codes:
             pieces.insert(0, first)
-    template["special_tokens"][token] = {"id": token, "ids": [tokenizer.token_to_id(token)], "tokens": [token]}
+    template["special_tokens"][token] = {"id": token, "ids": [found], "tokens": [token]}
     state["post_processor"] = template
     return Tokenizer.from_str(json.dumps(state))

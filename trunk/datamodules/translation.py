@@ -215,7 +215,7 @@ class TranslationData(TextDataModule):
 
     def own_target_tokenizer(self) -> Tokenizer | None:
         target = self.target_tokenizer
-        return None if target is self.tokenizer or target is super().tokenizer else target
+        return None if target is self.tokenizer else target
 
     @property
     def target_tokenizer(self) -> Tokenizer:

@@ -684,6 +684,10 @@ def timm_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     return out
 
 
+def timm_stems(args: dict) -> dict:
+    return {"image": {"image_size": args["img_size"], "patch_size": args["patch_size"], "channels": args["in_chans"]}}
+
+
 TIMM_VIT = Family(
     timm_config,
     {"stems.image": "embeddings",  # its cls and position (timm_adjust)
@@ -702,16 +706,17 @@ TIMM_VIT = Family(
      "backbone.final_norm": "norm"},
     ("",),
     ignored=(r"head\.(weight|bias)",),  # its classifier (ImageNet's labels): a new task trains its own
-    stems=lambda values: {"image": {"image_size": timm_args(values)["img_size"],
-                                    "patch_size": timm_args(values)["patch_size"],
-                                    "channels": timm_args(values)["in_chans"]}},
+    stems=lambda values: timm_stems(timm_args(values)),
     adjust=timm_adjust,
 )
 
 
-def seq2seq_config(values: dict, **architecture) -> TrunkConfig:
+def seq2seq_config(values: dict, only: dict | None, activation: str, **architecture) -> TrunkConfig:
     """A BART-like encoder-decoder's encoder as the trunk (its decoder, of the same shape, is the translation head's);
-    ``architecture``: the fields by which the family differs from BART (positions, norms)."""
+    ``only``: the config's options the trunk computes at one value (``_check``; None: BERT's); ``activation``: the
+    family's default; ``architecture``: the fields by which the family differs from BART (positions, norms)."""
+    activation = values.get("activation_function", activation)
+    _check({**values, "hidden_act": activation}, values["model_type"], only)
     for ours, theirs in (("attention_heads", "the heads"), ("ffn_dim", "the feed-forward width")):
         if values[f"encoder_{ours}"] != values[f"decoder_{ours}"]:
             encoder, decoder = values[f"encoder_{ours}"], values[f"decoder_{ours}"]
@@ -724,39 +729,36 @@ def seq2seq_config(values: dict, **architecture) -> TrunkConfig:
         "dropout": values.get("dropout", 0.1), "attn_dropout": values.get("attention_dropout", 0.0),
         "max_len": values.get("max_position_embeddings", 1024), "layer_norm_eps": 1e-5,
         "init_std": values.get("init_std", 0.02),
-        "activation": ACTIVATIONS[values.get("activation_function", "gelu")], **architecture})
+        "activation": ACTIVATIONS[activation], **architecture})
 
 
 def bart_config(values: dict) -> TrunkConfig:
-    activation = values.get("activation_function", "gelu")
-    _check({**values, "hidden_act": activation}, values["model_type"],
-           {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False})
-    return seq2seq_config(values, position_offset=2, positions="learned", norm="post", embedding_norm=True)
+    only = {"scale_embedding": False, "normalize_before": False, "add_final_layer_norm": False}
+    return seq2seq_config(values, only, "gelu", position_offset=2, positions="learned", norm="post",
+                          embedding_norm=True)
 
 
 def marian_config(values: dict) -> TrunkConfig:
     """Marian (opus-mt): BART's post-LN layers over fixed sinusoidal positions (sines, then cosines), token embeddings
     scaled by sqrt(d_model), no embedding norm, one vocabulary for both sides."""
-    _check({**values, "hidden_act": values.get("activation_function", "gelu")}, "marian",
-           {"share_encoder_decoder_embeddings": True, "normalize_before": False})
-    return seq2seq_config(values, positions="sinusoidal_halves", norm="post", embedding_norm=False,
+    only = {"share_encoder_decoder_embeddings": True, "normalize_before": False}
+    return seq2seq_config(values, only, "gelu", positions="sinusoidal_halves", norm="post", embedding_norm=False,
                           scale_embedding=values.get("scale_embedding", False))
 
 
 def m2m100_config(values: dict) -> TrunkConfig:
     """M2M100 and NLLB: pre-LN layers with a final norm on each side over fixed sinusoidal positions (tensor2tensor's
     layout, from padding id + 1 on), token embeddings scaled by sqrt(d_model)."""
-    _check({**values, "hidden_act": values.get("activation_function", "relu")}, "m2m_100")
-    return seq2seq_config(values, positions="sinusoidal_t2t", position_offset=values.get("pad_token_id", 1) + 1,
-                          norm="pre", embedding_norm=False, scale_embedding=values.get("scale_embedding", True))
+    return seq2seq_config(values, None, "relu", positions="sinusoidal_t2t",
+                          position_offset=values.get("pad_token_id", 1) + 1, norm="pre", embedding_norm=False,
+                          scale_embedding=values.get("scale_embedding", True))
 
 
 def mbart_config(values: dict) -> TrunkConfig:
     """mBART (mbart-large-50 and its fine-tuned translators): BART's learned positions and embedding norm, pre-LN layers
     with a final norm on each side."""
-    _check({**values, "hidden_act": values.get("activation_function", "gelu")}, "mbart")
-    return seq2seq_config(values, positions="learned", position_offset=2, norm="pre", embedding_norm=True,
-                          scale_embedding=values.get("scale_embedding", False))
+    return seq2seq_config(values, None, "gelu", positions="learned", position_offset=2, norm="pre",
+                          embedding_norm=True, scale_embedding=values.get("scale_embedding", False))
 
 
 def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:

@@ -80,6 +80,13 @@ class SequenceClassificationHead(nn.Module):
         init_weights(self, init_std)
         self.attention_pool = attention_pool  # initialised by itself
 
+    @classmethod
+    def for_trunk(cls, cfg: TrunkConfig, num_labels: int, pooling: Pooling, dropout: float, pooler: bool
+                  ) -> SequenceClassificationHead:
+        """The head on a trunk of ``cfg`` (its width and init; an ``AttentionPool`` of its shape for ``attention``)."""
+        return cls(cfg.d_model, num_labels, pooling, dropout, pooler, cfg.init_std,
+                   AttentionPool(cfg) if pooling == "attention" else None)
+
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, num_labels)."""
         pooled = pool(hidden, attention_mask, self.pooling) if self.attention_pool is None else self.attention_pool(

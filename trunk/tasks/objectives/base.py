@@ -147,19 +147,21 @@ class Objective(nn.Module):
         if wrong:
             raise ValueError(f"Task '{self.name}' ({type(self).__name__}): {wrong} cannot be set on a trained model; "
                              f"what can: {list(self.inference_options) or 'nothing'}.")
-        for key, value in options.items():
-            self.config[key] = value
-            setattr(self, key, value)
+        self._set(options)
 
     def adopt(self, stored: dict) -> dict:
         """Take a stored head's ``carried_options`` (its objective's init args) that this task leaves unset; returns
         those taken."""
         taken = {k: v for k, v in stored.items() if k in self.carried_options and v is not None
                  and self.config.get(k) is None}
-        for key, value in taken.items():
+        self._set(taken)
+        return taken
+
+    def _set(self, options: dict) -> None:
+        """Options changed after construction, kept in ``config`` (what checkpoints store) and on the objective."""
+        for key, value in options.items():
             self.config[key] = value
             setattr(self, key, value)
-        return taken
 
     # -- running ---------------------------------------------------------------------------------------
     def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from torchmetrics import MeanMetric, Metric
 
 from trunk.core.contract import TaskSpec
-from trunk.models import AttentionPool, Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
+from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -40,10 +40,7 @@ class MultipleChoice(Objective):
         )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead(
-            cfg.d_model, 1, self.pooling, self.head_dropout, self.pooler, cfg.init_std,
-            AttentionPool(cfg) if self.pooling == "attention" else None,
-        )
+        self.head = SequenceClassificationHead.for_trunk(cfg, 1, self.pooling, self.head_dropout, self.pooler)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"acc": MeanMetric()}

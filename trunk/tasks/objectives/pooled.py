@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from trunk.core.contract import TaskSpec
-from trunk.models import AttentionPool, Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
+from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
 from trunk.tasks.objectives.base import Objective
 
 
@@ -36,10 +36,8 @@ class PooledObjective(Objective):
             raise ValueError(f"Task '{self.name}': pooling='cls' reads the [CLS] token, which this trunk's image stem "
                              "does not have (cls_token: false, as SigLIP's). Use pooling: attention (SigLIP's own "
                              "head, started from the pretrained one) or mean.")
-        self.head = SequenceClassificationHead(
-            cfg.d_model, len(self.label_names), self.pooling, self.head_dropout, self.pooler, cfg.init_std,
-            AttentionPool(cfg) if self.pooling == "attention" else None,
-        )
+        self.head = SequenceClassificationHead.for_trunk(cfg, len(self.label_names), self.pooling, self.head_dropout,
+                                                         self.pooler)
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, len(label_names)) outputs."""

@@ -10,7 +10,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from trunk.core.codec import IGNORE_INDEX, LANGUAGE_CODES, like
+from trunk.core.codec import IGNORE_INDEX, token_id
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy
@@ -97,11 +97,12 @@ class Translation(Objective):
             self.decoder.stem.token = trunk.stems["text"].token
 
     def set_inference_options(self, options: dict) -> None:
-        generation = options.get("generation")
+        """``generation`` may name some of its fields: the others stay as they were."""
+        if isinstance(options.get("generation"), dict):
+            options = {**options, "generation": {**asdict(self.generation), **options["generation"]}}
         super().set_inference_options(options)
-        if isinstance(generation, dict):
-            self.generation = GenerationConfig(**{**asdict(GenerationConfig()), **generation})
-            self.config["generation"] = asdict(self.generation)
+        if isinstance(self.generation, dict):
+            self.generation = GenerationConfig(**self.generation)
         if self.codec is not None:
             self.generation_ids  # noqa: B018 (a target language the vocabulary lacks is named now)
 
@@ -161,17 +162,10 @@ class Translation(Objective):
     def generation_ids(self) -> SpecialIds:
         tokenizer = None if self.codec is None else self.codec.target(self.name)
         ids = SpecialIds.of(tokenizer)
-        start, language = (None if token is None else self._token_id(tokenizer, token, option)
+        start, language = (None if token is None else token_id(tokenizer, token, f"Task '{self.name}': {option}")
                            for token, option in ((self.decoder_start, "decoder_start"),
                                                  (self.target_language, "target_language")))
         return replace(ids, bos=ids.bos if start is None else start, forced=() if language is None else (language,))
-
-    def _token_id(self, tokenizer, token: str, option: str) -> int:
-        found = None if tokenizer is None else tokenizer.token_to_id(token)
-        if found is None:
-            raise ValueError(f"Task '{self.name}': {option}={token!r} is not a token of the target vocabulary"
-                             f"{'' if tokenizer is None else like(tokenizer, token)}. {LANGUAGE_CODES}")
-        return found
 
     @torch.no_grad()
     def generate(
