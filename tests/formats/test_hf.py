@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 transformers = pytest.importorskip("transformers")
@@ -415,11 +416,17 @@ def test_masked_lm_goes_on_pretraining_from_the_imported_head(tmp_path):
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
-@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra", "deberta-v2"])
-def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_path):
-    """import -> export --format hf -> transformers: every weight equal to the original's, and the same logits."""
-    options = {"electra": {"embedding_size": 16}, "deberta-v2": {**DEBERTA_V3, "position_buckets": 8}}
-    model = tiny(model_type, tmp_path / "hf", **options.get(model_type, {}))
+MODERNBERT_BIASES = {"attention_bias": True, "mlp_bias": True, "norm_bias": True, "classifier_bias": True}
+
+
+@pytest.mark.parametrize("model_type,options", [
+    ("bert", {}), ("roberta", {}), ("electra", {"embedding_size": 16}),
+    ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("modernbert", {}), ("modernbert", MODERNBERT_BIASES)],
+    ids=["bert", "roberta", "electra", "deberta-v2", "modernbert", "modernbert-with-biases"])
+def test_import_then_export_gives_transformers_the_same_model(model_type, options, tmp_path):
+    """import -> export --format hf -> transformers: every weight equal to the original's (none missing, none added),
+    and the same logits."""
+    model = tiny(model_type, tmp_path / "hf", **options)
     import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
     export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
     back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
@@ -428,6 +435,11 @@ def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_pa
     for name, tensor in back.state_dict().items():
         if name in original:
             assert torch.equal(tensor, original[name]), name
+    if model_type == "modernbert":  # the model's own layout whole: its fused projections, no bias it lacks
+        written = set(safetensors.torch.load_file(tmp_path / "out" / "model.safetensors"))
+        biased = {k for k in written if k.endswith(".bias") and "layers." in k}
+        assert written - {"decoder.weight"} == set(saved(model)) - {"decoder.weight"}
+        assert bool(biased) == ("mlp_bias" in options)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     ids = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     assert ids["input_ids"][0, 0] == special_id(convert(tmp_path / "hf")[0].codec.tokenizer, "[CLS]")
@@ -436,16 +448,22 @@ def test_import_then_export_gives_transformers_the_same_model(model_type, tmp_pa
 
 
 @pytest.mark.parametrize("model_type,peft", [("bert", None), ("bert", "{sentiment: {method: lora, r: 4, norms: true}}"),
-                                             ("deberta-v2", None)], ids=["full", "lora", "deberta-v3"])
+                                             ("deberta-v2", None), ("modernbert", None),
+                                             ("modernbert", "{sentiment: {method: lora, r: 4, norms: true}}")],
+                         ids=["full", "lora", "deberta-v3", "modernbert", "modernbert-lora"])
 def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(model_type, peft, sentiment_files,
                                                                                  tmp_path):
     """Fully fine-tuned, or with a LoRA delta on the frozen trunk (written into the trunk's weights on export); from
-    BERT, and from DeBERTa-v3 (its context pooler given the head's tanh)."""
+    BERT, from DeBERTa-v3 (its context pooler given the head's tanh) and from ModernBERT (its head: the pooler with
+    the trunk's bias-free norm after it, ``pooler_norm``; mean pooling as its ``classifier_pooling``)."""
     from trunk.inference.predictor import load
 
     tiny(model_type, tmp_path / "hf", masked_lm=False, **(DEBERTA_V3 if model_type == "deberta-v2" else {}))
     extra = [f"--model.peft={peft}", "--model.optimizer.lr=0.01"] if peft else []
-    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), *extra])
+    head = ["--model.pooler_norm=true", "--model.pooling=mean"] if model_type == "modernbert" else []
+    cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run", *head), *extra])
+    if model_type == "modernbert":  # bias-free as the weights it started from, LoRA's norm shifts included
+        assert not [n for n, _ in cli.model.named_parameters() if n.endswith("bias") and "blocks" in n]
     ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "out"), "--format", "hf"])
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
@@ -460,9 +478,50 @@ def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits
 
 
 def test_export_refuses_what_transformers_cannot_compute(tmp_path, tiny_trunk_dir):
-    with pytest.raises(SystemExit, match=r"error: --format hf writes BERT-family models, and this trunk has "
-                                         r"positions='rope' \(BERT: 'learned'\), norm='pre'"):
+    with pytest.raises(SystemExit, match=r"error: --format hf writes BERT-family, DeBERTa-v2 and ModernBERT models, "
+                                         r"and this trunk has embedding_norm=False \(ModernBERT: True\), "
+                                         r"gated_ff=False \(ModernBERT: True\), first_block_norm=True "
+                                         r"\(ModernBERT: False\)"):
         export_main([str(tiny_trunk_dir), str(tmp_path / "out"), "--format", "hf"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"gated_ff": True}, r"gated_ff=True \(BERT: False\)"), ({"rms_norm": True}, r"rms_norm=True \(BERT: False\)"),
+    ({"bias": False}, r"bias=False \(BERT: True\)")])
+def test_export_refuses_a_bert_shaped_trunk_with_a_part_bert_lacks(change, message, tmp_path):
+    """A trunk of BERT's shape but for one part (a gated feed-forward, RMSNorm, no biases) is refused by that part's
+    name, not written with the part dropped."""
+    from trunk.core.codec import Codec
+    from trunk.datamodules.tokenizer import train_wordpiece
+    from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
+    from trunk.models import TrunkConfig
+
+    tokenizer = train_wordpiece(SENTENCES, vocab_size=60)
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16,
+                         positions="learned", norm="post", **change)
+    trunk = PretrainedTrunk(tmp_path, config, {"text": {}}, build_trunk(config).state_dict(), codec=Codec(tokenizer))
+    save_pretrained(tmp_path / "trunk", trunk)
+    with pytest.raises(SystemExit, match=message):
+        export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_modernbert_token_classifier_is_refused_naming_the_head_transformers_puts_first(ner_files, tmp_path):
+    """ModernBERT's token classifier reads its head (dense, activation, norm) before the output layer, which Trunk's
+    token head has not: refused by name, nothing written."""
+    tiny("modernbert", tmp_path / "hf", masked_lm=False)
+    cli = run_cli(["fit", *single_task([
+        "--model=trunk.tasks.TokenClassification", f"--model.init_from={tmp_path / 'hf'}",
+        "--data=trunk.datamodules.TokenClassificationData", f"--data.train={ner_files['train']}",
+        "--data.max_length=32",
+        "--trainer.max_steps=1", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}"], "ner")])
+    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
+    with pytest.raises(SystemExit, match=r"--task ner: a token_classification head has no transformers class of the "
+                                         r"modernbert family: ModernBERT's task classes read its head \(dense, "
+                                         r"activation, norm\) before the output layer"):
+        export_main([ckpt, str(tmp_path / "out"), "--format", "hf", "--task", "ner"])
     assert not (tmp_path / "out").exists()
 
 

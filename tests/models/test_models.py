@@ -574,3 +574,42 @@ def test_rms_norm_and_the_gated_feed_forward_compute_t5s_layer():
         router.merge(trunk.backbone, "t")
         merged = trunk(ids)
     assert torch.allclose(routed, merged, atol=1e-5)
+
+
+def test_a_bias_free_trunk_computes_a_biased_one_with_zero_biases():
+    """bias: false (ModernBERT's): no bias in any block's linears or norms, the stem's norm or an MLM head's norm; it
+    computes what a trunk with biases computes when they are zero; int8 layers and a LoRA with norm shifts (merged)
+    run on it."""
+    from trunk.inference.quantize import Int8Linear
+    from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
+    from trunk.tasks.objectives.masked_lm import tied_mlm_head
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16, positions="rope",
+                      norm="pre", embedding_norm=True, gated_ff=True, bias=False, dropout=0.0, attn_dropout=0.0)
+    trunk = build_trunk(cfg).eval()
+    assert not [name for name, _ in trunk.named_parameters() if name.endswith("bias")]
+    assert tied_mlm_head(trunk).norm.bias is None
+    biased = build_trunk(TrunkConfig(**{**cfg.to_dict(), "bias": True})).eval()
+    missing = biased.load_state_dict(trunk.state_dict(), strict=False).missing_keys
+    assert missing and all(name.endswith("bias") for name in missing)
+    with torch.no_grad():
+        for name in missing:
+            biased.get_parameter(name).zero_()
+    ids, mask = torch.randint(5, 50, (2, 7)), torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        out = trunk(ids, mask)
+        assert torch.allclose(out, biased(ids, mask), atol=1e-6)
+        linear = trunk.backbone.blocks[0].attn.q_proj
+        assert Int8Linear.from_float(linear).bias is None
+    router = DeltaRouter()
+    delta = TaskDelta(trunk.backbone, DeltaConfig(method="lora", r=2, norms=True, targets=("q_proj", "fc_gate")))
+    with torch.no_grad():
+        for p in delta.parameters():
+            p.normal_(std=0.1)
+    router.add("t", delta)
+    router.attach(trunk.backbone)
+    with torch.no_grad(), router.route([("t", None)]):
+        routed = trunk(ids, mask)
+        router.merge(trunk.backbone, "t")
+        assert torch.allclose(routed, trunk(ids, mask), atol=1e-5)

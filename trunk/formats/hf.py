@@ -319,8 +319,9 @@ MPNET = Family(
 def modernbert_config(values: dict) -> TrunkConfig:
     """ModernBERT: pre-norm blocks on rotary positions, every ``global_attn_every_n_layers``-th attending globally (rope
     base ``global_rope_theta``) and the others within ``local_attention`` / 2 tokens (``local_rope_theta``), GeGLU, no
-    norm before the first block's attention (the embeddings are normed), a final norm. Its bias-free linears and norms
-    come in with zero biases."""
+    norm before the first block's attention (the embeddings are normed), a final norm. Bias-free linears and norms
+    (``bias: false``) as its own; one with some biases (``attention_bias``, ``mlp_bias``, ``norm_bias``) has zero
+    biases where it has none."""
     _check({**values, "hidden_act": values.get("hidden_activation", "gelu")}, "modernbert",
            {"position_embedding_type": "absolute"})
     every = values.get("global_attn_every_n_layers", 3)
@@ -345,21 +346,30 @@ def modernbert_config(values: dict) -> TrunkConfig:
         init_std=values.get("initializer_range", 0.02), segments=0,
         local_window=values.get("local_attention", 128) // 2, global_tokens=0, global_every=every,
         rope_base=bases["full_attention"], rope_base_local=bases["sliding_attention"], first_block_norm=False,
+        bias=modernbert_bias(values),
     )
+
+
+def modernbert_bias(values: dict) -> bool:
+    """Whether the trunk holding a ModernBERT has biases: where any of its blocks' linears or norms has them."""
+    return any(values.get(name, False) for name in ("attention_bias", "mlp_bias", "norm_bias"))
 
 
 def modernbert_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     """The fused query-key-value projection split into the trunk's query and key-value ones; GeGLU's one input
-    projection into the activated half (the gate here) and the other; zero biases where ModernBERT has none."""
+    projection into the activated half (the gate here) and the other; zero biases where ModernBERT has none and the
+    trunk has (the MLM head's dense layer's, and every one of a trunk with biases)."""
     if not any(k.endswith("decoder.bias") for k in tensors):  # a task model's head (dense + GELU + norm): not MLM's
         tensors = {re.sub(r"^head\.", "task_head.", k): v for k, v in tensors.items()}
     tensors = dict(tensors)
-    for name in [k for k in tensors if k.endswith(".attn.Wqkv.weight")]:
+    for name in [k for k in tensors if ".attn.Wqkv." in k]:  # weights, and biases where it has them
         q, kv = tensors.pop(name).split([values["hidden_size"], 2 * values["hidden_size"]])
         tensors[name.replace("Wqkv", "Wq")], tensors[name.replace("Wqkv", "Wkv")] = q, kv
-    for name in [k for k in tensors if k.endswith(".mlp.Wi.weight")]:
+    for name in [k for k in tensors if ".mlp.Wi." in k]:
         gate, given = tensors.pop(name).chunk(2)
         tensors[name.replace("Wi", "Wgate")], tensors[name.replace("Wi", "Win")] = gate, given
+    if not modernbert_bias(values):
+        return with_zero_biases(tensors, [k for k in tensors if k == "head.dense.weight"])
     return with_zero_biases(tensors, [k for k in tensors if k.endswith(".weight") and not k.startswith("decoder.")
                                       and not k.endswith("tok_embeddings.weight")])
 

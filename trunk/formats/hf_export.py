@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
-from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, MARIAN, ROBERTA, Family, _expand
+from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, MARIAN, MODERNBERT, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
 from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
@@ -41,32 +41,58 @@ ARCHITECTURES = {
 for heads in ARCHITECTURES.values():
     heads.update(token_classification=("ForTokenClassification", {"head.classifier": "classifier"}),
                  extractive_qa=("ForQuestionAnswering", {"head": "qa_outputs"}))
+# ModernBERT's task classes put its head (dense, activation, norm) before every output layer: a pooled head with
+# pooler_norm is that; Trunk's token and span heads have no such layer, so they have no ModernBERT class
+ARCHITECTURES["modernbert"] = {
+    kind: ("ForSequenceClassification", {"head.dense": "head.dense", "head.norm": "head.norm",
+                                         "head.classifier": "classifier"}) for kind in POOLED}
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
+# what a trunk's config must hold for a family to compute it (beside its positions, which pick the family)
+PLAIN = {"rms_norm": False, "layer_scale": 0.0, "scale_embedding": False}
+SHAPES = {
+    "bert": {"norm": "post", "embedding_norm": True, "local_window": 0, "gated_ff": False, "first_block_norm": True,
+             "bias": True, **PLAIN},
+    "modernbert": {"norm": "pre", "embedding_norm": True, "gated_ff": True, "first_block_norm": False, "segments": 0,
+                   "position_offset": 0, **PLAIN},
+}
+SHAPES["deberta-v2"] = {**SHAPES["bert"], "position_offset": 0}
+FAMILIES = {"learned": ("bert", "BERT"), "disentangled": ("deberta-v2", "DeBERTa-v2"),
+            "rope": ("modernbert", "ModernBERT")}
+
+
 def family_for(config: TrunkConfig) -> tuple[str, Family]:
-    """The model type that computes what this trunk computes: DeBERTa-v2 for disentangled positions; of the BERT
-    family, ELECTRA for a narrower embedding, RoBERTa for a position offset, else BERT; an error naming the fields none
-    of them has."""
-    deberta = config.positions == "disentangled"
-    wanted = {"positions": "disentangled" if deberta else "learned", "norm": "post", "embedding_norm": True,
-              "local_window": 0, **({"embedding_size": config.d_model, "position_offset": 0} if deberta else {})}
-    wrong = [f"{name}={getattr(config, name)!r} ({'DeBERTa' if deberta else 'BERT'}: {value!r})"
-             for name, value in wanted.items() if getattr(config, name) != value]
+    """The model type that computes what this trunk computes, by its positions: DeBERTa-v2 for disentangled ones,
+    ModernBERT for rotary ones; for learned ones, of the BERT family, ELECTRA for a narrower embedding, RoBERTa for a
+    position offset, else BERT. An error naming the fields the family does not have."""
+    model_type, name = FAMILIES.get(config.positions, FAMILIES["learned"])
+    wanted = {"positions": config.positions if config.positions in FAMILIES else "learned", **SHAPES[model_type]}
+    if model_type != "bert":
+        wanted["embedding_size"] = config.d_model
+    wrong = [f"{field}={getattr(config, field)!r} ({name}: {value!r})"
+             for field, value in wanted.items() if getattr(config, field) != value]
     if config.activation not in ACTIVATIONS:
         wrong.append(f"activation={config.activation!r}")
+    if model_type == "modernbert" and config.local_window and not config.global_every:
+        wrong.append("every block attending locally (ModernBERT's first block attends globally: global_every >= 1)")
+    if model_type == "modernbert" and config.local_window and config.global_tokens:
+        wrong.append(f"global_tokens={config.global_tokens} (ModernBERT's local blocks have none: 0)")
     if wrong:
-        raise ValueError(f"--format hf writes BERT-family models, and this trunk has {', '.join(wrong)}, which "
-                         f"transformers' {'DeBERTa-v2' if deberta else 'BERT'} does not compute. Use the trunk "
-                         "directory (or --onnx) instead.")
-    if deberta:
-        return "deberta-v2", DEBERTA_V2
+        raise ValueError(f"--format hf writes BERT-family, DeBERTa-v2 and ModernBERT models, and this trunk has "
+                         f"{', '.join(wrong)}, which transformers' {name} does not compute. Use the trunk directory "
+                         "(or --onnx) instead.")
+    if model_type != "bert":
+        return model_type, {"deberta-v2": DEBERTA_V2, "modernbert": MODERNBERT}[model_type]
     if config.embedding_size != config.d_model:
         return "electra", ELECTRA
     return ("roberta", ROBERTA) if config.position_offset else ("bert", BERT)
 
 
-def hf_config(model_type: str, config: TrunkConfig, pad_id: int) -> dict:
+def hf_config(model_type: str, config: TrunkConfig, tokenizer) -> dict:
+    if model_type == "modernbert":
+        return modernbert_values(config, tokenizer)
+    pad_id = special_id(tokenizer, PAD)
     values = {
         "model_type": model_type, "vocab_size": config.vocab_size, "hidden_size": config.d_model,
         "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
@@ -87,6 +113,46 @@ def hf_config(model_type: str, config: TrunkConfig, pad_id: int) -> dict:
             max_relative_positions=config.relative_buckets // 2 if exact else config.relative_max_distance,
             pooler_hidden_size=config.d_model, pooler_hidden_act="tanh", pooler_dropout=config.dropout)
     return values
+
+
+def modernbert_values(config: TrunkConfig, tokenizer) -> dict:
+    """ModernBERT's config of the trunk: its attention pattern (the layer types and rope bases written both as
+    transformers 5 reads them and as 4.48+ did), biases everywhere or nowhere."""
+    every = config.global_every if config.local_window else 1
+    types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(config.n_layers)]
+    local_base = config.rope_base if config.rope_base_local is None else config.rope_base_local
+    cls, sep = special_id(tokenizer, CLS), special_id(tokenizer, SEP)
+    return {
+        "model_type": "modernbert", "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
+        "intermediate_size": config.d_ff, "hidden_activation": ACTIVATIONS[config.activation],
+        "max_position_embeddings": config.max_len, "norm_eps": config.layer_norm_eps,
+        "initializer_range": config.init_std, "embedding_dropout": config.dropout,
+        "attention_dropout": config.attn_dropout, "mlp_dropout": 0.0,
+        "attention_bias": config.bias, "mlp_bias": config.bias, "norm_bias": config.bias, "decoder_bias": True,
+        "local_attention": 2 * (config.local_window or 64), "global_attn_every_n_layers": every,
+        "layer_types": types, "global_rope_theta": config.rope_base, "local_rope_theta": local_base,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": config.rope_base},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": local_base}},
+        "pad_token_id": special_id(tokenizer, PAD), "cls_token_id": cls, "sep_token_id": sep, "bos_token_id": cls,
+        "eos_token_id": sep, "tie_word_embeddings": True,
+        "classifier_activation": ACTIVATIONS[config.activation],  # its MLM head's; a pooled head's is tanh
+    }
+
+
+def modernbert_fused(tensors: dict[str, torch.Tensor], values: dict) -> dict[str, torch.Tensor]:
+    """The trunk's query and key-value projections as ModernBERT's one ``Wqkv``, and its feed-forward's gate (the
+    activated half) and input as one ``Wi``: ``modernbert_adjust`` backwards. The head's dense layer keeps a bias
+    (``classifier_bias``) only where it is not zero, as a bias-free ModernBERT's came in."""
+    bias = tensors.get("head.dense.bias")
+    values["classifier_bias"] = bias is not None and bool(bias.any())
+    if not values["classifier_bias"]:
+        tensors.pop("head.dense.bias", None)
+    for first, second, fused in ((".attn.Wq.", ".attn.Wkv.", ".attn.Wqkv."), (".mlp.Wgate.", ".mlp.Win.", ".mlp.Wi.")):
+        for name in [k for k in tensors if first in k]:
+            pair = [tensors.pop(name), tensors.pop(name.replace(first, second))]
+            tensors[name.replace(first, fused)] = torch.cat(pair)
+    return tensors
 
 
 def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Tensor], prefix: str
@@ -123,14 +189,15 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     if model_type == "roberta" and config.position_offset != pad_id + 1:
         raise ValueError(f"RoBERTa counts positions from its padding id + 1 ({pad_id + 1}), and this trunk's "
                          f"position_offset is {config.position_offset}: transformers would read other position rows.")
-    head_task = pick_head(pretrained, task, ARCHITECTURES[model_type])
+    head_task = pick_head(pretrained, task, model_type)
     prefix = family.prefixes[0]  # a task model's names (bert.encoder...); the base model alone has none
-    values = hf_config(model_type, config, pad_id)
+    values = hf_config(model_type, config, tokenizer)
     # a head trained with a LoRA: its delta written into the trunk's weights, one model that computes the task
     delta = head_task is not None and pretrained.heads[head_task]["meta"].get("peft")
     weights = merged_trunk(pretrained, head_task) if delta else pretrained.trunk_weights
     tensors = hf_weights(family, config, weights, prefix if head_task else "")
-    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "deberta-v2": "DebertaV2"}[model_type]
+    name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "deberta-v2": "DebertaV2",
+            "modernbert": "ModernBert"}[model_type]
     architecture = f"{name}Model"
     if head_task is None and pretrained.pooler and family.pooler:
         tensors.update({f"{family.pooler}.{k}": v for k, v in pretrained.pooler.items()})
@@ -143,10 +210,10 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
         else:
             suffix, table = ARCHITECTURES[model_type][kind]
             options = head["meta"]["objective"].get("init_args") or {}
-            if kind in POOLED and (options.get("pooling", "cls") != "cls" or not options.get("pooler", True)):
-                raise ValueError(f"Task '{head_task}' pools with pooling={options.get('pooling')!r}, "
-                                 f"pooler={options.get('pooler', True)}; transformers' {name}{suffix} reads [CLS] "
-                                 "through a pooler (pooling: cls, pooler: true).")
+            if kind in POOLED:
+                check_pooled_head(head_task, options, model_type, f"{name}{suffix}")
+                if model_type == "modernbert":  # the head's pooling, and the pooler's tanh in its head
+                    values.update(classifier_pooling=options.get("pooling", "cls"), classifier_activation="tanh")
         for key, tensor in state.items():
             module, leaf = key.rsplit(".", 1)
             if module == "head.decoder" and leaf == "weight":
@@ -162,7 +229,24 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
         if kind == "multi_label_classification":
             values["problem_type"] = "multi_label_classification"
     values["architectures"] = [architecture]
+    if model_type == "modernbert":
+        tensors = modernbert_fused(tensors, values)
     return write_hf_folder(directory, overwrite, tensors, values, tokenizer, config.max_len), architecture
+
+
+def check_pooled_head(task: str, options: dict, model_type: str, architecture: str) -> None:
+    """A pooled head that transformers' class computes: [CLS] through a pooler (BERT's, DeBERTa's, RoBERTa's), or [CLS]
+    or the mean through a pooler with a norm after it (ModernBERT's head)."""
+    modern = model_type == "modernbert"
+    pooling, pooler = options.get("pooling", "cls"), options.get("pooler", True)
+    norm = options.get("pooler_norm", False)
+    if pooling in (("cls", "mean") if modern else ("cls",)) and pooler and norm == modern:
+        return
+    wanted = "pooling: cls or mean, pooler: true, pooler_norm: true" if modern else "pooling: cls, pooler: true, " \
+        "pooler_norm: false"
+    raise ValueError(f"Task '{task}' pools with pooling={pooling!r}, pooler={pooler}, pooler_norm={norm}; "
+                     f"transformers' {architecture} computes {wanted}. Train the task with those (or export it as a "
+                     "Trunk task directory).")
 
 
 def write_hf_folder(directory: Path, overwrite: bool, tensors: dict[str, torch.Tensor], values: dict, tokenizer,
@@ -263,17 +347,19 @@ def merged_trunk(pretrained: PretrainedTrunk, task: str) -> dict[str, torch.Tens
     return {k: v.detach() for k, v in trunk.state_dict().items()}
 
 
-def pick_head(pretrained: PretrainedTrunk, task: str | None, architectures: dict) -> str | None:
+def pick_head(pretrained: PretrainedTrunk, task: str | None, model_type: str) -> str | None:
     """The task whose head goes into the folder: ``task``, else the only one transformers has a class for (none:
     the trunk alone)."""
-    kinds = [*architectures, "masked_lm"]
+    kinds = [*ARCHITECTURES[model_type], "masked_lm"]
     exportable = [t for t, h in pretrained.heads.items() if h["meta"]["kind"] in kinds]
     if task is not None:
         if task not in pretrained.heads:
             raise ValueError(f"--task {task}: the model's tasks are {sorted(pretrained.heads)}.")
         if task not in exportable:
+            why = (": ModernBERT's task classes read its head (dense, activation, norm) before the output layer, "
+                   "which Trunk's has not" if model_type == "modernbert" else "")
             raise ValueError(f"--task {task}: a {pretrained.heads[task]['meta']['kind']} head has no transformers "
-                             f"class of this family; the kinds that have one are {', '.join(kinds)}.")
+                             f"class of the {model_type} family{why}; the kinds that have one are {', '.join(kinds)}.")
         return task
     if len(exportable) > 1:
         raise ValueError(f"The model has several heads transformers can hold ({exportable}), and a folder holds one: "

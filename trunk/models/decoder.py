@@ -50,7 +50,8 @@ class DecoderBlock(Block):
 
     def __init__(self, cfg: TrunkConfig, index: int = 0) -> None:
         super().__init__(cfg, index)
-        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)  # no rotation: no shared positions
+        # no rotation: no shared positions
+        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, bias=cfg.bias)
         self.norm_cross = norm_layer(cfg)
 
     def forward(

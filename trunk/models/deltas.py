@@ -148,13 +148,14 @@ class Bottleneck(nn.Module):
 
 class NormShift(nn.Module):
     """``x -> LN(x) * gain + bias`` with the frozen norm's own shape and eps: what shifting that norm's gain and bias by
-    ``gain`` and ``bias`` (both starting at zero) adds to its output. An RMSNorm has a gain only."""
+    ``gain`` and ``bias`` (both starting at zero) adds to its output. An RMSNorm (and a bias-free LayerNorm) has a gain
+    only."""
 
     def __init__(self, norm: nn.LayerNorm | nn.RMSNorm) -> None:
         super().__init__()
         self.shape, self.eps, self.rms = norm.normalized_shape, norm.eps, isinstance(norm, nn.RMSNorm)
         self.gain = nn.Parameter(torch.zeros(self.shape))
-        self.bias = None if self.rms else nn.Parameter(torch.zeros(self.shape))
+        self.bias = None if self.rms or norm.bias is None else nn.Parameter(torch.zeros(self.shape))
 
     def forward(self, x: torch.Tensor, layer: nn.Module, output: torch.Tensor) -> torch.Tensor:
         """What it adds to the norm's ``output`` for its input ``x``."""

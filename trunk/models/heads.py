@@ -27,9 +27,9 @@ class AttentionPool(nn.Module):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.probe = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        self.attn = Attention(cfg.d_model, cfg.n_heads)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, bias=cfg.bias)
         self.norm = norm_layer(cfg)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
+        self.ff = FeedForward.for_trunk(cfg)
         init_weights(self, cfg.init_std)
         nn.init.normal_(self.probe, std=cfg.init_std)
 
@@ -55,9 +55,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: Pooling
 
 
 class SequenceClassificationHead(nn.Module):
-    """Pool the sequence, then a BERT-style pooler (dense + tanh) and a linear classifier; without ``pooler`` the
-    classifier reads the pooled vector itself (a d_model-times smaller head: what a delta on a frozen trunk
-    trains beside it). Every head initialises itself (``init_std``: the trunk's)."""
+    """Pool the sequence, then a BERT-style pooler (dense + tanh; then ``norm``, ModernBERT's head) and a linear
+    classifier; without ``pooler`` the classifier reads the pooled vector itself (a d_model-times smaller head: what a
+    delta on a frozen trunk trains beside it). Every head initialises itself (``init_std``: the trunk's)."""
 
     def __init__(
         self,
@@ -68,24 +68,29 @@ class SequenceClassificationHead(nn.Module):
         pooler: bool = True,
         init_std: float = 0.02,
         attention_pool: AttentionPool | None = None,
+        norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         check_pooling(pooling)
         if (pooling == "attention") != (attention_pool is not None):
             raise ValueError("pooling='attention' pools through an AttentionPool, which only it takes.")
+        if norm is not None and not pooler:
+            raise ValueError("pooler_norm: true norms the pooler's output, and this head has none (pooler: false).")
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model) if pooler else None
+        self.norm = norm
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
         init_weights(self, init_std)
         self.attention_pool = attention_pool  # initialised by itself
 
     @classmethod
-    def for_trunk(cls, cfg: TrunkConfig, num_labels: int, pooling: Pooling, dropout: float, pooler: bool
-                  ) -> SequenceClassificationHead:
-        """The head on a trunk of ``cfg`` (its width and init; an ``AttentionPool`` of its shape for ``attention``)."""
+    def for_trunk(cls, cfg: TrunkConfig, num_labels: int, pooling: Pooling, dropout: float, pooler: bool,
+                  pooler_norm: bool = False) -> SequenceClassificationHead:
+        """The head on a trunk of ``cfg`` (its width and init; an ``AttentionPool`` of its shape for ``attention``; the
+        trunk's norm after the pooler with ``pooler_norm``)."""
         return cls(cfg.d_model, num_labels, pooling, dropout, pooler, cfg.init_std,
-                   AttentionPool(cfg) if pooling == "attention" else None)
+                   AttentionPool(cfg) if pooling == "attention" else None, norm_layer(cfg) if pooler_norm else None)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, num_labels)."""
@@ -93,21 +98,23 @@ class SequenceClassificationHead(nn.Module):
             hidden, attention_mask)
         x = self.drop(pooled)
         if self.dense is not None:
-            x = self.drop(torch.tanh(self.dense(x)))
+            x = torch.tanh(self.dense(x))
+            x = self.drop(x if self.norm is None else self.norm(x))
         return self.classifier(x)
 
 
 class MaskedLMHead(nn.Module):
-    """BERT's MLM head: dense + activation + LayerNorm, then a decoder onto the vocabulary whose
-    weight is the token embedding (tied: one matrix for reading and writing tokens)."""
+    """BERT's MLM head: dense + activation + LayerNorm (bias-free with ``norm_bias=False``, as a bias-free trunk's),
+    then a decoder onto the vocabulary whose weight is the token embedding (tied: one matrix for reading and writing
+    tokens)."""
 
     def __init__(self, token_embedding: nn.Embedding, activation: str = "gelu", eps: float = 1e-5,
-                 init_std: float = 0.02, d_model: int | None = None) -> None:
+                 init_std: float = 0.02, d_model: int | None = None, norm_bias: bool = True) -> None:
         super().__init__()
         vocab_size, width = token_embedding.weight.shape  # d_model (None: the same) -> width (ELECTRA's 256 -> 128)
         self.dense = nn.Linear(d_model or width, width)
         self.act = ACTIVATIONS[activation]()
-        self.norm = nn.LayerNorm(width, eps=eps)
+        self.norm = nn.LayerNorm(width, eps=eps, bias=norm_bias)
         self.decoder = nn.Linear(width, vocab_size)
         self.decoder.weight = token_embedding.weight
         init_weights(self.dense, init_std)  # not the decoder: its weight is the embedding

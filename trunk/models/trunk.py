@@ -73,6 +73,9 @@ class TrunkConfig:
     # act(x W_gate) * x W_in (T5 v1.1's gated GELU, LLaMA's SwiGLU with silu)
     rms_norm: bool = False
     gated_ff: bool = False
+    # False: the blocks' linear layers and norms have no biases (ModernBERT's; litgpt's ``bias``): fewer parameters,
+    # and a model that transformers' bias-free families hold exactly
+    bias: bool = True
     position_offset: int = 0
     embedding_size: int | None = None
     init_std: float = 0.02
@@ -176,9 +179,11 @@ ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh")
 
 
 def norm_layer(cfg: TrunkConfig, width: int | None = None) -> nn.Module:
-    """The trunk's normalisation of ``width`` (d_model) channels: LayerNorm, or RMSNorm with ``cfg.rms_norm``."""
-    norm = nn.RMSNorm if cfg.rms_norm else nn.LayerNorm
-    return norm(width or cfg.d_model, eps=cfg.layer_norm_eps)
+    """The trunk's normalisation of ``width`` (d_model) channels: LayerNorm (without a bias where ``cfg.bias`` is
+    False), or RMSNorm with ``cfg.rms_norm``."""
+    if cfg.rms_norm:
+        return nn.RMSNorm(width or cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(width or cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
 
 
 def position_bias(cfg: TrunkConfig, causal: bool = False) -> nn.Module | None:
@@ -202,16 +207,16 @@ class Attention(nn.Module):
 
     def __init__(
         self, d_model: int, n_heads: int, dropout: float = 0.0, positions: type[PositionScheme] = PositionScheme,
-        rope_base: float = 10000.0,
+        rope_base: float = 10000.0, bias: bool = True,
     ) -> None:
         super().__init__()
         self.n_heads, self.rope_base = n_heads, rope_base
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.positions = positions if positions.rotates else None
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)  # keys and values in one matmul
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
         self,
@@ -291,12 +296,17 @@ class FeedForward(nn.Module):
     d_ff-wide activations it cost about a seventh of a training step; the block's residual dropout follows.
     ``gated``: the activation of a second projection gates the first, act(x W_gate) * x W_in (GLU variants)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, gated: bool = False) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str, gated: bool = False, bias: bool = True) -> None:
         super().__init__()
-        self.fc_in = nn.Linear(d_model, d_ff)
-        self.fc_gate = nn.Linear(d_model, d_ff) if gated else None
+        self.fc_in = nn.Linear(d_model, d_ff, bias=bias)
+        self.fc_gate = nn.Linear(d_model, d_ff, bias=bias) if gated else None
         self.act = ACTIVATIONS[activation]()
-        self.fc_out = nn.Linear(d_ff, d_model)
+        self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+
+    @classmethod
+    def for_trunk(cls, cfg: TrunkConfig) -> FeedForward:
+        """The feed-forward of a trunk of ``cfg``'s shape."""
+        return cls(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff, cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fc_gate is not None:
@@ -325,9 +335,9 @@ class Block(nn.Module):
         # with local attention, whether this block attends locally (``cfg.global_every``: every n-th attends globally)
         self.local = bool(cfg.local_window) and not (cfg.global_every and index % cfg.global_every == 0)
         base = cfg.rope_base_local if self.local and cfg.rope_base_local is not None else cfg.rope_base
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions], base)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, POSITIONS[cfg.positions], base, cfg.bias)
         self.norm_attn = norm_layer(cfg) if cfg.first_block_norm or index else nn.Identity()
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.gated_ff)
+        self.ff = FeedForward.for_trunk(cfg)
         self.norm_ff = norm_layer(cfg)
         self.drop = Dropout(cfg.dropout)
         scale = (lambda: LayerScale(cfg.d_model, cfg.layer_scale)) if cfg.layer_scale else nn.Identity
@@ -505,11 +515,10 @@ def init_weights(module: nn.Module, std: float = 0.02, n_layers: int | None = No
             nn.init.normal_(m.weight, mean=0.0, std=std)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
+        elif isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.RMSNorm):
-            nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
     # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * depth), so the
     # stream's variance does not grow with depth.
     n_layers = n_layers or sum(isinstance(m, Block) for m in module.modules())  # given: one block of a deeper stack

@@ -44,6 +44,8 @@ class Classification(PooledObjective):
             regulariser that keeps a model trained on few examples from growing over-confident.
         pooler: a BERT-style pooler (dense + tanh) before the output layer; false: the output layer reads the pooled
             vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
+        pooler_norm: the pooler's output normed with the trunk's norm (ModernBERT's head, which ``trunk export --format
+            hf`` then writes as ``ModernBertForSequenceClassification``).
     """
 
     def __init__(
@@ -55,10 +57,12 @@ class Classification(PooledObjective):
         class_weights: Literal["balanced"] | list[float] | None = None,
         label_smoothing: float = 0.0,
         pooler: bool = True,
+        pooler_norm: bool = False,
         **config,
     ) -> None:
-        super().__init__(pooling, head_dropout, pooler, primary_metric=primary_metric, positive_label=positive_label,
-                         class_weights=class_weights, label_smoothing=label_smoothing, **config)
+        super().__init__(pooling, head_dropout, pooler, pooler_norm, primary_metric=primary_metric,
+                         positive_label=positive_label, class_weights=class_weights, label_smoothing=label_smoothing,
+                         **config)
         if primary_metric not in CLASSIFICATION_METRICS:
             raise ValueError(f"primary_metric={primary_metric!r}: choose one of {list(CLASSIFICATION_METRICS)}.")
         if primary_metric == "f1_positive" and positive_label is None:

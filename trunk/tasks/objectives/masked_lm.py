@@ -50,7 +50,8 @@ def tied_mlm_head(trunk: Trunk) -> MaskedLMHead:
     cfg = trunk.cfg
     if "text" not in trunk.stems:
         raise ValueError("Masked-LM needs the trunk's text stem.")
-    return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std, cfg.d_model)
+    return MaskedLMHead(trunk.stems["text"].token, cfg.activation, cfg.layer_norm_eps, cfg.init_std, cfg.d_model,
+                        cfg.bias)
 
 
 def check_aux_mlm(weight, objectives: dict, tokenizer: Tokenizer | None) -> None:

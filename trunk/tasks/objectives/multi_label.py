@@ -35,6 +35,7 @@ class MultiLabelClassification(PooledObjective):
         label_smoothing: each yes/no target moved this far towards 0.5 (1 becomes 1 - s/2, 0 becomes s/2): a
             regulariser against over-confidence (0: none).
         pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
+        pooler_norm: the pooler's output normed with the trunk's norm (ModernBERT's head).
     """
 
     kind = "multi_label_classification"
@@ -48,11 +49,13 @@ class MultiLabelClassification(PooledObjective):
         primary_metric: Literal["f1_micro", "f1_macro", "exact_match"] = "f1_micro",
         label_smoothing: float = 0.0,
         pooler: bool = True,
+        pooler_norm: bool = False,
     ) -> None:
         super().__init__(
             pooling,
             head_dropout,
             pooler,
+            pooler_norm,
             threshold=threshold,
             primary_metric=primary_metric,
             label_smoothing=label_smoothing,

@@ -22,25 +22,25 @@ class MultipleChoice(Objective):
             maximum over real tokens, as a CNN pools) or ``attention`` (a learned probe attends over them).
         head_dropout: dropout inside the head. label_smoothing: the share of each target's probability spread over the
         other candidates: a regulariser against over-confidence (0: none). pooler: a dense + tanh pooler before the
-        output layer (false: the output layer reads the pooled vector).
+        output layer (false: the output layer reads the pooled vector); pooler_norm: the pooler's output normed with the
+        trunk's norm (ModernBERT's head).
     """
 
     kind = "multiple_choice"
 
     def __init__(
-        self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0, pooler: bool = True
+        self, pooling: Pooling = "cls", head_dropout: float = 0.1, label_smoothing: float = 0.0, pooler: bool = True,
+        pooler_norm: bool = False,
     ) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing, pooler=pooler)
+        super().__init__(pooling=pooling, head_dropout=head_dropout, label_smoothing=label_smoothing, pooler=pooler,
+                         pooler_norm=pooler_norm)
         check_pooling(pooling)
-        self.pooling, self.head_dropout, self.label_smoothing, self.pooler = (
-            pooling,
-            head_dropout,
-            label_smoothing,
-            pooler,
-        )
+        self.pooling, self.head_dropout, self.label_smoothing = pooling, head_dropout, label_smoothing
+        self.pooler, self.pooler_norm = pooler, pooler_norm
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SequenceClassificationHead.for_trunk(cfg, 1, self.pooling, self.head_dropout, self.pooler)
+        self.head = SequenceClassificationHead.for_trunk(cfg, 1, self.pooling, self.head_dropout, self.pooler,
+                                                         self.pooler_norm)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"acc": MeanMetric()}

@@ -21,15 +21,18 @@ class PooledObjective(Objective):
         head_dropout: dropout inside the head.
         pooler: a BERT-style pooler (dense + tanh) before the output layer; false: the output layer reads the pooled
             vector (a head d_model times smaller: what a delta on a frozen trunk trains beside it).
+        pooler_norm: the pooler's output normed with the trunk's norm (ModernBERT's head: dense, activation, norm),
+            so that ``trunk export --format hf`` can write a ModernBERT trunk's head as ``ModernBertFor…``.
     """
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
     onnx_output = "logits"  # (batch, labels)
 
-    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, pooler: bool = True, **config) -> None:
-        super().__init__(pooling=pooling, head_dropout=head_dropout, pooler=pooler, **config)
+    def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, pooler: bool = True,
+                 pooler_norm: bool = False, **config) -> None:
+        super().__init__(pooling=pooling, head_dropout=head_dropout, pooler=pooler, pooler_norm=pooler_norm, **config)
         check_pooling(pooling)
-        self.pooling, self.head_dropout, self.pooler = pooling, head_dropout, pooler
+        self.pooling, self.head_dropout, self.pooler, self.pooler_norm = pooling, head_dropout, pooler, pooler_norm
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if self.pooling == "cls" and self.stem == "image" and not cfg.cls_token:
@@ -37,7 +40,7 @@ class PooledObjective(Objective):
                              "does not have (cls_token: false, as SigLIP's). Use pooling: attention (SigLIP's own "
                              "head, started from the pretrained one) or mean.")
         self.head = SequenceClassificationHead.for_trunk(cfg, len(self.label_names), self.pooling, self.head_dropout,
-                                                         self.pooler)
+                                                         self.pooler, self.pooler_norm)
 
     def forward(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """(B, len(label_names)) outputs."""

@@ -36,6 +36,7 @@ class SequenceRegression(PooledObjective):
         primary_metric: the metric that stands for the task in ``val/score`` (``mse`` and ``mae`` count negated:
             lower is better).
         pooler: a dense + tanh pooler before the output layer (false: the output layer reads the pooled vector).
+        pooler_norm: the pooler's output normed with the trunk's norm (ModernBERT's head).
     """
 
     kind = "sequence_regression"
@@ -44,11 +45,13 @@ class SequenceRegression(PooledObjective):
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, loss: Literal["mse", "huber"] = "mse",
                  huber_delta: float = 1.0, standardize: bool = True,
-                 primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson", pooler: bool = True) -> None:
+                 primary_metric: Literal["pearson", "spearman", "mse", "mae"] = "pearson", pooler: bool = True,
+                 pooler_norm: bool = False) -> None:
         super().__init__(
             pooling,
             head_dropout,
             pooler,
+            pooler_norm,
             loss=loss,
             huber_delta=huber_delta,
             standardize=standardize,
