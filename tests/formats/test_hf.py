@@ -137,6 +137,9 @@ DEBERTA_V3 = {"relative_attention": True, "pos_att_type": "p2c|c2p", "share_att_
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}), ("xlm-roberta", {}),
     ("electra", {"embedding_size": 16}), ("electra", {}), ("mpnet", {}), ("modernbert", {}),
+    # one block applied at both layers; two blocks of two layers each
+    ("albert", {"embedding_size": 16}),
+    ("albert", {"embedding_size": 16, "num_hidden_layers": 4, "num_hidden_groups": 2}),
     # buckets: 8 each way, logarithmic up to 64 (the batches' pairs reach past 8); exact distances, token types
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("deberta-v2", {**DEBERTA_V3, "legacy": False}),
     ("deberta-v2", {**DEBERTA_V3, "position_buckets": -1, "max_relative_positions": 16, "type_vocab_size": 2}),
@@ -205,6 +208,8 @@ def test_real_size_configs_map_on_the_meta_device():
         "electra": transformers.ElectraConfig(),  # ELECTRA-small: embeddings 128 wide, projected to 256
         "roberta": transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
         "mpnet": transformers.MPNetConfig(),  # mpnet-base (all-mpnet-base-v2's shape)
+        "albert": transformers.AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768,  # albert-base-v2
+                                            num_attention_heads=12, intermediate_size=3072),
     }
     for model_type, config in configs.items():
         with torch.device("meta"):
@@ -263,14 +268,15 @@ def test_deberta_v3_real_sizes_map_on_the_meta_device(name, shape):
     ("ModernBERT-large", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624)),
 ])
 def test_modernbert_real_sizes_map_on_the_meta_device(name, shape):
-    """Every weight of ModernBERT base / large with its masked-LM head maps (zero biases added where it has none);
-    every third block global with rope base 160,000, the others within 64 tokens with 10,000."""
+    """Every weight of ModernBERT base / large with its masked-LM head maps, bias-free (a zero bias for the head's dense
+    layer only); every third block global with rope base 160,000, the others within 64 tokens with 10,000."""
     config = transformers.ModernBertConfig(vocab_size=50368, **shape)
     with torch.device("meta"):
         model = transformers.ModernBertForMaskedLM(config)
     mapped = map_weights(config.to_dict(), saved(model), name)
     ours = {**mapped.trunk, **{k: v for k, v in mapped.heads["mlm"]["state"].items() if k != "head.decoder.weight"}}
     added = sum(v.numel() for k, v in ours.items() if k.endswith("bias") and k != "head.decoder.bias")  # all zero
+    assert added == shape["hidden_size"] and not mapped.config.bias
     assert sum(v.numel() for v in ours.values()) - added == sum(p.numel() for p in model.parameters())
     c = mapped.config
     assert (c.local_window, c.global_every, c.rope_base, c.rope_base_local, c.first_block_norm) == (
@@ -332,7 +338,11 @@ def test_a_trunk_directory_written_by_import_fine_tunes_and_carries_the_mlm_head
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda cfg, folder: cfg.update(model_type="albert"), "albert model, which Trunk cannot import: ALBERT shares"),
+    (lambda cfg, folder: cfg.update(model_type="xlnet"), "xlnet model, which Trunk cannot import: XLNet is a"),
+    (lambda cfg, folder: cfg.update(model_type="albert", embedding_size=16, inner_group_num=2),
+     "albert checkpoint has inner_group_num=2, which the trunk cannot compute"),
+    (lambda cfg, folder: cfg.update(model_type="albert", embedding_size=32),
+     "albert checkpoint has embedding_size=hidden_size=32, and projects its embeddings between the two equal widths"),
     (lambda cfg, folder: cfg.update(model_type="gpt-neo"), "'gpt-neo' model; Trunk imports the model types bert"),
     (lambda cfg, folder: cfg.update(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
     (lambda cfg, folder: cfg.update(hidden_act="mish"), "activation .mish. is not one the trunk has"),
@@ -421,8 +431,9 @@ MODERNBERT_BIASES = {"attention_bias": True, "mlp_bias": True, "norm_bias": True
 
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("roberta", {}), ("electra", {"embedding_size": 16}),
-    ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("modernbert", {}), ("modernbert", MODERNBERT_BIASES)],
-    ids=["bert", "roberta", "electra", "deberta-v2", "modernbert", "modernbert-with-biases"])
+    ("deberta-v2", {**DEBERTA_V3, "position_buckets": 8}), ("modernbert", {}), ("modernbert", MODERNBERT_BIASES),
+    ("albert", {"embedding_size": 16, "num_hidden_layers": 4, "num_hidden_groups": 2})],
+    ids=["bert", "roberta", "electra", "deberta-v2", "modernbert", "modernbert-with-biases", "albert"])
 def test_import_then_export_gives_transformers_the_same_model(model_type, options, tmp_path):
     """import -> export --format hf -> transformers: every weight equal to the original's (none missing, none added),
     and the same logits."""
@@ -449,16 +460,19 @@ def test_import_then_export_gives_transformers_the_same_model(model_type, option
 
 @pytest.mark.parametrize("model_type,peft", [("bert", None), ("bert", "{sentiment: {method: lora, r: 4, norms: true}}"),
                                              ("deberta-v2", None), ("modernbert", None),
-                                             ("modernbert", "{sentiment: {method: lora, r: 4, norms: true}}")],
-                         ids=["full", "lora", "deberta-v3", "modernbert", "modernbert-lora"])
+                                             ("modernbert", "{sentiment: {method: lora, r: 4, norms: true}}"),
+                                             ("albert", "{sentiment: {method: lora, r: 4, norms: true}}")],
+                         ids=["full", "lora", "deberta-v3", "modernbert", "modernbert-lora", "albert-lora"])
 def test_a_classifier_fine_tuned_here_loads_in_transformers_and_gives_its_logits(model_type, peft, sentiment_files,
                                                                                  tmp_path):
     """Fully fine-tuned, or with a LoRA delta on the frozen trunk (written into the trunk's weights on export); from
     BERT, from DeBERTa-v3 (its context pooler given the head's tanh) and from ModernBERT (its head: the pooler with
-    the trunk's bias-free norm after it, ``pooler_norm``; mean pooling as its ``classifier_pooling``)."""
+    the trunk's bias-free norm after it, ``pooler_norm``; mean pooling as its ``classifier_pooling``); from ALBERT with
+    a LoRA on its one shared block (one delta, applied at every layer, merged once)."""
     from trunk.inference.predictor import load
 
-    tiny(model_type, tmp_path / "hf", masked_lm=False, **(DEBERTA_V3 if model_type == "deberta-v2" else {}))
+    options = {"deberta-v2": DEBERTA_V3, "albert": {"embedding_size": 16}}.get(model_type, {})
+    tiny(model_type, tmp_path / "hf", masked_lm=False, **options)
     extra = [f"--model.peft={peft}", "--model.optimizer.lr=0.01"] if peft else []
     head = ["--model.pooler_norm=true", "--model.pooling=mean"] if model_type == "modernbert" else []
     cli = run_cli(["fit", *finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run", *head), *extra])

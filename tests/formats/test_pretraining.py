@@ -346,6 +346,7 @@ def test_models_built_in_python_store_plain_hyperparameters(tmp_path):
             "class_weights": None,
             "label_smoothing": 0.0,
             "pooler": True,
+            "pooler_norm": False,
         },
     }
     rebuilt = TrunkModule(**hparams)

@@ -161,3 +161,30 @@ def test_a_deberta_v3_folder_imports_with_its_sentencepiece_file_and_the_ids_tra
         model_file=str(folder / "spm.model")).get_piece_size()
     assert any("padded to the embedding table's 100 rows" in note for note in notes)
     assert_encodes_as(transformers.DebertaV2Model.from_pretrained(folder), theirs, pretrained)
+
+
+def test_an_albert_folder_imports_with_its_sentencepiece_file_and_the_ids_transformers_gives(tmp_path):
+    """ALBERT ships spiece.model (<pad> <unk> [CLS] [SEP] [MASK] first) and a tokenizer_config.json that lowercases and
+    strips accents before SentencePiece: the same ids as transformers' tokenizer on mixed-case, accented text, pairs
+    too; the encoder (one block shared by both layers) computes what transformers' does on them."""
+    transformers = pytest.importorskip("transformers")
+
+    folder = tmp_path / "albert"
+    folder.mkdir()
+    train_spm(folder / "spiece", pad_id=0, unk_id=1, bos_id=2, eos_id=3, bos_piece="[CLS]", eos_piece="[SEP]",
+              control_symbols=["[MASK]"])
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True, "keep_accents": False, "remove_space": True}))
+    torch.manual_seed(0)
+    config = transformers.AlbertConfig(vocab_size=spm.SentencePieceProcessor(model_file=str(folder / "spiece.model"))
+                                       .get_piece_size(), embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    transformers.AlbertModel(config).save_pretrained(folder)
+    pretrained, _ = convert(folder)
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), pretrained.codec.tokenizer
+    texts = [t for t in [*TEXTS, "THE FILM was ``great''", "Naïve CAFÉ"] if t]
+    assert [ours.encode(t).ids for t in texts] == [theirs(t).input_ids for t in texts]
+    assert ours.encode(*SENTENCES[:2]).ids == theirs(*SENTENCES[:2]).input_ids
+    assert ours.token_to_id("[MASK]") == theirs.mask_token_id == 4
+    assert_encodes_as(transformers.AlbertModel.from_pretrained(folder), theirs, pretrained)

@@ -613,3 +613,25 @@ def test_a_bias_free_trunk_computes_a_biased_one_with_zero_biases():
         routed = trunk(ids, mask)
         router.merge(trunk.backbone, "t")
         assert torch.allclose(routed, trunk(ids, mask), atol=1e-5)
+
+
+def test_shared_blocks_apply_their_weights_at_every_layer_of_their_group():
+    """shared_blocks (ALBERT's): 4 layers over 2 blocks hold 2 blocks' weights, compute block 0 twice then block 1
+    twice, and give freezing and layer-wise rates one depth group per distinct block; a count that does not divide
+    the depth is refused."""
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, d_ff=32, max_len=16, positions="learned",
+                      norm="post", shared_blocks=2, dropout=0.0, attn_dropout=0.0)
+    trunk = build_trunk(cfg).eval()
+    own = build_trunk(TrunkConfig(**{**cfg.to_dict(), "shared_blocks": 0}))
+    per_block = sum(p.numel() for p in own.backbone.blocks[0].parameters())
+    assert sum(p.numel() for p in own.parameters()) - sum(p.numel() for p in trunk.parameters()) == 2 * per_block
+    assert [cfg.block_of(i) for i in range(4)] == [0, 0, 1, 1] and len(trunk.depth_groups()) == 2 + 2
+    ids = torch.randint(5, 50, (2, 6))
+    with torch.no_grad():
+        x = trunk.stems["text"](ids)
+        for i in (0, 0, 1, 1):
+            x = trunk.backbone.blocks[i](x)
+        assert torch.allclose(trunk(ids), x, atol=1e-6)
+    with pytest.raises(ValueError, match="shared_blocks=3 must divide n_layers=4"):
+        TrunkConfig(**{**cfg.to_dict(), "shared_blocks": 3})

@@ -236,7 +236,7 @@ def test_the_onnx_runtime_without_exported_graphs_says_how_to_write_them(tmp_pat
 TEXT_KINDS = [name for name, kind in KINDS.items() if kind.inputs and name != "image_classification"]
 
 
-@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "modernbert"])
+@pytest.mark.parametrize("family", ["bert", "deberta-v2", "mpnet", "modernbert", "albert"])
 @pytest.mark.parametrize("name", TEXT_KINDS)
 def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_path):
     """The paths of the matrix from a Hugging Face folder of each text family (tests/formats/test_hf.py builds a tiny
@@ -244,15 +244,19 @@ def test_every_text_kind_from_an_imported_checkpoint(name, family, request, tmp_
     kind has it), predict from the checkpoint and the directory alike."""
     from test_hf import DEBERTA_V3, tiny
 
-    options = {**DEBERTA_V3, "type_vocab_size": 2, "position_buckets": 16} if family == "deberta-v2" else {}
+    options = {"deberta-v2": {**DEBERTA_V3, "type_vocab_size": 2, "position_buckets": 16},
+               "albert": {"embedding_size": 16}}.get(family, {})  # ALBERT: one block shared by both layers
     tiny(family, tmp_path / "hf", masked_lm=False, max_position_embeddings=128, **options)
     kind = KINDS[name]
     files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
     args = [a for a in kind_args(kind, files, tmp_path / "run") if not a.startswith(("--model.trunk.", "--data.tok"))]
+    if family == "albert" and name == "translation":  # its 16-wide embeddings cannot be the 32-wide decoder's logits
+        args.append("--model.tasks.t.init_args.share_embeddings=false")
     fit = run_cli(["fit", *args, f"--model.init_from={tmp_path / 'hf'}"])
     # [SEP] (id 8 in BERT's test vocabulary) marks the segments; MPNet's RoBERTa-style </s> (2); ModernBERT has none
     segments, separator = {"mpnet": (0, 2), "modernbert": (0, 8)}.get(family, (2, 8))
     assert fit.model.trunk_config.segments == segments and fit.model.trunk.stems["text"].separator_id == separator
+    assert len(fit.model.trunk.backbone.blocks) == (1 if family == "albert" else 2)
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     export_main([ckpt, str(tmp_path / "exported"), *(["--onnx"] if kind.onnx else [])])
     if kind.onnx:

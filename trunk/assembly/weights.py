@@ -112,6 +112,12 @@ def load_weights(model: TrunkModule, pretrained: PretrainedTrunk, reuse: HeadReu
         notes.append(_resize_image_stem(state, pretrained, stems_of(dict(objectives))["image"]))
     missing, unexpected = trunk.load_state_dict(state, strict=False)
     assert not unexpected, unexpected
+    # only a stem the pretrained trunk has not may start fresh: a block left at its init would be silently untrained
+    fresh_blocks = [k for k in missing if k.startswith("backbone.")]
+    if fresh_blocks:
+        raise ValueError(f"'{pretrained.path}' has no weights for {fresh_blocks[:4]} of this run's trunk: its "
+                         "architecture differs in a way the run's config does not say. Leave model.trunk's shape "
+                         "fields to the pretrained trunk.")
     if model.finetune.reinit_top:
         blocks = trunk.backbone.blocks
         if model.finetune.reinit_top > len(blocks):

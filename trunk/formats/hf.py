@@ -51,7 +51,6 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
                "quick_gelu": "quick_gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 # families whose architecture the trunk cannot compute, and why: refused by name
 REFUSED = {
-    "albert": "ALBERT shares one set of layer weights across its depth and factorises its embeddings",
     "deberta": "DeBERTa (v1) fuses its attention projections with separate query and value biases (DeBERTa-v2 and v3, "
                "model type deberta-v2, are read)",
     "longformer": "Longformer's attention has separate global-attention projections",
@@ -198,6 +197,39 @@ ELECTRA = Family(
     heads={"mlm": masked_lm({"head.dense": "generator_predictions.dense",
                              "head.norm": "generator_predictions.LayerNorm", "head.decoder": "generator_lm_head"})},
     ignored=(r"generator_lm_head\.weight", r"discriminator_predictions\..*", r".*position_ids"),
+)
+def albert_config(values: dict) -> TrunkConfig:
+    """ALBERT: BERT's post-LN blocks, ``num_hidden_groups`` of them shared across the depth (``shared_blocks``), the
+    narrow embedding projected up (``embedding_size``, as ELECTRA's)."""
+    if values.get("inner_group_num", 1) != 1:
+        raise ValueError(f"The albert checkpoint has inner_group_num={values['inner_group_num']}, which the trunk "
+                         "cannot compute (it supports inner_group_num=1: one block per group, as every released "
+                         "ALBERT).")
+    if values.get("embedding_size", 128) == values["hidden_size"]:
+        raise ValueError(f"The albert checkpoint has embedding_size=hidden_size={values['hidden_size']}, and projects "
+                         "its embeddings between the two equal widths, which the trunk does only for narrower "
+                         "embeddings (every released ALBERT's are 128 wide).")
+    return dataclasses.replace(bert_config(values, "albert"), shared_blocks=values.get("num_hidden_groups", 1))
+
+
+ALBERT_LAYER = "encoder.albert_layer_groups.{i}.albert_layers.0."
+ALBERT = Family(
+    albert_config,
+    {**BERT_EMBEDDINGS, "stems.text.project": "encoder.embedding_hidden_mapping_in", **_block({
+        "attn.q_proj": ALBERT_LAYER + "attention.query",
+        "attn.kv_proj": (ALBERT_LAYER + "attention.key", ALBERT_LAYER + "attention.value"),
+        "attn.out_proj": ALBERT_LAYER + "attention.dense",
+        "norm_attn": ALBERT_LAYER + "attention.LayerNorm",
+        "ff.fc_in": ALBERT_LAYER + "ffn",
+        "ff.fc_out": ALBERT_LAYER + "ffn_output",
+        "norm_ff": ALBERT_LAYER + "full_layer_layer_norm",
+    })},
+    ("albert.",),
+    heads={"mlm": masked_lm({"head.dense": "predictions.dense", "head.norm": "predictions.LayerNorm",
+                             "head.decoder": "predictions"})},
+    pooler="pooler",
+    # the decoder's tied copies, and the sentence-order head Trunk has no kind for
+    ignored=(r"predictions\.decoder\.(weight|bias)", r"sop_classifier\..*", r".*position_ids"),
 )
 DISTILBERT = Family(
     distilbert_config,
@@ -949,7 +981,7 @@ T5_FAMILY = Family(
     adjust=t5_adjust,
 )
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
-                               "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
+                               "albert": ALBERT, "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
                                "dinov2_with_registers": DINOV2, "clip": CLIP, "siglip": SIGLIP,
                                "siglip_vision_model": SIGLIP,
@@ -1173,7 +1205,7 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         config, stems = family.config(values), family.stems(values)
         if family.adjust is not None:
             tensors = family.adjust(values, tensors, prefix)
-        _check_depth(family.table, config.n_layers, tensors, prefix, source)
+        _check_depth(family.table, config.n_blocks, tensors, prefix, source)
         with torch.device("meta"):  # names and shapes only
             trunk = build_trunk(config, stems)
     except (KeyError, TypeError, ZeroDivisionError, OverflowError, RuntimeError) as err:
@@ -1183,7 +1215,7 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     expected = {k: v.shape for k, v in trunk.state_dict().items()}
     used: set[str] = set()
     missing: list[str] = []
-    trunk_weights = _take(expected, _expand(family.table, config.n_layers), tensors, prefix, used, missing)
+    trunk_weights = _take(expected, _expand(family.table, config.n_blocks), tensors, prefix, used, missing)
     heads, notes, pooler = {}, [], {}
     for task, head in family.heads.items():
         sources = tuple(f"{t}." for theirs in head.table.values() for t in ((theirs,) if isinstance(theirs, str)

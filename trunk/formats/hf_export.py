@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
-from trunk.formats.hf import BERT, DEBERTA_V2, ELECTRA, MARIAN, MODERNBERT, ROBERTA, Family, _expand
+from trunk.formats.hf import ALBERT, BERT, DEBERTA_V2, ELECTRA, MARIAN, MODERNBERT, ROBERTA, Family, _expand
 from trunk.formats.trunk_dir import PretrainedTrunk
 from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
@@ -35,6 +35,8 @@ ARCHITECTURES = {
     "roberta": {kind: ("ForSequenceClassification", {"head.dense": "classifier.dense",
                                                      "head.classifier": "classifier.out_proj"}) for kind in POOLED},
     "electra": {},
+    "albert": {kind: ("ForSequenceClassification", {"head.dense": "albert.pooler", "head.classifier": "classifier"})
+               for kind in POOLED},
     "deberta-v2": {kind: ("ForSequenceClassification", {"head.dense": "pooler.dense", "head.classifier": "classifier"})
                    for kind in POOLED},
 }
@@ -51,24 +53,28 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": 
 
 # what a trunk's config must hold for a family to compute it (beside its positions, which pick the family)
 PLAIN = {"rms_norm": False, "layer_scale": 0.0, "scale_embedding": False}
+BERT_SHAPE = {"norm": "post", "embedding_norm": True, "local_window": 0, "gated_ff": False, "first_block_norm": True,
+              "bias": True, **PLAIN}
 SHAPES = {
-    "bert": {"norm": "post", "embedding_norm": True, "local_window": 0, "gated_ff": False, "first_block_norm": True,
-             "bias": True, **PLAIN},
+    "bert": {**BERT_SHAPE, "shared_blocks": 0},
+    "albert": {**BERT_SHAPE, "position_offset": 0},  # its blocks shared (shared_blocks)
+    "deberta-v2": {**BERT_SHAPE, "position_offset": 0, "shared_blocks": 0},
     "modernbert": {"norm": "pre", "embedding_norm": True, "gated_ff": True, "first_block_norm": False, "segments": 0,
-                   "position_offset": 0, **PLAIN},
+                   "position_offset": 0, "shared_blocks": 0, **PLAIN},
 }
-SHAPES["deberta-v2"] = {**SHAPES["bert"], "position_offset": 0}
 FAMILIES = {"learned": ("bert", "BERT"), "disentangled": ("deberta-v2", "DeBERTa-v2"),
             "rope": ("modernbert", "ModernBERT")}
 
 
 def family_for(config: TrunkConfig) -> tuple[str, Family]:
     """The model type that computes what this trunk computes, by its positions: DeBERTa-v2 for disentangled ones,
-    ModernBERT for rotary ones; for learned ones, of the BERT family, ELECTRA for a narrower embedding, RoBERTa for a
-    position offset, else BERT. An error naming the fields the family does not have."""
+    ModernBERT for rotary ones; for learned ones, of the BERT family, ALBERT for shared blocks, ELECTRA for a narrower
+    embedding, RoBERTa for a position offset, else BERT. An error naming the fields the family does not have."""
     model_type, name = FAMILIES.get(config.positions, FAMILIES["learned"])
+    if model_type == "bert" and config.shared_blocks:
+        model_type, name = "albert", "ALBERT"
     wanted = {"positions": config.positions if config.positions in FAMILIES else "learned", **SHAPES[model_type]}
-    if model_type != "bert":
+    if model_type in ("deberta-v2", "modernbert"):
         wanted["embedding_size"] = config.d_model
     wrong = [f"{field}={getattr(config, field)!r} ({name}: {value!r})"
              for field, value in wanted.items() if getattr(config, field) != value]
@@ -83,7 +89,7 @@ def family_for(config: TrunkConfig) -> tuple[str, Family]:
                          f"{', '.join(wrong)}, which transformers' {name} does not compute. Use the trunk directory "
                          "(or --onnx) instead.")
     if model_type != "bert":
-        return model_type, {"deberta-v2": DEBERTA_V2, "modernbert": MODERNBERT}[model_type]
+        return model_type, {"deberta-v2": DEBERTA_V2, "modernbert": MODERNBERT, "albert": ALBERT}[model_type]
     if config.embedding_size != config.d_model:
         return "electra", ELECTRA
     return ("roberta", ROBERTA) if config.position_offset else ("bert", BERT)
@@ -102,8 +108,10 @@ def hf_config(model_type: str, config: TrunkConfig, tokenizer) -> dict:
         "type_vocab_size": max(config.segments, 1), "layer_norm_eps": config.layer_norm_eps,
         "initializer_range": config.init_std, "pad_token_id": pad_id, "position_embedding_type": "absolute",
     }
-    if model_type == "electra":
+    if model_type in ("electra", "albert"):
         values["embedding_size"] = config.embedding_size
+    if model_type == "albert":  # its default activation is gelu_new: always written
+        values.update(num_hidden_groups=config.shared_blocks, inner_group_num=1)
     if model_type == "deberta-v2":  # positions in the attention only; a pooled head's activation is BERT's tanh
         exact = config.relative_max_distance == 0
         values.update(
@@ -158,7 +166,7 @@ def modernbert_fused(tensors: dict[str, torch.Tensor], values: dict) -> dict[str
 def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Tensor], prefix: str
                ) -> dict[str, torch.Tensor]:
     """The trunk's weights in the family's names (fused projections split again)."""
-    table = _expand(family.table, config.n_layers)
+    table = _expand(family.table, config.n_blocks)
     out = {}
     for name, tensor in weights.items():
         module, leaf = name.rsplit(".", 1)
@@ -167,7 +175,7 @@ def hf_weights(family: Family, config: TrunkConfig, weights: dict[str, torch.Ten
         theirs = table[module]
         for part, chunk in zip(theirs, tensor.chunk(len(theirs))):
             out[f"{prefix}{part}.{leaf}"] = chunk.contiguous()
-    if not config.segments and family in (BERT, ROBERTA, ELECTRA):  # BERT's always adds a segment row: a zero one
+    if not config.segments and family in (BERT, ROBERTA, ELECTRA, ALBERT):  # BERT's always adds a segment row: zeros
         out[f"{prefix}embeddings.token_type_embeddings.weight"] = torch.zeros(1, config.embedding_size)
     return out
 
@@ -197,7 +205,7 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     weights = merged_trunk(pretrained, head_task) if delta else pretrained.trunk_weights
     tensors = hf_weights(family, config, weights, prefix if head_task else "")
     name = {"bert": "Bert", "roberta": "Roberta", "electra": "Electra", "deberta-v2": "DebertaV2",
-            "modernbert": "ModernBert"}[model_type]
+            "modernbert": "ModernBert", "albert": "Albert"}[model_type]
     architecture = f"{name}Model"
     if head_task is None and pretrained.pooler and family.pooler:
         tensors.update({f"{family.pooler}.{k}": v for k, v in pretrained.pooler.items()})

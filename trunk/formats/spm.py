@@ -104,12 +104,23 @@ def spm_tokenizer(path: str | Path, vocab: dict[str, int] | None = None) -> Toke
     return tokenizer
 
 
+def albert_normalizers(settings: dict) -> list:
+    """What ALBERT's tokenizer does to a text before SentencePiece (transformers' ``AlbertConverter``): LaTeX quotes as
+    ``"``, accents stripped unless ``keep_accents``, lowercased with ``do_lower_case``."""
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    if not settings.get("keep_accents", False):
+        steps += [normalizers.NFKD(), normalizers.StripAccents()]
+    return steps + ([normalizers.Lowercase()] if settings.get("do_lower_case") else [])
+
+
 def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
     """A model folder's SentencePiece file with the tokens its ``tokenizer_config.json`` (``settings``) adds past the
     file's pieces (``added_tokens_decoder``, or T5's ``extra_ids`` sentinels) and the post-processor of its roles:
     ``<s> A </s>`` / ``[CLS] A [SEP]`` where the model has both, else ``A </s>`` (T5, Marian). A tokenizer whose ids
     are not the file's (fairseq's shifted layout: XLM-R, CamemBERT) is refused, never read shifted."""
     tokenizer = spm_tokenizer(path)
+    if settings.get("do_lower_case") or settings.get("keep_accents") is False:  # ALBERT's text before its pieces
+        tokenizer.normalizer = normalizers.Sequence([*albert_normalizers(settings), tokenizer.normalizer])
     size = tokenizer.get_vocab_size()
     added = {int(i): token["content"] for i, token in (settings.get("added_tokens_decoder") or {}).items()}
     if not added and settings.get("extra_ids"):  # T5's sentinels count down from the last id: <extra_id_0> is last

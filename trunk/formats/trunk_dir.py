@@ -41,7 +41,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "
                        "activation", "layer_norm_eps", "segments", "embedding_norm", "position_offset",
                        "embedding_size", "rms_norm", "gated_ff", "relative_buckets", "relative_max_distance",
                        "layer_scale", "rope_base", "rope_base_local", "first_block_norm", "scale_embedding",
-                       "registers", "resize_antialias", "cls_token", "bias")
+                       "registers", "resize_antialias", "cls_token", "bias", "shared_blocks")
 # how the pretrained trunk attended (ModernBERT's local blocks): taken where a run leaves them at their defaults, but a
 # run may choose otherwise (local attention on a trunk pretrained without it, for long inputs)
 ATTENTION_FIELDS = ("local_window", "global_tokens", "global_every")

@@ -76,6 +76,10 @@ class TrunkConfig:
     # False: the blocks' linear layers and norms have no biases (ModernBERT's; litgpt's ``bias``): fewer parameters,
     # and a model that transformers' bias-free families hold exactly
     bias: bool = True
+    # ALBERT's cross-layer sharing: the n_layers layers apply this many distinct blocks, consecutive layers sharing one
+    # (1: one block applied n_layers times; 0: every layer a block of its own). Freezing, layer-wise rates and deltas
+    # see the distinct blocks; the compute is still n_layers blocks'.
+    shared_blocks: int = 0
     position_offset: int = 0
     embedding_size: int | None = None
     init_std: float = 0.02
@@ -125,7 +129,8 @@ class TrunkConfig:
         scheme(self.positions).check(self)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"TrunkConfig.activation={self.activation!r}: choose {', '.join(ACTIVATIONS)}.")
-        for name in ("local_window", "global_tokens", "segments", "position_offset", "global_every", "registers"):
+        for name in ("local_window", "global_tokens", "segments", "position_offset", "global_every", "registers",
+                     "shared_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrunkConfig.{name} must be >= 0, got {getattr(self, name)}.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "embedding_size"):
@@ -134,11 +139,24 @@ class TrunkConfig:
         for name in ("dropout", "attn_dropout", "token_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"TrunkConfig.{name} must be a probability in [0, 1), got {getattr(self, name)}.")
+        shared = self.shared_blocks
+        if shared and (self.n_layers % shared or self.local_window or not self.first_block_norm):
+            raise ValueError(f"TrunkConfig.shared_blocks={shared} must divide n_layers={self.n_layers}, and shared "
+                             "blocks are alike at every layer: no local_window, first_block_norm true.")
         if self.layer_scale < 0:
             raise ValueError(f"TrunkConfig.layer_scale must be >= 0 (0: none), got {self.layer_scale}.")
         for name in ("layer_norm_eps", "init_std"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrunkConfig.{name} must be > 0, got {getattr(self, name)}.")
+
+    @property
+    def n_blocks(self) -> int:
+        """The distinct blocks (weights) of the stack: ``shared_blocks``, else one per layer."""
+        return self.shared_blocks or self.n_layers
+
+    def block_of(self, layer: int) -> int:
+        """The block that layer ``layer`` applies (ALBERT's group of a layer)."""
+        return layer * self.n_blocks // self.n_layers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -403,7 +421,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: TrunkConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_blocks))
         # Pre-LN leaves the residual stream unnormalised, so it needs one norm at the very end.
         self.final_norm = norm_layer(cfg) if cfg.norm == "pre" else nn.Identity()
         self.position_bias = position_bias(cfg)  # alibi, t5, disentangled: one for every block
@@ -448,7 +466,8 @@ class Backbone(nn.Module):
         unpadded = Unpadded(key_padding_mask) if Unpadded.pays(key_padding_mask) else None
         if unpadded is not None:
             x = unpadded.unpad(x)
-        for i, block in enumerate(self.blocks):
+        for i in range(self.cfg.n_layers):
+            block = self.blocks[self.cfg.block_of(i)]
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
                 local = local_layout(key_padding_mask, len(fork[1]))

@@ -89,8 +89,9 @@ class Translation(Objective):
                 "task's data, or share_embeddings=false."
             )
         self.decoder = Decoder(
+            # targets are one segment, embedded at the width the logits read; every decoder layer its own block
             replace(cfg, vocab_size=self.target_vocab_size, n_layers=self.decoder_layers or cfg.n_layers, segments=0,
-                    embedding_size=None),  # targets are one segment, embedded at the width the logits read
+                    embedding_size=None, shared_blocks=0),
             self.tied_output,
         )
         if self.share_embeddings:
