@@ -221,6 +221,11 @@ def test_real_size_configs_map_on_the_meta_device():
         theirs = sum(p.numel() for p in model.parameters())
         assert ours == theirs, model_type
     assert set(configs) <= set(FAMILIES)
+    with torch.device("meta"):  # ELECTRA-small's discriminator: its replaced-token head as the task electra
+        electra = transformers.ElectraForPreTraining(transformers.ElectraConfig())
+    mapped = map_weights(electra.config.to_dict(), saved(electra), "electra")
+    ours = [*mapped.trunk.values(), *mapped.heads["electra"]["state"].values()]
+    assert sum(v.numel() for v in ours) == sum(p.numel() for p in electra.parameters())
     with torch.device("meta"):
         vit = transformers.ViTModel(transformers.ViTConfig())  # ViT-B/16 at 224
     with torch.device("meta"):
@@ -398,6 +403,71 @@ def test_fine_tuning_from_a_folder_reads_segments_off_its_sep_and_starts_from_it
     assert torch.equal(trunk.stems["text"].segment.weight, model.embeddings.token_type_embeddings.weight)
     head = cli.model.objectives["sentiment"].head
     assert torch.equal(head.dense.weight, model.pooler.dense.weight)  # the pretrained pooler
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def discriminator(model_type: str, folder: Path):
+    """A tiny random discriminator saved to ``folder``: ELECTRA's (``ElectraForPreTraining``), or a DeBERTa-v3 model
+    with its replaced-token head (``mask_predictions``: dense, LayerNorm, classifier; no transformers class has it);
+    returns the model and a function of (ids, mask) giving its replaced-token logits as their own code computes them."""
+    import safetensors.torch as st
+
+    if model_type == "electra":
+        folder.mkdir(parents=True)
+        config = transformers.ElectraConfig(vocab_size=len(write_vocab(folder)), embedding_size=16, **TINY)
+        torch.manual_seed(0)
+        model = transformers.ElectraForPreTraining(config).eval()
+        off_init(model)
+        model.save_pretrained(folder)
+        return model, lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits
+    model = tiny("deberta-v2", folder, masked_lm=False, **DEBERTA_V3)
+    width = model.config.hidden_size
+    head = {"dense": torch.nn.Linear(width, width), "LayerNorm": torch.nn.LayerNorm(width, eps=1e-7),
+            "classifier": torch.nn.Linear(width, 1)}
+    off_init(torch.nn.ModuleDict(head))
+    tensors = st.load_file(folder / "model.safetensors")
+    tensors.update({f"mask_predictions.{name}.{k}": v.detach() for name, part in head.items()
+                    for k, v in part.state_dict().items()})
+    st.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+    def logits(ids, mask):  # the DeBERTa repository's LMMaskPredictionHead
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = head["LayerNorm"](hidden[:, :1] + hidden)
+        return head["classifier"](torch.nn.functional.gelu(head["dense"](states))).squeeze(-1)
+
+    return model, logits
+
+
+@pytest.mark.parametrize("model_type", ["electra", "deberta-v2"])
+def test_a_discriminator_comes_in_as_the_electra_task_and_goes_on_training(model_type, tmp_path):
+    """ELECTRA's and DeBERTa-v3's discriminators: their replaced-token heads come in as the task ``electra`` and give
+    their logits within 1e-5 on padded batches; ReplacedTokenDetection named electra goes on training from them (the
+    same head weights at its start, DeBERTa's with cls_context), its generator fresh."""
+    from trunk.models import ReplacedTokenHead
+    from trunk.models.trunk import norm_layer
+
+    _, reference = discriminator(model_type, tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    assert "the pretrained replaced-token detection head, as task 'electra'" in notes
+    cls_context = model_type == "deberta-v2"
+    assert pretrained.heads["electra"]["meta"]["objective"]["init_args"]["cls_context"] is cls_context
+    trunk = trunk_of(pretrained)
+    head = ReplacedTokenHead(32, "gelu", norm=norm_layer(pretrained.config) if cls_context else None).eval()
+    head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["electra"]["state"].items()})
+    ids, mask, _ = batch(pretrained.codec.tokenizer, SENTENCES)
+    with torch.no_grad():
+        assert (reference(ids, mask) - head(trunk(ids, mask)))[mask.bool()].abs().max() < 1e-5
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES * 50) + "\n")
+    args = single_task(["--model=trunk.tasks.ReplacedTokenDetection", f"--model.init_from={tmp_path / 'hf'}",
+                        f"--model.cls_context={str(cls_context).lower()}", "--data=trunk.datamodules.CorpusData",
+                        f"--data.train={corpus}", "--data.max_length=32", "--data.batch_size=8",
+                        "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+                        f"--trainer.default_root_dir={tmp_path / 'run'}"], "electra")
+    cli = run_cli(args, run=False)
+    started, stored = cli.model.objectives["electra"].head.state_dict(), pretrained.heads["electra"]["state"]
+    assert all(torch.equal(v, started[k.removeprefix("head.")]) for k, v in stored.items())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 

@@ -241,6 +241,41 @@ def test_nllb_and_mbart_logits_and_outputs_with_the_languages_forced_equal_trans
             assert all(row[0] == special.forced[0] for row in generated.tolist())
 
 
+def test_an_m2m100_folder_without_a_tokenizer_json_encodes_as_transformers(tmp_path):
+    """M2M100 (facebook/m2m100_418M) ships its SentencePiece BPE file and fairseq's vocab.json, no tokenizer.json: the
+    pieces are numbered by vocab.json (here in another order than the file's), the 100 language codes after them,
+    each input framed as __en__ ... </s> (another source language through source_language's code), as
+    ``M2M100Tokenizer`` does; fairseq's 8 made-up words fill the table's last rows."""
+    spm = pytest.importorskip("sentencepiece")
+    from test_spm import train_spm
+
+    from trunk.core.codec import with_first_token
+
+    folder = tmp_path / "m2m100"
+    folder.mkdir()
+    train_spm(folder / "sentencepiece.bpe", "bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    processor = spm.SentencePieceProcessor(model_file=str(folder / "sentencepiece.bpe.model"))
+    pieces = [processor.id_to_piece(i) for i in range(3, processor.get_piece_size())]
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{p: 4 + i for i, p in enumerate(reversed(pieces))}}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "M2M100Tokenizer", "src_lang": "en",
+                                                              "language_codes": "m2m100"}))
+    config = transformers.M2M100Config(vocab_size=len(vocab) + 100 + 8, d_model=32, encoder_layers=1, decoder_layers=1,
+                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                       decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=1,
+                                       decoder_start_token_id=2)
+    transformers.M2M100ForConditionalGeneration(config).save_pretrained(folder)
+    pretrained, notes = convert(folder)
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), pretrained.codec.tokenizer
+    texts = [*ENGLISH, "Unseen ZEBRA, quartz!"]
+    assert [ours.encode(t).ids for t in texts] == [theirs(t).input_ids for t in texts]
+    theirs.src_lang = "fr"
+    french = with_first_token(ours, "__fr__", "source_language")
+    assert [french.encode(t).ids for t in texts] == [theirs(t).input_ids for t in texts]
+    assert ours.token_to_id("__de__") == theirs.get_lang_id("de") == len(vocab) + 16
+    assert ours.get_vocab_size() == config.vocab_size and not any("padded" in note for note in notes)
+
+
 def test_a_target_language_not_in_the_vocabulary_is_named(tmp_path):
     tiny_multilingual("m2m_100", tmp_path / "hf")
     pretrained, _ = convert(tmp_path / "hf")

@@ -32,11 +32,12 @@ from trunk.core.codec import OTHER_SPELLING, Codec, check_padding
 from trunk.core.contract import TaskSpec
 from trunk.formats import hub
 from trunk.formats.hub import TRUNK_FILES
-from trunk.formats.spm import MARIAN_FILES, SPM_FILES, marian_tokenizers, spm_folder_tokenizer
+from trunk.formats.spm import MARIAN_FILES, SPM_FILES, m2m100_tokenizer, marian_tokenizers, spm_folder_tokenizer
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
 from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
+from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
 from trunk.tasks.objectives.translation import Translation
 
 CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
@@ -69,6 +70,13 @@ class HeadTable:
     table: dict[str, str | tuple[str, ...]]
     depth: str | None = None
     tied: dict[str, str] = field(default_factory=dict)
+
+
+def replaced_token_detection(table: dict[str, str], cls_context: bool = False) -> HeadTable:
+    """A discriminator's replaced-token head, stored as the task ``electra`` (``configs/pretrain_electra.yaml``'s):
+    the ELECTRA objective goes on from it, its generator (never released) fresh."""
+    return HeadTable("replaced-token detection head", lambda values: ReplacedTokenDetection(cls_context=cls_context),
+                     table)
 
 
 def masked_lm(table: dict[str, str]) -> HeadTable:
@@ -194,9 +202,12 @@ ROBERTA = Family(
 ELECTRA = Family(
     bert_config, {**BERT_EMBEDDINGS, "stems.text.project": "embeddings_project", **BERT_BLOCK}, ("electra.",),
     # a generator checkpoint's head; a discriminator's replaced-token head has no generator beside it to train with
+    # a generator checkpoint's masked-LM head; a discriminator's replaced-token head
     heads={"mlm": masked_lm({"head.dense": "generator_predictions.dense",
-                             "head.norm": "generator_predictions.LayerNorm", "head.decoder": "generator_lm_head"})},
-    ignored=(r"generator_lm_head\.weight", r"discriminator_predictions\..*", r".*position_ids"),
+                             "head.norm": "generator_predictions.LayerNorm", "head.decoder": "generator_lm_head"}),
+           "electra": replaced_token_detection({"head.dense": "discriminator_predictions.dense",
+                                                "head.out": "discriminator_predictions.dense_prediction"})},
+    ignored=(r"generator_lm_head\.weight", r".*position_ids"),
 )
 def albert_config(values: dict) -> TrunkConfig:
     """ALBERT: BERT's post-LN blocks, ``num_hidden_groups`` of them shared across the depth (``shared_blocks``), the
@@ -308,12 +319,15 @@ DEBERTA_V2 = Family(
          "norm_ff": "encoder.layer.{i}.output.LayerNorm",
      })},
     ("deberta.",),
+    # the masked-LM head; DeBERTa-v3's replaced-token head ([CLS]'s vector added to each token's, normed, then as
+    # ELECTRA's)
     heads={"mlm": masked_lm({"head.dense": "cls.predictions.transform.dense",
-                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions"})},
-    # a task model's pooler (dense + GELU, not BERT's tanh) and classifier, and DeBERTa-v3's replaced-token head: a new
-    # task trains its own
-    ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r"mask_predictions\..*",
-             r".*position_ids"),
+                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions"}),
+           "electra": replaced_token_detection({"head.norm": "mask_predictions.LayerNorm",
+                                                "head.dense": "mask_predictions.dense",
+                                                "head.out": "mask_predictions.classifier"}, cls_context=True)},
+    # a task model's pooler (dense + GELU, not BERT's tanh) and classifier: a new task trains its own
+    ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r".*position_ids"),
     adjust=deberta_v2_heads,
 )
 
@@ -1066,9 +1080,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str], Tokenizer | None]:
     """The model's own tokenizer as it ships (``tokenizer.json``, else BERT's ``vocab.txt`` with its lowercasing,
-    RoBERTa's BPE files, Marian's two segmenters, or a SentencePiece model), what was changed (padding and truncation
-    switched on in the file are cleared: the data pads and cuts per batch; a fixed padding would make every input that
-    long), and the tokenizer of a decoder's outputs where it has one of its own (Marian's ``target.spm``)."""
+    RoBERTa's BPE files, Marian's two segmenters, M2M100's segmenter over vocab.json, or a SentencePiece model),
+    what was changed (padding and truncation switched on in the file are cleared: the data pads and cuts per batch; a
+    fixed padding would make every input that long), and the tokenizer of a decoder's outputs where it has one of its
+    own (Marian's ``target.spm``)."""
     config, target = _json(folder / "tokenizer_config.json"), None
     if (folder / "tokenizer.json").is_file():
         try:
@@ -1087,6 +1102,8 @@ def read_tokenizer(folder: Path) -> tuple[Tokenizer, list[str], Tokenizer | None
         tokenizer.post_processor = processors.RobertaProcessing(sep, cls, add_prefix_space=prefix_space)
     elif (folder / "source.spm").is_file() or (folder / "target.spm").is_file():
         tokenizer, target = marian_tokenizers(folder)
+    elif (folder / "sentencepiece.bpe.model").is_file() and (folder / "vocab.json").is_file():  # M2M100's
+        tokenizer = m2m100_tokenizer(folder, config)
     elif spm := next((folder / name for name in SPM_FILES if (folder / name).is_file()), None):
         tokenizer = spm_folder_tokenizer(spm, config)
     else:
@@ -1228,7 +1245,8 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         objective = head.objective(values)
         with torch.device("meta"):
             objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))
-        wanted = {k: v.shape for k, v in objective.head_state().items() if k not in head.tied}
+        wanted = {k: v.shape for k, v in objective.head_state().items()
+                  if k not in head.tied and not k.startswith(objective.fresh_parts)}
         table = _expand(head.table, depth)
         head_prefix = prefix if any(k.startswith(prefix + next(iter(sources))) for k in tensors) else ""
         state = _take(wanted, table, tensors, head_prefix, used, missing)

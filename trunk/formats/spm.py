@@ -45,18 +45,19 @@ def read_model(path: Path):
 def spm_tokenizer(path: str | Path, vocab: dict[str, int] | None = None) -> Tokenizer:
     """The SentencePiece model at ``path`` as a ``Tokenizer`` with the same pieces, ids and segmentation (special
     tokens and the post-processor are the caller's: they belong to the model, not to the file). ``vocab``: the ids are
-    this vocabulary's instead of the file's (Marian's ``vocab.json``, which a source and a target segmenter share): its
-    pieces the file lacks are never chosen while segmenting (the other side's), the file's pieces it lacks are not
-    written (unigram models only)."""
+    this vocabulary's instead of the file's (Marian's ``vocab.json``, which a source and a target segmenter share;
+    M2M100's, fairseq's numbering): its pieces the file lacks are never chosen while segmenting (the other side's), the
+    file's pieces it lacks are not written."""
     path = Path(path)
     proto = read_model(path)
     spec, trainer = proto.normalizer_spec, proto.trainer_spec
     pieces = [(p.piece, p.score) for p in proto.pieces]
     user_defined = [p.piece for p in proto.pieces if p.type == USER_DEFINED]
-    if vocab is not None:
-        if trainer.model_type != UNIGRAM:
-            raise ValueError(f"'{path}' is a SentencePiece {trainer.ModelType.Name(trainer.model_type)} model; Trunk "
-                             "reads a segmenter over a separate vocabulary (Marian's) for unigram models only.")
+    if vocab is not None and trainer.model_type not in (UNIGRAM, BPE):
+        raise ValueError(f"'{path}' is a SentencePiece {trainer.ModelType.Name(trainer.model_type)} model; Trunk "
+                         "reads a segmenter over a separate vocabulary (Marian's, M2M100's) for unigram and BPE "
+                         "models only.")
+    if vocab is not None and trainer.model_type == UNIGRAM:
         scores = dict(pieces)
         never = min(scores.values()) - 1e6  # far below any path of the file's own pieces
         by_id = sorted(vocab.items(), key=lambda item: item[1])
@@ -64,9 +65,9 @@ def spm_tokenizer(path: str | Path, vocab: dict[str, int] | None = None) -> Toke
                                byte_fallback=trainer.byte_fallback)
     elif trainer.model_type == UNIGRAM:
         model = models.Unigram(pieces, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback)
-    elif trainer.model_type == BPE:
-        vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
-        normal = {p.piece: (p.score, i) for i, p in enumerate(proto.pieces) if p.type == NORMAL}
+    elif trainer.model_type == BPE:  # numbered as the file does, or as ``vocab`` (which holds every piece of the file)
+        vocab = vocab if vocab is not None else {piece: i for i, (piece, _) in enumerate(pieces)}
+        normal = {p.piece: (p.score, i) for i, p in enumerate(proto.pieces) if p.type == NORMAL and p.piece in vocab}
         ranked = sorted((-normal[token][0], normal[token][1], token[:cut], token[cut:])
                         for token in normal for cut in range(1, len(token))
                         if token[:cut] in normal and token[cut:] in normal)  # merges ranked as the merged piece
@@ -151,6 +152,54 @@ def spm_folder_tokenizer(path: Path, settings: dict) -> Tokenizer:
 
 
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+# fairseq's language lists of M2M100 models (``tokenizer_config.json``'s ``language_codes``), space-separated: their
+# codes' ids follow vocab.json's, in this order
+M2M100_LANGUAGES = {
+    "m2m100": "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi hr "
+              "ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns oc or "
+              "pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu",
+    "wmt21": "en ha is ja cs ru zh de",
+}
+
+
+def read_vocab(path: Path, needed: tuple[str, ...]) -> dict[str, int]:
+    """A ``vocab.json`` numbering pieces 0..n-1 and holding ``needed``; else an error naming the file."""
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"'{path}' is not valid JSON ({err}). Download the model again.") from None
+    numbered = isinstance(vocab, dict) and sorted(vocab.values()) == list(range(len(vocab)))
+    if not numbered or not set(needed) <= set(vocab):
+        raise ValueError(f"'{path}' is not a vocabulary numbering its pieces 0..n-1 with {' and '.join(needed)}. "
+                         "Download the model again.")
+    return vocab
+
+
+def m2m100_tokenizer(folder: Path, settings: dict) -> Tokenizer:
+    """M2M100's tokenizer (facebook/m2m100_418M ships no ``tokenizer.json``): its SentencePiece BPE pieces numbered by
+    ``vocab.json``, then its language codes (``__de__``) in fairseq's order and its 8 unused "made-up words", each
+    input ``__en__ text </s>`` (the
+    source language: ``tokenizer_config.json``'s ``src_lang``, or ``TranslationData``'s ``source_language``), as
+    ``transformers``' ``M2M100Tokenizer`` numbers and frames them."""
+    vocab = read_vocab(folder / "vocab.json", ("<s>", "<pad>", "</s>", "<unk>"))
+    listing = settings.get("language_codes", "m2m100")
+    if listing not in M2M100_LANGUAGES:
+        raise ValueError(f"'{folder}' lists its languages as language_codes={listing!r}; Trunk knows "
+                         f"{sorted(M2M100_LANGUAGES)}. Give the model's tokenizer.json instead.")
+    tokenizer = spm_tokenizer(folder / "sentencepiece.bpe.model", vocab)
+    languages = M2M100_LANGUAGES[listing].split()
+    codes = [f"__{code}__" for code in languages]
+    # the codes numbered after vocab.json's, then fairseq's unused rows that round the table up (num_madeup_words)
+    madeup = [f"madeupword{i:04d}" for i in range(settings.get("num_madeup_words", 8))]
+    tokenizer.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>", *codes, *madeup])
+    first = f"__{settings.get('src_lang') or 'en'}__"
+    if tokenizer.token_to_id(first) is None:
+        raise ValueError(f"'{folder}': src_lang={settings.get('src_lang')!r} is not one of its languages "
+                         f"({', '.join(languages)}).")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A </s>", pair=f"{first} $A $B </s>",
+        special_tokens=[(first, tokenizer.token_to_id(first)), ("</s>", vocab["</s>"])])
+    return tokenizer
 
 
 def marian_tokenizers(folder: Path) -> tuple[Tokenizer, Tokenizer]:
@@ -166,14 +215,7 @@ def marian_tokenizers(folder: Path) -> tuple[Tokenizer, Tokenizer]:
     if (folder / "target_vocab.json").is_file():
         raise ValueError(f"'{folder}' has a target vocabulary of its own (target_vocab.json), which Trunk does not "
                          "read: it reads Marian models whose two sides share vocab.json.")
-    try:
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"'{folder / 'vocab.json'}' is not valid JSON ({err}). Download the model again.") from None
-    numbered = isinstance(vocab, dict) and sorted(vocab.values()) == list(range(len(vocab)))
-    if not numbered or not {"<unk>", "</s>"} <= set(vocab):
-        raise ValueError(f"'{folder / 'vocab.json'}' is not a vocabulary numbering its pieces 0..n-1 with <unk> and "
-                         "</s>. Download the model again.")
+    vocab = read_vocab(folder / "vocab.json", ("<unk>", "</s>"))
     sides = []
     for name in ("source.spm", "target.spm"):
         tokenizer = spm_tokenizer(folder / name, vocab)

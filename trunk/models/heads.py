@@ -125,10 +125,14 @@ class MaskedLMHead(nn.Module):
 
 
 class ReplacedTokenHead(nn.Module):
-    """ELECTRA's discriminator head: dense + activation, then one logit per token ("was this token replaced?")."""
+    """ELECTRA's discriminator head: dense + activation, then one logit per token ("was this token replaced?"). With
+    ``norm`` (DeBERTa-v3's head), each token's vector plus the first token's ([CLS]) is normed before the dense layer:
+    every token is judged in the context of the whole input."""
 
-    def __init__(self, d_model: int, activation: str = "gelu", init_std: float = 0.02) -> None:
+    def __init__(self, d_model: int, activation: str = "gelu", init_std: float = 0.02, norm: nn.Module | None = None
+                 ) -> None:
         super().__init__()
+        self.norm = norm
         self.dense = nn.Linear(d_model, d_model)
         self.act = ACTIVATIONS[activation]()
         self.out = nn.Linear(d_model, 1)
@@ -136,6 +140,8 @@ class ReplacedTokenHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, T)."""
+        if self.norm is not None:
+            hidden = self.norm(hidden[:, :1] + hidden)
         return self.out(self.act(self.dense(hidden))).squeeze(-1)
 
 

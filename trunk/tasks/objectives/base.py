@@ -47,6 +47,8 @@ class Objective(nn.Module):
     # was trained to be read, not a shape
     carried_options: ClassVar[tuple[str, ...]] = ()
     label_keys: ClassVar[tuple[str, ...]] = ()  # state entries with one row per label (reordered / reset on reuse)
+    # parts of the head a stored one may lack, which then start fresh (a released discriminator's absent generator)
+    fresh_parts: ClassVar[tuple[str, ...]] = ()
     exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
     onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
 
@@ -275,6 +277,10 @@ class Objective(nn.Module):
                 )
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = [k for k in missing if not is_metric_state(k)]
+        fresh = sorted({k.split(".")[0] for k in missing if k.startswith(self.fresh_parts)})
+        missing = [k for k in missing if not k.startswith(self.fresh_parts)]
+        if fresh:
+            how = ", ".join([*([how] if how else []), f"its {' and '.join(fresh)} fresh"])
         if missing or unexpected:
             raise ValueError(
                 f"Task '{self.name}': the head in '{source}' does not fit this objective (missing {missing[:5]}, "

@@ -25,7 +25,7 @@ class ImageClassification(Classification):
         pooling: ``cls``, ``mean``, ``max`` (over all tokens) or ``attention`` (SigLIP's head; a trunk without [CLS],
             ``cls_token: false``, refuses ``cls``).
         head_dropout: dropout inside the classification head.
-        primary_metric, positive_label, class_weights, label_smoothing, pooler: see ``Classification``.
+        primary_metric, positive_label, class_weights, label_smoothing, pooler, pooler_norm: see ``Classification``.
     """
 
     kind = "image_classification"
@@ -36,7 +36,7 @@ class ImageClassification(Classification):
     def __init__(self, image_size: int = 28, patch_size: int = 4, channels: int = 1, pooling: Pooling = "cls",
                  head_dropout: float = 0.1, primary_metric: Literal["acc", "f1_macro", "mcc", "f1_positive"] = "acc",
                  positive_label: str | None = None, class_weights: Literal["balanced"] | list[float] | None = None,
-                 label_smoothing: float = 0.0, pooler: bool = True) -> None:
+                 label_smoothing: float = 0.0, pooler: bool = True, pooler_norm: bool = False) -> None:
         super().__init__(
             pooling,
             head_dropout,
@@ -45,6 +45,7 @@ class ImageClassification(Classification):
             class_weights,
             label_smoothing,
             pooler,
+            pooler_norm,
             image_size=image_size,
             patch_size=patch_size,
             channels=channels,

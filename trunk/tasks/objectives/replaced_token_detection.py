@@ -16,6 +16,7 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, Multiclas
 
 from trunk.core.contract import TaskSpec
 from trunk.models import Backbone, ReplacedTokenHead, Trunk, TrunkConfig
+from trunk.models.trunk import norm_layer
 from trunk.tasks.objectives.base import Objective
 from trunk.tasks.objectives.masked_lm import Perplexity, masked_token_nll, tied_mlm_head
 
@@ -34,17 +35,26 @@ class ReplacedTokenDetection(Objective):
             discriminator's size (a quarter to a half); one too strong makes the task too hard.
         discriminator_weight: the weight of the detection loss against the generator's MLM loss
             (ELECTRA: 50; the binary loss is much smaller than a vocabulary-wide one).
+        cls_context: the detection head reads each token's vector plus [CLS]'s, normed (DeBERTa-v3's head; an
+            imported DeBERTa-v3 discriminator's head is stored with it).
+
+    A discriminator imported with its head (ELECTRA's, DeBERTa-v3's: stored as the task ``electra``) goes on training
+    from it; their generators are not released, so the generator starts fresh (``fresh_parts``).
     """
 
     kind = "replaced_token_detection"
     primary = "disc_acc"
     exports_trunk = True
+    fresh_parts = ("generator.", "generator_head.")
 
-    def __init__(self, generator_layers: int = 1, discriminator_weight: float = 50.0) -> None:
-        super().__init__(generator_layers=generator_layers, discriminator_weight=discriminator_weight)
+    def __init__(self, generator_layers: int = 1, discriminator_weight: float = 50.0, cls_context: bool = False
+                 ) -> None:
+        super().__init__(generator_layers=generator_layers, discriminator_weight=discriminator_weight,
+                         cls_context=cls_context)
         if discriminator_weight <= 0:
             raise ValueError(f"discriminator_weight must be positive, got {discriminator_weight}.")
         self.generator_layers, self.discriminator_weight = generator_layers, discriminator_weight
+        self.cls_context = cls_context
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         if not 1 <= self.generator_layers <= cfg.n_layers:
@@ -54,7 +64,8 @@ class ReplacedTokenDetection(Objective):
             )
         self.generator = Backbone(dataclasses.replace(cfg, n_layers=self.generator_layers))
         self.generator_head = tied_mlm_head(trunk)
-        self.head = ReplacedTokenHead(cfg.d_model, cfg.activation, cfg.init_std)
+        self.head = ReplacedTokenHead(cfg.d_model, cfg.activation, cfg.init_std,
+                                      norm_layer(cfg) if self.cls_context else None)
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {
