@@ -544,7 +544,6 @@ def test_rms_norm_and_the_gated_feed_forward_compute_t5s_layer():
     """rms_norm and gated_ff: each block's norms are RMSNorms (a gain, no bias) and its feed-forward is
     act(x W_gate) * x W_in, written out here; a LoRA delta and its norm shifts merge into such a trunk exactly."""
     from trunk.models import TrunkConfig, build_trunk
-    from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
 
     torch.manual_seed(0)
     cfg = TrunkConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16, positions="t5",
@@ -561,6 +560,14 @@ def test_rms_norm_and_the_gated_feed_forward_compute_t5s_layer():
     assert trunk.flops_per_token(8, train=False) > build_trunk(
         TrunkConfig(**{**cfg.to_dict(), "gated_ff": False})).flops_per_token(8, train=False)
 
+    assert_lora_with_norm_shifts_merges_exactly(trunk, torch.randint(5, 50, (2, 7)))
+
+
+def assert_lora_with_norm_shifts_merges_exactly(trunk, ids, mask=None) -> None:
+    """A random LoRA on the queries and the feed-forward's gate, with norm shifts, routed and then merged into the
+    trunk's weights: the same outputs."""
+    from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
+
     router = DeltaRouter()
     delta = TaskDelta(trunk.backbone, DeltaConfig(method="lora", r=2, norms=True, targets=("fc_gate", "q_proj")))
     with torch.no_grad():
@@ -568,12 +575,10 @@ def test_rms_norm_and_the_gated_feed_forward_compute_t5s_layer():
             p.normal_(std=0.1)
     router.add("t", delta)
     router.attach(trunk.backbone)
-    ids = torch.randint(5, 50, (2, 7))
     with torch.no_grad(), router.route([("t", None)]):
-        routed = trunk(ids)
+        routed = trunk(ids, mask)
         router.merge(trunk.backbone, "t")
-        merged = trunk(ids)
-    assert torch.allclose(routed, merged, atol=1e-5)
+        assert torch.allclose(routed, trunk(ids, mask), atol=1e-5)
 
 
 def test_a_bias_free_trunk_computes_a_biased_one_with_zero_biases():
@@ -581,7 +586,6 @@ def test_a_bias_free_trunk_computes_a_biased_one_with_zero_biases():
     computes what a trunk with biases computes when they are zero; int8 layers and a LoRA with norm shifts (merged)
     run on it."""
     from trunk.inference.quantize import Int8Linear
-    from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
     from trunk.tasks.objectives.masked_lm import tied_mlm_head
 
     torch.manual_seed(0)
@@ -602,17 +606,7 @@ def test_a_bias_free_trunk_computes_a_biased_one_with_zero_biases():
         assert torch.allclose(out, biased(ids, mask), atol=1e-6)
         linear = trunk.backbone.blocks[0].attn.q_proj
         assert Int8Linear.from_float(linear).bias is None
-    router = DeltaRouter()
-    delta = TaskDelta(trunk.backbone, DeltaConfig(method="lora", r=2, norms=True, targets=("q_proj", "fc_gate")))
-    with torch.no_grad():
-        for p in delta.parameters():
-            p.normal_(std=0.1)
-    router.add("t", delta)
-    router.attach(trunk.backbone)
-    with torch.no_grad(), router.route([("t", None)]):
-        routed = trunk(ids, mask)
-        router.merge(trunk.backbone, "t")
-        assert torch.allclose(routed, trunk(ids, mask), atol=1e-5)
+    assert_lora_with_norm_shifts_merges_exactly(trunk, ids, mask)
 
 
 def test_shared_blocks_apply_their_weights_at_every_layer_of_their_group():
