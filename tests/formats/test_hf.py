@@ -572,10 +572,11 @@ def test_export_refuses_what_transformers_cannot_compute(tmp_path, tiny_trunk_di
 
 @pytest.mark.parametrize("change,message", [
     ({"gated_ff": True}, r"gated_ff=True \(BERT: False\)"), ({"rms_norm": True}, r"rms_norm=True \(BERT: False\)"),
-    ({"bias": False}, r"bias=False \(BERT: True\)")])
+    ({"bias": False}, r"bias=False \(BERT: True\)"),
+    ({"shared_blocks": 1}, r"embedding_size=16 \(ALBERT projects its embeddings up: below d_model\)")])
 def test_export_refuses_a_bert_shaped_trunk_with_a_part_bert_lacks(change, message, tmp_path):
-    """A trunk of BERT's shape but for one part (a gated feed-forward, RMSNorm, no biases) is refused by that part's
-    name, not written with the part dropped."""
+    """A trunk of BERT's shape but for one part (a gated feed-forward, RMSNorm, no biases; shared blocks without
+    ALBERT's narrower embedding) is refused by that part's name, not written with the part dropped."""
     from trunk.core.codec import Codec
     from trunk.datamodules.tokenizer import train_wordpiece
     from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained

@@ -201,7 +201,6 @@ ROBERTA = Family(
 )
 ELECTRA = Family(
     bert_config, {**BERT_EMBEDDINGS, "stems.text.project": "embeddings_project", **BERT_BLOCK}, ("electra.",),
-    # a generator checkpoint's head; a discriminator's replaced-token head has no generator beside it to train with
     # a generator checkpoint's masked-LM head; a discriminator's replaced-token head
     heads={"mlm": masked_lm({"head.dense": "generator_predictions.dense",
                              "head.norm": "generator_predictions.LayerNorm", "head.decoder": "generator_lm_head"}),
@@ -209,6 +208,8 @@ ELECTRA = Family(
                                                 "head.out": "discriminator_predictions.dense_prediction"})},
     ignored=(r"generator_lm_head\.weight", r".*position_ids"),
 )
+
+
 def albert_config(values: dict) -> TrunkConfig:
     """ALBERT: BERT's post-LN blocks, ``num_hidden_groups`` of them shared across the depth (``shared_blocks``), the
     narrow embedding projected up (``embedding_size``, as ELECTRA's)."""

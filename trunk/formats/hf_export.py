@@ -80,6 +80,8 @@ def family_for(config: TrunkConfig) -> tuple[str, Family]:
              for field, value in wanted.items() if getattr(config, field) != value]
     if config.activation not in ACTIVATIONS:
         wrong.append(f"activation={config.activation!r}")
+    if model_type == "albert" and config.embedding_size == config.d_model:
+        wrong.append(f"embedding_size={config.embedding_size} (ALBERT projects its embeddings up: below d_model)")
     if model_type == "modernbert" and config.local_window and not config.global_every:
         wrong.append("every block attending locally (ModernBERT's first block attends globally: global_every >= 1)")
     if model_type == "modernbert" and config.local_window and config.global_tokens:

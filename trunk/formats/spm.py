@@ -178,9 +178,8 @@ def read_vocab(path: Path, needed: tuple[str, ...]) -> dict[str, int]:
 def m2m100_tokenizer(folder: Path, settings: dict) -> Tokenizer:
     """M2M100's tokenizer (facebook/m2m100_418M ships no ``tokenizer.json``): its SentencePiece BPE pieces numbered by
     ``vocab.json``, then its language codes (``__de__``) in fairseq's order and its 8 unused "made-up words", each
-    input ``__en__ text </s>`` (the
-    source language: ``tokenizer_config.json``'s ``src_lang``, or ``TranslationData``'s ``source_language``), as
-    ``transformers``' ``M2M100Tokenizer`` numbers and frames them."""
+    input ``__en__ text </s>`` (the source language: ``tokenizer_config.json``'s ``src_lang``, or ``TranslationData``'s
+    ``source_language``), as ``transformers``' ``M2M100Tokenizer`` numbers and frames them."""
     vocab = read_vocab(folder / "vocab.json", ("<s>", "<pad>", "</s>", "<unk>"))
     listing = settings.get("language_codes", "m2m100")
     if listing not in M2M100_LANGUAGES:
