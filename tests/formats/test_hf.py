@@ -592,22 +592,33 @@ def test_export_refuses_a_bert_shaped_trunk_with_a_part_bert_lacks(change, messa
     assert not (tmp_path / "out").exists()
 
 
-def test_a_modernbert_token_classifier_is_refused_naming_the_head_transformers_puts_first(ner_files, tmp_path):
-    """ModernBERT's token classifier reads its head (dense, activation, norm) before the output layer, which Trunk's
-    token head has not: refused by name, nothing written."""
+def test_a_modernbert_token_classifier_goes_back_with_its_head_norm_and_is_refused_without(ner_files, tmp_path):
+    """ModernBERT's token classifier reads its head (dense, activation, norm) before the output layer: a token head
+    trained with head_norm goes out as ModernBertForTokenClassification with the same logits; one without is refused
+    naming the option, nothing written."""
     tiny("modernbert", tmp_path / "hf", masked_lm=False)
-    cli = run_cli(["fit", *single_task([
-        "--model=trunk.tasks.TokenClassification", f"--model.init_from={tmp_path / 'hf'}",
-        "--data=trunk.datamodules.TokenClassificationData", f"--data.train={ner_files['train']}",
-        "--data.max_length=32",
-        "--trainer.max_steps=1", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path / 'run'}"], "ner")])
-    ckpt = cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path
-    with pytest.raises(SystemExit, match=r"--task ner: a token_classification head has no transformers class of the "
-                                         r"modernbert family: ModernBERT's task classes read its head \(dense, "
-                                         r"activation, norm\) before the output layer"):
-        export_main([ckpt, str(tmp_path / "out"), "--format", "hf", "--task", "ner"])
-    assert not (tmp_path / "out").exists()
+    checkpoints = {}
+    for head_norm in (False, True):
+        cli = run_cli(["fit", *single_task([
+            "--model=trunk.tasks.TokenClassification", f"--model.init_from={tmp_path / 'hf'}",
+            f"--model.head_norm={str(head_norm).lower()}", "--data=trunk.datamodules.TokenClassificationData",
+            f"--data.train={ner_files['train']}", "--data.max_length=32", "--trainer.max_steps=1",
+            "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path / f'run{head_norm}'}"], "ner")])
+        callback = cli.trainer.checkpoint_callback
+        checkpoints[head_norm] = (cli.model.eval(), callback.last_model_path or callback.best_model_path)
+    with pytest.raises(SystemExit, match=r"Task 'ner' has head_norm=False; transformers' "
+                                         r"ModernBertForTokenClassification computes head_norm: true"):
+        export_main([checkpoints[False][1], str(tmp_path / "refused"), "--format", "hf"])
+    assert not (tmp_path / "refused").exists()
+    model, ckpt = checkpoints[True]
+    export_main([ckpt, str(tmp_path / "out"), "--format", "hf"])
+    theirs = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "out").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ours = model.objectives["ner"].head(model.trunk(ids["input_ids"], ids["attention_mask"]))
+        real = ids["attention_mask"].bool()
+        assert (theirs(**ids).logits - ours)[real].abs().max() < 1e-5
 
 
 def tiny_vit(folder: Path, **options):

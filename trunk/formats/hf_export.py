@@ -44,10 +44,10 @@ for heads in ARCHITECTURES.values():
     heads.update(token_classification=("ForTokenClassification", {"head.classifier": "classifier"}),
                  extractive_qa=("ForQuestionAnswering", {"head": "qa_outputs"}))
 # ModernBERT's task classes put its head (dense, activation, norm) before every output layer: a pooled head with
-# pooler_norm is that; Trunk's token and span heads have no such layer, so they have no ModernBERT class
-ARCHITECTURES["modernbert"] = {
-    kind: ("ForSequenceClassification", {"head.dense": "head.dense", "head.norm": "head.norm",
-                                         "head.classifier": "classifier"}) for kind in POOLED}
+# pooler_norm is that, and a token head with head_norm; Trunk's span head has no such layer: it has no ModernBERT class
+MODERNBERT_HEAD = {"head.dense": "head.dense", "head.norm": "head.norm", "head.classifier": "classifier"}
+ARCHITECTURES["modernbert"] = {**{kind: ("ForSequenceClassification", MODERNBERT_HEAD) for kind in POOLED},
+                               "token_classification": ("ForTokenClassification", MODERNBERT_HEAD)}
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
@@ -224,6 +224,10 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
                 check_pooled_head(head_task, options, model_type, f"{name}{suffix}")
                 if model_type == "modernbert":  # the head's pooling, and the pooler's tanh in its head
                     values.update(classifier_pooling=options.get("pooling", "cls"), classifier_activation="tanh")
+            if kind == "token_classification" and options.get("head_norm", False) != (model_type == "modernbert"):
+                raise ValueError(f"Task '{head_task}' has head_norm={options.get('head_norm', False)}; transformers' "
+                                 f"{name}{suffix} computes head_norm: {str(model_type == 'modernbert').lower()}. Train "
+                                 "the task with it (or export it as a Trunk task directory).")
         for key, tensor in state.items():
             module, leaf = key.rsplit(".", 1)
             if module == "head.decoder" and leaf == "weight":
@@ -367,7 +371,7 @@ def pick_head(pretrained: PretrainedTrunk, task: str | None, model_type: str) ->
             raise ValueError(f"--task {task}: the model's tasks are {sorted(pretrained.heads)}.")
         if task not in exportable:
             why = (": ModernBERT's task classes read its head (dense, activation, norm) before the output layer, "
-                   "which Trunk's has not" if model_type == "modernbert" else "")
+                   "which Trunk's span head has not" if model_type == "modernbert" else "")
             raise ValueError(f"--task {task}: a {pretrained.heads[task]['meta']['kind']} head has no transformers "
                              f"class of the {model_type} family{why}; the kinds that have one are {', '.join(kinds)}.")
         return task

@@ -146,16 +146,23 @@ class ReplacedTokenHead(nn.Module):
 
 
 class TokenClassificationHead(nn.Module):
-    """Per-token labels: dropout and a linear classifier on every position's vector."""
+    """Per-token labels: dropout and a linear classifier on every position's vector; with ``norm`` (ModernBERT's token
+    head), first a dense layer, the trunk's ``activation`` and that norm."""
 
-    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1, init_std: float = 0.02) -> None:
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1, init_std: float = 0.02,
+                 norm: nn.Module | None = None, activation: str = "gelu") -> None:
         super().__init__()
+        self.dense = nn.Linear(d_model, d_model) if norm is not None else None
+        self.act = ACTIVATIONS[activation]() if norm is not None else None
+        self.norm = norm
         self.drop = Dropout(dropout)
         self.classifier = nn.Linear(d_model, num_labels)
         init_weights(self, init_std)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (B, T, C) -> logits (B, T, num_labels)."""
+        if self.norm is not None:
+            hidden = self.norm(self.act(self.dense(hidden)))
         return self.classifier(self.drop(hidden))
 
 

@@ -12,6 +12,7 @@ from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig
+from trunk.models.trunk import norm_layer
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -77,6 +78,8 @@ class TokenClassification(Objective):
             of them (recall far below precision).
         label_smoothing: the share of each target's probability spread over the other labels: a regulariser against
         over-confidence (0: none).
+        head_norm: a dense layer, the trunk's activation and its norm before the classifier (ModernBERT's token head,
+            which ``trunk export --format hf`` then writes as ``ModernBertForTokenClassification``).
     """
 
     kind = "token_classification"
@@ -86,10 +89,10 @@ class TokenClassification(Objective):
     onnx_output = "logits"  # (batch, tokens, labels): read at each word's first piece; decoding stays outside the graph
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
-                 outside_weight: float = 1.0, label_smoothing: float = 0.0) -> None:
-        super().__init__(
-            head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight, label_smoothing=label_smoothing
-        )
+                 outside_weight: float = 1.0, label_smoothing: float = 0.0, head_norm: bool = False) -> None:
+        super().__init__(head_dropout=head_dropout, decoding=decoding, outside_weight=outside_weight,
+                         label_smoothing=label_smoothing, head_norm=head_norm)
+        self.head_norm = head_norm
         if decoding not in ("constrained", "argmax"):
             raise ValueError(f"decoding must be 'constrained' or 'argmax', got {decoding!r}.")
         if not 0 < outside_weight <= 1:
@@ -105,7 +108,8 @@ class TokenClassification(Objective):
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         _, self.entity_types = parse_label_names(self.label_names)
-        self.head = TokenClassificationHead(cfg.d_model, len(self.label_names), self.head_dropout, cfg.init_std)
+        self.head = TokenClassificationHead(cfg.d_model, len(self.label_names), self.head_dropout, cfg.init_std,
+                                            norm_layer(cfg) if self.head_norm else None, cfg.activation)
         self.transitions = allowed_transitions(self.label_names)
         self.outside = self.label_names.index("O")
         weight = torch.ones(len(self.label_names))
