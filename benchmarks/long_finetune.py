@@ -29,6 +29,20 @@ def inputs(length: int, batch: int, ragged: int, vocab: int, pad: int) -> tuple[
     return ids.masked_fill(mask == 0, pad), mask
 
 
+def training_step(model: torch.nn.Module, logits):
+    """One forward (``logits(ids, mask)``) + backward + AdamW step of ``model``: the same for both sides."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype | None) -> None:
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = F.cross_entropy(logits(ids, mask).float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def trunk_side(folder: str):
     """Trunk's import of the folder with a pooled classification head: a step function."""
     from trunk.core.codec import PAD, special_id
@@ -40,15 +54,7 @@ def trunk_side(folder: str):
     trunk.load_state_dict(pretrained.trunk_weights)
     head = SequenceClassificationHead.for_trunk(pretrained.config, 2, "cls", 0.0, True)
     model = torch.nn.ModuleDict({"trunk": trunk, "head": head}).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype | None) -> None:
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            loss = F.cross_entropy(head(trunk(ids, mask), mask).float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = training_step(model, lambda ids, mask: head(trunk(ids, mask), mask))
     return step, special_id(pretrained.codec.tokenizer, PAD), pretrained.config.vocab_size
 
 
@@ -56,16 +62,7 @@ def transformers_side(folder: str):
     import transformers
 
     model = transformers.AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype | None) -> None:
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            loss = F.cross_entropy(model(input_ids=ids, attention_mask=mask).logits.float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(model, lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,18 +62,19 @@ SHAPES = {
     "modernbert": {"norm": "pre", "embedding_norm": True, "gated_ff": True, "first_block_norm": False, "segments": 0,
                    "position_offset": 0, "shared_blocks": 0, **PLAIN},
 }
-FAMILIES = {"learned": ("bert", "BERT"), "disentangled": ("deberta-v2", "DeBERTa-v2"),
-            "rope": ("modernbert", "ModernBERT")}
+# a trunk's position scheme -> the family whose attention computes it (model type, name); learned: the BERT family's
+BY_POSITIONS = {"learned": ("bert", "BERT"), "disentangled": ("deberta-v2", "DeBERTa-v2"),
+                "rope": ("modernbert", "ModernBERT")}
 
 
 def family_for(config: TrunkConfig) -> tuple[str, Family]:
     """The model type that computes what this trunk computes, by its positions: DeBERTa-v2 for disentangled ones,
     ModernBERT for rotary ones; for learned ones, of the BERT family, ALBERT for shared blocks, ELECTRA for a narrower
     embedding, RoBERTa for a position offset, else BERT. An error naming the fields the family does not have."""
-    model_type, name = FAMILIES.get(config.positions, FAMILIES["learned"])
+    model_type, name = BY_POSITIONS.get(config.positions, BY_POSITIONS["learned"])
     if model_type == "bert" and config.shared_blocks:
         model_type, name = "albert", "ALBERT"
-    wanted = {"positions": config.positions if config.positions in FAMILIES else "learned", **SHAPES[model_type]}
+    wanted = {"positions": config.positions if config.positions in BY_POSITIONS else "learned", **SHAPES[model_type]}
     if model_type in ("deberta-v2", "modernbert"):
         wanted["embedding_size"] = config.d_model
     wrong = [f"{field}={getattr(config, field)!r} ({name}: {value!r})"
