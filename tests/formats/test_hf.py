@@ -592,33 +592,42 @@ def test_export_refuses_a_bert_shaped_trunk_with_a_part_bert_lacks(change, messa
     assert not (tmp_path / "out").exists()
 
 
-def test_a_modernbert_token_classifier_goes_back_with_its_head_norm_and_is_refused_without(ner_files, tmp_path):
-    """ModernBERT's token classifier reads its head (dense, activation, norm) before the output layer: a token head
-    trained with head_norm goes out as ModernBertForTokenClassification with the same logits; one without is refused
-    naming the option, nothing written."""
+@pytest.mark.parametrize("objective,data,files,architecture,length", [
+    ("TokenClassification", "TokenClassificationData", "ner_files", "ForTokenClassification", 32),
+    ("ExtractiveQuestionAnswering", "QuestionAnsweringData", "squad_files", "ForQuestionAnswering", 96)])
+def test_a_modernbert_token_or_span_head_goes_back_with_its_head_norm_and_is_refused_without(
+        objective, data, files, architecture, length, request, tmp_path):
+    """ModernBERT's token classifier and QA model read its head (dense, activation, norm) before the output layer: a
+    token or span head trained with head_norm goes out as ModernBertFor... with the same logits; one without is
+    refused naming the option, nothing written."""
+    files = request.getfixturevalue(files)
     tiny("modernbert", tmp_path / "hf", masked_lm=False)
     checkpoints = {}
     for head_norm in (False, True):
         cli = run_cli(["fit", *single_task([
-            "--model=trunk.tasks.TokenClassification", f"--model.init_from={tmp_path / 'hf'}",
-            f"--model.head_norm={str(head_norm).lower()}", "--data=trunk.datamodules.TokenClassificationData",
-            f"--data.train={ner_files['train']}", "--data.max_length=32", "--trainer.max_steps=1",
+            f"--model=trunk.tasks.{objective}", f"--model.init_from={tmp_path / 'hf'}",
+            f"--model.head_norm={str(head_norm).lower()}", f"--data=trunk.datamodules.{data}",
+            f"--data.train={files['train']}", f"--data.max_length={length}", "--trainer.max_steps=1",
             "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path / f'run{head_norm}'}"], "ner")])
+            f"--trainer.default_root_dir={tmp_path / f'run{head_norm}'}"], "task")])
         callback = cli.trainer.checkpoint_callback
         checkpoints[head_norm] = (cli.model.eval(), callback.last_model_path or callback.best_model_path)
-    with pytest.raises(SystemExit, match=r"Task 'ner' has head_norm=False; transformers' "
-                                         r"ModernBertForTokenClassification computes head_norm: true"):
+    with pytest.raises(SystemExit, match=rf"Task 'task' has head_norm=False; transformers' "
+                                         rf"ModernBert{architecture} computes head_norm: true"):
         export_main([checkpoints[False][1], str(tmp_path / "refused"), "--format", "hf"])
     assert not (tmp_path / "refused").exists()
     model, ckpt = checkpoints[True]
     export_main([ckpt, str(tmp_path / "out"), "--format", "hf"])
-    theirs = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "out").eval()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [f"ModernBert{architecture}"]
+    theirs = getattr(transformers, f"AutoModel{architecture}").from_pretrained(tmp_path / "out").eval()
     ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(SENTENCES, padding=True, return_tensors="pt")
     with torch.no_grad():
-        ours = model.objectives["ner"].head(model.trunk(ids["input_ids"], ids["attention_mask"]))
+        ours = model.objectives["task"].head(model.trunk(ids["input_ids"], ids["attention_mask"]))
+        output = theirs(**ids)
+        logits = (torch.stack([output.start_logits, output.end_logits], -1) if architecture == "ForQuestionAnswering"
+                  else output.logits)
         real = ids["attention_mask"].bool()
-        assert (theirs(**ids).logits - ours)[real].abs().max() < 1e-5
+        assert (logits - ours)[real].abs().max() < 1e-5
 
 
 def tiny_vit(folder: Path, **options):

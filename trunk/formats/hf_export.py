@@ -44,10 +44,11 @@ for heads in ARCHITECTURES.values():
     heads.update(token_classification=("ForTokenClassification", {"head.classifier": "classifier"}),
                  extractive_qa=("ForQuestionAnswering", {"head": "qa_outputs"}))
 # ModernBERT's task classes put its head (dense, activation, norm) before every output layer: a pooled head with
-# pooler_norm is that, and a token head with head_norm; Trunk's span head has no such layer: it has no ModernBERT class
+# pooler_norm is that, and a token or span head with head_norm
 MODERNBERT_HEAD = {"head.dense": "head.dense", "head.norm": "head.norm", "head.classifier": "classifier"}
 ARCHITECTURES["modernbert"] = {**{kind: ("ForSequenceClassification", MODERNBERT_HEAD) for kind in POOLED},
-                               "token_classification": ("ForTokenClassification", MODERNBERT_HEAD)}
+                               "token_classification": ("ForTokenClassification", MODERNBERT_HEAD),
+                               "extractive_qa": ("ForQuestionAnswering", MODERNBERT_HEAD)}
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
@@ -225,7 +226,8 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
                 check_pooled_head(head_task, options, model_type, f"{name}{suffix}")
                 if model_type == "modernbert":  # the head's pooling, and the pooler's tanh in its head
                     values.update(classifier_pooling=options.get("pooling", "cls"), classifier_activation="tanh")
-            if kind == "token_classification" and options.get("head_norm", False) != (model_type == "modernbert"):
+            if kind in ("token_classification", "extractive_qa") and \
+                    options.get("head_norm", False) != (model_type == "modernbert"):
                 raise ValueError(f"Task '{head_task}' has head_norm={options.get('head_norm', False)}; transformers' "
                                  f"{name}{suffix} computes head_norm: {str(model_type == 'modernbert').lower()}. Train "
                                  "the task with it (or export it as a Trunk task directory).")

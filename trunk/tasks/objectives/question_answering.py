@@ -12,7 +12,8 @@ from torchmetrics import MeanMetric, Metric
 
 from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
-from trunk.models import SpanHead, Trunk, TrunkConfig
+from trunk.models import SpanHead, TokenClassificationHead, Trunk, TrunkConfig
+from trunk.models.trunk import norm_layer
 from trunk.tasks.objectives.base import Objective, cross_entropy
 
 
@@ -28,7 +29,9 @@ class ExtractiveQuestionAnswering(Objective):
     Args:
         max_answer_length: the longest answer, in tokens. allow_unanswerable: predict "no answer" when it scores higher
         than every span. label_smoothing: the share of each target's probability spread over the other tokens of the
-        window (start and end alike): a regulariser against over-confidence (0: none).
+        window (start and end alike): a regulariser against over-confidence (0: none). head_norm: a dense layer, the
+        trunk's activation and its norm before the span scores (ModernBERT's head, which ``trunk export --format hf``
+        then writes as ``ModernBertForQuestionAnswering``).
     """
 
     kind = "extractive_qa"
@@ -36,11 +39,12 @@ class ExtractiveQuestionAnswering(Objective):
     inference_options = ("max_answer_length", "allow_unanswerable")
 
     def __init__(
-        self, max_answer_length: int = 30, allow_unanswerable: bool = False, label_smoothing: float = 0.0
+        self, max_answer_length: int = 30, allow_unanswerable: bool = False, label_smoothing: float = 0.0,
+        head_norm: bool = False,
     ) -> None:
-        super().__init__(
-            max_answer_length=max_answer_length, allow_unanswerable=allow_unanswerable, label_smoothing=label_smoothing
-        )
+        super().__init__(max_answer_length=max_answer_length, allow_unanswerable=allow_unanswerable,
+                         label_smoothing=label_smoothing, head_norm=head_norm)
+        self.head_norm = head_norm
         if max_answer_length < 1:
             raise ValueError(f"max_answer_length must be >= 1 (tokens), got {max_answer_length}.")
         self.max_answer_length, self.allow_unanswerable, self.label_smoothing = (
@@ -50,7 +54,9 @@ class ExtractiveQuestionAnswering(Objective):
         )
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
-        self.head = SpanHead(cfg.d_model, cfg.init_std)
+        # with head_norm, a token classifier of two labels (start, end) with its dense layer and norm before
+        self.head = (TokenClassificationHead(cfg.d_model, 2, 0.0, cfg.init_std, norm_layer(cfg), cfg.activation)
+                     if self.head_norm else SpanHead(cfg.d_model, cfg.init_std))
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"exact_match": MeanMetric(), "f1": MeanMetric()}
@@ -71,7 +77,7 @@ class ExtractiveQuestionAnswering(Objective):
                 self.metrics(stage)["f1"].update(f1)
         targets = batch["start_positions"], batch["end_positions"]
         if (targets[0] == IGNORE_INDEX).all():  # nothing to learn in this batch (misaligned answers only)
-            return start.new_zeros(()) + 0.0 * self.head.weight.sum()
+            return start.new_zeros(()) + 0.0 * sum(p.sum() for p in self.head.parameters())
         return (
             cross_entropy(start, targets[0], self.label_smoothing)
             + cross_entropy(end, targets[1], self.label_smoothing)
