@@ -22,10 +22,11 @@ from test_pretraining import finetune_args  # noqa: E402
 from trunk.cli import export_main, run_cli  # noqa: E402
 from trunk.cli.import_model import import_main  # noqa: E402
 from trunk.core.codec import PAD, SEP, special_id  # noqa: E402
+from trunk.core.contract import TaskSpec  # noqa: E402
 from trunk.formats.hf import FAMILIES, convert, map_weights  # noqa: E402
 from trunk.formats.trunk_dir import load_pretrained  # noqa: E402
 from trunk.models import build_trunk  # noqa: E402
-from trunk.tasks.objectives.masked_lm import tied_mlm_head  # noqa: E402
+from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling, tied_mlm_head  # noqa: E402
 
 WORDS = ["the", "a", "film", "movie", "is", "was", "good", "bad", "great", "awful", "plot", "actor", ",", ".", "!",
          "and", "but", "not", "very", "quite", "funny", "dull", "story", "ending", "cast", "music"]
@@ -166,6 +167,100 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
             logits = model(input_ids=ids, attention_mask=mask, **token_types(model, types)).logits
             assert (logits - head(ours))[real].abs().max() < 1e-4  # vocabulary logits: larger values
     assert "the pretrained masked-LM head, as task 'mlm'" in notes
+
+
+def deberta_with_decoder_positions(folder: Path):
+    """A tiny DeBERTa-v3 masked-LM saved as DeBERTa's own checkpoints are: with the table of absolute positions its
+    enhanced mask decoder reads (``deberta.embeddings.position_embeddings``, which transformers does not load); the
+    model and that table."""
+    model = tiny("deberta-v2", folder, **{**DEBERTA_V3, "position_buckets": 8, "legacy": False})
+    tensors = safetensors.torch.load_file(folder / "model.safetensors")
+    table = torch.randn(TINY["max_position_embeddings"], TINY["hidden_size"]) * 0.5
+    safetensors.torch.save_file({**tensors, "deberta.embeddings.position_embeddings.weight": table},
+                                folder / "model.safetensors", metadata={"format": "pt"})
+    return model, table
+
+
+def enhanced_mask_decoder(model, table, ids, mask):
+    """DeBERTa's enhanced mask decoder (``EnhancedMaskDecoder.emd_context_layer`` in microsoft/DeBERTa) on
+    transformers' modules: the last layer twice over the layer below it, its queries the absolute positions plus that
+    layer's output, then its own first output; the masked-LM head's logits on that."""
+    encoder = model.deberta.encoder
+    hidden = model.deberta(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
+    query = table[: ids.shape[1]] + hidden
+    layer, attention_mask = encoder.layer[-1], encoder.get_attention_mask(mask)
+    for _ in range(2):
+        query = layer(hidden, attention_mask, query_states=query, relative_pos=encoder.get_rel_pos(hidden),
+                      rel_embeddings=encoder.get_rel_embedding())[0]
+    return model.lm_predictions(query, model.deberta.embeddings.word_embeddings)
+
+
+def test_deberta_masked_lm_decodes_with_its_enhanced_mask_decoder_as_deberta_does(tmp_path):
+    """A DeBERTa checkpoint with its absolute position table comes in with the masked-LM head decoding as DeBERTa
+    pretrained it (the enhanced mask decoder: logits within 1e-4 of the original's maths on transformers' layers,
+    padded batches of sentences and pairs); it trains (the table learns); export writes the table back where it was,
+    saying transformers' class does not compute it; without the table, the head is the plain one."""
+    model, table = deberta_with_decoder_positions(tmp_path / "hf")
+    pretrained, notes = convert(tmp_path / "hf")
+    meta = pretrained.heads["mlm"]["meta"]
+    assert meta["objective"]["init_args"]["enhanced_mask_decoder"] == len(table)
+    assert torch.equal(pretrained.heads["mlm"]["state"]["decoder_positions.weight"], table)
+    trunk = trunk_of(pretrained)
+    objective = MaskedLanguageModeling(enhanced_mask_decoder=len(table))
+    objective.build("mlm", trunk, TaskSpec())
+    objective.load_state_dict(pretrained.heads["mlm"]["state"], strict=False)
+    objective.eval()
+    for texts in (SENTENCES, PAIRS):
+        ids, mask, _ = batch(pretrained.codec.tokenizer, texts)
+        with torch.no_grad():
+            expected = enhanced_mask_decoder(model, table, ids, mask)
+            plain = model(input_ids=ids, attention_mask=mask).logits
+            ours = objective(trunk, {"input_ids": ids, "attention_mask": mask})
+        real = mask.bool()
+        assert (expected - ours)[real].abs().max() < 1e-4
+        assert (plain - ours)[real].abs().max() > 1e-2  # not what transformers' class computes
+    objective.train()
+    labels = torch.full_like(ids, -100)
+    labels[:, 1] = ids[:, 1]
+    objective.loss(trunk, {"input_ids": ids, "attention_mask": mask, "labels": labels}, "train").backward()
+    assert objective.decoder_positions.weight.grad[1].abs().sum() > 0  # the table learns where it was read
+    with pytest.raises(ValueError, match=r"inputs of 80 tokens, and the enhanced mask decoder's position table has "
+                                         r"\d+ rows"):
+        objective(trunk, {"input_ids": ids.new_ones(1, 80), "attention_mask": mask.new_ones(1, 80)})
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES * 20) + "\n")
+    for option in ([], [f"--model.enhanced_mask_decoder={len(table)}"]):  # domain-adaptive pretraining from that head
+        args = single_task(["--model=trunk.tasks.MaskedLanguageModeling", f"--model.init_from={tmp_path / 'hf'}",
+                            *option, "--data=trunk.datamodules.CorpusData", f"--data.train={corpus}",
+                            "--data.max_length=32", "--data.batch_size=8", "--trainer.max_steps=2",
+                            "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+                            f"--trainer.default_root_dir={tmp_path / 'run'}"], "mlm")
+        if not option:
+            with pytest.raises(ValueError, match=r"built with \{'enhanced_mask_decoder': 64\}: give the task"):
+                run_cli(args, run=False)
+            continue
+        cli = run_cli(args, run=False)
+        assert torch.equal(cli.model.objectives["mlm"].decoder_positions.weight, table)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+    import_main([str(tmp_path / "hf"), str(tmp_path / "trunk")])
+    with pytest.warns(UserWarning, match="enhanced mask decoder, which transformers' DebertaV2ForMaskedLM does not "):
+        export_main([str(tmp_path / "trunk"), str(tmp_path / "out"), "--format", "hf"])
+    assert torch.equal(safetensors.torch.load_file(tmp_path / "out" / "model.safetensors")[
+        "deberta.embeddings.position_embeddings.weight"], table)
+    again, _ = convert(tmp_path / "out")
+    assert torch.equal(again.heads["mlm"]["state"]["decoder_positions.weight"], table)
+
+    tiny("deberta-v2", tmp_path / "plain", **{**DEBERTA_V3, "position_buckets": 8})  # as transformers saves it
+    plain, _ = convert(tmp_path / "plain")
+    assert plain.heads["mlm"]["meta"]["objective"]["init_args"]["enhanced_mask_decoder"] == 0
+    base, _ = deberta_with_decoder_positions(tmp_path / "base")  # the table without a head to decode with: left out
+    tensors = safetensors.torch.load_file(tmp_path / "base" / "model.safetensors")
+    safetensors.torch.save_file({k: v for k, v in tensors.items() if not k.startswith("lm_predictions.")},
+                                tmp_path / "base" / "model.safetensors", metadata={"format": "pt"})
+    assert convert(tmp_path / "base")[0].heads == {}
 
 
 def test_base_model_without_a_head_imports_with_its_pooler(tmp_path):

@@ -94,6 +94,11 @@ def test_padding_does_not_change_real_token_outputs(norm, positions):
     mask = torch.cat([torch.ones_like(ids), torch.zeros(2, 7, dtype=torch.long)], dim=1)
     padded = trunk(padded_ids, mask)
     torch.testing.assert_close(padded[:, :9], short, atol=1e-5, rtol=1e-5)
+    # DeBERTa's enhanced mask decoder (the last block twice, its queries from absolute positions) on any trunk
+    table = torch.randn(16, 32)
+    decoded = trunk(ids, torch.ones_like(ids), decoder_positions=table[:9])
+    assert not torch.allclose(decoded, short, atol=1e-2)
+    torch.testing.assert_close(trunk(padded_ids, mask, decoder_positions=table)[:, :9], decoded, atol=1e-5, rtol=1e-5)
 
     for pooling in ("mean", "max", "attention"):
         pool = AttentionPool(cfg) if pooling == "attention" else None

@@ -62,11 +62,12 @@ REFUSED = {
 
 @dataclass(frozen=True)
 class HeadTable:
-    """A pretrained head that comes along as a task's: its objective (from the config's values), the table from its
-    modules to the family's, the config key of its depth (its ``{i}``), and its weights that are the trunk's (tied)."""
+    """A pretrained head that comes along as a task's: its objective (from the config's values and the checkpoint's
+    tensors), the table from its modules to the family's, the config key of its depth (its
+    ``{i}``), and its weights that are the trunk's (tied)."""
 
     what: str  # in words, for the notes
-    objective: Callable[[dict], Objective]
+    objective: Callable[[dict, dict], Objective]
     table: dict[str, str | tuple[str, ...]]
     depth: str | None = None
     tied: dict[str, str] = field(default_factory=dict)
@@ -75,14 +76,18 @@ class HeadTable:
 def replaced_token_detection(table: dict[str, str], cls_context: bool = False) -> HeadTable:
     """A discriminator's replaced-token head, stored as the task ``electra`` (``configs/pretrain_electra.yaml``'s):
     the ELECTRA objective goes on from it, its generator (never released) fresh."""
-    return HeadTable("replaced-token detection head", lambda values: ReplacedTokenDetection(cls_context=cls_context),
-                     table)
+    return HeadTable("replaced-token detection head",
+                     lambda values, tensors: ReplacedTokenDetection(cls_context=cls_context), table)
 
 
 def masked_lm(table: dict[str, str]) -> HeadTable:
-    """A masked-LM head: its decoder's weight is the token embedding."""
-    return HeadTable("masked-LM head", lambda values: MaskedLanguageModeling(), table,
-                     tied={"head.decoder.weight": "stems.text.token.weight"})
+    """A masked-LM head: its decoder's weight is the token embedding; with DeBERTa's enhanced mask decoder where the
+    checkpoint has the decoder's position table (``table``'s ``decoder_positions``)."""
+    def objective(values: dict, tensors: dict) -> MaskedLanguageModeling:
+        positions = tensors.get(f"{table.get('decoder_positions')}.weight")
+        return MaskedLanguageModeling(enhanced_mask_decoder=0 if positions is None else len(positions))
+
+    return HeadTable("masked-LM head", objective, table, tied={"head.decoder.weight": "stems.text.token.weight"})
 
 
 @dataclass(frozen=True)
@@ -296,13 +301,22 @@ def deberta_v2_config(values: dict) -> TrunkConfig:
     )
 
 
+DEBERTA_POSITIONS = "embeddings.position_embeddings.weight"  # absolute positions: the enhanced mask decoder's alone
+DEBERTA_DECODER_POSITIONS = "cls.predictions.decoder_positions"  # that table, read as the masked-LM head's
+
+
 def deberta_v2_heads(values: dict, tensors: dict, prefix: str) -> dict:
-    """The masked-LM head, saved under either of transformers' two layouts, read as BERT's."""
+    """The masked-LM head, saved under either of transformers' two layouts, read as BERT's; with it, the table of
+    absolute positions DeBERTa's checkpoints keep in the embeddings (transformers reads none of it: no DeBERTa-v2 adds
+    them at the input, and its masked-LM class has no enhanced mask decoder), as the head's decoder positions."""
     def bert_name(name: str) -> str:
         name = re.sub(r"^lm_predictions\.lm_head\.bias$", "cls.predictions.bias", name)
         return re.sub(r"^lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1.", name)
 
-    return {bert_name(k): v for k, v in tensors.items()}
+    tensors = {bert_name(k): v for k, v in tensors.items()}
+    if any(k.startswith("cls.predictions.") for k in tensors) and prefix + DEBERTA_POSITIONS in tensors:
+        tensors[f"{DEBERTA_DECODER_POSITIONS}.weight"] = tensors.pop(prefix + DEBERTA_POSITIONS)
+    return tensors
 
 
 DEBERTA_V2 = Family(
@@ -323,12 +337,15 @@ DEBERTA_V2 = Family(
     # the masked-LM head; DeBERTa-v3's replaced-token head ([CLS]'s vector added to each token's, normed, then as
     # ELECTRA's)
     heads={"mlm": masked_lm({"head.dense": "cls.predictions.transform.dense",
-                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions"}),
+                             "head.norm": "cls.predictions.transform.LayerNorm", "head.decoder": "cls.predictions",
+                             "decoder_positions": DEBERTA_DECODER_POSITIONS}),
            "electra": replaced_token_detection({"head.norm": "mask_predictions.LayerNorm",
                                                 "head.dense": "mask_predictions.dense",
                                                 "head.out": "mask_predictions.classifier"}, cls_context=True)},
-    # a task model's pooler (dense + GELU, not BERT's tanh) and classifier: a new task trains its own
-    ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r".*position_ids"),
+    # a task model's pooler (dense + GELU, not BERT's tanh) and classifier: a new task trains its own; the absolute
+    # positions without a masked-LM head to decode with
+    ignored=(r"cls\.predictions\.decoder\.(weight|bias)", r"pooler\..*", r"classifier\..*", r".*position_ids",
+             rf"(deberta\.)?{re.escape(DEBERTA_POSITIONS)}"),
     adjust=deberta_v2_heads,
 )
 
@@ -849,7 +866,7 @@ def seq2seq_decoder(stem: dict[str, str]) -> HeadTable:
     theirs: a position table, an embedding norm, a final norm)."""
     return HeadTable(
         "decoder (sequence to sequence)",
-        lambda values: Translation(decoder_layers=values["decoder_layers"]),
+        lambda values, tensors: Translation(decoder_layers=values["decoder_layers"]),
         {
             "decoder": "decoder",  # its output bias (bart_logits_bias)
             **stem,
@@ -980,7 +997,7 @@ T5_FAMILY = Family(
     ("",),
     heads={"translation": HeadTable(
         "decoder (sequence to sequence)",
-        lambda values: Translation(decoder_layers=values.get("num_decoder_layers") or values["num_layers"],
+        lambda values, tensors: Translation(decoder_layers=values.get("num_decoder_layers") or values["num_layers"],
                                    tied_output=values.get("tie_word_embeddings", True) is not False),
         {
             "decoder": "decoder",  # its output bias (zero: t5_adjust)
@@ -1243,7 +1260,7 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         depth = (values.get(head.depth) or config.n_layers) if head.depth else 0
         if depth:
             _check_depth(head.table, depth, tensors, prefix, source)
-        objective = head.objective(values)
+        objective = head.objective(values, tensors)
         with torch.device("meta"):
             objective.build(task, trunk, TaskSpec(target_vocab_size=config.vocab_size))
         wanted = {k: v.shape for k, v in objective.head_state().items()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,7 +21,19 @@ from safetensors.torch import save_file
 
 from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.codec import CLS, MASK, OTHER_SPELLING, PAD, SEP, UNK, special_id
-from trunk.formats.hf import ALBERT, BERT, DEBERTA_V2, ELECTRA, MARIAN, MODERNBERT, ROBERTA, Family, _expand
+from trunk.formats.hf import (
+    ALBERT,
+    BERT,
+    DEBERTA_DECODER_POSITIONS,
+    DEBERTA_POSITIONS,
+    DEBERTA_V2,
+    ELECTRA,
+    MARIAN,
+    MODERNBERT,
+    ROBERTA,
+    Family,
+    _expand,
+)
 from trunk.formats.trunk_dir import PretrainedTrunk
 from trunk.models import SpecialIds, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter, TaskDelta
@@ -248,6 +261,12 @@ def export_hf(pretrained: PretrainedTrunk, directory: str | Path, task: str | No
     values["architectures"] = [architecture]
     if model_type == "modernbert":
         tensors = modernbert_fused(tensors, values)
+    if f"{DEBERTA_DECODER_POSITIONS}.weight" in tensors:  # where DeBERTa's own checkpoints keep it
+        tensors[prefix + DEBERTA_POSITIONS] = tensors.pop(f"{DEBERTA_DECODER_POSITIONS}.weight")
+        warnings.warn(f"Task '{head_task}' decodes with DeBERTa's enhanced mask decoder, which transformers' "
+                      f"{architecture} does not compute (it reads the last layer): its table is written where "
+                      "DeBERTa's checkpoints keep it, and transformers' masked-LM logits are not this head's.",
+                      stacklevel=2)
     return write_hf_folder(directory, overwrite, tensors, values, tokenizer, config.max_len), architecture
 
 

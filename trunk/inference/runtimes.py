@@ -208,8 +208,11 @@ class TaskTrunk:
         self.once, self.task = once, task
 
     def __call__(
-        self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text"
+        self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text", **options
     ) -> torch.Tensor:
+        if options:  # a pass of its own (DeBERTa's enhanced mask decoder): the shared one computed another output
+            with self.once.model.route(self.task):
+                return self.once.model.trunk(inputs, attention_mask, stem=stem, **options)
         return self.once.output(self.task, inputs, attention_mask, stem)
 
     def __getattr__(self, name: str):

@@ -246,13 +246,15 @@ class Attention(nn.Module):
         unpadded: Unpadded | None = None,
         position_bias: torch.Tensor | PositionBias | None = None,
         local: SlidingWindow | tuple[int, int] | None = None,
+        query: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C), or its (N, C) real tokens with ``unpadded``. key_padding_mask: (B, S) bool, True at
         real keys. context: (B, S, C). ``local``: sliding-window self-attention (``trunk/models/local_attention.py``),
         whose layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens)
-        instead, written out as a (T, T) mask."""
+        instead, written out as a (T, T) mask. ``query``: self-attention's queries from these vectors (x's shape), its
+        keys and values from x (DeBERTa's enhanced mask decoder)."""
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
-        q = pad(self.q_proj(x))
+        q = pad(self.q_proj(x if query is None else query))
         B, T, C = q.shape
         # (B, H, T, D); H: this process's heads under tensor parallelism
         q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
@@ -368,16 +370,18 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 unpadded: Unpadded | None = None, position_bias: torch.Tensor | PositionBias | None = None,
-                local: SlidingWindow | tuple[int, int] | None = None) -> torch.Tensor:
-        """x: (B, T, C), or (N, C) real tokens with ``unpadded``. ``local``: see ``Attention.forward``."""
-        x = self.residual(
-            x,
-            lambda h: self.attn(
-                h, key_padding_mask, causal=causal, unpadded=unpadded, position_bias=position_bias, local=local
-            ),
-            self.norm_attn,
-            self.scale_attn,
-        )
+                local: SlidingWindow | tuple[int, int] | None = None, query: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """x: (B, T, C), or (N, C) real tokens with ``unpadded``. ``local``: see ``Attention.forward``. ``query``
+        (x's shape): the residual stream and the attention's queries, x only its keys and values (DeBERTa's enhanced
+        mask decoder)."""
+        keys = x if query is None or not self.pre_norm else self.norm_attn(x)  # normed as the queries are
+
+        def attention(h: torch.Tensor) -> torch.Tensor:
+            return self.attn(h if query is None else keys, key_padding_mask, causal=causal, unpadded=unpadded,
+                             position_bias=position_bias, local=local, query=None if query is None else h)
+
+        x = self.residual(x if query is None else query, attention, self.norm_attn, self.scale_attn)
         return self.residual(x, self.ff, self.norm_ff, self.scale_ff)
 
 
@@ -442,11 +446,14 @@ class Backbone(nn.Module):
         return radius, n_global  # traced (ONNX): local at every length, as the graph's length is not fixed
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
-                fork: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+                fork: tuple[int, torch.Tensor] | None = None, decoder_positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Padded batches compute on their real tokens only (``Unpadded``); outputs at padding are zeros.
         ``fork=(layer, rows)``: from block ``layer`` on, the batch is its examples ``rows`` (an index, repeats allowed):
         several tasks' deltas on shared inputs, the blocks below computed once per input. The output has ``len(rows)``
-        examples. With ``cfg.local_window``, inputs longer than the window attend locally (``local_span``)."""
+        examples. With ``cfg.local_window``, inputs longer than the window attend locally (``local_span``).
+        ``decoder_positions`` (T, C), DeBERTa's enhanced mask decoder: the last block runs twice on the layer below
+        it, its queries first these absolute positions plus that layer's output, then its own first output."""
         B, T = x.shape[:2]
         span = self.local_span(T)
         windowed = span is not None and not tracing()
@@ -471,9 +478,16 @@ class Backbone(nn.Module):
             if fork is not None and i == fork[0]:
                 x, key_padding_mask, unpadded = take_examples(x, key_padding_mask, unpadded, fork[1])
                 local = local_layout(key_padding_mask, len(fork[1]))
-            x = run_block(block, self.grad_checkpointing, x, key_padding_mask, causal, unpadded,
-                          None if windowed and block.local else bias, local if block.local else None,
-                          replay=self.replay)
+            block_args = (key_padding_mask, causal, unpadded, None if windowed and block.local else bias,
+                          local if block.local else None)
+            if decoder_positions is not None and i == self.cfg.n_layers - 1:
+                positions = decoder_positions.expand(x.shape[0] if unpadded is None else unpadded.batch, -1, -1)
+                query = x + (positions if unpadded is None else unpadded.unpad(positions))
+                for _ in range(2):
+                    query = run_block(block, self.grad_checkpointing, x, *block_args, query, replay=self.replay)
+                x = query
+                break
+            x = run_block(block, self.grad_checkpointing, x, *block_args, replay=self.replay)
         x = self.final_norm(x)
         return x if unpadded is None else unpadded.pad(x)
 
@@ -497,11 +511,13 @@ class Trunk(nn.Module):
         return self.backbone.cfg
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None, stem: str = "text",
-                fork: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C) (``fork``: see
-        ``Backbone.forward``)."""
+                fork: tuple[int, torch.Tensor] | None = None, decoder_positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """inputs: whatever the stem takes (token ids (B, T), pixels (B, C, H, W)). Returns (B, T, C) (``fork`` and
+        ``decoder_positions``: see ``Backbone.forward``)."""
         key_padding_mask = None if attention_mask is None else attention_mask.bool()
-        return self.backbone(self.stems[stem](inputs), key_padding_mask, fork=fork)
+        return self.backbone(self.stems[stem](inputs), key_padding_mask, fork=fork,
+                             decoder_positions=decoder_positions)
 
     def depth_groups(self) -> list[list[nn.Module]]:
         """The trunk bottom-up, for freezing and layer-wise learning rates: [stems (and a position bias: the positions

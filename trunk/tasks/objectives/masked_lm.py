@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
+from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -88,18 +89,45 @@ class MaskedLanguageModeling(Objective):
 
     Args:
         label_smoothing: the share of each target's probability spread over the other tokens of the vocabulary
-        (perplexity stays the true one): a regulariser against over-confidence (0: none).
+            (perplexity stays the true one): a regulariser against over-confidence (0: none).
+        enhanced_mask_decoder: the rows of a table of absolute positions (the longest input the head reads; 0: off)
+            for DeBERTa's enhanced mask decoder: the head reads the last block run twice on the layer below it, its
+            queries first those positions plus that layer's output, then its own first output; so a trunk that sees
+            no absolute positions (disentangled ones) predicts with them. DeBERTa-v2's and v3's masked-LM heads were
+            pretrained so (512); an imported one comes with it where the checkpoint has the table.
     """
 
     kind = "masked_lm"
     exports_trunk = True
 
-    def __init__(self, label_smoothing: float = 0.0) -> None:
-        super().__init__(label_smoothing=label_smoothing)
-        self.label_smoothing = label_smoothing
+    def __init__(self, label_smoothing: float = 0.0, enhanced_mask_decoder: int = 0) -> None:
+        super().__init__(label_smoothing=label_smoothing, enhanced_mask_decoder=enhanced_mask_decoder)
+        if not (isinstance(enhanced_mask_decoder, int) and enhanced_mask_decoder >= 0):
+            raise ValueError(f"enhanced_mask_decoder={enhanced_mask_decoder!r} must be the rows of its position table "
+                             "(the longest input it decodes; DeBERTa's: 512), or 0 for none.")
+        self.label_smoothing, self.enhanced_mask_decoder = label_smoothing, enhanced_mask_decoder
 
     def build_head(self, cfg: TrunkConfig, trunk: Trunk, info: TaskSpec) -> None:
         self.head = tied_mlm_head(trunk)
+        rows = self.enhanced_mask_decoder
+        self.decoder_positions = nn.Embedding(rows, cfg.d_model) if rows else None
+        if self.decoder_positions is not None:
+            nn.init.normal_(self.decoder_positions.weight, std=cfg.init_std)
+
+    def no_weight_decay(self) -> set[str]:
+        """The decoder's table is positions, as position tables are (timm's convention)."""
+        return set() if self.decoder_positions is None else {"decoder_positions.weight"}
+
+    def encode(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        if self.decoder_positions is None:
+            return super().encode(trunk, batch)
+        ids = batch[self.input_key]
+        if ids.shape[1] > self.decoder_positions.num_embeddings:
+            raise ValueError(f"Task '{self.name}': inputs of {ids.shape[1]} tokens, and the enhanced mask decoder's "
+                             f"position table has {self.decoder_positions.num_embeddings} rows. Set the data's "
+                             "max_length to at most that.")
+        return trunk(ids, batch.get("attention_mask"), stem=self.stem,
+                     decoder_positions=self.decoder_positions.weight[: ids.shape[1]])
 
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {
