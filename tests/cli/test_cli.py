@@ -272,6 +272,53 @@ def test_predictions_that_are_not_finite_are_an_error_not_invalid_json(tmp_path)
                                   {"task": "sst2"}, 0, 0)
 
 
+def test_a_stored_class_that_names_the_wrong_thing_is_one_line_naming_the_file_the_class_and_what_it_must_be(
+        tiny_cli_args, tmp_path):
+    """A checkpoint (without its digest, as older or hand-made files are) whose stored objective is another class than
+    its options and head were written for, a data class where an objective belongs, an objective of another kind than
+    its head, a data class that feeds another kind: `trunk predict` and load() refuse each before anything is built,
+    in one line naming the file, the stored class and what it must be."""
+    import copy
+
+    from trunk.tasks import load
+
+    ckpt = run_cli(["fit", *tiny_cli_args]).trainer.checkpoint_callback.best_model_path
+    state = torch.load(ckpt, weights_only=True)
+    state.pop("trunk_digest")
+
+    def edited(name: str, where: str, class_path: str) -> Path:
+        changed = copy.deepcopy(state)
+        spec = (changed["hyper_parameters"]["tasks"] if where == "objective"
+                else changed["datamodule_hyper_parameters"]["data_tasks"])["sentiment"]
+        spec["class_path"] = class_path
+        torch.save(changed, tmp_path / name)
+        return tmp_path / name
+
+    cases = [
+        (edited("token.ckpt", "objective", "trunk.tasks.TokenClassification"),
+         r"token.ckpt' stores task 'sentiment''s objective as trunk.tasks.TokenClassification with the options "
+         r"\[.*'pooling'.*\], which TokenClassification does not take; they are options of ImageClassification, "
+         r"SequenceClassification: the file names another class"),
+        (edited("data.ckpt", "objective", "trunk.datamodules.TextClassificationData"),
+         r"data.ckpt' names 'trunk.datamodules.TextClassificationData': a TaskData class, where an Objective class "
+         r"belongs. It must be one of Trunk's own Objective classes \(e.g. trunk.tasks.SequenceClassification\)"),
+        (edited("kind.ckpt", "objective", "trunk.tasks.ImageClassification"),  # it takes the options
+         r"kind.ckpt' stores task 'sentiment''s head as a sequence_classification head and its objective as "
+         r"trunk.tasks.ImageClassification \(image_classification\): it must be SequenceClassification"),
+        (edited("feeds.ckpt", "data", "trunk.datamodules.MultiLabelTextData"),  # it takes the options
+         r"feeds.ckpt' stores task 'sentiment''s data as trunk.datamodules.MultiLabelTextData, which feeds "
+         r"\['multi_label_classification'\]; its objective .*SequenceClassification \(sequence_classification\) needs "
+         r"TextClassificationData"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message):
+            load(path)
+        with pytest.raises(SystemExit, match=message):
+            run_cli(["predict", *tiny_cli_args, f"--ckpt_path={path}",
+                     f"--predictions.output={tmp_path / 'out.jsonl'}"])
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_unreadable_and_foreign_checkpoints_are_clear_errors(tiny_cli_args, tmp_path):
     garbage = tmp_path / "random.ckpt"
     garbage.write_bytes(os.urandom(4096))

@@ -55,12 +55,85 @@ def test_labels_that_differ_only_by_case_or_spacing_are_named_in_a_warning(tmp_p
             enumerate([("Pos", "sci fi"), ("pos", "sci  fi"), ("neg", "drama"), ("ＮＥＧ", "Drama")] * 4)]
     train = str(write_rows(tmp_path / "train.csv", rows))
     with pytest.warns(UserWarning, match=r"data.tasks.task.train: the labels \[\['Pos', 'pos'\], \['neg', 'ＮＥＧ'\]\] "
-                                         r"differ only by case or spacing, so each is a class of its own"):
+                                         r"print alike, so each is a class of its own: 'Pos' and 'pos' differ by "
+                                         r"case: U\+0050 LATIN CAPITAL LETTER P against U\+0070 LATIN SMALL LETTER "
+                                         r"P; 'neg' and 'ＮＥＧ' differ by compatibility forms"):
         assert TextClassificationData(train=train).label_names == ["Pos", "neg", "pos", "ＮＥＧ"]
-    with pytest.warns(UserWarning, match=r"the labels \[\['Drama', 'drama'\], \['sci  fi', 'sci fi'\]\] differ only"):
+    with pytest.warns(UserWarning, match=r"the labels \[\['Drama', 'drama'\], \['sci  fi', 'sci fi'\]\] print alike.* "
+                                         r"'sci  fi' and 'sci fi' differ by spacing: U\+0020 SPACE in the first only"):
         assert len(MultiLabelTextData(train=train, label_column="tags").label_names) == 4
-    with pytest.warns(UserWarning, match=r"label_names: the labels \[\['Pos', 'pos'\]\] differ only by case"):
+    with pytest.warns(UserWarning, match=r"label_names: the labels \[\['Pos', 'pos'\]\] print alike.*differ by case"):
         TextClassificationData(label_names=["Pos", "pos", "neg"])
+
+
+def test_labels_that_print_alike_by_invisible_characters_or_unicode_forms_are_named_and_may_be_folded(tmp_path):
+    """'pos' and 'pos' with a zero-width space, an accent composed and decomposed: a warning names each pair with the
+    code points that differ; normalize_labels folds them into one class without rewriting the data (nfc: the
+    normalisation form; nfkc: also invisible characters and compatibility forms), in the data and label_names alike."""
+    from trunk.datamodules import MultiLabelTextData, TextClassificationData
+
+    pairs = [("pos", "café"), ("pos\u200b", "cafe\u0301"), ("neg", "café"), ("ne\u2060g", "cafe\u0301")]
+    rows = [{"text": f"text {i}", "label": label, "tags": tags} for i, (label, tags) in enumerate(pairs * 4)]
+    train = str(write_rows(tmp_path / "train.csv", rows))
+    with pytest.warns(UserWarning, match=r"the labels \[\['neg', 'ne\\u2060g'\], \['pos', 'pos\\u200b'\]\] print "
+                                         r"alike, so each is a class of its own: 'neg' and 'ne\\u2060g' differ by "
+                                         r"invisible characters: U\+2060 WORD JOINER in the second only; 'pos' and "
+                                         r"'pos\\u200b' differ by invisible characters: U\+200B ZERO WIDTH SPACE in "
+                                         r"the second only\. Set normalize_labels: nfkc"):
+        assert len(TextClassificationData(train=train).label_names) == 4
+    with pytest.warns(UserWarning, match=r"'caf.+' and 'caf.+' differ by the Unicode normalisation form \(composed "
+                                         r"against decomposed\): U\+0065 LATIN SMALL LETTER E U\+0301 COMBINING ACUTE "
+                                         r"ACCENT against U\+00E9 LATIN SMALL LETTER E WITH ACUTE"):
+        assert len(MultiLabelTextData(train=train, label_column="tags").label_names) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # folded: nothing left to warn of
+        data = TextClassificationData(train=train, normalize_labels="nfkc")
+        assert data.label_names == ["neg", "pos"]
+        assert data.targets(data.raw("train"), "train")[:4] == [1, 1, 0, 0]
+        assert MultiLabelTextData(train=train, label_column="tags", normalize_labels="nfc").label_names == ["café"]
+        assert TextClassificationData(label_names=["pos\u200b", "neg"], normalize_labels="nfkc").label_names == [
+            "pos", "neg"]
+    with pytest.raises(ValueError, match=r"normalize_labels='nfd': choose none, nfc, nfkc"):
+        TextClassificationData(train=train, normalize_labels="nfd")
+    # a label_names entry that looks like the data's label but is not: the difference named, and the fold offered
+    with pytest.raises(ValueError, match=r"labels \['pos\\u200b'\] that are not in the configured label_names "
+                                         r"\['neg', 'ne\\u2060g', 'pos'\] \(they only look listed: 'pos\\u200b' and "
+                                         r"'pos' differ by invisible characters: U\+200B ZERO WIDTH SPACE in the first "
+                                         r"only\).*"
+                                         r"or set normalize_labels: nfkc to fold them"):
+        data = TextClassificationData(train=train, label_names=["neg", "ne\u2060g", "pos"])
+        data.targets(data.raw("train"), "train")
+
+
+def test_a_stored_head_or_label_map_whose_labels_only_look_like_the_data_s_names_the_difference():
+    """A stored head trained on 'pos' meets data labelled 'pos' with a zero-width space: the refusal says how they
+    differ; model.label_map naming a label that only looks like one does too (it would have been ignored)."""
+    from trunk.core.contract import TaskSpec
+    from trunk.models import TrunkConfig, build_trunk
+    from trunk.tasks import SequenceClassification
+
+    trunk = build_trunk(TrunkConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8))
+
+    def objective(labels):
+        built = SequenceClassification()
+        built.build("sentiment", trunk, TaskSpec(label_names=labels))
+        return built
+
+    state = objective(["neg", "pos"]).head_state()
+    with pytest.raises(ValueError, match=r"trained on the labels \['neg', 'pos'\], but this run's data has \['neg', "
+                                         r"'pos\\u200b'\] \(some only look the same: 'pos\\u200b' and 'pos' differ by "
+                                         r"invisible characters: U\+200B ZERO WIDTH SPACE in the first only\)"):
+        objective(["neg", "pos\u200b"]).load_head(state, ["neg", "pos"], False, "stored")
+    with pytest.raises(ValueError, match=r"model.label_map's keys \['good\\u200b'\] are not among this task's labels "
+                                         r"\['bad', 'good'\] \(they only look so: 'good\\u200b' and 'good' differ"):
+        objective(["bad", "good"]).load_head(state, ["neg", "pos"], False, "stored",
+                                             label_map={"bad": "neg", "good\u200b": "pos"})
+    with pytest.raises(ValueError, match=r"model.label_map's values \['positive'\] are not among the stored head's"):
+        objective(["bad", "good"]).load_head(state, ["neg", "pos"], False, "stored",
+                                             label_map={"bad": "neg", "good": "positive"})
+    how = objective(["bad", "good"]).load_head(state, ["neg", "pos"], False, "stored",
+                                               label_map={"bad": "neg", "good": "pos"})
+    assert how is None  # mapped one to one
 
 
 @pytest.mark.parametrize("names, message", [
@@ -650,6 +723,50 @@ def test_predictions_never_replace_a_file_unasked_nor_an_input_of_the_run(tiny_c
         with pytest.raises(PermissionError, match="cannot create files in"):
             run_cli([*predict, f"--predictions.output={locked / 'out.jsonl'}"])
     assert not [p for p in tmp_path.rglob(".*.tmp*")]  # no temporary file left
+
+
+def test_each_output_has_one_writer_the_second_is_refused_naming_the_first(tiny_cli_args, tmp_path):
+    """While another process writes an output (a prediction file, an export's or import's folder, a benchmark's
+    ledger), a second writer is refused naming it, writing nothing; once that process is gone (killed here), the output
+    is free at once. A prediction output naming a folder that does not exist (a trailing /) is refused."""
+    from conftest import REPO
+
+    from trunk.cli.import_model import import_main
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from ledger import Ledger
+
+    ckpt = run_cli(["fit", *tiny_cli_args]).trainer.checkpoint_callback.best_model_path
+    predict = ["predict", *tiny_cli_args, f"--ckpt_path={ckpt}"]
+    out, folder, ledger = tmp_path / "out.jsonl", tmp_path / "exported", tmp_path / "runs" / "results.jsonl"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom trunk.core.locks import hold_output\n"
+         "for path in sys.argv[1:]: hold_output(Path(path), 'x')\nprint('held', flush=True)\ntime.sleep(600)",
+         str(out), str(folder), str(ledger)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        by = rf"is being written by process {holder.pid} on .* \(since .*\): two writers would leave only one's output"
+        with pytest.raises(FileExistsError, match=rf"predictions.output='.*out.jsonl' {by}"):
+            run_cli([*predict, f"--predictions.output={out}"])
+        for write, args in ((export_main, [ckpt, str(folder)]), (import_main, [str(tmp_path / "hf"), str(folder)])):
+            with pytest.raises(SystemExit, match=rf"error: DIR='.*exported' {by}"):
+                write(args)
+        with pytest.raises(FileExistsError, match=rf"the ledger='.*results.jsonl' {by}"):
+            Ledger(ledger.parent).find({"seed": 1})
+        assert Ledger(ledger.parent).records() == []  # reading is free
+        assert not out.exists() and not folder.exists() and not ledger.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    run_cli([*predict, f"--predictions.output={out}"])  # a killed writer frees its output at once
+    export_main([ckpt, str(folder)])
+    assert len(out.read_text().splitlines()) == 64 and (folder / "config.json").is_file()
+    assert not [p for p in tmp_path.glob(".*.trunk.lock")]  # each writer's lock went with it (the killed one's too)
+    with pytest.raises(ValueError, match=r"predictions.output='.*new/' names a directory: give a file path "
+                                         r"\(.*new/predictions.jsonl\)"):
+        run_cli([*predict, f"--predictions.output={tmp_path / 'new'}/"])
+    assert not (tmp_path / "new").exists()
 
 
 def test_export_onto_a_link_writes_where_it_points_and_leaves_nothing_behind(tiny_cli_args, tmp_path):

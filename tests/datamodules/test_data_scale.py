@@ -3,10 +3,12 @@ and streamed pretraining corpora (packing, sharding, continuation, bad input).""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from conftest import REPO, sentiment_example, write_rows
@@ -315,3 +317,77 @@ def test_streaming_bad_input_is_refused_clearly(tmp_path, corpus_tokenizer):
     data = CorpusData(train=str(binary), streaming=True)
     with pytest.raises(ValueError, match="binary file .* line 2"):
         list(data.iter_documents("train"))
+
+
+def labelled_file(folder: Path, form: str) -> tuple[Path, dict, str]:
+    """A small training file of one reader's form whose two labels have equal lengths (``pos`` / ``neg``, ``B-PER`` /
+    ``B-LOC``), the data module's options for it, and its text."""
+    words = ["good", "bad", "film", "plot", "cast", "dull", "fine", "long"]
+    texts = [" ".join(words[(i * 3 + j) % len(words)] for j in range(4)) for i in range(40)]
+    labels = ["pos" if i % 3 else "neg" for i in range(40)]
+    if form in ("csv", "tsv", "jsonl"):
+        path = write_rows(folder / f"train.{form}", [{"text": t, "label": y} for t, y in zip(texts, labels)])
+        return path, {"text_column": "text", "label_column": "label"}, path.read_bytes().decode()
+    if form == "line_pattern":
+        path = folder / "train.txt"
+        path.write_text("".join(f"{y}:{t}\n" for t, y in zip(texts, labels)))
+        return path, {"line_pattern": r"(?P<label>\w+):(?P<text>.+)"}, path.read_text()
+    path = folder / "train.conll"  # CoNLL: a token and its tag per line
+    path.write_text("".join(f"{t.split()[0]} {'B-PER' if y == 'pos' else 'B-LOC'}\n{t.split()[1]} O\n\n"
+                            for t, y in zip(texts, labels)))
+    return path, {}, path.read_text()
+
+
+@pytest.mark.parametrize("form", ["csv", "tsv", "jsonl", "line_pattern", "conll"])
+def test_an_edit_that_keeps_size_and_modification_time_is_read_not_served_from_the_caches(form, tmp_path,
+                                                                                         monkeypatch):
+    """Labels swapped in place (same size), the old modification time set back (``touch -d``): neither Trunk's
+    encoded cache nor the ``datasets`` cache under it serves the old rows; the run says the source changed, and
+    encodes what a run with empty caches encodes."""
+    from trunk.datamodules import TokenClassificationData
+
+    path, options, text = labelled_file(tmp_path, form)
+    data = TokenClassificationData if form == "conll" else TextClassificationData
+
+    def encoded(**extra) -> dict:
+        run = MultiTaskData({"task": data(train=str(path), val_fraction=0.0, **options, **extra)},
+                            tokenizer_vocab_size=120)
+        run.setup("fit")
+        return run.tasks["task"]._encoded["train"].to_dict()
+
+    before = encoded()
+    stat = path.stat()
+    swapped = {"pos": "neg", "neg": "pos", "B-PER": "B-LOC", "B-LOC": "B-PER"}
+    edited = re.sub(r"\b(pos|neg|B-PER|B-LOC)\b", lambda m: swapped[m.group(1)], text)
+    assert len(edited) == len(text) and edited != text
+    path.write_bytes(edited.encode())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # touch -d: the old modification time back
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    with pytest.warns(UserWarning, match=r"data.tasks.task.train: its source changed since it was last encoded"):
+        after = encoded()
+    assert after != before
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cold"))  # empty caches: what the edited file holds
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cold-datasets"))
+    assert encoded() == after
+
+
+def test_a_local_dataset_folder_edited_in_place_is_read_again(tmp_path, monkeypatch):
+    """``data.dataset`` naming a local folder: its files are keyed by the same identity, for ``datasets``' cache
+    too."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    path, options, text = labelled_file(folder, "csv")
+
+    def labels() -> list:
+        run = MultiTaskData({"task": TextClassificationData(dataset=str(folder), train="train", val_fraction=0.0,
+                                                            **options)}, tokenizer_vocab_size=120)
+        run.setup("fit")
+        task = run.tasks["task"]
+        return [task.label_names[i] for i in task._encoded["train"]["label"]]
+
+    before = labels()
+    stat = path.stat()
+    path.write_bytes(text.replace(",pos", ",xxx").replace(",neg", ",pos").replace(",xxx", ",neg").encode())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = labels()
+    assert after == [{"pos": "neg", "neg": "pos"}[y] for y in before]

@@ -488,6 +488,10 @@ def test_pickled_weights_load_with_weights_only(tmp_path):
     with pytest.raises(ValueError, match="holds more than tensors .* refused"):
         convert(tmp_path / "hf")
     assert not (tmp_path / "ran").exists()
+    # torch.save's legacy (non-zip) format, which cannot be memory-mapped, is fine: read whole, not called corrupted
+    torch.save(model.state_dict(), tmp_path / "hf" / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    pretrained, _ = convert(tmp_path / "hf")
+    assert torch.equal(pretrained.trunk_weights["stems.text.token.weight"], embeddings)
 
 
 def test_fine_tuning_from_a_folder_reads_segments_off_its_sep_and_starts_from_its_pooler(sentiment_files, tmp_path):
@@ -1018,6 +1022,24 @@ def tiny_bart(folder: Path):
         model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias))
     model.save_pretrained(folder)
     return model
+
+
+def test_a_base_bart_saved_without_its_lm_head_reads_with_a_zero_output_bias_and_says_so(tmp_path):
+    """BartModel (no final_logits_bias), its token table kept under the encoder's name instead of ``shared``: read,
+    the decoder's output bias zero as transformers starts it, with a warning; the encoder's outputs equal."""
+    model = tiny_bart(tmp_path / "hf")
+    tensors = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
+    base = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    base["encoder.embed_tokens.weight"] = base.pop("shared.weight")
+    safetensors.torch.save_file(base, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="no final_logits_bias .* output bias starts at zero"):
+        pretrained, _ = convert(tmp_path / "hf")
+    assert not pretrained.heads["translation"]["state"]["decoder.output_bias"].any()
+    trunk = trunk_of(pretrained)
+    ids, mask, _ = batch(pretrained.codec.tokenizer, SENTENCES)
+    with torch.no_grad():
+        expected = model.model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (expected - trunk(ids, mask))[mask.bool()].abs().max() < 1e-5
 
 
 def test_bart_teacher_forced_logits_and_greedy_output_equal_transformers(tmp_path):

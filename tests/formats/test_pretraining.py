@@ -322,7 +322,8 @@ def test_export_refuses_a_checkpoint_that_would_run_code(tmp_path):
     assert not (tmp_path / "out").exists()
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(SystemExit, match="not a readable checkpoint"):
+    with pytest.raises(SystemExit, match=r"garbage.ckpt' is not a checkpoint: it is a text file \(its first line: "
+                                         r"'not a checkpoint at all'\)"):
         export_main([str(garbage), str(tmp_path / "out")])
 
 

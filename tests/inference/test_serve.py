@@ -314,25 +314,41 @@ def test_a_request_waiting_longer_than_the_timeout_gets_504_and_the_server_goes_
         assert server.post({"input": "the film was great"})[0] == 200
 
 
-def test_serve_names_a_model_that_is_not_there_before_starting(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "nothing.ckpt")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ.copy(),
-    )
-    assert done.returncode != 0 and "nothing.ckpt" in done.stderr and "Traceback" not in done.stderr
+def test_serve_names_a_model_that_is_not_there_or_not_a_model_before_starting(tmp_path):
+    """A missing path, or a data file given as the model: one line naming it (not an option serve lacks)."""
+    (tmp_path / "train.csv").write_text("text,label\nthe film was great,pos\n")
+    for model, message in ((tmp_path / "nothing.ckpt", "nothing.ckpt' does not exist"),
+                           (tmp_path / "train.csv", "train.csv' is not a checkpoint: it is a text file (its first "
+                                                    "line: 'text,label')")):
+        done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(model)], capture_output=True, text=True,
+                              timeout=120, env=os.environ.copy())
+        assert done.returncode != 0 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "--ckpt_path" not in done.stderr
 
 
-@pytest.mark.parametrize("option", ["--port=80", "--workers=0", "--timeout=-1", "--host=10.1.2.3"])
+@pytest.mark.parametrize("option", ["--port=80", "--workers=0", "--timeout=-1", "--host=10.1.2.3", "--timeout=nan",
+                                    "--max-body-mb=inf", "--batch-timeout=-inf"])
 def test_serve_options_out_of_range_are_one_line(option, tmp_path):
     done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "model.ckpt"), option],
                           capture_output=True, text=True, timeout=120, env=os.environ.copy())
-    name = option.split("=")[0]
+    name, value = option.split("=")
     assert done.returncode == 2 and f"argument {name}: " in done.stderr and "Traceback" not in done.stderr
-    assert ("1024 to 65535" if name == "--port" else "invalid choice" if name == "--host" else "out of range") in \
-        done.stderr
+    assert ("1024 to 65535" if name == "--port" else "invalid choice" if name == "--host" else
+            "not a finite number" if "inf" in value or "nan" in value else "out of range") in done.stderr
+
+
+def test_serve_refuses_more_workers_than_the_process_has_cores(tmp_path):
+    """--workers beyond the cores this process may use (its affinity and quota) would never all start: refused in one
+    line naming the cores, before the model is read."""
+    from trunk.training.threads import usable_cores
+
+    cores = usable_cores()[0]
+    done = subprocess.run([sys.executable, "-m", "trunk.cli", "serve", str(tmp_path / "model.ckpt"),
+                           f"--workers={cores + 1}"], capture_output=True, text=True, timeout=120,
+                          env=os.environ.copy())
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"error: --workers={cores + 1}: this process has " in done.stderr and f"--workers {cores} or fewer" in \
+        done.stderr and "model.ckpt" not in done.stderr
 
 
 def group_members(group: int) -> list[int]:
@@ -368,7 +384,9 @@ def test_serve_listens_on_this_machine_only_and_a_signal_stops_all_its_processes
     its group) stops it and every worker it started within seconds, and the port is closed."""
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
-    server = Server(ckpt, "--workers=2")
+    from trunk.training.threads import usable_cores
+
+    server = Server(ckpt, f"--workers={min(2, usable_cores()[0])}")  # one per core
     try:
         assert f"http://127.0.0.1:{server.port}/predict (this machine only" in server.output()
         assert listening_on(server.port) == {"0100007F"}  # 127.0.0.1, no other interface

@@ -427,7 +427,7 @@ def test_of_many_processes_racing_for_a_folder_one_holds_it_and_a_killed_holder_
     racer = "\n".join([
         "import json, sys, time",
         "from pathlib import Path",
-        "from trunk.training.callbacks.run_lock import try_lock",
+        "from trunk.core.locks import try_lock",
         "print('ready', flush=True)",
         "while not Path(sys.argv[2]).exists(): pass",  # all start together
         "owner = try_lock(Path(sys.argv[1]))",
@@ -436,7 +436,7 @@ def test_of_many_processes_racing_for_a_folder_one_holds_it_and_a_killed_holder_
     ])
 
     def run(hold: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", racer, str(stale.parent), str(go), hold], text=True,
+        return subprocess.Popen([sys.executable, "-c", racer, str(stale), str(go), hold], text=True,
                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
 
     racers = [run("hold") for _ in range(8)]

@@ -35,7 +35,7 @@ from trunk.core.contract import check_task_names
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
 from trunk.models import TrunkConfig
-from trunk.tasks.registry import as_objective
+from trunk.tasks.registry import as_objective, check_stored_tasks
 from trunk.training.finetuning import FinetuneConfig
 from trunk.training.module import TrunkModule
 
@@ -63,15 +63,21 @@ class Resolved:
 
 
 def read_run_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``trunk fit`` for ``--ckpt_path`` or ``trunk.tasks.load``, read once and verified."""
+    """A checkpoint of ``trunk fit`` for ``--ckpt_path``, ``trunk serve`` or ``trunk.tasks.load``, read once and
+    verified (messages name the file, not the option: the caller says which)."""
     path = Path(path)
     if not path.is_file() and not is_sharded_checkpoint(path):
         what = "is a directory but not a sharded checkpoint (no meta.pt)" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"--ckpt_path '{path}' {what}. Pass the path of a .ckpt written by `trunk fit`.")
+        raise FileNotFoundError(f"'{path}' {what}. Give the path of a .ckpt written by `trunk fit`.")
     ckpt = load_checkpoint(path)
     if "trunk_meta" not in ckpt or "state_dict" not in ckpt:
         raise ValueError(f"'{path}' was not written by a Trunk run of this version (it has no trunk_meta): "
                          "an older checkpoint, or not Trunk's.")
+    # the classes it names for its tasks, before anything is built from them
+    heads = ckpt["trunk_meta"].get("heads") or {}
+    check_stored_tasks(str(path), stored_options(ckpt).get("tasks") or {},
+                       (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {},
+                       {task: head.get("kind") for task, head in heads.items()})
     return ckpt
 
 
@@ -259,9 +265,7 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
         if checkpoint is None:
             try:
                 checkpoint = read_run_checkpoint(ckpt_path)
-            except FileNotFoundError as err:
-                raise RunSourceError(str(err)) from None
-            except ValueError as err:
+            except (FileNotFoundError, ValueError) as err:
                 raise RunSourceError(f"--ckpt_path: {err}") from None
         ckpt = checkpoint
         if options.get("tasks"):  # trunk.tasks.load names none: it takes the checkpoint's

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from trunk.core.atomic import check_output_dir
+from trunk.core.locks import hold_output, release
 from trunk.formats.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.formats.merge import MERGE_METHODS, merge_trunks
 from trunk.formats.trunk_dir import export_checkpoint
@@ -98,8 +99,17 @@ def export_main(args: list[str]) -> None:
                  "when it is loaded: trunk predict / serve --quantize int8, or load(DIR, quantize='int8').")
     try:
         check_output_dir(Path(options.dir), "DIR")
-    except PermissionError as err:
+        lock = hold_output(Path(options.dir), "DIR")  # one writer per output
+    except (PermissionError, FileExistsError) as err:
         sys.exit(f"error: {err}")
+    try:
+        write_export(options)
+    finally:
+        release(lock)
+
+
+def write_export(options) -> None:
+    """Write what ``trunk export`` was asked for into ``options.dir``, which this process holds."""
     if options.format == "hf":
         return export_hf_main(options)
     if options.task:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from trunk.core.atomic import check_output_dir
+from trunk.core.locks import hold_output, release
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.hf import FAMILIES, convert
 from trunk.formats.hub import write_model_card
@@ -31,7 +32,8 @@ def import_main(args: list[str]) -> None:
     options = parser.parse_args(args)
     try:
         check_output_dir(Path(options.dir), "DIR")
-    except PermissionError as err:
+        lock = hold_output(Path(options.dir), "DIR")  # one writer per output
+    except (PermissionError, FileExistsError) as err:
         sys.exit(f"error: {err}")
     try:
         pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
@@ -39,6 +41,8 @@ def import_main(args: list[str]) -> None:
         write_model_card(path, origin=options.src)
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
+    finally:
+        release(lock)
     c = pretrained.config
     print(f"Wrote {path}: {c.n_layers} blocks of width {c.d_model}, {c.vocab_size} tokens"
           + (f"; {'; '.join(notes)}" if notes else "") + f". Fine-tune from it with --model.init_from={path}")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 
 from trunk.inference.runtimes import RUNTIMES
+from trunk.training.threads import usable_cores
 
 HOSTS = ["127.0.0.1", "0.0.0.0", "::"]  # what LitServe binds
 
@@ -75,6 +77,11 @@ def serve_main(args: list[str]) -> None:
         sys.exit(
             f"error: --batch-timeout={options.batch_timeout} must be at least 0 and below --timeout={options.timeout}."
         )
+    cores, why = usable_cores()
+    if options.workers > cores:  # each worker computes on its own core: more only queue, and start-up never ends
+        sys.exit(f"error: --workers={options.workers}: this process has {why}, and each worker needs a core of its "
+                 f"own. Use --workers {cores} or fewer.")
+    stop_on_signals()  # from here on: a Ctrl+C or SIGTERM while the model loads stops at once, with no traceback
     try:
         server, threads = build_server(
             options.model,
@@ -97,7 +104,6 @@ def serve_main(args: list[str]) -> None:
     reach = ("this machine only; --host 0.0.0.0 lets other machines in" if options.host == "127.0.0.1"
              else "every interface: other machines can reach it")
     print(f"trunk serve: http://{options.host}:{options.port}/predict ({reach}); threads: {threads}", flush=True)
-    stop_on_signals()
     server.run(host=options.host, port=options.port, generate_client_file=False)
 
 
@@ -126,6 +132,8 @@ def ranged(kind: type, low: float, high: float | None = None) -> Callable[[str],
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not math.isfinite(value):  # nan passes every comparison, inf every lower bound
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(
                 f"{text} is out of range: {f'{low} to {high}' if high is not None else f'at least {low}'}")

@@ -77,6 +77,22 @@ def check_readable(*paths: Path) -> None:
             )
 
 
+def not_a_torch_file(path: Path) -> str | None:
+    """What a file is, in words, when its first bytes say it is not one ``torch.save`` writes (a zip archive, or a
+    pickle in the legacy format); None when it may be one."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None
+    if not head:
+        return "empty"
+    try:
+        first = head.decode("utf-8").splitlines()[0]
+    except (UnicodeDecodeError, IndexError):
+        return None  # binary: torch's own reading says what is wrong
+    return f"a text file (its first line: {first[:60]!r})"
+
+
 def load_checkpoint(ckpt_path: str | Path) -> dict:
     """A Lightning checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain values
     only, so a crafted file cannot run code."""
@@ -91,6 +107,9 @@ def load_checkpoint(ckpt_path: str | Path) -> dict:
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"Checkpoint '{ckpt_path}' does not exist. Pass a .ckpt written by `trunk fit`.")
     check_readable(ckpt_path)
+    foreign = not_a_torch_file(ckpt_path)
+    if foreign:
+        raise ValueError(f"'{ckpt_path}' is not a checkpoint: it is {foreign}. Give a .ckpt written by `trunk fit`.")
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

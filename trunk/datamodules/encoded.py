@@ -30,6 +30,7 @@ from pathlib import Path
 import datasets
 from lightning.pytorch.utilities import rank_zero_warn
 
+from trunk.core.atomic import atomic_write
 from trunk.core.codec import cache_folder
 
 CACHE_VERSION = 3  # bump when the layout of encoded examples, or how files are read, changes
@@ -44,11 +45,13 @@ def key_digest(key: list) -> str:
     return hashlib.sha256(json.dumps(key, default=str, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> tuple[datasets.Dataset, list[str]]:
+def encoded_split(key: list, build: Callable[[Path], list[str]], what: str,
+                  origin: tuple[list, list] | None = None) -> tuple[datasets.Dataset, list[str]]:
     """The encoded split for ``key``: loaded from the cache, else built by ``build(directory)``, which
     writes Arrow files there and returns the warnings to give (they are given again on every hit).
 
-    Returns the memory-mapped dataset and those warnings. ``what`` names the split in messages.
+    Returns the memory-mapped dataset and those warnings. ``what`` names the split in messages. ``origin``: (the split
+    by name, which version of its files it reads); where another version was read last, the rebuild says so.
     """
     key = [CACHE_VERSION, *key]
     folder = cache_folder("encoded")
@@ -58,12 +61,19 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> t
         notes = build(scratch)
         return _arrow(sorted(scratch.glob("*.arrow"))), notes
     path = folder / key_digest(key)
+    record, version = (None, None) if origin is None else (folder / "origins" / key_digest(origin[0]),
+                                                           json.dumps(origin[1], default=str))
     if path.exists():
         try:
-            return _load(path, key)
+            found = _load(path, key)
+            _record(record, version)
+            return found
         except DamagedCache as err:
             rank_zero_warn(f"The encoded-data cache {path} for {what} is damaged ({err}); encoding {what} again.")
             shutil.rmtree(path, ignore_errors=True)
+    elif record is not None and record.is_file() and record.read_text() != version:
+        rank_zero_warn(f"{what}: its source changed since it was last encoded (another size, modification or change "
+                       "time, or inode); encoding it again.")
     _remove_abandoned_builds(path)
     tmp = path.parent / f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir(parents=True)
@@ -84,7 +94,15 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str) -> t
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _record(record, version)
     return _load(path, key)
+
+
+def _record(record: Path | None, version: str | None) -> None:
+    """Note ``version`` as the one of its split's files read last (``record``), replaced whole."""
+    if record is None or (record.is_file() and record.read_text() == version):
+        return
+    atomic_write(record, lambda tmp: tmp.write_text(version))
 
 
 def _load(path: Path, key: list) -> tuple[datasets.Dataset, list[str]]:

@@ -10,9 +10,10 @@ import datasets
 import numpy as np
 import torch
 
+from trunk.core.labels import fold_label
 from trunk.datamodules import builtin
 from trunk.datamodules.sources import BUILTIN_PREFIX, empty_split_error, load_split
-from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, split_off
+from trunk.datamodules.text import Preprocessor, TaskData, checked_label_names, split_off, warn_alike
 
 IDX_IMAGES, IDX_LABELS = "images-idx3-ubyte", "labels-idx1-ubyte"
 
@@ -100,7 +101,7 @@ class ImageClassificationData(TaskData):
         if channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 (grey), 3 (RGB) or unset, got {channels}.")
         self.image_column, self.label_column = image_column, label_column
-        self._label_names = checked_label_names(label_names)
+        self._label_names = checked_label_names(label_names, fold=self.normalize_labels)
         self.channels, self.image_size = channels, image_size
         self.mean, self.std = mean, std
         self.random_translate, self.horizontal_flip = random_translate, horizontal_flip
@@ -168,9 +169,11 @@ class ImageClassificationData(TaskData):
         if outside:
             raise ValueError(f"{role}: '{folder}' has images outside class folders ({outside[0]}, ...). Put each "
                              "class's images in a sub-folder named after the class (one level deep).")
+        labels = [fold_label(p.parent.name, self.normalize_labels) for p in files]
         if self._label_names is None and role.endswith(".train"):
-            self._label_names = sorted({p.parent.name for p in files})
-        return {"images": images, "labels": [p.parent.name for p in files], "ids": [str(p) for p in files]}
+            self._label_names = sorted(set(labels))
+            warn_alike(self._label_names, role)
+        return {"images": images, "labels": labels, "ids": [str(p) for p in files]}
 
     @staticmethod
     def _load_image(path: Path, role: str):

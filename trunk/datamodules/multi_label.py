@@ -7,6 +7,7 @@ from collections import Counter
 import datasets
 import torch
 
+from trunk.core.labels import alike_across, fold_label
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import checked_label_names, warn_alike
 from trunk.datamodules.text_rows import TextRowsData
@@ -37,7 +38,7 @@ class MultiLabelTextData(TextRowsData):
         if not label_delimiter:
             raise ValueError("label_delimiter must be a non-empty string (the separator of labels in one cell).")
         self.label_delimiter = label_delimiter
-        self._label_names = checked_label_names(label_names)
+        self._label_names = checked_label_names(label_names, fold=self.normalize_labels)
 
     @property
     def label_names(self) -> list[str]:
@@ -67,9 +68,9 @@ class MultiLabelTextData(TextRowsData):
             if cell is None:
                 labels = []
             elif isinstance(cell, (list, tuple)):
-                labels = [str(v).strip() for v in cell]
+                labels = [fold_label(str(v), self.normalize_labels) for v in cell]
             else:
-                labels = [v.strip() for v in str(cell).split(self.label_delimiter)]
+                labels = [fold_label(v, self.normalize_labels) for v in str(cell).split(self.label_delimiter)]
             labels = [v for v in labels if v]
             if self._label_names is not None and labels and all(v.lstrip("-").isdigit() for v in labels) \
                     and not any(n.lstrip("-").isdigit() for n in self._label_names):
@@ -88,9 +89,12 @@ class MultiLabelTextData(TextRowsData):
         for i, labels in enumerate(self.label_sets(ds, role)):
             unknown = [v for v in labels if v not in index]
             if unknown:
+                alike = alike_across(unknown, index)
                 raise ValueError(
                     f"{self.option(role)}: row {i + 1} has the labels {unknown}, which are not among the label names "
-                    f"{self.label_order}. Fix the row, or list every label in {self.option('label_names')}."
+                    f"{self.label_order}{f' (they only look listed: {alike})' if alike else ''}. Fix the row, or list "
+                    f"every label in {self.option('label_names')}"
+                    f"{', or set normalize_labels: nfkc to fold them' if alike else ''}."
                 )
             row = [0] * len(index)
             for name in labels:

@@ -7,6 +7,8 @@ import csv
 import dataclasses
 import glob
 import gzip
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -116,8 +118,10 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         )
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
+    local = Path(dataset).expanduser().is_dir()
     try:
-        return datasets.load_dataset(dataset, dataset_config, split=split)
+        return datasets.load_dataset(dataset, dataset_config, split=split,
+                                     cache_dir=datasets_cache(dataset, split) if local else None)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise ValueError(
             f"Could not load split '{split}' ({role}) of dataset '{dataset}'"
@@ -218,21 +222,32 @@ def expand_sources(dataset: str | None, spec: str | list[str], role: str) -> lis
     return sources
 
 
-def source_key(dataset: str | None, spec: str) -> list | str:
-    """What a split's rows come from, for cache keys: a local file by path, size and modification
-    time, a local dataset directory by those of every file in it (an edited file changes the key),
-    a hub or built-in split by its name."""
-    def stat(path: Path) -> list:
-        info = path.stat()
-        return [str(path.resolve()), info.st_size, info.st_mtime_ns]
+def file_identity(path: Path) -> list:
+    """A local file as cache keys see it: its path, size, modification and change times and inode. The change time
+    moves with every write and cannot be set back (``touch -d`` restores the modification time only), and a file
+    replaced by another has another inode, so an edit that keeps size and mtime still changes the key; one ``stat``,
+    where hashing the content would read the whole file on every run."""
+    info = path.stat()
+    return [str(path.resolve()), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
 
+
+def source_key(dataset: str | None, spec: str) -> list | str:
+    """What a split's rows come from, for cache keys: a local file by its ``file_identity``, a local dataset directory
+    by those of every file in it (an edited file changes the key), a hub or built-in split by its name."""
     if dataset is None:
         path = Path(spec).expanduser()
-        return stat(path) if path.is_file() else spec
+        return file_identity(path) if path.is_file() else spec
     folder = Path(dataset).expanduser()
     if folder.is_dir():
-        return [spec, *(stat(p) for p in sorted(folder.rglob("*")) if p.is_file())]
+        return [spec, *(file_identity(p) for p in sorted(folder.rglob("*")) if p.is_file())]
     return [dataset, spec]
+
+
+def datasets_cache(dataset: str | None, spec: str) -> str:
+    """A ``datasets`` cache folder of a local source's own ``source_key``: ``datasets`` keys a local file by its
+    modification time alone, so an edit that keeps it would be read back from its cache as the old rows."""
+    digest = hashlib.sha256(json.dumps(source_key(dataset, spec)).encode()).hexdigest()[:24]
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / "trunk-sources" / digest)
 
 
 def file_format(path: str | Path) -> str:
@@ -262,7 +277,8 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
     if builder != "parquet":
         check_text_file(path, role, suffix[1:], reading.encoding)
     try:
-        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data", **options)
+        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data",
+                                     cache_dir=datasets_cache(None, path_str), **options)
     except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
         if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
             raise empty_split_error(role, path_str) from None

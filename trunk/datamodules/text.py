@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import random
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -36,6 +35,7 @@ from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 
 from trunk.core.codec import PAD, fingerprint, special_id
+from trunk.core.labels import alike_groups, check_fold, describe_alike, fold_label
 from trunk.datamodules.encoded import encoded_split
 from trunk.datamodules.sources import (
     BUILTIN_PREFIX,
@@ -136,12 +136,14 @@ def length_order(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lengths.__getitem__)
 
 
-def checked_label_names(names: Sequence | None, option: str = "label_names") -> list[str] | None:
-    """Configured class names as the model will know them: surrounding spaces dropped (as from the data's labels); an
-    empty or repeated name is refused, since two ids of one name would split a class, or merge two, silently."""
+def checked_label_names(names: Sequence | None, option: str = "label_names", fold: str = "none"
+                        ) -> list[str] | None:
+    """Configured class names as the model will know them: surrounding spaces dropped and folded as ``fold`` says
+    (``normalize_labels``), as the data's labels are; an empty or repeated name is refused, since two ids of one name
+    would split a class, or merge two, silently."""
     if names is None:
         return None
-    stripped = [str(name).strip() for name in names]
+    stripped = [fold_label(str(name), fold) for name in names]
     if "" in stripped:
         raise ValueError(f"{option} has an empty name (position {stripped.index('') + 1}): name every class.")
     repeated = sorted({name for name in stripped if stripped.count(name) > 1})
@@ -154,15 +156,13 @@ def checked_label_names(names: Sequence | None, option: str = "label_names") -> 
 
 
 def warn_alike(names: Iterable, where: str) -> None:
-    """Warn, naming them, of class names that differ only by case, width or inner spacing ('Pos' and 'pos'): each stays
-    a class of its own (merging them is the user's call), which is seldom what the data meant."""
-    groups: dict[str, list[str]] = {}
-    for name in sorted({str(n) for n in names}):
-        groups.setdefault(" ".join(unicodedata.normalize("NFKC", name).casefold().split()), []).append(name)
-    alike = [group for group in groups.values() if len(group) > 1]
-    if alike:
-        rank_zero_warn(f"{where}: the labels {alike[:5]} differ only by case or spacing, so each is a class of its "
-                       "own. If they mean one class, write them one way in the data.")
+    """Warn, naming them and how they differ, of class names that print alike ('Pos' and 'pos'; 'pos' and 'pos' with a
+    zero-width space; composed and decomposed accents): each stays a class of its own (folding them is the user's
+    call, ``normalize_labels``), which is seldom what the data meant."""
+    groups = alike_groups(names)
+    if groups:
+        rank_zero_warn(f"{where}: the labels {groups[:5]} print alike, so each is a class of its own: "
+                       f"{describe_alike(groups)}")
 
 
 PAIR_CUTS = {
@@ -259,6 +259,10 @@ class TaskData:
             each file's metrics, as ``val/<task>/<file>/<metric>`` (the file's name without its suffix).
         batch_size: training batch size; ``eval_batch_size`` defaults to twice it.
         num_workers: dataloader worker processes for evaluation and prediction.
+        normalize_labels: fold class names that print alike into one before they become classes (the data's labels,
+            ``label_names``): ``nfc`` composes accents typed as two code points; ``nfkc`` also folds compatibility forms
+            (full width, ligatures) and drops invisible characters (zero-width spaces and joiners); ``none`` (the
+            default) keeps them apart, with a warning naming each such group and how its labels differ.
     """
 
     kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
@@ -285,6 +289,7 @@ class TaskData:
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        normalize_labels: Literal["none", "nfc", "nfkc"] = "none",
     ) -> None:
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 <= fraction < 1.0:
@@ -310,6 +315,7 @@ class TaskData:
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.num_workers = num_workers
+        self.normalize_labels = check_fold(normalize_labels)
         self.name = "task"  # set by MultiTaskData: the task's name, for messages and batches
 
     def option(self, key: str) -> str:
@@ -732,9 +738,10 @@ class TextDataModule(TaskData):
     def prepare(self, role: str) -> None:
         """Encode one split into the cache, or map the cached encoding (``trunk/datamodules/encoded.py``)."""
         if role not in self._encoded:
-            ds, notes = encoded_split(
-                self.encoding_key(role), functools.partial(self.build_encoded, role), self.option(role)
-            )
+            # the split by name (task class, role, files by path) and which version of its files it read
+            origin = ([type(self).__qualname__, role, self.dataset, self.split_specs.get(role)], self.sources(role))
+            ds, notes = encoded_split(self.encoding_key(role), functools.partial(self.build_encoded, role),
+                                      self.option(role), origin)
             self.report_truncation(notes)
             self._encoded[role] = ds.remove_columns(NOTES) if NOTES in ds.column_names else ds  # a view: no rewrite
 
@@ -762,6 +769,19 @@ class TextDataModule(TaskData):
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # how files are read
                 with contextlib.suppress(TypeError, ValueError):  # not a plain option: left out
                     options[name] = json.loads(json.dumps(value))
+        return [
+            type(self).__module__,
+            type(self).__qualname__,
+            role,
+            options,
+            self.sources(role),
+            self.info(),
+            self.tokenizer_fingerprints(),
+        ]
+
+    def sources(self, role: str) -> list:
+        """Which version of its sources a split reads (``source_key``; with a held-out share, the training split's
+        too)."""
         roles = [role] + (["train"] if role in self.held_out() else [])
         sources = [[source_key(self.dataset, spec) for spec in expand_sources(self.dataset, s, self.option(r))]
                    for r, s in ((r, self.split_specs[r]) for r in roles) if s is not None]
@@ -772,15 +792,7 @@ class TextDataModule(TaskData):
         )
         if hub:  # a hub dataset's rows can change under the same name: key by its fingerprint too
             sources.append(self.raw(role)._fingerprint)
-        return [
-            type(self).__module__,
-            type(self).__qualname__,
-            role,
-            options,
-            sources,
-            self.info(),
-            self.tokenizer_fingerprints(),
-        ]
+        return sources
 
     def tokenizer_fingerprints(self) -> list[str]:
         return [fingerprint(self.tokenizer)]

@@ -7,6 +7,7 @@ from collections import Counter
 import datasets
 import torch
 
+from trunk.core.labels import alike_across, fold_label
 from trunk.datamodules.sources import column
 from trunk.datamodules.text import checked_label_names, warn_alike
 from trunk.datamodules.text_rows import TextRowsData
@@ -40,7 +41,7 @@ class TextClassificationData(TextRowsData):
         **kwargs,
     ) -> None:
         super().__init__(text_column, text_pair_column, label_column, **kwargs)
-        self._label_names = checked_label_names(label_names)
+        self._label_names = checked_label_names(label_names, fold=self.normalize_labels)
         self._configured_label_names = label_names is not None
 
     def training_statistics(self) -> dict:
@@ -64,7 +65,8 @@ class TextClassificationData(TextRowsData):
             if isinstance(feature, datasets.ClassLabel):
                 self._label_names = list(feature.names)
             else:
-                values = _check_labels(column(train, self.label_column), self.option("train"), self.label_column)
+                values = _check_labels(column(train, self.label_column), self.option("train"), self.label_column,
+                                       self.normalize_labels)
                 self._label_names = sorted({str(v) for v in values}, key=_natural_key)
                 warn_alike(self._label_names, self.option("train"))
         return self._label_names
@@ -82,21 +84,23 @@ class TextClassificationData(TextRowsData):
             values = [feature.names[v] for v in values]
         index = {name: i for i, name in enumerate(self.label_order)}
         if not isinstance(feature, datasets.ClassLabel):
-            values = _check_labels(values, self.option(role), self.label_column)
+            values = _check_labels(values, self.option(role), self.label_column, self.normalize_labels)
         if _names_by_position(values, self.label_names):
             values = [self.label_names[v] if 0 <= v < len(self.label_names) else v for v in values]
         unknown = sorted({str(v) for v in values} - index.keys())
+        alike = alike_across(unknown, index)
         if unknown and self._configured_label_names:
             raise ValueError(
                 f"{self.option(role)} has labels {unknown[:10]} that are not in the configured label_names "
-                f"{self.label_names}. Remove {self.option('label_names')} to take the names from the data, or list "
-                "every label there."
+                f"{self.label_names}{f' (they only look listed: {alike})' if alike else ''}. Remove "
+                f"{self.option('label_names')} to take the names from the data, or list every label there"
+                f"{', or set normalize_labels: nfkc to fold them' if alike else ''}."
             )
         if unknown:
             raise ValueError(
                 f"{self.option(role)} has labels {unknown[:10]} that the training split never has; the known labels "
-                f"are {self.label_names}. Fix the labels in {self.option(role)}, or set {self.option('label_names')} "
-                "to the full label set."
+                f"are {self.label_names}{f' ({alike})' if alike else ''}. Fix the labels in {self.option(role)}, or "
+                f"set {self.option('label_names')} to the full label set."
             )
         return [index[str(v)] for v in values]
 
@@ -104,10 +108,11 @@ class TextClassificationData(TextRowsData):
         return torch.tensor(values, dtype=torch.long)
 
 
-def _check_labels(values: list, where: str, column: str) -> list:
+def _check_labels(values: list, where: str, column: str, fold: str = "none") -> list:
     """Class labels must be classes: whole numbers or names, one kind per column. Real numbers (a
     regression target, or scores) and a mix of numbers and names (0/1 beside negative/positive) would
-    otherwise become one class per distinct value, silently."""
+    otherwise become one class per distinct value, silently. Names are folded as ``fold`` says (``normalize_labels``).
+    """
     if any(v is None for v in values):
         raise ValueError(f"{where}: column '{column}' has empty label cells; label every row or remove those rows.")
     floats = [v for v in values if isinstance(v, float)]
@@ -119,7 +124,8 @@ def _check_labels(values: list, where: str, column: str) -> list:
             "at the column that holds the classes."
         )
     values = [int(v) if isinstance(v, float) else v for v in values]  # 1.0 (a csv column with gaps) is class 1
-    values = [v.strip() if isinstance(v, str) else v for v in values]  # "pos " is "pos": a stray space makes no class
+    # "pos " is "pos": a stray space makes no class
+    values = [fold_label(v, fold) if isinstance(v, str) else v for v in values]
     as_text = {str(v) for v in values}
     numbers = sorted(t for t in as_text if t.lstrip("-").isdigit())
     names = sorted(as_text - set(numbers))

@@ -17,6 +17,7 @@ import json
 import math
 import pickle
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -851,13 +852,21 @@ def bart_layer(side: str) -> dict[str, str | tuple[str, ...]]:
 
 def bart_logits_bias(values: dict, tensors: dict, prefix: str) -> dict:
     """``final_logits_bias`` (1, vocab), outside the model's prefix, is the decoder's output bias; a decoder without one
-    (M2M100's and NLLB's, a base model saved without its LM head) has a zero bias."""
-    tensors = dict(tensors)
+    (M2M100's and NLLB's, which have none; a base model, ``BartModel``, saved without its LM head) has a zero bias, as
+    ``transformers`` starts one (said, where the family has one). The shared token table may be stored under the
+    encoder's name alone (a tied copy kept instead of ``shared``)."""
+    tensors, shared = dict(tensors), f"{prefix}shared.weight"
+    if shared not in tensors and f"{prefix}encoder.embed_tokens.weight" in tensors:  # the tied table under another name
+        tensors[shared] = tensors[f"{prefix}encoder.embed_tokens.weight"]
     if "final_logits_bias" in tensors:
         tensors[f"{prefix}decoder.output_bias"] = tensors.pop("final_logits_bias")[0]
-    elif any(k.startswith(f"{prefix}decoder.layers.") for k in tensors):
-        shared = tensors[f"{prefix}shared.weight"]
-        tensors[f"{prefix}decoder.output_bias"] = shared.new_zeros(shared.shape[0])
+        return tensors
+    table = tensors.get(shared)
+    if table is not None and any(k.startswith(f"{prefix}decoder.layers.") for k in tensors):
+        tensors[f"{prefix}decoder.output_bias"] = table.new_zeros(table.shape[0])
+        if values["model_type"] != "m2m_100":
+            warnings.warn("The checkpoint has no final_logits_bias (a base model saved without its language-model "
+                          "head): the decoder's output bias starts at zero, as transformers starts it.", stacklevel=2)
     return tensors
 
 
@@ -1070,6 +1079,17 @@ def weight_files(folder: Path) -> list[Path]:
     return [folder / PICKLE] if (folder / PICKLE).is_file() else []
 
 
+def read_pickled(file: Path) -> dict[str, torch.Tensor]:
+    """A ``torch.save`` file's tensors (``weights_only``), memory-mapped; one in the legacy (non-zip) format, which
+    cannot be mapped, read whole."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "mmap" not in str(err):
+            raise
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The folder's weights (``weight_files``), pickles read with ``weights_only=True`` (tensors only: a pickle that
     would run code is refused). Old checkpoints' LayerNorm ``gamma`` / ``beta`` are read as ``weight`` / ``bias``."""
@@ -1082,7 +1102,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     for file in files:
         try:
             if file.suffix == ".bin":
-                tensors.update(torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+                tensors.update(read_pickled(file))
             else:
                 tensors.update(load_file(str(file)))
         except pickle.UnpicklingError:

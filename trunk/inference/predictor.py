@@ -23,7 +23,7 @@ from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import without_splits
 from trunk.inference.quantize import check_quantize, quantize_trunk
 from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
-from trunk.tasks.registry import stored_class
+from trunk.tasks.registry import check_stored_tasks, stored_spec_class
 from trunk.training.module import TrunkModule
 from trunk.training.precision import resolve_precision
 from trunk.training.threads import cap_threads
@@ -175,6 +175,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
                 "export a fine-tuned checkpoint with `trunk export CKPT DIR`."
             )
         heads = {name: head["meta"] for name, head in pretrained.heads.items()}
+        for name, head in pretrained.heads.items():  # the classes they name, before anything is built from them
+            check_stored_tasks(str(head.get("source", pretrained.path)), {name: head["meta"]["objective"]},
+                               {name: head["meta"].get("data")}, {name: head["meta"]["kind"]})
         tasks = _task_data(pretrained.path, {name: meta.get("data") for name, meta in heads.items()},
                            {name: meta.get("data_state", {}) for name, meta in heads.items()}, data)
         run = TaskSet(tasks)  # the tasks' data without a datamodule: resolve() connects the directory's tokenizer
@@ -242,7 +245,7 @@ def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dic
 
 
 def _instantiate(spec: dict) -> TaskData:
-    return stored_class(spec["class_path"], TaskData)(**spec.get("init_args", {}))
+    return stored_spec_class(spec, TaskData)(**spec.get("init_args", {}))
 
 
 def not_unicode(x) -> str | None:

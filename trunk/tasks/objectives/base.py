@@ -19,6 +19,7 @@ from torchmetrics import Metric
 
 from trunk.core.codec import IGNORE_INDEX, Codec
 from trunk.core.contract import TaskSpec
+from trunk.core.labels import alike_across
 from trunk.models import Trunk, TrunkConfig
 from trunk.models.deltas import DeltaConfig, TaskDelta
 
@@ -244,6 +245,8 @@ class Objective(nn.Module):
         else an error. Returns how the labels were matched, when not one to one."""
         state = dict(state)
         how = None
+        if label_map and label_names is not None and self.label_names is not None:
+            _check_label_map(self.name, label_map, self.label_names, label_names)
         # this task's labels as stored
         stored = [_stored_name(name, label_map or {}) for name in self.label_names or []]
         if self.label_keys and label_names is not None and self.label_names is not None and label_names != stored:
@@ -262,15 +265,19 @@ class Objective(nn.Module):
                 kept = [self.label_names[i] for i in shared]
                 fresh = [name for i, name in enumerate(self.label_names) if i not in shared]
                 dropped = [name for name in label_names if name not in stored]
-                how = f"label rows kept for {kept}, fresh for {fresh}, dropped for {dropped}"
+                alike = alike_across(fresh, dropped)
+                how = f"label rows kept for {kept}, fresh for {fresh}, dropped for {dropped}" + \
+                    (f" ({alike}: normalize_labels: nfkc, or model.label_map, pairs them)" if alike else "")
             elif reinit_mismatched:
                 own = self.head_state()
                 state.update({k: own[k] for k in self.label_keys})
                 how = f"a fresh classifier: trained on {label_names}, now {self.label_names}"
             else:
+                alike = alike_across(stored, label_names)
                 raise ValueError(
                     f"Task '{self.name}': the head in '{source}' was trained on the labels {label_names}, but this "
-                    f"run's data has {self.label_names}. Set model.reinit_mismatched_heads=true to keep the rest of "
+                    f"run's data has {self.label_names}{f' (some only look the same: {alike})' if alike else ''}. "
+                    "Set model.reinit_mismatched_heads=true to keep the rest of "
                     "the head and start its classifier afresh, model.keep_shared_labels=true to keep the rows of the "
                     "labels in both (pair names that differ with model.label_map), or give the task another name to "
                     "start a new head."
@@ -318,6 +325,22 @@ def batch_size(batch: dict) -> int:
         if key in batch:
             return len(batch[key])
     raise KeyError(f"Cannot tell the batch size of a batch with keys {sorted(batch)}.")
+
+
+def _check_label_map(task: str, label_map: dict[str, str], ours: list[str], stored: list[str]) -> None:
+    """Every ``label_map`` entry pairs a label (or tag type) of this task with one of the stored head; one that names
+    neither would be ignored, silently; one that only looks like a label says how it differs."""
+    def with_types(names: list[str]) -> set[str]:
+        return set(names) | {name.partition("-")[2] for name in names if "-" in name}
+
+    for side, names, known, whose in (("keys", list(label_map), with_types(ours), "this task's labels"),
+                                      ("values", list(label_map.values()), with_types(stored), "the stored head's")):
+        unknown = sorted(set(map(str, names)) - known)
+        if unknown:
+            alike = alike_across(unknown, known)
+            raise ValueError(f"Task '{task}': model.label_map's {side} {unknown} are not among {whose} "
+                             f"{sorted(known)}{f' (they only look so: {alike})' if alike else ''}. Map this task's "
+                             "labels (or tag types) to the stored head's.")
 
 
 def _stored_name(name: str, label_map: dict[str, str]) -> str:

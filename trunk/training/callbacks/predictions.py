@@ -10,6 +10,7 @@ import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from trunk.core.atomic import check_output_file, temporary_path
+from trunk.core.locks import hold_output, release
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -21,7 +22,8 @@ class PredictionWriter(BasePredictionWriter):
             processes each writes its own ``.rank<N>`` file.
         field: write only this field of each record, as plain text, one line per example (for
             example ``translation``: a file to hand to sacrebleu).
-        overwrite: replace an existing file. Never a file the run reads (the checkpoint, a data file).
+        overwrite: replace an existing file. Never a file the run reads (the checkpoint, a data file), nor one another
+            process is writing (each output has one writer: the second is refused, naming the first).
     """
 
     def __init__(self, output: str | None = None, field: str | None = None, overwrite: bool = False) -> None:
@@ -31,6 +33,7 @@ class PredictionWriter(BasePredictionWriter):
         self.overwrite = overwrite
         self._lines: dict[str, list[tuple[int, str]]] = {}  # task -> (row, line)
         self.tasks: list[str] = []  # the tasks that predict (the CLI sets them): several get a file each
+        self._locks: list[Path] = []  # the outputs this process holds from the check until they are written
 
     def path(self, trainer: L.Trainer, task: str | None = None) -> Path:
         path = (
@@ -43,10 +46,28 @@ class PredictionWriter(BasePredictionWriter):
         return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
 
     def check(self, trainer: L.Trainer, inputs: list[Path]) -> None:
-        """Refuse, before any prediction, an output that is one of the run's ``inputs``, exists (without
-        ``overwrite``), or cannot be written."""
-        for task in self.tasks or [None]:
-            check_output_file(self.path(trainer, task), self.overwrite, inputs, "predictions.output")
+        """Refuse, before any prediction, an output that names a folder, is one of the run's ``inputs``, exists
+        (without ``overwrite``), cannot be written, or is being written by another process; hold it until written."""
+        if self.output and self.output.endswith(("/", os.sep)):  # Path() would drop the slash: a file named so
+            raise ValueError(f"predictions.output='{self.output}' names a directory: give a file path "
+                             f"({Path(self.output) / 'predictions.jsonl'}).")
+        self.release()
+        try:
+            for task in self.tasks or [None]:
+                path = self.path(trainer, task)
+                check_output_file(path, self.overwrite, inputs, "predictions.output")
+                self._locks.append(hold_output(path, "predictions.output"))
+                # again, held: a writer that finished between the two has made the file this run must not replace
+                check_output_file(path, self.overwrite, inputs, "predictions.output")
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give up the outputs this process holds."""
+        for lock in self._locks:
+            release(lock)
+        self._locks = []
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._lines = {}
@@ -87,6 +108,8 @@ class PredictionWriter(BasePredictionWriter):
             os.replace(file.name, path)
             print(f"Wrote the predictions of task '{task}' to {path}")
         self._lines = {}
+        self.release()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._lines = {}
+        self.release()
