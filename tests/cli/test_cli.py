@@ -300,8 +300,9 @@ def test_a_stored_class_that_names_the_wrong_thing_is_one_line_naming_the_file_t
          r"\[.*'pooling'.*\], which TokenClassification does not take; they are options of ImageClassification, "
          r"SequenceClassification: the file names another class"),
         (edited("data.ckpt", "objective", "trunk.datamodules.TextClassificationData"),
-         r"data.ckpt' names 'trunk.datamodules.TextClassificationData': a TaskData class, where an Objective class "
-         r"belongs. It must be one of Trunk's own Objective classes \(e.g. trunk.tasks.SequenceClassification\)"),
+         r"data.ckpt': 'trunk.datamodules.TextClassificationData' is not a Objective class Trunk knows \(it is a "
+         r"TaskData class, where an Objective class belongs\): a stored file may name only Trunk's own Objective "
+         r"classes \(e.g. trunk.tasks.SequenceClassification\)"),
         (edited("kind.ckpt", "objective", "trunk.tasks.ImageClassification"),  # it takes the options
          r"kind.ckpt' stores task 'sentiment''s head as a sequence_classification head and its objective as "
          r"trunk.tasks.ImageClassification \(image_classification\): it must be SequenceClassification"),

@@ -105,6 +105,23 @@ def test_labels_that_print_alike_by_invisible_characters_or_unicode_forms_are_na
         data.targets(data.raw("train"), "train")
 
 
+def test_entity_types_that_print_alike_are_named_and_may_be_folded(tmp_path):
+    """CoNLL tags whose entity types differ by an invisible character (B-PER and B-PER with a zero-width space): named
+    in a warning with the code point; normalize_labels: nfkc makes them one type."""
+    from trunk.datamodules import TokenClassificationData
+
+    path = tmp_path / "train.conll"
+    path.write_text("Anna B-PER\nlives O\n\nBoris B-PER\u200b\nleft O\n\nOslo B-LOC\nis O\n\n")
+    with pytest.warns(UserWarning, match=r"the labels \[\['PER', 'PER\\u200b'\]\] print alike.*U\+200B ZERO WIDTH "
+                                         r"SPACE"):
+        assert TokenClassificationData(train=str(path)).label_names == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER",
+                                                                        "B-PER\u200b", "I-PER\u200b"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TokenClassificationData(train=str(path), normalize_labels="nfkc").label_names == [
+            "O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+
+
 def test_a_stored_head_or_label_map_whose_labels_only_look_like_the_data_s_names_the_difference():
     """A stored head trained on 'pos' meets data labelled 'pos' with a zero-width space: the refusal says how they
     differ; model.label_map naming a label that only looks like one does too (it would have been ignored)."""

@@ -1,6 +1,8 @@
 """Property-based fuzzing of the file readers: whatever bytes a checkpoint, a trunk directory, a Hugging Face model
 folder, a SentencePiece model or a data file holds, reading it gives the data or one clear error (ValueError,
-FileNotFoundError), never another exception from deep inside. Derandomised (tests/conftest.py's profile "ci")."""
+FileNotFoundError), never another exception from deep inside; and what they make of labels and edits: any label
+with an invisible character or in another Unicode form is named and folded, any edit in place is read. Derandomised
+(tests/conftest.py's profile "ci")."""
 
 from __future__ import annotations
 
@@ -87,3 +89,52 @@ def test_any_data_file(suffix, content):
     path = folder() / f"train{suffix}"
     path.write_bytes(content.encode() if isinstance(content, str) else content)
     refused_clearly(load_split, None, None, str(path), "data.train")
+
+
+INVISIBLE = st.sampled_from(["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad"])
+LABEL = st.text(st.characters(categories=["Ll", "Lu", "Nd"], max_codepoint=0x24F), min_size=1, max_size=8)
+
+
+@given(LABEL, INVISIBLE, st.integers(0, 8), st.booleans())
+def test_any_label_with_an_invisible_character_or_another_unicode_form_is_named_and_folded(label, mark, at, decompose):
+    """A label and its copy with an invisible character inserted (or its decomposed form): one group of labels that
+    print alike, the difference naming the code point; normalize_labels: nfkc (nfc for the forms) makes them one."""
+    import unicodedata
+
+    from trunk.core.labels import alike_groups, difference, fold_label
+
+    other = unicodedata.normalize("NFD", label) if decompose else label[:at] + mark + label[at:]
+    if other == label:
+        return  # nothing decomposes
+    assert alike_groups([label, other]) == [sorted([label, other])]
+    said = difference(label, other)
+    changed = {c for c in other if c not in label} or {c for c in label if c not in other}
+    assert all(f"U+{ord(c):04X} {unicodedata.name(c)}" in said for c in changed), said
+    assert fold_label(other, "nfkc") == fold_label(label, "nfkc")
+    assert (fold_label(other, "nfc") == fold_label(label, "nfc")) == decompose
+
+
+@given(st.lists(st.sampled_from(["pos", "neg"]), min_size=4, max_size=30), st.data())
+@hypothesis.settings(max_examples=10)  # each read goes through datasets and the encoded cache
+def test_any_in_place_edit_that_keeps_size_and_mtime_is_read(labels, data):
+    """Labels of a csv swapped in place at any rows, the modification time set back: the next run reads the edit."""
+    import os
+
+    from trunk.datamodules import MultiTaskData, TextClassificationData
+
+    path = folder() / "train.csv"
+    path.write_text("text,label\n" + "".join(f"text {i},{y}\n" for i, y in enumerate(labels)))
+
+    def read() -> list[str]:
+        run = MultiTaskData({"task": TextClassificationData(train=str(path), label_names=["neg", "pos"],
+                                                            val_fraction=0.0)}, tokenizer_vocab_size=60)
+        run.setup("fit")
+        return [["neg", "pos"][i] for i in run.tasks["task"]._encoded["train"]["label"]]
+
+    assert read() == labels
+    rows = data.draw(st.sets(st.integers(0, len(labels) - 1), min_size=1))
+    edited = [{"pos": "neg", "neg": "pos"}[y] if i in rows else y for i, y in enumerate(labels)]
+    stat = path.stat()
+    path.write_text("text,label\n" + "".join(f"text {i},{y}\n" for i, y in enumerate(edited)))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert read() == edited

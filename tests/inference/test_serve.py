@@ -337,6 +337,29 @@ def test_serve_options_out_of_range_are_one_line(option, tmp_path):
             "not a finite number" if "inf" in value or "nan" in value else "out of range") in done.stderr
 
 
+@pytest.mark.parametrize("after", [0.3, 1.5, 4.0])
+def test_a_ctrl_c_at_any_moment_of_start_up_stops_without_a_traceback(after, tiny_cli_args):
+    """Ctrl+C (SIGINT to the whole process group, as a terminal sends it) while the libraries load, while the model
+    loads or as the workers start: the server and everything it started stop, one line, no traceback."""
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    process = subprocess.Popen([sys.executable, "-m", "trunk.cli", "serve", ckpt, f"--port={free_port()}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=os.environ.copy())
+    time.sleep(after)
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode != 0 and "Traceback" not in output, output[-3000:]
+    deadline = time.monotonic() + 10
+    while group_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_members(process.pid) == []
+
+
 def test_serve_refuses_more_workers_than_the_process_has_cores(tmp_path):
     """--workers beyond the cores this process may use (its affinity and quota) would never all start: refused in one
     line naming the cores, before the model is read."""

@@ -265,7 +265,9 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
         if checkpoint is None:
             try:
                 checkpoint = read_run_checkpoint(ckpt_path)
-            except (FileNotFoundError, ValueError) as err:
+            except FileNotFoundError as err:
+                raise RunSourceError(f"--ckpt_path {err}") from None
+            except ValueError as err:
                 raise RunSourceError(f"--ckpt_path: {err}") from None
         ckpt = checkpoint
         if options.get("tasks"):  # trunk.tasks.load names none: it takes the checkpoint's

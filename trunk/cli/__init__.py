@@ -41,6 +41,14 @@ def is_collective_failure(err: BaseException) -> bool:
 
 
 def main() -> None:
+    try:
+        run_command()
+    except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance), also while the
+        # libraries load, before any command runs: one line, not a traceback through torch's imports
+        sys.exit("\nInterrupted.")
+
+
+def run_command() -> None:
     from trunk.training.threads import shorten_openmp_spinning
 
     shorten_openmp_spinning()  # before torch loads OpenMP, which reads it once
@@ -55,8 +63,6 @@ def main() -> None:
 
     try:
         run_cli()
-    except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance)
-        sys.exit("\nInterrupted.")
     except (TrainingDiverged, ValueError, OSError, RuntimeError, ImportError, MisconfigurationException) as err:
         unexpected = type(err) is RuntimeError and not is_collective_failure(err)  # a bug: show where
         if os.environ.get("TRUNK_TRACEBACK") or unexpected:

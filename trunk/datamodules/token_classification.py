@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import datasets
 import torch
 
 from trunk.core.codec import CLS, IGNORE_INDEX, SEP, special_id
+from trunk.core.labels import alike_across, fold_label
 from trunk.core.tagging import (
     Scheme,
     Span,
@@ -18,7 +20,7 @@ from trunk.core.tagging import (
     tags_from_spans,
 )
 from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, load_split, read_conll
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.text import TextDataModule, pad, warn_alike
 
 
 class TokenClassificationData(TextDataModule):
@@ -82,11 +84,18 @@ class TokenClassificationData(TextDataModule):
         self.label_scheme, self.label_all_subtokens = label_scheme, label_all_subtokens
         self._label_names = None
         if label_names is not None:
-            self.label_scheme, _ = parse_label_names(label_names)
-            self._label_names = list(label_names)
+            self._label_names = [fold_label(str(name), self.normalize_labels) for name in label_names]
+            self.label_scheme, _ = parse_label_names(self._label_names)
 
     # -- rows: every source becomes (tokens: list[str], tags: list[str] | None) -----------------------
     def load(self, spec: str, role: str) -> datasets.Dataset:
+        ds = self._rows(spec, role)
+        if self.normalize_labels == "none":
+            return ds
+        fold = functools.partial(fold_label, how=self.normalize_labels)
+        return ds.map(lambda row: {"tags": None if row["tags"] is None else list(map(fold, row["tags"]))})
+
+    def _rows(self, spec: str, role: str) -> datasets.Dataset:
         is_file = self.dataset is None
         if is_file and self.reading.suffix(spec) not in ROW_FORMATS:
             return read_conll(spec, self.tag_column, role, self.reading.encoding)
@@ -138,6 +147,7 @@ class TokenClassificationData(TextDataModule):
             if not types:
                 raise ValueError(f"{self.option('train')} has no entities (every tag is O): nothing to learn. "
                                  f"Check {self.option('tag_column')}.")
+            warn_alike(types, self.option("train"))
             self._label_names = label_names_for(types, self.label_scheme)
         return self._label_names
 
@@ -179,10 +189,12 @@ class TokenClassificationData(TextDataModule):
                 spans = spans_from_tags(tags)
                 unknown = {s.type for s in spans} - known_types
                 if unknown:
+                    alike = alike_across(unknown, known_types)
                     raise ValueError(
                         f"{self.option(role)}, sentence {i}: entity types {sorted(unknown)} never occur in training; "
-                        f"the model knows {sorted(known_types)}. Fix the tags, or set {self.option('label_names')} to "
-                        "a label set that includes them."
+                        f"the model knows {sorted(known_types)}{f' (they only look so: {alike})' if alike else ''}. "
+                        f"Fix the tags, or set {self.option('label_names')} to a label set that includes them"
+                        f"{', or normalize_labels: nfkc to fold them' if alike else ''}."
                     )
                 example["word_labels"] = [label_ids[t] for t in tags_from_spans(spans, len(words), self.label_scheme)]
                 example["labels"] = self._token_labels(spans, example["word_labels"], word_ids, word_starts, label_ids)

@@ -81,12 +81,11 @@ def stored_class(class_path: str, base: type, source: str | None = None) -> type
     cls = _find(class_path, base)
     if cls is None:
         other = next((b for b in EXAMPLES if b is not base and _find(class_path, b) is not None), None)
-        what = f"a {other.__name__} class, where an {base.__name__} class belongs" if other else \
-            f"not a {base.__name__} class Trunk knows"
-        raise ValueError(f"{f'{source!r} names ' if source else ''}{class_path!r}: {what}. It must be one of Trunk's "
-                         f"own {base.__name__} classes (e.g. {EXAMPLES.get(base, base.__name__)}) or one your code "
-                         "has imported: for your own class, import its module before loading, or name it in your "
-                         "config (class_path).")
+        what = f" (it is a {other.__name__} class, where an {base.__name__} class belongs)" if other else ""
+        raise ValueError(f"{f'{source!r}: ' if source else ''}{class_path!r} is not a {base.__name__} class Trunk "
+                         f"knows{what}: a stored file may name only Trunk's own {base.__name__} classes (e.g. "
+                         f"{EXAMPLES.get(base, base.__name__)}) or one your code has imported. For your own class, "
+                         "import its module before loading, or name it in your config (class_path).")
     return cls
 
 
