@@ -274,6 +274,11 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
             check_checkpoint_tasks(ckpt, {name: as_objective(o) for name, o in options["tasks"].items()}, ckpt_path)
         codec = Codec.from_state(ckpt.get("codec", {}))
         data.connect(codec)
+        # the data's state (the training split's label counts, target statistics) from the checkpoint: evaluating or
+        # predicting reads nothing of the training files
+        states = next((value for key, value in ckpt.items() if key.endswith("MultiTaskData")), {})
+        for name, member in data.tasks.items():
+            member.load_state_dict(states.get(name, {}))
         options = checkpoint_options(ckpt, options)
         for name, head in ckpt["trunk_meta"]["heads"].items():
             if head.get("label_names") is not None:
@@ -324,7 +329,7 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
         else:
             data.connect(data.build_codec())
         vocab_size = data.tokenizer.get_vocab_size() if data.tokenizer is not None else pretrained.config.vocab_size
-        trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size)
+        trunk = pretrained_trunk_config(options.get("trunk"), pretrained.config, vocab_size, source)
         # the pretrained max_len, or a new one without a table
         report += fit_lengths(data.tasks, trunk.max_len, f"'{source}'")
         model = TrunkModule(**{**options, "trunk": trunk, "peft": composed_deltas(options.get("peft"), pretrained)},

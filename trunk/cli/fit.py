@@ -416,10 +416,17 @@ class TrunkCLI(LightningCLI):
             best = next(
                 (s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None
             )
-            if best is None or not Path(best).is_file():
+            if best is None:
                 sys.exit(
-                    f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint that still "
-                    f"exists ({best or 'none'}); pass a checkpoint's path, or --ckpt_path last."
+                    f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint: no "
+                    "validation ran before it stopped (its steps ended before the first trainer.val_check_interval), "
+                    "so none was picked by its monitor. Use --ckpt_path last (its final weights), or pass a "
+                    "checkpoint's path."
+                )
+            if not Path(best).is_file():
+                sys.exit(
+                    f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded {best} as its best checkpoint, "
+                    "and it no longer exists; pass a checkpoint's path, or --ckpt_path last."
                 )
             found.append(Path(best))
         print(f"{'Resuming from' if self.subcommand == 'fit' else 'Checkpoint:'} {found[-1]}", file=sys.stderr)
@@ -571,12 +578,12 @@ class TrunkCLI(LightningCLI):
                 "weights). Evaluate a trained checkpoint with `trunk test --ckpt_path ...`."
             )
             return
-        best = self.trainer.checkpoint_callback.best_model_path if self.trainer.checkpoint_callback else ""
+        callback = self.trainer.checkpoint_callback
+        best = callback.best_model_path if callback else ""
         if not best:
-            rank_zero_warn(
-                "No checkpoint was saved, so the test splits score the final weights (step "
-                f"{self.trainer.global_step})."
-            )
+            why = ("no validation ran, so none was picked as best" if callback and callback.last_model_path
+                   else "no checkpoint was saved")
+            rank_zero_warn(f"The test splits score the final weights (step {self.trainer.global_step}): {why}.")
         # A weight-averaging callback (EMA, SWA) would load the checkpoint's raw weights back for the test; the
         # checkpoint's
         # state_dict holds the averaged ones, which `trunk test --ckpt_path` and trunk.tasks.load evaluate: so does this

@@ -61,13 +61,15 @@ class MultipleChoiceData(TextDataModule):
                 "Name the candidates: choices_column (one cell per row) or choice_columns (one column each)."
             )
 
-    def check(self, ds: datasets.Dataset, role: str) -> None:
+    def input_columns(self) -> dict[str, str | None]:
         columns = {"context_column": self.context_column, "question_column": self.question_column,
                    "choices_column": self.choices_column}
-        columns.update({f"choice_columns[{i}]": name for i, name in enumerate(self.choice_columns or [])})
+        return {**columns, **{f"choice_columns[{i}]": name for i, name in enumerate(self.choice_columns or [])}}
+
+    def check(self, ds: datasets.Dataset, role: str) -> None:
+        self.check_inputs(ds, role)
         if role != "predict":
-            columns["label_column"] = self.label_column
-        check_columns(ds, columns, self.option(role))
+            check_columns(ds, {"label_column": self.label_column}, self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
         return [c for c in (self.context_column, self.question_column) if c is not None]

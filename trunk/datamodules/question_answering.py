@@ -68,11 +68,13 @@ class QuestionAnsweringData(TextDataModule):
                 return datasets.Dataset.from_list(squad_rows(top["data"]))
         return super().load(spec, role)
 
+    def input_columns(self) -> dict[str, str | None]:
+        return {"question_column": self.question_column, "context_column": self.context_column}
+
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        columns = {"question_column": self.question_column, "context_column": self.context_column}
+        self.check_inputs(ds, role)
         if role != "predict":
-            columns["answers_column"] = self.answers_column
-        check_columns(ds, columns, self.option(role))
+            check_columns(ds, {"answers_column": self.answers_column}, self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
         return [self.question_column, self.context_column]

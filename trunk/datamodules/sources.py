@@ -44,12 +44,15 @@ class FileReading:
         (TREC's ``DESC:manner How did ...``: ``(?P<label>[A-Z]+):\\S+ (?P<text>.+)``); it implies file_type lines.
         Lines files without a pattern have one column, ``text``.
     encoding: of every text file read (utf-8; latin-1 for older corpora).
+    plain_text_as_lines: a ``.txt`` file (or one with no suffix) is one row per line, its column ``text`` (a predict
+        input of the user's own, where nothing else is configured).
     """
 
     column_names: tuple[str, ...] | None = None
     file_type: str | None = None
     line_pattern: str | None = None
     encoding: str = "utf-8"
+    plain_text_as_lines: bool = False
 
     def check(self, option: str) -> None:
         """Refuse settings that cannot work, before anything is read (``option``: the options' prefix)."""
@@ -81,7 +84,10 @@ class FileReading:
         """The format a local file is read in: the configured one, else its suffix's."""
         if self.line_pattern is not None:
             return LINES
-        return f".{self.file_type.lstrip('.')}" if self.file_type else file_format(path)
+        if self.file_type:
+            return f".{self.file_type.lstrip('.')}"
+        suffix = file_format(path)
+        return LINES if self.plain_text_as_lines and suffix in (".txt", "") else suffix
 
     def builder(self, suffix: str, path: Path, role: str) -> tuple[str, dict]:
         """The ``datasets`` builder and its options for a local file of ``suffix`` (one of FILE_FORMATS)."""
@@ -336,9 +342,10 @@ def empty_split_error(role: str, spec: str) -> ValueError:
     return ValueError(f"{role} ('{spec}') is empty: it has no rows. Point {role} at a split with data.")
 
 
-def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str) -> None:
-    """Fail early, naming the option to change, when a configured column is missing."""
-    prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"  # data.tasks.<task>.train -> data.tasks.<task>
+def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str, prefix: str | None = None) -> None:
+    """Fail early, naming the option to change (``<prefix>.<option>``), when a configured column is missing."""
+    if prefix is None:  # data.tasks.<task>.train -> data.tasks.<task>
+        prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
             if looks_like_data(ds.column_names):

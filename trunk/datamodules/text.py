@@ -263,6 +263,10 @@ class TaskData:
             ``label_names``): ``nfc`` composes accents typed as two code points; ``nfkc`` also folds compatibility forms
             (full width, ligatures) and drops invisible characters (zero-width spaces and joiners); ``none`` (the
             default) keeps them apart, with a warning naming each such group and how its labels differ.
+        predict_columns: the predict split's columns where they are not named as the training files' (option ->
+            column: ``{text_column: review}``). Unset, a predict file's one text column stands in for the one the task
+            reads. A predict file is the user's own: read by its suffix (a ``.txt``: one input per line), not as
+            ``file_type`` / ``line_pattern`` / ``column_names`` say the data set's files are.
     """
 
     kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
@@ -290,6 +294,7 @@ class TaskData:
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         normalize_labels: Literal["none", "nfc", "nfkc"] = "none",
+        predict_columns: dict[str, str] | None = None,
     ) -> None:
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 <= fraction < 1.0:
@@ -316,6 +321,7 @@ class TaskData:
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.num_workers = num_workers
         self.normalize_labels = check_fold(normalize_labels)
+        self.predict_columns = dict(predict_columns or {})
         self.name = "task"  # set by MultiTaskData: the task's name, for messages and batches
 
     def option(self, key: str) -> str:
@@ -450,12 +456,12 @@ class TaskData:
         held_out = self.held_out()
         return role in held_out or role == "train" and bool(held_out)
 
-    def input_files(self) -> list[Path]:
-        """The local files this task reads, of every split (which no output of the run may replace)."""
+    def input_files(self, roles: Iterable[str] = ROLES) -> list[Path]:
+        """The local files this task reads, of every split (which no output of the run may replace) or of ``roles``."""
         if self.dataset is not None:
             return []
         files = []
-        for spec in (spec for spec in self.split_specs.values() if spec is not None):
+        for spec in (self.split_specs[role] for role in roles if self.split_specs[role] is not None):
             with contextlib.suppress(FileNotFoundError, ValueError):  # a pattern matching nothing reads nothing
                 files += [Path(path) for source in expand_sources(None, spec, "") for path in self.files_of(source)]
         return files
@@ -590,6 +596,8 @@ class TextDataModule(TaskData):
                     self._raw[split] = rows.select(index)
             else:
                 ds = self.read(role)
+                if role == "predict":
+                    ds = self.named_inputs(ds)
                 self.check(ds, role)
                 self._raw[role] = ds
         return self._raw[role]
@@ -622,10 +630,64 @@ class TextDataModule(TaskData):
 
     def load(self, spec: str, role: str) -> datasets.Dataset:
         """Read one split's rows (``role`` names the option, for errors). Subclasses read other formats."""
-        return load_split(self.dataset, self.dataset_config, spec, role, self.reading)
+        return load_split(self.dataset, self.dataset_config, spec, role, self.reading_of(spec, role))
+
+    def reading_of(self, spec: str, role: str) -> FileReading:
+        """How one file is read: as configured, except a predict input that is none of the data set's own files (the
+        user's texts): by its suffix, a ``.txt`` (or no suffix) as one input per line, in the configured encoding."""
+        if not role.endswith(".predict") or self.dataset is not None:
+            return self.reading
+        data_set = {path.expanduser().resolve() for path in self.input_files(("train", "validation", "test"))}
+        if Path(spec).expanduser().resolve() in data_set:
+            return self.reading
+        return FileReading(encoding=self.reading.encoding, plain_text_as_lines=True)
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
+
+    def input_columns(self) -> dict[str, str | None]:
+        """Option -> column of each input a row is read from (not its target): what a predict row needs."""
+        return {}
+
+    def named_inputs(self, ds: datasets.Dataset) -> datasets.Dataset:
+        """A predict split's rows with its input columns renamed to the ones the task reads: as ``predict_columns``
+        says, else a task that misses one input column takes the file's one other text column (a lines file's
+        ``text``, a JSONL's only key) for it. What stays missing is left to ``check`` to name."""
+        needed = {option: name for option, name in self.input_columns().items() if name is not None}
+        unknown = sorted(set(self.predict_columns) - set(needed))
+        if unknown:
+            raise ValueError(f"{self.option('predict_columns')} names {unknown}, which this task does not read: it "
+                             f"reads {sorted(needed) or 'no text columns'}.")
+        renames = {}
+        for option, name in self.predict_columns.items():
+            check_columns(ds, {option: name}, self.option("predict"), prefix=self.option("predict_columns"))
+            renames[name] = needed[option]
+        missing = [name for option, name in needed.items() if name not in ds.column_names and option not in
+                   self.predict_columns]
+        texts = [c for c, feature in ds.features.items() if c not in renames and c not in needed.values()
+                 and getattr(feature, "dtype", None) in ("string", "large_string")]
+        if len(missing) == 1 and len(texts) == 1:
+            renames[texts[0]] = missing[0]
+        renames = {old: new for old, new in renames.items() if old != new}
+        if not renames:
+            return ds
+        taken = [new for new in renames.values() if new in ds.column_names and new not in renames]  # not the input
+        return ds.remove_columns(taken).rename_columns(renames)
+
+    def check_inputs(self, ds: datasets.Dataset, role: str) -> None:
+        """Fail early, naming the option to set, when a split lacks an input column (``input_columns``)."""
+        if role != "predict":
+            check_columns(ds, self.input_columns(), self.option(role))
+            return
+        missing = {option: name for option, name in self.input_columns().items()
+                   if name is not None and name not in ds.column_names}
+        if missing:
+            example = ", ".join(f"{option}: COLUMN" for option in missing)
+            raise ValueError(
+                f"{self.option('predict')} has no column {' or '.join(map(repr, missing.values()))} (the task's "
+                f"{', '.join(missing)}); its columns are {ds.column_names}. Name the file's own with "
+                f"--{self.option('predict_columns')} '{{{example}}}' (a file with one text column needs none)."
+            )
 
     def strata(self, rows: datasets.Dataset) -> list | None:
         """One value per row to stratify the held-out validation share by (classification: the label)."""

@@ -56,10 +56,11 @@ class TextRowsData(TextDataModule):
         """Option name -> column, for the column check."""
         return {"label_column": self.label_column}
 
+    def input_columns(self) -> dict[str, str | None]:
+        return {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
+
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        check_columns(
-            ds, {"text_column": self.text_column, "text_pair_column": self.text_pair_column}, self.option(role)
-        )
+        self.check_inputs(ds, role)
         if role == "predict":
             return
         missing = {

@@ -249,7 +249,7 @@ def trunk_config(values: dict | TrunkConfig) -> TrunkConfig:
 
 
 def pretrained_trunk_config(
-    configured: TrunkConfig | dict | None, pretrained: TrunkConfig, vocab_size: int
+    configured: TrunkConfig | dict | None, pretrained: TrunkConfig, vocab_size: int, source: str | Path = "the weights"
 ) -> TrunkConfig:
     """The pretrained architecture for every field left at its default; fields set to other values stay,
     for ``check_architecture`` to refuse naming both sides. ``vocab_size``: the run's tokenizer's. ``max_len`` of a
@@ -260,6 +260,9 @@ def pretrained_trunk_config(
         if configured is None
         else (configured.to_dict() if isinstance(configured, TrunkConfig) else dict(configured))
     )
+    # what TrunkConfig fills in from other fields when built (a recipe's d_model sizes its embeddings): not chosen
+    filled_in = {"embedding_size": given.get("d_model"), "embedding_norm": given.get("norm") == "post"}
+    given.update({name: None for name, value in filled_in.items() if name in given and given[name] == value})
     values = {**defaults, **given}
     for name in ARCHITECTURE_FIELDS:
         if name == "max_len" and name not in architecture_fields(pretrained):
@@ -273,7 +276,30 @@ def pretrained_trunk_config(
         if name not in given or given[name] == defaults[name]:
             values[name] = getattr(pretrained, name)
     values["vocab_size"] = vocab_size
-    return trunk_config(values)
+    try:
+        return trunk_config(values)
+    except ValueError:  # the run's shape mixed with the weights' does not hold together (a recipe's d_model, 12 heads)
+        names = [name for name in architecture_fields(pretrained) if name != "vocab_size"]
+        check_architecture(values, pretrained, source, names)
+        raise
+
+
+def check_architecture(wanted: TrunkConfig | dict, pretrained: TrunkConfig, path: str | Path, names=None) -> None:
+    """Fail, naming both sides, when the configured trunk (or its values) cannot take the pretrained weights."""
+    names = architecture_fields(pretrained) if names is None else names
+    values = wanted if isinstance(wanted, dict) else wanted.to_dict()
+    differing = [name for name in names if values[name] != getattr(pretrained, name)]
+    diffs = [f"{name}: model.trunk.{name}={values[name]!r} but '{path}' has {getattr(pretrained, name)!r}"
+             for name in differing]
+    if diffs:
+        ours = " ".join(f"--model.trunk.{name}={getattr(pretrained, name)}" for name in differing)
+        raise ValueError(
+            "The configured trunk does not match the pretrained one:\n  "
+            + "\n  ".join(diffs)
+            + "\nRemove these model.trunk options (the pretrained values are used) or set them to the pretrained "
+              f"values. A recipe written to train from scratch sets them: take one written for pretrained weights "
+              f"(configs/minilm_*.yaml), or give the pretrained values on the command line: {ours}."
+        )
 
 
 def load_pretrained(path: str | Path) -> PretrainedTrunk:
@@ -350,20 +376,6 @@ def check_weights(config: TrunkConfig, stems: dict[str, dict], weights: dict[str
         raise ValueError(
             f"'{source}' has NaN or infinite values in {bad[:5]}: the run that wrote it diverged. Use an earlier "
             "checkpoint (or, to inspect these weights anyway, set TRUNK_ALLOW_NON_FINITE=1)."
-        )
-
-
-def check_architecture(wanted: TrunkConfig, pretrained: TrunkConfig, path: str | Path, names=None) -> None:
-    """Fail, naming both sides, when the configured trunk cannot take the pretrained weights."""
-    names = architecture_fields(pretrained) if names is None else names
-    diffs = [f"{name}: model.trunk.{name}={getattr(wanted, name)!r} but '{path}' has {getattr(pretrained, name)!r}"
-             for name in names if getattr(wanted, name) != getattr(pretrained, name)]
-    if diffs:
-        raise ValueError(
-            "The configured trunk does not match the pretrained one:\n  "
-            + "\n  ".join(diffs)
-            + "\nRemove these model.trunk options (the pretrained values are used) or set them to the pretrained "
-              "values."
         )
 
 

@@ -194,7 +194,7 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     else:
         ckpt = read_run_checkpoint(path)
         specs = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_tasks") or {}
-        tasks = _task_data(path, specs, next((v for k, v in ckpt.items() if k.endswith("MultiTaskData")), {}), data)
+        tasks = _task_data(path, specs, {}, data)  # their state comes from the checkpoint in resolve
         model = resolve({}, TaskSet(tasks), ckpt_path=path, checkpoint=ckpt).model
         model.on_load_checkpoint(ckpt)  # refuses non-finite weights
         model.load_state_dict(ckpt["state_dict"])

@@ -13,6 +13,7 @@ from trunk.training.callbacks.export import ExportTrunk
 from trunk.training.callbacks.norms import Norms
 from trunk.training.callbacks.predictions import PredictionWriter
 from trunk.training.callbacks.progress import Throttle, ThrottledBar, TrunkProgressBar, TrunkTQDMProgressBar
+from trunk.training.callbacks.run_length import RunLength
 from trunk.training.callbacks.samples import PredictionSamples
 from trunk.training.callbacks.summary import TrunkModelSummary
 from trunk.training.callbacks.throughput import Throughput
@@ -36,13 +37,13 @@ def check_monitors(callbacks: list, tasks: list[str]) -> None:
 
 
 def run_callbacks(trainer_options: dict, given: list) -> list:
-    """The callbacks a run gets beside the ``given`` ones (the config's): a model summary and a progress
-    bar where those are on; with a logger, learning rates per optimizer group, throughput and validation
-    prediction samples. A kind the config already has is not added twice."""
+    """The callbacks a run gets beside the ``given`` ones (the config's): what the run's length means (``RunLength``),
+    a model summary and a progress bar where those are on; with a logger, learning rates per optimizer group,
+    throughput and validation prediction samples. A kind the config already has is not added twice."""
     def missing(kind: type) -> bool:
         return not any(isinstance(c, kind) for c in given)
 
-    added = []
+    added = [RunLength()] if missing(RunLength) else []
     if trainer_options.get("enable_model_summary", True) is not False and missing(ModelSummary):
         added.append(TrunkModelSummary())
     if trainer_options.get("enable_progress_bar", True) is not False and missing(ProgressBar):
@@ -64,6 +65,7 @@ __all__ = [
     "Norms",
     "PredictionSamples",
     "PredictionWriter",
+    "RunLength",
     "Throttle",
     "ThrottledBar",
     "Throughput",

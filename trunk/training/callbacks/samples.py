@@ -72,7 +72,10 @@ class PredictionSamples(Callback):
         if folder is not None and (self._taken or confusions):
             folder.mkdir(parents=True, exist_ok=True)
         wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
-        epoch, step = trainer.current_epoch, trainer.global_step
+        # the step Lightning's loggers stamp on this validation's metrics (one below global_step while training), so
+        # samples/, metrics.csv and W&B name one validation alike
+        epoch, step = trainer.current_epoch, getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped",
+                                                     trainer.global_step)
         for task, taken in self._taken.items():
             if not taken:
                 continue

@@ -1,0 +1,140 @@
+"""A new user's first hour: the commands the README leads to work on the first try, or say what to do instead."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TINY_MODEL, single_task
+
+from trunk.cli import run_cli
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+LAST = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor=val/score", "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.save_last=true"]
+
+
+@pytest.fixture
+def sentence_run(sentiment_files, tmp_path):
+    """A tiny run trained on files whose text column is 'sentence' (as SST-2's), its training files then moved away:
+    (predict options, the run's last checkpoint)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "validation"):
+        with sentiment_files[split].open() as f:
+            rows = [{"sentence": row["text"], "label": row["label"]} for row in csv.DictReader(f)]
+        with (data / f"{split}.tsv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["sentence", "label"], delimiter="\t")
+            writer.writeheader()
+            writer.writerows(rows)
+    options = single_task([
+        *TINY_MODEL, "--data=trunk.datamodules.TextClassificationData", f"--data.train={data / 'train.tsv'}",
+        f"--data.validation={data / 'validation.tsv'}", "--data.text_column=sentence", "--data.tokenizer_vocab_size=300",
+        "--data.max_length=64", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}", *LAST,
+    ])
+    cli = run_cli(["fit", *options, "--trainer.max_steps=3"])
+    shutil.rmtree(data)  # predicting reads nothing of the training split
+    return options, cli.trainer.checkpoint_callback.last_model_path
+
+
+def test_a_text_file_predicts_one_input_per_line_without_the_training_files(sentence_run, tmp_path):
+    options, ckpt = sentence_run
+    texts = tmp_path / "my_texts.txt"
+    texts.write_text("a gripping, funny film\n\na dull plot\n")
+    out = tmp_path / "preds.jsonl"
+    run_cli(["predict", *options, *single_task([f"--data.predict={texts}"]), f"--ckpt_path={ckpt}",
+             f"--predictions.output={out}"])
+    assert [row["text"] for row in read_jsonl(out)] == ["a gripping, funny film", "a dull plot"]
+
+
+def test_a_predict_file_brings_its_own_text_column_or_names_it(sentence_run, tmp_path):
+    options, ckpt = sentence_run
+    one = tmp_path / "reviews.jsonl"  # one text column (and a number) under another name than the training one's
+    one.write_text('{"id": 1, "review": "the film was great"}\n{"id": 2, "review": "not good"}\n')
+    out = tmp_path / "preds.jsonl"
+    run_cli(["predict", *options, *single_task([f"--data.predict={one}"]), f"--ckpt_path={ckpt}",
+             f"--predictions.output={out}"])
+    assert [row["text"] for row in read_jsonl(out)] == ["the film was great", "not good"]
+
+    two = tmp_path / "two.jsonl"  # two text columns: which one is not guessed
+    two.write_text('{"title": "a film", "body": "the film was great"}\n')
+    with pytest.raises(ValueError, match=r"no column 'sentence'.*\['title', 'body'\].*predict_columns "
+                                         r"'\{text_column: COLUMN\}'"):
+        run_cli(["predict", *options, *single_task([f"--data.predict={two}"]), f"--ckpt_path={ckpt}"])
+    run_cli(["predict", *options, *single_task([f"--data.predict={two}", "--data.predict_columns={text_column: body}"]),
+             f"--ckpt_path={ckpt}", f"--predictions.output={out}", "--predictions.overwrite=true"])
+    assert [row["text"] for row in read_jsonl(out)] == ["the film was great"]
+    with pytest.raises(ValueError, match=r"predict_columns names \['label_column'\], which this task does not read"):
+        run_cli(["predict", *options, *single_task([f"--data.predict={two}", "--data.predict_columns={label_column: x}"]),
+                 f"--ckpt_path={ckpt}"])
+
+
+def test_best_of_a_run_that_never_validated_says_to_take_last(sentiment_files, tmp_path):
+    options = single_task([
+        *TINY_MODEL, "--data=trunk.datamodules.TextClassificationData", f"--data.train={sentiment_files['train']}",
+        f"--data.validation={sentiment_files['validation']}", f"--data.predict={sentiment_files['test']}",
+        "--data.tokenizer_vocab_size=300", "--data.max_length=64", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path / 'run'}", *LAST,
+    ])
+    run_cli(["fit", *options, "--trainer.max_steps=2"])  # stops before its first validation
+    with pytest.raises(SystemExit, match="recorded no best checkpoint: no validation ran.*Use --ckpt_path last"):
+        run_cli(["predict", *options, "--ckpt_path=best"])
+    run_cli(["predict", *options, "--ckpt_path=last", f"--predictions.output={tmp_path / 'p.jsonl'}"])
+    assert len(read_jsonl(tmp_path / "p.jsonl")) == 64
+
+
+def test_a_from_scratch_shape_beside_pretrained_weights_is_refused_naming_both(sentiment_files, tmp_path):
+    """A recipe's width with the weights' head count would not hold together (36 is not divisible by the weights' 8
+    heads, which replace the recipe's default 4): the error names every field that differs, both values, and the fix;
+    nothing is mixed."""
+    from trunk.core.codec import Codec
+    from trunk.datamodules.tokenizer import train_wordpiece
+    from trunk.formats.trunk_dir import PretrainedTrunk, save_pretrained
+    from trunk.models import TrunkConfig, build_trunk
+
+    tokenizer = train_wordpiece(["a film", "the plot"], vocab_size=50)
+    config = TrunkConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=8, d_ff=64, max_len=64)
+    trunk_dir = save_pretrained(tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}},
+                                                                    build_trunk(config).state_dict(),
+                                                                    codec=Codec(tokenizer)))
+    options = single_task([
+        "--model=trunk.tasks.SequenceClassification", f"--model.init_from={trunk_dir}", "--model.trunk.d_model=36",
+        "--model.trunk.n_heads=4", "--model.trunk.n_layers=3", "--data=trunk.datamodules.TextClassificationData",
+        f"--data.train={sentiment_files['train']}", f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ])
+    with pytest.raises(ValueError) as err:
+        run_cli(["fit", *options, "--trainer.max_steps=1"])
+    message = str(err.value)
+    assert "d_model: model.trunk.d_model=36 but" in message and "has 32" in message
+    assert "n_layers: model.trunk.n_layers=3" in message and "has 2" in message
+    assert "--model.trunk.d_model=32 --model.trunk.n_layers=2" in message and "not divisible" not in message
+
+
+def test_a_short_run_logs_its_loss_says_what_cut_it_short_and_numbers_validations_alike(tiny_cli_args, tmp_path):
+    """max_steps beyond what max_epochs allows is said, not silently cut; a run shorter than log_every_n_steps logs its
+    loss anyway; samples/ and metrics.csv stamp one validation with one step; the test after training says why it
+    scores the final weights."""
+    with pytest.warns(UserWarning) as caught:
+        cli = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=20", "--trainer.val_check_interval=4", *LAST])
+    said = [str(w.message) for w in caught]
+    assert any("trainer.max_steps=20, but trainer.max_epochs=1 epochs of 8 steps end the run at step 8" in s
+               for s in said), said
+    assert cli.trainer.global_step == 8 and cli.trainer.log_every_n_steps == 1
+    log_dir = Path(cli.trainer.log_dir)
+    rows = list(csv.DictReader((log_dir / "metrics.csv").open()))
+    assert len([r for r in rows if r.get("train/loss")]) >= 8
+    val_steps = sorted({int(r["step"]) for r in rows if r.get("val/score")})
+    sample_steps = sorted({row["step"] for row in read_jsonl(log_dir / "samples" / "sentiment.jsonl")})
+    assert val_steps == sample_steps == [3, 7]
+
+
+def test_the_test_after_a_run_without_validation_says_why_it_scores_the_final_weights(tiny_cli_args):
+    with pytest.warns(UserWarning, match=r"The test splits score the final weights \(step 2\): no validation ran, so "
+                                         "none was picked as best"):
+        run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2", *LAST])
