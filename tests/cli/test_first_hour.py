@@ -2,11 +2,15 @@
 
 import csv
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, single_task
+from conftest import REPO, TINY_MODEL, single_task
 
 from trunk.cli import run_cli
 
@@ -138,3 +142,26 @@ def test_the_test_after_a_run_without_validation_says_why_it_scores_the_final_we
     with pytest.warns(UserWarning, match=r"The test splits score the final weights \(step 2\): no validation ran, so "
                                          "none was picked as best"):
         run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2", *LAST])
+
+
+# Trunk's own lines: its run summary and notes, its warnings, the encoding bars, its metrics tables
+OWN = re.compile(r"(Run:|  |Threads:|Precision:|Tasks \[|Model:|Logging every|warning:|Encoding |Test metrics:|Traine?d? a "
+                 r"|Validation metrics:|Checkpoint:|Wrote the predictions)")
+
+
+@pytest.mark.parametrize("command", ["fit", "predict"])
+def test_a_short_run_prints_few_lines_of_library_boilerplate(command, tiny_cli_args, tmp_path):
+    """Everything a short run prints besides Trunk's own lines: at most a few library lines (Lightning's seed, its
+    reason to stop, the checkpoint it loads)."""
+    args = [*tiny_cli_args, "--trainer.max_steps=4", "--seed_everything=1", *LAST]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "trunk.cli", *extra], cwd=tmp_path,  # noqa: E731
+                                        capture_output=True, text=True, timeout=600, env=env)
+    result = run("fit", *args)
+    if command == "predict":
+        result = run("predict", *args, "--ckpt_path=last", f"--predictions.output={tmp_path / 'p.jsonl'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    others = [line for line in lines if not OWN.match(line)]
+    assert len(others) <= 3, "\n".join(others)
+    assert not any("UserWarning" in line for line in lines), "\n".join(lines)

@@ -864,12 +864,17 @@ def test_an_unusable_cache_a_giant_word_and_a_broken_task_directory_are_said_in_
 
 
 def test_the_last_validations_warnings_are_said_again_at_the_end_of_the_run(tiny_cli_args, monkeypatch):
+    """A task's validation warning is printed at its first degenerate validation, not at every one, and the last
+    validation's is said again at the end of the run; a run of one validation says it once."""
     from trunk.tasks import SequenceClassification
 
     monkeypatch.setattr(SequenceClassification, "epoch_warnings",
                         lambda self, stage: [f"Task '{self.name}': a degenerate validation"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run_cli(["fit", *tiny_cli_args])  # one epoch, one validation
-    said = [str(w.message) for w in caught if "degenerate validation" in str(w.message)]
-    assert said[-1] == "At the last validation: Task 'sentiment': a degenerate validation" and len(said) >= 2
+    for validations, expected in ((3, 2), (1, 1)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_cli(["fit", *tiny_cli_args, f"--trainer.val_check_interval={8 // validations}"])  # 8 batches an epoch
+        said = [str(w.message) for w in caught if "degenerate validation" in str(w.message)]
+        assert said[0] == "Task 'sentiment': a degenerate validation" and len(said) == expected, said
+        if expected == 2:
+            assert said[-1] == "At the last validation: Task 'sentiment': a degenerate validation"

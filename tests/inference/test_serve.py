@@ -209,7 +209,7 @@ def test_a_served_model_answers_as_predict_does_and_refuses_bad_requests_without
             json.dumps({"input": "x", "inputs": ["y"]}).encode(): 'exactly one of "input"',
             json.dumps(
                 {"text": "a film", "task": "sequence_classification"}
-            ).encode(): "Extra inputs are not permitted",
+            ).encode(): "the body has the field 'text', which /predict does not read: send {\"input\": ...}",
             json.dumps({"inputs": [], "task": "sequence_classification"}).encode(): "at least 1 item",
             json.dumps({"input": "a film", "task": "no_such_task"}).encode(): "No task named 'no_such_task'",
             json.dumps({"input": "a film"}).encode(): "name one with task=",

@@ -321,9 +321,9 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
             targets = {name: member.own_target_tokenizer() for name, member in data.text_tasks.items()}
             # it would train no tokenizer here
             if data.lowercase != lowercases(tokenizer) and not any(targets.values()):
-                report.append(
-                    f"data.lowercase={data.lowercase} is not used: the tokenizer brings its own normalisation"
-                )
+                if data.lowercase:  # asked for and not done (the default, False, was never the user's to miss)
+                    report.append("data.lowercase=True is not used: the tokenizer brings its own normalisation, which "
+                                  "keeps case")
                 data.lowercase = lowercases(tokenizer)
             data.connect(Codec(tokenizer, {name: t for name, t in targets.items() if t is not None}))
         else:

@@ -1,5 +1,5 @@
-"""The ``trunk`` command. ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (``fit.py``, their
-summaries in ``SUBCOMMANDS``); the others are plain argparse, one file each, in ``COMMANDS``. Each is imported when it
+"""The ``trunk`` command. ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (``fit.py``); every
+command's summary is in ``SUBCOMMANDS``; the others are plain argparse, one file each, in ``COMMANDS``. Each is imported when it
 runs (and the names below when first used), so ``trunk import`` or ``trunk serve`` does not load Lightning's CLI."""
 
 from __future__ import annotations
@@ -13,8 +13,28 @@ COMMANDS = {  # name -> "module:main(args)"
     "import": "trunk.cli.import_model:import_main",
     "serve": "trunk.cli.serve:serve_main",
 }
+# One line each, for `trunk --help` and LightningCLI's subcommand list
+SUBCOMMANDS = {
+    "fit": "Train on every task's data (validating as configured; a test split is evaluated at the end).",
+    "validate": "Evaluate a checkpoint (--ckpt_path) or a fresh model on the validation splits.",
+    "test": "Evaluate a checkpoint (--ckpt_path) on the test splits.",
+    "predict": "Write each predict split's predictions as JSON lines (predictions.output).",
+    "export": "Write a trunk or task directory, a transformers folder or ONNX from a checkpoint; merge models.",
+    "import": "Read a Hugging Face model folder (or hf://ORG/NAME) into a trunk directory, without transformers.",
+    "serve": "Serve trained models over HTTP: POST /predict, GET /health, GET /info (LitServe).",
+}
+HELP = """usage: trunk COMMAND [options]      (trunk COMMAND --help: its options)
+
+Trunk: transformer tasks on one shared trunk (pretraining, classification, regression, NER, QA, multiple choice,
+translation, images), trained alone or jointly, from scratch or from a pretrained model.
+
+commands:
+{commands}
+
+Start with `trunk fit --config configs/quickstart.yaml` (no files, no network); README.md and docs/usage.md go on.
+"""
 _NAMES = {  # the package's names -> their modules
-    "SUBCOMMANDS": "trunk.cli.fit", "TrunkCLI": "trunk.cli.fit", "TrunkTrainer": "trunk.cli.fit",
+    "TrunkCLI": "trunk.cli.fit", "TrunkTrainer": "trunk.cli.fit",
     "run_cli": "trunk.cli.fit", "check_config_files": "trunk.cli.config_files", "export_main": "trunk.cli.export",
     "import_main": "trunk.cli.import_model", "serve_main": "trunk.cli.serve",
 }
@@ -52,6 +72,9 @@ def run_command() -> None:
     from trunk.training.threads import shorten_openmp_spinning
 
     shorten_openmp_spinning()  # before torch loads OpenMP, which reads it once
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):  # every command, at once, without loading Lightning
+        print(HELP.format(commands="\n".join(f"  {name:<9} {line}" for name, line in SUBCOMMANDS.items())))
+        return
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         module, function = COMMANDS[sys.argv[1]].split(":")
         getattr(importlib.import_module(module), function)(sys.argv[2:])
@@ -76,4 +99,4 @@ def run_command() -> None:
         sys.exit(f"error: {err}\n(set TRUNK_TRACEBACK=1 to see where it was raised)")
 
 
-__all__ = ["COMMANDS", "main", *_NAMES]
+__all__ = ["COMMANDS", "HELP", "SUBCOMMANDS", "main", *_NAMES]

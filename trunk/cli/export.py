@@ -185,7 +185,19 @@ def export_hf_main(options) -> None:
         path, architecture = export_hf(read_trunk(options.ckpt), options.dir, options.task, options.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
-    print(f"Wrote {path} ({architecture}): transformers.AutoModel.from_pretrained('{path}'), or {architecture} itself")
+    print(f"Wrote {path} ({architecture}): transformers.{auto_class(architecture)}.from_pretrained('{path}') loads it"
+          f"{' with its head' if auto_class(architecture) != 'AutoModel' else ''}, as does {architecture}.from_pretrained")
+
+
+def auto_class(architecture: str) -> str:
+    """The transformers Auto class that loads a model folder of ``architecture`` with its head (BertForTokenClassification
+    -> AutoModelForTokenClassification; a bare encoder -> AutoModel)."""
+    if architecture.endswith("MTModel"):  # MarianMTModel: a translator
+        return "AutoModelForSeq2SeqLM"
+    if "For" not in architecture:
+        return "AutoModel"
+    head = architecture[architecture.index("For"):]
+    return "AutoModel" + {"ForConditionalGeneration": "ForSeq2SeqLM"}.get(head, head)
 
 
 def export_task_main(options) -> None:

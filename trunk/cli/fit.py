@@ -40,6 +40,7 @@ from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
 from trunk.inference.quantize import QuantizeForEvaluation
+from trunk.cli import COMMANDS, SUBCOMMANDS
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, last_checkpoints, slurm_job_id
@@ -50,15 +51,40 @@ from trunk.training.threads import fit_threads
 LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # the values Lightning's Trainer takes
 
 
-class _DropProductTips(logging.Filter):
+# Lightning's lines that tell a Trunk user nothing to act on: product tips, the model summary it leaves to Trunk's,
+# accelerators this machine does not have, the precision and checkpoint Trunk's own lines name, how it counts steps
+BOILERPLATE = re.compile(
+    r"💡 Tip|Trainer already configured with model summary callbacks|(GPU|TPU|HPU) available: False"
+    r"|Loading `train_dataloader` to estimate|Using (bfloat16|16-bit) Automatic Mixed Precision"
+    r"|Restoring states from the checkpoint path"
+)
+
+
+class _DropBoilerplate(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not BOILERPLATE.match(str(record.msg))
+
+
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+_library_format = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Trunk's own warnings as one line a person reads ("warning: ..."), not a source location and a line of code;
+    the libraries' keep theirs (where they come from is part of the message)."""
+    if str(filename).startswith(_PACKAGE):
+        return f"warning: {message}\n"
+    return _library_format(message, category, filename, lineno, line)
 
 
 def quiet_third_party() -> None:
-    """Keep the output to what a user can act on: no product tips, no deprecation notices from inside
-    libraries, no advice to add loader workers (training batches are built in the main process by design)."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropProductTips())
+    """Keep the output to what a user can act on: no boilerplate lines (``BOILERPLATE``), no deprecation notices from
+    inside libraries, no advice to add loader workers (training batches are built in the main process by design)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropBoilerplate())
+    warnings.formatwarning = _format_warning
+    # a run that ends before its first validation has no monitored value (a misnamed one is refused at the start:
+    # check_monitors), and Trunk says so where it matters (--ckpt_path best, the test after training)
+    warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
@@ -496,6 +522,8 @@ class TrunkCLI(LightningCLI):
         configured = configured if isinstance(configured, list) else [configured]
         config["callbacks"] = [c for c in configured if not isinstance(c, ModelCheckpoint)]
         config["enable_checkpointing"] = False
+        # Lightning's advice to give the checkpoint's callbacks back: left out on purpose, as said above
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
         if self.subcommand == "predict":
             config["logger"] = False
             return
@@ -568,7 +596,8 @@ class TrunkCLI(LightningCLI):
         """Say again what the last validation warned of (in the summary at the end, not only scrolled past), then
         evaluate the best checkpoint on the test splits right after training, when any is configured."""
         for warning in self.model.validation_warnings:
-            rank_zero_warn(f"At the last validation: {warning}")
+            if warning not in self.model.said_warnings:  # not just printed by the last validation itself
+                rank_zero_warn(f"At the last validation: {warning}")
         if not self.datamodule.has_split("test") or self.trainer.interrupted:
             return
         # max_epochs / max_steps 0, or a run that stopped at once: nothing was learned
@@ -589,7 +618,33 @@ class TrunkCLI(LightningCLI):
         # state_dict holds the averaged ones, which `trunk test --ckpt_path` and trunk.tasks.load evaluate: so does this
         # test.
         self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, WeightAveraging)]
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
+        self.after_test()
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
+        """Lightning's tables of evaluation results repeat every column per data loader: Trunk prints its own."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        return {**kwargs, "verbose": False} if subcommand in ("validate", "test") else kwargs
+
+    def after_validate(self) -> None:
+        print_metrics(self.trainer, "val")
+
+    def after_test(self) -> None:
+        print_metrics(self.trainer, "test")
+
+
+def print_metrics(trainer: Trainer, stage: str) -> None:
+    """An evaluation's metrics, one line per task (and per file, with metrics_per_file), then the run's score."""
+    metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith(f"{stage}/")}
+    if not metrics or not trainer.is_global_zero:
+        return
+    lines: dict[str, list[str]] = {}
+    for key, value in sorted(metrics.items(), key=lambda item: (item[0].count("/") == 1, item[0])):  # tasks, score
+        *where, metric = key.split("/")[1:]
+        lines.setdefault("/".join(where) or metric, []).append(f"{metric} {value:.4f}" if where else f"{value:.4f}")
+    width = max(map(len, lines))
+    title = {"val": "Validation", "test": "Test"}[stage]
+    print("\n".join([f"{title} metrics:", *(f"  {name:<{width}}  {'  '.join(values)}" for name, values in lines.items())]))
 
 
 def check_strategy_fits_accelerator(strategy, accelerator) -> None:
@@ -653,11 +708,10 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
         args=args,
         run=run,
         parser_kwargs={
+            "prog": "trunk",
             "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, "
                            "classification, NER, translation, ViT), trained alone or jointly.",
-            "epilog": "Also: export  Write a pretrained-trunk directory from a checkpoint: `trunk export CKPT DIR` "
-                      "(`trunk export --help`). serve  Serve a model over HTTP: `trunk serve CKPT_OR_DIR` "
-                      "(`trunk serve --help`).",
+            "epilog": "Also: " + "; ".join(f"{name}: {SUBCOMMANDS[name]}" for name in COMMANDS) + " (trunk NAME --help)",
         },
     )
     if run and cli.subcommand == "fit" and cli.config.fit.get("finetune_each"):
@@ -665,10 +719,3 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
     return cli
 
 
-# One line each for `trunk --help` (Lightning's defaults are the Trainer methods' docstrings, cut mid-sentence).
-SUBCOMMANDS = {
-    "fit": "Train on every task's data (validating as configured; a test split is evaluated at the end).",
-    "validate": "Evaluate a checkpoint (--ckpt_path) or a fresh model on the validation splits.",
-    "test": "Evaluate a checkpoint (--ckpt_path) on the test splits.",
-    "predict": "Write each predict split's predictions as JSON lines (predictions.output).",
-}

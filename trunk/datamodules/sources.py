@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import dataclasses
 import glob
@@ -262,6 +263,19 @@ def file_format(path: str | Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
+@contextlib.contextmanager
+def quiet_datasets():
+    """No ``datasets`` progress bar while a local file becomes a dataset ("Generating data split: 0 examples"): the file
+    is read in a moment, and the bar says nothing a user needs."""
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
 def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Dataset:
     path = Path(path_str).expanduser()
     if not path.is_file():
@@ -283,8 +297,9 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
     if builder != "parquet":
         check_text_file(path, role, suffix[1:], reading.encoding)
     try:
-        return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data",
-                                     cache_dir=datasets_cache(None, path_str), **options)
+        with quiet_datasets():
+            return datasets.load_dataset(builder, data_files={"data": str(path)}, split="data",
+                                         cache_dir=datasets_cache(None, path_str), **options)
     except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
         if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
             raise empty_split_error(role, path_str) from None

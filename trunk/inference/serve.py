@@ -32,7 +32,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from trunk.training.threads import threads_per_process
+from trunk.training.threads import threads_per_process, user_threads
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,11 @@ class PredictRequest(BaseModel):
                 return json.loads(body)
             except ValueError:
                 raise ValueError("the body is not JSON: send {\"input\": ...} or {\"inputs\": [...]}") from None
+        unknown = sorted(set(body) - set(cls.model_fields)) if isinstance(body, dict) else []
+        if unknown:  # pydantic's own "Extra inputs are not permitted" does not say what to send
+            raise ValueError(f"the body has the field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}, "
+                             "which /predict does not read: send {\"input\": ...} (one input) or {\"inputs\": [...]}, "
+                             "with \"task\" to choose the task")
         return body
 
     @model_validator(mode="after")
@@ -345,6 +350,8 @@ def build_server(
     }
     del predictor
     threads, why = threads_per_process(workers)  # a container's quota and the affinity, not the machine's cores
+    if user_threads() is not None:  # the user's choice wins, as in training
+        threads, why = user_threads(), f"{why} (OMP_NUM_THREADS={user_threads()} per worker)"
     metadata["threads"] = f"{threads} per worker, {workers} worker{'s' * (workers > 1)} on {why}"
     api = TrunkAPI(
         paths,

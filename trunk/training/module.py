@@ -86,6 +86,10 @@ class TrunkModule(L.LightningModule):
         self.hparams.update(trunk=self.trunk_config)  # every value, a preset's and the defaults included
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights, self.validation_warnings = loss_weights(task_weights or {}, objectives), []
+        # the warnings printed at the latest validation, and the tasks warned of: a task's are printed at its first
+        # degenerate validation only, and the last validation's said again at the end unless they were just printed
+        self.said_warnings: set[str] = set()
+        self._warned_tasks: set[str] = set()
         task_info = pair_specs(objectives, task_info)
         self.hparams.update(task_info={name: spec.to_dict() for name, spec in task_info.items()})  # plain values
         self.trunk = build_trunk(self.trunk_config, stems_of(objectives))
@@ -259,9 +263,13 @@ class TrunkModule(L.LightningModule):
         """Each task's epoch metrics (already synced across processes), and the run's score."""
         primaries, warned = [], stage == "val" and not self.trainer.sanity_checking  # two batches prove nothing
         if warned:  # kept for the run's summary at its end (trunk fit)
-            self.validation_warnings = [w for o in self.objectives.values() for w in o.epoch_warnings(stage)]
-            for warning in self.validation_warnings:
-                rank_zero_warn(warning)
+            fresh = {name: o.epoch_warnings(stage) for name, o in self.objectives.items()}
+            self.validation_warnings, self.said_warnings = [w for found in fresh.values() for w in found], set()
+            for name in [name for name, found in fresh.items() if found and name not in self._warned_tasks]:
+                self._warned_tasks.add(name)
+                self.said_warnings.update(fresh[name])
+                for warning in fresh[name]:
+                    rank_zero_warn(warning)
         for name, objective in self.objectives.items():
             values = objective.compute_metrics(stage)
             for key, value in values.items():

@@ -62,6 +62,12 @@ def threads_per_process(processes: int) -> tuple[int, str]:
     return max(1, cores // processes), why
 
 
+def user_threads() -> int | None:
+    """The thread count the user chose with ``OMP_NUM_THREADS`` (not the one ``fit_threads`` set), or None."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 and given != _CHOSEN_THREADS else None
+
+
 def fit_threads(processes: int = 1) -> None:
     """Threads per process for a CPU run of ``processes`` processes: the usable cores shared among them, said in one
     line. ``OMP_NUM_THREADS`` set by the user (or inherited from the run that launched this process) wins; the one
@@ -70,8 +76,7 @@ def fit_threads(processes: int = 1) -> None:
     from lightning.pytorch.utilities import rank_zero_info
 
     global _CHOSEN_THREADS
-    given = os.environ.get("OMP_NUM_THREADS")
-    if given and given != _CHOSEN_THREADS:
+    if user_threads() is not None:
         return
     threads, why = threads_per_process(processes)
     torch.set_num_threads(threads)
