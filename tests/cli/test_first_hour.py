@@ -165,3 +165,37 @@ def test_a_short_run_prints_few_lines_of_library_boilerplate(command, tiny_cli_a
     others = [line for line in lines if not OWN.match(line)]
     assert len(others) <= 3, "\n".join(others)
     assert not any("UserWarning" in line for line in lines), "\n".join(lines)
+
+
+def test_the_best_checkpoint_keeps_the_weights_and_last_the_whole_state(tiny_cli_args, tmp_path):
+    """trunk.training.callbacks.ModelCheckpoint (the recipes'): best-*.ckpt without the optimizer's state (a third of
+    last.ckpt's size under AdamW), which --ckpt_path best tests and predicts with and a new run starts from; last.ckpt
+    whole, to resume."""
+    import torch
+
+    keep = ["--trainer.callbacks+=trunk.training.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
+            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true",
+            "--trainer.callbacks.filename=best-{step}"]
+    cli = run_cli(["fit", *tiny_cli_args, *keep, "--trainer.val_check_interval=4"])
+    callback = cli.trainer.checkpoint_callback
+    best, last = Path(callback.best_model_path), Path(callback.last_model_path)
+    assert best.name.startswith("best-") and last.name == "last.ckpt"
+    best_state, last_state = torch.load(best, weights_only=True), torch.load(last, weights_only=True)
+    assert "optimizer_states" not in best_state and "callbacks" not in best_state
+    assert last_state["optimizer_states"] and last_state["callbacks"]
+    assert best.stat().st_size < 0.5 * last.stat().st_size
+    assert best_state["state_dict"].keys() == last_state["state_dict"].keys() and best_state["trunk_meta"]
+    run_cli(["predict", *tiny_cli_args, "--ckpt_path=best", f"--predictions.output={tmp_path / 'p.jsonl'}"])
+    assert len(read_jsonl(tmp_path / "p.jsonl")) == 64
+    args = [a for a in tiny_cli_args if not a.startswith(("--model.trunk.", "--trainer.default_root_dir"))]
+    again = run_cli(["fit", *args, f"--model.init_from={best}", "--trainer.max_steps=1",
+                     f"--trainer.default_root_dir={tmp_path / 'again'}"])
+    assert again.trainer.global_step == 1
+
+
+def test_export_names_the_class_that_loads_the_head():
+    from trunk.cli.export import auto_class
+
+    assert auto_class("BertForSequenceClassification") == "AutoModelForSequenceClassification"
+    assert auto_class("T5ForConditionalGeneration") == auto_class("MarianMTModel") == "AutoModelForSeq2SeqLM"
+    assert auto_class("BertModel") == "AutoModel"

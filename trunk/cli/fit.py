@@ -436,12 +436,14 @@ class TrunkCLI(LightningCLI):
                 sys.exit(
                     "error: --ckpt_path best: a run resumes from its last checkpoint (--ckpt_path last) or from a path."
                 )
-            # holds the newest ModelCheckpoint state
-            newest = max(found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
-            states = (load_checkpoint(newest).get("callbacks") or {}).values()
-            best = next(
-                (s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")), None
-            )
+            # the newest ModelCheckpoint state: in the newest whole checkpoint (a best one may hold weights only)
+            best = None
+            for path in sorted(found[-1].parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+                states = load_checkpoint(path).get("callbacks")
+                if states:
+                    best = next((s["best_model_path"] for s in states.values()
+                                 if isinstance(s, dict) and s.get("best_model_path")), None)
+                    break
             if best is None:
                 sys.exit(
                     f"error: --ckpt_path best: the run in '{found[-1].parent}' recorded no best checkpoint: no "

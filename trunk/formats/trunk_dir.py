@@ -210,8 +210,12 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
         ckpt = load_checkpoint(path)
         return _checkpoint_config(ckpt, path), _checkpoint_meta(ckpt, path)
     if not path.is_dir():
+        # runs/<recipe>/trunk is what `trunk fit --config configs/<recipe>.yaml` writes when it pretrains
+        recipe = Path("configs", f"{path.parent.name}.yaml") if path.name == "trunk" else None
+        first = (f" It is written by `trunk fit --config {recipe}` (a pretraining run): run that first."
+                 if recipe is not None and recipe.is_file() else "")
         raise FileNotFoundError(
-            f"No pretrained trunk directory or checkpoint at '{path}'. Pretraining writes a directory (see "
+            f"No pretrained trunk directory or checkpoint at '{path}'.{first} Pretraining writes a directory (see "
             "configs/pretrain.yaml), `trunk export CKPT DIR` makes one from any checkpoint, and a .ckpt works too."
         )
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
