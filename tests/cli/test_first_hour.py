@@ -168,12 +168,12 @@ def test_a_short_run_prints_few_lines_of_library_boilerplate(command, tiny_cli_a
 
 
 def test_the_best_checkpoint_keeps_the_weights_and_last_the_whole_state(tiny_cli_args, tmp_path):
-    """trunk.training.callbacks.ModelCheckpoint (the recipes'): best-*.ckpt without the optimizer's state (a third of
+    """trunk.training.callbacks.TrunkCheckpoint (the recipes'): best-*.ckpt without the optimizer's state (a third of
     last.ckpt's size under AdamW), which --ckpt_path best tests and predicts with and a new run starts from; last.ckpt
     whole, to resume."""
     import torch
 
-    keep = ["--trainer.callbacks+=trunk.training.callbacks.ModelCheckpoint", "--trainer.callbacks.monitor=val/score",
+    keep = ["--trainer.callbacks+=trunk.training.callbacks.TrunkCheckpoint", "--trainer.callbacks.monitor=val/score",
             "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true",
             "--trainer.callbacks.filename=best-{step}"]
     cli = run_cli(["fit", *tiny_cli_args, *keep, "--trainer.val_check_interval=4"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 COMMANDS = {  # name -> "module:main(args)"
@@ -60,12 +61,26 @@ def is_collective_failure(err: BaseException) -> bool:
     )
 
 
+_interrupted = False  # a Ctrl+C reached the command before a handler of its own (training's, serve's) took over
+
+
+def _on_interrupt(signum, frame) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGINT, _on_interrupt)
     try:
         run_command()
     except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance), also while the
         # libraries load, before any command runs: one line, not a traceback through torch's imports
         sys.exit("\nInterrupted.")
+    except Exception:
+        if _interrupted:  # a Ctrl+C inside a library's import can surface as another error (numpy: AttributeError)
+            sys.exit("\nInterrupted.")
+        raise
 
 
 def run_command() -> None:

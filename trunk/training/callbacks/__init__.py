@@ -8,7 +8,7 @@ from __future__ import annotations
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
-from trunk.training.callbacks.checkpoint import ModelCheckpoint
+from trunk.training.callbacks.checkpoint import TrunkCheckpoint
 from trunk.training.callbacks.config import LogConfigCallback
 from trunk.training.callbacks.export import ExportTrunk
 from trunk.training.callbacks.norms import Norms
@@ -63,7 +63,7 @@ __all__ = [
     "check_monitors",
     "ExportTrunk",
     "LogConfigCallback",
-    "ModelCheckpoint",
+    "TrunkCheckpoint",
     "Norms",
     "PredictionSamples",
     "PredictionWriter",

@@ -1,4 +1,5 @@
-"""Lightning's ``ModelCheckpoint``, keeping the best checkpoints as weights only and ``last`` whole."""
+"""``TrunkCheckpoint``: Lightning's ``ModelCheckpoint``, keeping the best checkpoints as weights only and ``last``
+whole."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
 
-class ModelCheckpoint(LightningModelCheckpoint):
+class TrunkCheckpoint(LightningModelCheckpoint):
     """``lightning.pytorch.callbacks.ModelCheckpoint`` with ``best_weights_only`` (on by default): the best (top-k)
     checkpoints hold the weights and what predicting, testing and starting a run from them need (labels, tokenizer,
     the data's statistics), without the optimizer's state, which is twice the weights under AdamW (MiniLM: 90 MB of
