@@ -376,5 +376,7 @@ class DeltaRouter:
                 elif added is not None:  # inference: each task's rows take their delta in place, no copy of the batch
                     rows.add_(added)
                 start += size
+            if pieces and start < output.shape[0]:  # the rows that round the real-token path's count (Unpadded)
+                pieces.append(output.narrow(0, start, output.shape[0] - start))
             return torch.cat(pieces) if pieces else output
         return add_deltas

@@ -416,7 +416,9 @@ def take_examples(x: torch.Tensor, key_padding_mask: torch.Tensor | None, unpadd
     taken = lengths.index_select(0, rows)
     shift = (lengths.cumsum(0) - lengths).index_select(0, rows) - (taken.cumsum(0) - taken)  # source start - new start
     tokens = torch.arange(int(taken.sum()), device=x.device) + torch.repeat_interleave(shift, taken)
-    return x.index_select(0, tokens), mask, Unpadded(mask)
+    unpadded = Unpadded(mask)
+    rounding = unpadded.index.numel() - unpadded.real  # rows that round the new count: any values (dropped by pad)
+    return nn.functional.pad(x.index_select(0, tokens), (0, 0, 0, rounding)), mask, unpadded
 
 
 class Backbone(nn.Module):
