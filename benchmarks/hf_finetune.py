@@ -3,8 +3,9 @@
     pip install -e ".[bench]"
     python benchmarks/hf_finetune.py --model ../shared/data/pretrained/all-MiniLM-L6-v2 --data ../shared/data \\
         --task sst2 --task conll --precision 32-true --precision bf16-mixed [--device cuda]
-    # the Trainer's settings: --epochs 3 --lr 5e-5 --clip 1.0; every kind: --task sick_entailment, sick_relatedness, rte,
-    # trec, wnut17, goemotions, openbookqa, xquad (with --max-length 256: its recipe's windows)
+    # the Trainer's settings: --epochs 3 --lr 5e-5 --clip 1.0; every kind: --task sick_entailment, sick_relatedness,
+    # rte (GLUE's, where --data holds it), trec, wnut17, goemotions, openbookqa, xquad (with --max-length 256: its
+    # recipe's windows)
 
 Both sides start from the same weights and read the same files with the same epochs, learning rate, schedule (linear,
 10% warmup), weight decay (0.01, none on biases and LayerNorms), batch size, maximum length and seed. Trunk runs the

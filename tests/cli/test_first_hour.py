@@ -38,7 +38,8 @@ def sentence_run(sentiment_files, tmp_path):
             writer.writerows(rows)
     options = single_task([
         *TINY_MODEL, "--data=trunk.datamodules.TextClassificationData", f"--data.train={data / 'train.tsv'}",
-        f"--data.validation={data / 'validation.tsv'}", "--data.text_column=sentence", "--data.tokenizer_vocab_size=300",
+        f"--data.validation={data / 'validation.tsv'}", "--data.text_column=sentence",
+        "--data.tokenizer_vocab_size=300",
         "--data.max_length=64", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tmp_path / 'run'}", *LAST,
     ])
@@ -75,8 +76,8 @@ def test_a_predict_file_brings_its_own_text_column_or_names_it(sentence_run, tmp
              f"--ckpt_path={ckpt}", f"--predictions.output={out}", "--predictions.overwrite=true"])
     assert [row["text"] for row in read_jsonl(out)] == ["the film was great"]
     with pytest.raises(ValueError, match=r"predict_columns names \['label_column'\], which this task does not read"):
-        run_cli(["predict", *options, *single_task([f"--data.predict={two}", "--data.predict_columns={label_column: x}"]),
-                 f"--ckpt_path={ckpt}"])
+        run_cli(["predict", *options, f"--ckpt_path={ckpt}",
+                 *single_task([f"--data.predict={two}", "--data.predict_columns={label_column: x}"])])
 
 
 def test_best_of_a_run_that_never_validated_says_to_take_last(sentiment_files, tmp_path):
@@ -145,8 +146,8 @@ def test_the_test_after_a_run_without_validation_says_why_it_scores_the_final_we
 
 
 # Trunk's own lines: its run summary and notes, its warnings, the encoding bars, its metrics tables
-OWN = re.compile(r"(Run:|  |Threads:|Precision:|Tasks \[|Model:|Logging every|warning:|Encoding |Test metrics:|Traine?d? a "
-                 r"|Validation metrics:|Checkpoint:|Wrote the predictions)")
+OWN = re.compile(r"(Run:|  |Threads:|Precision:|Tasks \[|Model:|Logging every|warning:|Encoding |Traine?d? a "
+                 r"|Test metrics:|Validation metrics:|Checkpoint:|Wrote the predictions)")
 
 
 @pytest.mark.parametrize("command", ["fit", "predict"])

@@ -1,6 +1,7 @@
-"""The ``trunk`` command. ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (``fit.py``); every
-command's summary is in ``SUBCOMMANDS``; the others are plain argparse, one file each, in ``COMMANDS``. Each is imported when it
-runs (and the names below when first used), so ``trunk import`` or ``trunk serve`` does not load Lightning's CLI."""
+"""The ``trunk`` command. ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (``fit.py``); the others
+are plain argparse, one file each, in ``COMMANDS``; every command's summary is in ``SUBCOMMANDS``. Each is imported
+when it runs (and the names below when first used), so ``trunk import`` or ``trunk serve`` does not load Lightning's
+CLI."""
 
 from __future__ import annotations
 

@@ -185,13 +185,14 @@ def export_hf_main(options) -> None:
         path, architecture = export_hf(read_trunk(options.ckpt), options.dir, options.task, options.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {err}")
-    print(f"Wrote {path} ({architecture}): transformers.{auto_class(architecture)}.from_pretrained('{path}') loads it"
-          f"{' with its head' if auto_class(architecture) != 'AutoModel' else ''}, as does {architecture}.from_pretrained")
+    auto = auto_class(architecture)
+    print(f"Wrote {path} ({architecture}): transformers.{auto}.from_pretrained('{path}') loads it"
+          f"{' with its head' if auto != 'AutoModel' else ''}, as does {architecture}.from_pretrained")
 
 
 def auto_class(architecture: str) -> str:
-    """The transformers Auto class that loads a model folder of ``architecture`` with its head (BertForTokenClassification
-    -> AutoModelForTokenClassification; a bare encoder -> AutoModel)."""
+    """The transformers Auto class that loads a model folder of ``architecture`` with its head
+    (BertForTokenClassification -> AutoModelForTokenClassification; a bare encoder -> AutoModel)."""
     if architecture.endswith("MTModel"):  # MarianMTModel: a translator
         return "AutoModelForSeq2SeqLM"
     if "For" not in architecture:

@@ -35,12 +35,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from trunk.assembly.run import RunSourceError, resolve, resume_changes
 from trunk.assembly.weights import HeadReuse
+from trunk.cli import COMMANDS, SUBCOMMANDS
 from trunk.cli.config_files import PARSER_MODE, check_config_files
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
 from trunk.inference.quantize import QuantizeForEvaluation
-from trunk.cli import COMMANDS, SUBCOMMANDS
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, last_checkpoints, slurm_job_id
@@ -646,7 +646,8 @@ def print_metrics(trainer: Trainer, stage: str) -> None:
         lines.setdefault("/".join(where) or metric, []).append(f"{metric} {value:.4f}" if where else f"{value:.4f}")
     width = max(map(len, lines))
     title = {"val": "Validation", "test": "Test"}[stage]
-    print("\n".join([f"{title} metrics:", *(f"  {name:<{width}}  {'  '.join(values)}" for name, values in lines.items())]))
+    rows = [f"  {name:<{width}}  {'  '.join(values)}" for name, values in lines.items()]
+    print("\n".join([f"{title} metrics:", *rows]))
 
 
 def check_strategy_fits_accelerator(strategy, accelerator) -> None:
@@ -713,7 +714,8 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
             "prog": "trunk",
             "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, "
                            "classification, NER, translation, ViT), trained alone or jointly.",
-            "epilog": "Also: " + "; ".join(f"{name}: {SUBCOMMANDS[name]}" for name in COMMANDS) + " (trunk NAME --help)",
+            "epilog": "Also: " + "; ".join(f"{name}: {SUBCOMMANDS[name]}" for name in COMMANDS)
+                      + " (trunk NAME --help)",
         },
     )
     if run and cli.subcommand == "fit" and cli.config.fit.get("finetune_each"):
