@@ -557,7 +557,9 @@ def test_help_lists_every_subcommand_with_a_one_line_summary():
     assert {"fit", "validate", "test", "predict", "export", "import", "serve"} <= set(SUBCOMMANDS)
     done = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", "--help"], capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("usage: trunk [options] fit"), done.stdout[:200]
+    assert done.returncode == 0 and done.stdout.startswith("usage: trunk fit --config RECIPE.yaml [options]")
+    head = done.stdout[:2000]  # it leads with the options people change, before the Trainer's hundreds
+    assert "The options people change most" in head and "--model.init_from PATH" in head, head
 
 
 def test_every_logged_run_records_learning_rates_throughput_and_optionally_norms(tiny_cli_args, tmp_path):

@@ -126,6 +126,22 @@ class TrunkArgumentParser(LightningArgumentParser):
         super().error(message, ex)
 
 
+# What `trunk fit --help` leads with: the options people change, before the hundreds of the Trainer and the classes
+COMMON_OPTIONS = """The options people change most (every value of a recipe has one: --print_config shows them):
+  --config configs/RECIPE.yaml          a recipe (several: later ones override)
+  --model.init_from PATH                start from a pretrained model, a trunk directory or a checkpoint
+  --data.tasks.NAME.train / .validation / .test / .predict PATH    a task's files
+  --data.tasks.NAME.batch_size N, --data.tasks.NAME.max_length N
+  --model.optimizer.lr LR, --trainer.max_epochs N, --trainer.max_steps N, --trainer.precision auto|32-true
+  --ckpt_path last|best|PATH            resume (fit), or the weights to evaluate or predict with
+  --trainer.default_root_dir DIR        where the run writes (default runs/RECIPE)"""
+
+
+def _keep_lines(self, text: str, width: int, indent: str) -> str:
+    """A help description as written, line by line (argparse's own reflows it into one paragraph)."""
+    return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 class TrunkCLI(LightningCLI):
     """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
 
@@ -134,6 +150,12 @@ class TrunkCLI(LightningCLI):
         if add_subcommands:  # one whole line each in `trunk --help`, not the Trainer docstrings' first words
             for choice in self.parser._subcommands_action._choices_actions:
                 choice.help = SUBCOMMANDS.get(choice.dest, choice.help)
+            for name, parser in self.parser._subcommands_action._name_parser_map.items():
+                parser.usage = f"trunk {name} --config RECIPE.yaml [options]"  # not ninety lines of every option
+                parser.description = f"{SUBCOMMANDS.get(name, '')}\n\n{COMMON_OPTIONS}"
+                parser.formatter_class = type("KeepLines", (parser.formatter_class,), {"_fill_text": _keep_lines})
+
+
 
     def parse_arguments(self, parser, args) -> None:
         # kept for the resume command a stopped run prints (a script calling run_cli has argv of its own)
