@@ -56,7 +56,7 @@ LIGHTNING_PRECISION = typing.get_type_hints(Trainer.__init__)["precision"]  # th
 BOILERPLATE = re.compile(
     r"💡 Tip|Trainer already configured with model summary callbacks|(GPU|TPU|HPU) available: False"
     r"|Loading `train_dataloader` to estimate|Using (bfloat16|16-bit) Automatic Mixed Precision"
-    r"|Restoring states from the checkpoint path"
+    r"|Restoring states from the checkpoint path|`Trainer\(val_check_interval=1.0\)` was configured"
 )
 
 
