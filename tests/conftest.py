@@ -44,6 +44,17 @@ except ImportError:
     pass
 
 
+def logged_metrics(folder: Path) -> dict[str, float]:
+    """What a run logged, whole (its newest metrics.csv under ``folder``): each metric's last value. The printed
+    tables round to 4 places."""
+    newest = max(folder.rglob("metrics.csv"), key=lambda path: path.stat().st_mtime)
+    values: dict[str, float] = {}
+    with newest.open() as f:
+        for row in csv.DictReader(f):
+            values.update({key: float(value) for key, value in row.items() if value not in ("", None)})
+    return values
+
+
 def write_rows(path: Path, rows: list[dict]) -> Path:
     """Write rows as csv / tsv / jsonl, chosen by the file suffix."""
     if path.suffix == ".jsonl":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, logged_metrics
 
 RUN = REPO / "tests" / "parallel_run.py"
 
@@ -137,7 +137,7 @@ def test_fsdp2_preset_trains_checkpoints_and_exports_through_the_cli(tiny_cli_ar
         env=env,
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
-    assert "test/sentiment/acc" in fit.stdout + fit.stderr
+    assert "Test metrics:" in fit.stdout and "test/sentiment/acc" in logged_metrics(tmp_path / "run")
     checkpoints = sorted((tmp_path / "run").rglob("*.ckpt"))
     assert checkpoints and all(torch.load(p, weights_only=True)["global_step"] == 8 for p in checkpoints), checkpoints
     export = subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(checkpoints[0]), str(tmp_path / "trunk")],
@@ -277,7 +277,7 @@ def test_a_sharded_checkpoint_exports_and_starts_runs_like_a_consolidated_one(ti
         env=env,
     )
     assert test.returncode == 0, test.stderr[-3000:]
-    assert "test/sentiment/acc" in test.stdout + test.stderr
+    assert "Test metrics:" in test.stdout and "test/sentiment/acc" in logged_metrics(tmp_path / "test")
     plain = subprocess.run([sys.executable, "-m", "trunk.cli", "test", *args, test_split, f"--ckpt_path={tmp_path}"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert plain.returncode != 0 and "is a directory but not a sharded checkpoint" in plain.stderr

@@ -278,7 +278,8 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
         # predicting reads nothing of the training files
         states = next((value for key, value in ckpt.items() if key.endswith("MultiTaskData")), {})
         for name, member in data.tasks.items():
-            member.load_state_dict(states.get(name, {}))
+            if name in states:
+                member.load_state_dict(states[name])
         options = checkpoint_options(ckpt, options)
         for name, head in ckpt["trunk_meta"]["heads"].items():
             if head.get("label_names") is not None:

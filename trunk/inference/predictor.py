@@ -240,7 +240,8 @@ def _task_data(path: Path, specs: dict, states: dict, given: dict | None) -> dic
             "data={task: TextClassificationData(...), ...})."
         )
     for name, member in tasks.items():
-        member.load_state_dict(states.get(name, {}))
+        if name in states:
+            member.load_state_dict(states[name])
     return tasks
 
 
