@@ -429,9 +429,9 @@ def test_health_reports_a_worker_stuck_on_one_batch_and_recovers(tiny_cli_args):
     200 once the workers started), and 200 again when it is done."""
     fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
-    with Server(ckpt, "--stuck-after=0.5", "--max-batch-size=1", "--batch-size=1") as server:
-        with ThreadPoolExecutor(1) as pool:
-            slow = pool.submit(server.post, {"inputs": ["a long sentence " * 20] * 256}, 600)  # seconds of work
+    with Server(ckpt, "--stuck-after=0.3", "--max-batch-size=1", "--batch-size=1") as server:
+        with ThreadPoolExecutor(1) as pool:  # the most inputs a request may hold, one forward pass each: seconds
+            slow = pool.submit(server.post, {"inputs": ["a long sentence " * 20] * 1024}, 600)
             deadline, seen = time.monotonic() + 600, set()
             while not slow.done() and time.monotonic() < deadline:
                 try:
