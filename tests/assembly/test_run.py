@@ -101,6 +101,10 @@ def test_another_label_set_is_a_clear_error_naming_both(trained):
         r"is \['good', 'bad'\]",
     ):
         run_cli(["test", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.label_names=[good, bad]"])
+    # names that only print like the trained ones (a capital, a zero-width space) are named as such
+    with pytest.raises(ValueError, match=r"is \['Negative', 'positive\\u200b'\] \(they only look the same: "
+                                         r".*'Negative'.*U\+200B"):
+        run_cli(["test", *args, f"--ckpt_path={ckpt}", "--data.tasks.sentiment.label_names=[Negative, positive\u200b]"])
 
 
 def test_test_reads_its_checkpoint_once(trained, monkeypatch):

@@ -35,7 +35,7 @@ from tokenizers import Encoding, Tokenizer
 from torch.utils.data import DataLoader
 
 from trunk.core.codec import PAD, fingerprint, special_id
-from trunk.core.labels import alike_groups, check_fold, describe_alike, fold_label
+from trunk.core.labels import alike_across, alike_groups, check_fold, describe_alike, fold_label
 from trunk.datamodules.encoded import encoded_split
 from trunk.datamodules.sources import (
     BUILTIN_PREFIX,
@@ -401,10 +401,12 @@ class TaskData:
         if own == list(stored):
             return None
         if sorted(own) != sorted(stored):
+            alike = alike_across(own, stored)
             raise ValueError(
                 f"Task '{self.name}': {source} was trained on the labels {list(stored)}, but "
-                f"{self.option(self.label_option)} is {own}. Leave {self.option(self.label_option)} unset to use the "
-                "trained labels, or list the same names (in any order)."
+                f"{self.option(self.label_option)} is {own}{f' (they only look the same: {alike})' if alike else ''}. "
+                f"Leave {self.option(self.label_option)} unset to use the trained labels, or list the same names (in "
+                "any order)."
             )
         self._label_order = list(stored)
         return f"{self.option(self.label_option)} {own} matched by name to the trained order {list(stored)}"
