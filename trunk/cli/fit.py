@@ -155,8 +155,6 @@ class TrunkCLI(LightningCLI):
                 parser.description = f"{SUBCOMMANDS.get(name, '')}\n\n{COMMON_OPTIONS}"
                 parser.formatter_class = type("KeepLines", (parser.formatter_class,), {"_fill_text": _keep_lines})
 
-
-
     def parse_arguments(self, parser, args) -> None:
         # kept for the resume command a stopped run prints (a script calling run_cli has argv of its own)
         self.arguments = sys.argv[1:] if args is None else list(args) if isinstance(args, (list, tuple)) else None

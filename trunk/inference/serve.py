@@ -350,8 +350,8 @@ def build_server(
     }
     del predictor
     threads, why = threads_per_process(workers)  # a container's quota and the affinity, not the machine's cores
-    if user_threads() is not None:  # the user's choice wins, as in training
-        threads, why = user_threads(), f"{why} (OMP_NUM_THREADS={user_threads()} per worker)"
+    if (chosen := user_threads()) is not None:  # the user's choice wins, as in training
+        threads, why = chosen, f"{why} (OMP_NUM_THREADS={chosen} per worker)"
     metadata["threads"] = f"{threads} per worker, {workers} worker{'s' * (workers > 1)} on {why}"
     api = TrunkAPI(
         paths,

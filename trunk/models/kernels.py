@@ -73,7 +73,7 @@ class Unpadded:
         self.real = real.numel()
         # The rows are the real tokens, then padding positions up to a round count (computed along, dropped by pad):
         # batches of nearly the same size then allocate tensors of one size. Sizes that differ by every token
-        # fragment the allocator's heap: a 3-epoch MiniLM fine-tune grew to 5.3 GB resident (1.9 GB so rounded).
+        # fragment the allocator's heap: a 3-epoch MiniLM fine-tune grew to 5.3 GB resident (2.4 GiB so rounded).
         rows = min(rounded(self.real), flat.numel())
         self.index = real if rows == self.real else torch.cat([real, (~flat).nonzero().squeeze(1)[: rows - self.real]])
 

@@ -31,7 +31,7 @@ class RunLength(L.Callback):
                 f"{trainer.max_steps} steps."
             )
         configured = trainer.log_every_n_steps
-        every = max(1, min(configured, steps_per_epoch, steps // LOGS_PER_RUN if steps < math.inf else configured))
+        every = max(1, int(min(configured, steps_per_epoch, steps // LOGS_PER_RUN)))  # inf // 10: inf
         if every < configured:
             trainer.log_every_n_steps = every
             rank_zero_info(f"Logging every {every} steps (not trainer.log_every_n_steps={configured}): the run takes "
