@@ -22,7 +22,7 @@ quickstart: install
 
 test: install
 	$(VENV)/bin/ruff check --quiet .
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal --durations=25
 
 PLOT := $(VENV)/bin/python benchmarks/plot.py
 figures: install

@@ -79,6 +79,11 @@ def last(root: Path) -> Path:
     return root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
 
+def logged_steps(run: Path) -> list[int]:
+    lines = (run / "lightning_logs/version_0/metrics.csv").read_text().splitlines()
+    return sorted(int(line.split(",")[lines[0].split(",").index("step")]) for line in lines[1:])
+
+
 def test_killed_at_random_steps_and_resumed_ends_bit_identical(sentiment_files, ner_files, tmp_path):
     """SIGKILL mid-epoch, at an epoch's last step and in the second epoch; each time resume with
     --ckpt_path last. The final weights equal the uninterrupted run's exactly."""
@@ -104,15 +109,26 @@ def test_killed_at_random_steps_and_resumed_ends_bit_identical(sentiment_files, 
     assert all(torch.equal(expected[k], got[k]) for k in expected), f"kills at {kills}"
     # one run directory: the resumed runs kept the first one's logs, best score and checkpoints
     assert [p.name for p in (root / "lightning_logs").iterdir()] == ["version_0"]
-    def logged_steps(run: Path) -> list[int]:
-        lines = (run / "lightning_logs/version_0/metrics.csv").read_text().splitlines()
-        return sorted(int(line.split(",")[lines[0].split(",").index("step")]) for line in lines[1:])
-
     assert logged_steps(root) == logged_steps(tmp_path / "straight"), kills  # the killed runs' rows survive the resumes
     best = lambda r: sorted(p.name for p in (r / "lightning_logs/version_0/checkpoints").glob("epoch=*"))  # noqa: E731
     assert best(root) == best(tmp_path / "straight"), kills
     assert "Test metrics:" in resumed.stdout
     assert logged_metrics(root)["test/score"] == logged_metrics(tmp_path / "straight")["test/score"]
+
+
+def test_a_row_logged_after_the_last_save_is_logged_once_after_the_resume(sentiment_files, ner_files, tmp_path):
+    """The save of step 15 comes before the batch that logs step 15 (rows every 8 steps: 7, 15, ...); killed at 17,
+    the resume runs that batch again, so the kept history must not hold its row too (it did: `<=` for `<`)."""
+    straight = trunk(fit_args(tmp_path / "straight", sentiment_files, ner_files, epochs=1), tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    root = tmp_path / "killed"
+    killed = trunk([*fit_args(root, sentiment_files, ner_files, epochs=1), *signal_at(17)], tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert torch.load(last(root), weights_only=True)["global_step"] == 15
+    assert 15 in logged_steps(root)  # the row the resume logs again
+    resumed = trunk([*fit_args(root, sentiment_files, ner_files, epochs=1), "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(root) == logged_steps(tmp_path / "straight")
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

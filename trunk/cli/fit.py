@@ -698,14 +698,16 @@ def check_multi_node_launch(num_nodes: int, plugins: list) -> None:
 
 
 def _keep_csv_history(logger: CSVLogger, step: int) -> None:
-    """Lightning's CSV writer deletes an existing metrics.csv; a resumed run keeps the rows logged up to
-    its checkpoint's step (later ones are logged again) and appends to them."""
+    """Lightning's CSV writer deletes an existing metrics.csv; a resumed run keeps the rows its checkpoint's
+    state had logged (later ones are logged again) and appends to them. A row of step s is logged by the batch
+    that brings global_step to s + 1, after that batch's checkpoints: a checkpoint of global_step g holds the rows
+    of steps below g."""
     path = Path(logger.log_dir) / "metrics.csv"
     if not path.is_file():
         return
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        header, rows = list(reader.fieldnames or []), [r for r in reader if int(r.get("step") or 0) <= step]
+        header, rows = list(reader.fieldnames or []), [r for r in reader if int(r.get("step") or 0) < step]
     writer = logger.experiment  # created now: it removes the file
     with path.open("w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=header)
