@@ -33,7 +33,7 @@ from trunk.core.checkpoint import is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec
 from trunk.core.contract import check_task_names
 from trunk.formats.task_dir import read_trunk
-from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, trunk_config
+from trunk.formats.trunk_dir import PretrainedTrunk, pretrained_trunk_config, select_layers, trunk_config
 from trunk.models import TrunkConfig
 from trunk.tasks.registry import as_objective, check_stored_tasks
 from trunk.training.finetuning import FinetuneConfig
@@ -244,21 +244,24 @@ def resolve(
     ckpt_path: str | Path | None = None,
     reuse: HeadReuse | None = None,
     checkpoint: dict | None = None,
+    layers: list[int] | str | None = None,
 ) -> Resolved:
     """Decide a run's facts once and build its model (see the module's docstring).
 
     ``options``: ``TrunkModule``'s arguments (objectives or their class_path specs, trunk, optimizer, ...);
     ``data``: the run's ``TaskSet`` (its ``MultiTaskData``, or the tasks alone for inference); ``init_from``: a path, or
     a trunk already read; ``checkpoint``: ``ckpt_path``'s contents when already read; ``reuse``: how ``init_from``'s
-    heads start tasks of other names or labels (``trunk.assembly.weights``)."""
-    resolved = _resolve(options, data, init_from=init_from, ckpt_path=ckpt_path, reuse=reuse, checkpoint=checkpoint)
+    heads start tasks of other names or labels (``trunk.assembly.weights``); ``layers``: ``init_from``'s blocks a
+    shallower trunk starts from (``select_layers``)."""
+    resolved = _resolve(options, data, init_from=init_from, ckpt_path=ckpt_path, reuse=reuse, checkpoint=checkpoint,
+                        layers=layers)
     # what each task reads, said once: a column that is not read (a pair trained as single texts) shows here
     resolved.report += [f"task '{name}' reads {columns}" for name, task in data.tasks.items()
                         if (columns := task.columns_read())]
     return resolved
 
 
-def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) -> Resolved:
+def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint, layers) -> Resolved:
     report: list[str] = []
     check_task_names(data.tasks)
     if ckpt_path is not None:
@@ -300,6 +303,14 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint) ->
             raise RunSourceError(f"model.init_from: {err}") from None
         source = pretrained.path
         report.append(f"weights from model.init_from '{source}'")
+        if layers is not None:
+            depth = pretrained.config.n_layers
+            try:
+                pretrained = select_layers(pretrained, layers)
+            except ValueError as err:
+                raise RunSourceError(str(err)) from None
+            report.append(f"a trunk of {pretrained.config.n_layers} of its {depth} blocks (model.init_layers="
+                          f"{layers})")
         if "text" in pretrained.stems:
             if data.tokenizer_path is not None and Path(data.tokenizer_path).resolve() not in (
                 source.resolve(),

@@ -41,6 +41,7 @@ from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
 from trunk.inference.quantize import QuantizeForEvaluation
+from trunk.inference.teachers import attach_teachers
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
 from trunk.training.callbacks.run_lock import RunFolderLock
 from trunk.training.fault_tolerance import AtomicCheckpointIO, FaultTolerance, last_checkpoints, slurm_job_id
@@ -107,7 +108,8 @@ class TrunkTrainer(Trainer):
 RUN_OPTIONS = {
     **dict.fromkeys(["tokenizer", "tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_model", "lowercase",
                      "sampling", "temperature", "weights", "anneal_to"], "data"),
-    **dict.fromkeys(["init_from", "trunk", "heads_from", "label_map", "optimizer", "finetune"], "model"),
+    **dict.fromkeys(["init_from", "init_layers", "trunk", "heads_from", "label_map", "optimizer", "finetune",
+                     "distill"], "model"),
 }
 
 
@@ -179,6 +181,13 @@ class TrunkCLI(LightningCLI):
             "stored head of the same name and kind, that head (labels matched by name).",
         )
         parser.add_argument(
+            "--model.init_layers",
+            type=list[int] | Literal["every_other"] | None,
+            default=None,
+            help="With init_from, a shallower trunk of these of its blocks, in order (every_other: 0, 2, 4, ...): a "
+            "distilled student's start (model.distill).",
+        )
+        parser.add_argument(
             "--model.reinit_mismatched_heads",
             type=bool,
             default=False,
@@ -224,7 +233,7 @@ class TrunkCLI(LightningCLI):
         self.datamodule = self._get(self.config_init, "data")
         config = self.config[self.subcommand] if self.subcommand else self.config
         options = dict(self._get(self.config_init, "model"))
-        init_from = options.pop("init_from")
+        init_from, layers = options.pop("init_from"), options.pop("init_layers")
         reuse = HeadReuse(
             **{
                 key: options.pop(key)
@@ -242,12 +251,15 @@ class TrunkCLI(LightningCLI):
                      f"{'predict with' if self.subcommand == 'predict' else 'score'} random weights.")
         try:
             self.run = resolve(
-                options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path, reuse=reuse
+                options, self.datamodule, init_from=None if ckpt_path else init_from, ckpt_path=ckpt_path, reuse=reuse,
+                layers=layers,
             )
         except RunSourceError as err:
             sys.exit(f"error: {err}")
         if self.subcommand == "fit" and self.run.checkpoint is not None:
             self._check_resume(options, ckpt_path, from_weights=init_from is not None)
+        if self.subcommand == "fit" and self.run.model.distill:  # loaded and checked before any step
+            self.run.report += attach_teachers(self.run.model)
         self.run.say()
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None

@@ -15,9 +15,11 @@ Every check names both sides of a mismatch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,40 @@ class PretrainedTrunk:
     heads: dict[str, dict] = field(default_factory=dict)
     codec: Codec = field(default_factory=Codec)
     pooler: dict[str, torch.Tensor] = field(default_factory=dict)  # a pretrained pooler's dense layer: weight, bias
+
+
+def select_layers(pretrained: PretrainedTrunk, layers: list[int] | str) -> PretrainedTrunk:
+    """A shallower trunk of some of ``pretrained``'s blocks, in the order given, renumbered 0, 1, ... (``model.
+    init_layers``): the way a distilled student starts from its teacher (DistilBERT took every other layer).
+    ``every_other``: blocks 0, 2, 4, ..."""
+    n = pretrained.config.n_layers
+    chosen = list(range(0, n, 2)) if layers == "every_other" else list(layers)
+    where = f"model.init_layers={layers!r}"
+    if isinstance(layers, str) and layers != "every_other" or not chosen or any(
+            not isinstance(i, int) or not 0 <= i < n for i in chosen) or len(set(chosen)) != len(chosen):
+        raise ValueError(f"{where}: give every_other, or a list of distinct block numbers of the {n} of "
+                         f"'{pretrained.path}' (0 to {n - 1}).")
+    pattern = [name for name, on in (("shared_blocks", pretrained.config.shared_blocks),
+                                     ("local_window", pretrained.config.local_window)) if on]
+    if pattern:
+        raise ValueError(f"{where}: the blocks of '{pretrained.path}' are not alike at every depth ({pattern[0]}="
+                         f"{getattr(pretrained.config, pattern[0])}: which blocks share weights or attend locally "
+                         "follows their number), so a subset of them is another model. Leave model.init_layers unset.")
+    with_deltas = sorted(name for name, head in pretrained.heads.items() if head["meta"].get("peft"))
+    if with_deltas:
+        raise ValueError(f"{where}: the heads {with_deltas} of '{pretrained.path}' bring deltas on every one of its "
+                         f"{n} blocks. Start from the trunk without their task directories.")
+    renumbered = {str(old): str(new) for new, old in enumerate(chosen)}
+    block = re.compile(r"^backbone\.blocks\.(\d+)\.")
+    weights = {}
+    for key, value in pretrained.trunk_weights.items():
+        found = block.match(key)
+        if found is None:
+            weights[key] = value
+        elif found.group(1) in renumbered:
+            weights[f"backbone.blocks.{renumbered[found.group(1)]}.{key[found.end():]}"] = value
+    config = dataclasses.replace(pretrained.config, n_layers=len(chosen))
+    return dataclasses.replace(pretrained, config=config, trunk_weights=weights)
 
 
 def check_writable(directory: Path, overwrite: bool) -> None:

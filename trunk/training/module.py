@@ -26,6 +26,7 @@ from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss, check_aux_mlm, tied_mlm_head
 from trunk.tasks.registry import as_objective, stems_of
 from trunk.training.callbacks import check_monitors
+from trunk.training.distill import Teachers, distill_configs, mixed
 from trunk.training.finetuning import FinetuneConfig, Freezer, GradualUnfreezing, apply_freezing
 from trunk.training.optim import OptimConfig, build_optimizer, depth_param_groups
 from trunk.training.sharding import shard
@@ -61,6 +62,9 @@ class TrunkModule(L.LightningModule):
         peft: task -> its delta on a frozen trunk, ``{method: lora | adapter, r, alpha, dropout, targets, layers, norms,
             dora}`` (``trunk.models.deltas.DeltaConfig``): the trunk is frozen, and each listed task trains only its
             delta and its head (tasks not listed train their head alone). A task's delta is kept with its head.
+        distill: task -> how it learns from trained models of it, ``{teachers: [paths], alpha, temperature, ...}``
+            (``trunk.training.distill.DistillConfig``); the teachers are loaded by ``trunk fit``
+            (``trunk.inference.teachers``), or handed over in Python with ``attach_teachers``.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class TrunkModule(L.LightningModule):
         compile: bool = False,
         aux_mlm: float = 0.0,
         peft: dict[str, dict] | None = None,
+        distill: dict[str, dict] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["codec"])
@@ -96,6 +101,8 @@ class TrunkModule(L.LightningModule):
         for name, objective in objectives.items():
             objective.build(name, self.trunk, task_info[name])
         self.router = self._deltas(peft or {}, objectives)
+        self.distill = distill_configs(distill, objectives)
+        self.teachers: dict[str, Teachers] = {}  # not modules of this one: never trained, saved or summed up
         self.objectives = nn.ModuleDict(objectives)
         check_aux_mlm(aux_mlm, objectives, codec.tokenizer if codec is not None else None)
         self.aux_mlm, self.aux_mlm_head = float(aux_mlm), tied_mlm_head(self.trunk) if aux_mlm else None
@@ -142,6 +149,12 @@ class TrunkModule(L.LightningModule):
             self.trunk.stems["text"].connect(self._special_ids[SEP])
         for objective in self.objectives.values():
             objective.connect(codec)
+
+    def attach_teachers(self, task: str, teachers: Teachers) -> None:
+        """Hand ``task`` (one of ``model.distill``) its loaded teachers."""
+        if task not in self.distill:
+            raise ValueError(f"Task '{task}' is not in model.distill {sorted(self.distill)}: it has no teachers.")
+        self.teachers[task] = teachers
 
     @property
     def tasks(self) -> list[str]:
@@ -200,7 +213,10 @@ class TrunkModule(L.LightningModule):
             if stage == "samples":  # validation's prediction tables (PredictionSamples)
                 return objective.samples(self.trunk, batch)
             with objective.in_file(batch.get("file")):  # a split read as several files, each with its own metrics
-                loss = objective.loss(self.trunk, batch, stage)
+                if stage == "train" and task in self.distill:
+                    loss = self._distilled_loss(task, objective, batch)
+                else:
+                    loss = objective.loss(self.trunk, batch, stage)
             where = f"{task}/{batch['file']}" if batch.get("file") else task  # a file's loader logs its own loss
             self.log(f"{stage}/{where}/loss", loss, on_step=stage == "train", on_epoch=True,
                      batch_size=batch_size(batch), sync_dist=stage != "train", add_dataloader_idx=False)
@@ -210,6 +226,17 @@ class TrunkModule(L.LightningModule):
                 self.log(f"train/{task}/aux_mlm_loss", aux, on_step=True, on_epoch=True, batch_size=batch_size(batch))
                 loss = loss + self.aux_mlm * aux
             return loss
+
+    def _distilled_loss(self, task: str, objective: Objective, batch: dict) -> torch.Tensor:
+        """A training batch of a task with teachers: its own loss (where it has labels) mixed with the one against
+        the teachers' answers (``trunk.training.distill``), from one forward of the student."""
+        config, output = self.distill[task], objective(self.trunk, batch)
+        with torch.no_grad():
+            targets = self.teachers[task].soft_targets(batch)
+        distill = objective.distill_loss(output, targets, batch, config.temperature)
+        self.log(f"train/{task}/distill_loss", distill, on_step=True, on_epoch=True, batch_size=batch_size(batch))
+        own = objective.loss(self.trunk, batch, "train", output) if "labels" in batch else None
+        return mixed(own, distill, config.alpha)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self._trained_tasks.add(batch["task"])
@@ -293,6 +320,12 @@ class TrunkModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_monitors(self.trainer.callbacks, list(self.objectives))
+        missing = sorted(set(self.distill) - set(self.teachers))
+        if missing:
+            raise ValueError(f"model.distill names {missing}, but no teachers were loaded for them: `trunk fit` loads "
+                             "them; in Python, trunk.inference.teachers.attach_teachers(model) does.")
+        for teachers in self.teachers.values():
+            teachers.to(self.device)
 
     # -- the sharding hook ---------------------------------------------------------------------------------
     def configure_model(self) -> None:

@@ -51,6 +51,11 @@ class Objective(nn.Module):
     # parts of the head a stored one may lack, which then start fresh (a released discriminator's absent generator)
     fresh_parts: ClassVar[tuple[str, ...]] = ()
     exports_trunk: ClassVar[bool] = False  # pretraining: fit ends by writing a trunk directory
+    # distillation: the batch key of the raw inputs a teacher with another tokenizer encodes anew (None: a teacher must
+    # share the student's tokenizer and reads its batches as they are), and whether soft targets have a last dimension
+    # of labels (a teacher's are put in the student's label order, by name)
+    raw_input_key: ClassVar[str | None] = None
+    targets_by_label: ClassVar[bool] = False
     onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
 
     def __init__(self, **config) -> None:
@@ -167,8 +172,25 @@ class Objective(nn.Module):
             setattr(self, key, value)
 
     # -- running ---------------------------------------------------------------------------------------
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        """The loss of one batch; updates ``self.metrics(stage)``."""
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        """The loss of one batch; updates ``self.metrics(stage)``. ``output``: this batch's ``forward`` output, where
+        the caller has it already (a distilled task's step scores it against its teachers too)."""
+        raise NotImplementedError
+
+    # -- distillation ------------------------------------------------------------------------------------
+    @property
+    def distills(self) -> bool:
+        """Whether this kind can learn from teachers (it has ``soft_targets`` and ``distill_loss``)."""
+        return type(self).soft_targets is not Objective.soft_targets
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """What this task's model, as a teacher, answers to a batch: probabilities (per example, word or candidate) or
+        values on the data's scale, a form an ensemble's members are averaged in and a student of another tokenizer
+        reads."""
+        raise NotImplementedError(f"{type(self).__name__} has no distillation loss")
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        """The student's loss against its teachers' (averaged) ``soft_targets``, from its ``forward`` ``output``."""
         raise NotImplementedError
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
@@ -313,6 +335,17 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: f
     # -log p, averaged over candidates
     spread = -(logp.masked_fill(~candidates, 0.0) * weight).sum(-1) / candidates.sum(-1)
     return ((1 - label_smoothing) * nll + label_smoothing * spread).sum() / weight[labels].sum()
+
+
+def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton et al.'s distillation loss over the last dimension, averaged over rows: KL(teacher || student), both
+    softened by ``temperature`` (the teacher's probabilities p as p^(1/T), normalised) and scaled by T^2, so its
+    gradients keep their size as T changes. Entries a teacher gives no probability (a row's missing candidates,
+    scored -inf by the student too) count nothing."""
+    logp = (logits.float() / temperature).log_softmax(-1)
+    target = (probs.float().clamp_min(1e-30).log() / temperature).masked_fill(probs <= 0, float("-inf")).softmax(-1)
+    kl = torch.where(target > 0, target * (target.clamp_min(1e-30).log() - logp), 0.0).sum(-1)
+    return kl.mean() * temperature**2
 
 
 def is_metric_state(key: str) -> bool:

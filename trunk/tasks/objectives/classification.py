@@ -18,7 +18,7 @@ from torchmetrics.classification import (
 
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, Trunk, TrunkConfig
-from trunk.tasks.objectives.base import cross_entropy
+from trunk.tasks.objectives.base import cross_entropy, soft_cross_entropy
 from trunk.tasks.objectives.pooled import PooledObjective
 
 CLASSIFICATION_METRICS = ("acc", "f1_macro", "mcc", "f1_positive")
@@ -114,8 +114,8 @@ class Classification(PooledObjective):
             metrics["confusion"] = MulticlassConfusionMatrix(n)
         return metrics
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(trunk, batch)
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        logits = self(trunk, batch) if output is None else output
         predicted, labels = logits.argmax(-1), batch["labels"]
         for name, metric in self.metrics(stage).items():
             if name == "f1_positive":
@@ -124,6 +124,12 @@ class Classification(PooledObjective):
             else:
                 metric.update(predicted, labels)
         return cross_entropy(logits, labels, self.label_smoothing, self.class_weight)
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self(trunk, batch).float().softmax(-1)  # (B, labels)
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return soft_cross_entropy(output, targets, temperature)
 
     def epoch_warnings(self, stage: str) -> list[str]:
         confusion = self.confusion(stage)

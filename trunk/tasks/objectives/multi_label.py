@@ -97,8 +97,8 @@ class MultiLabelClassification(PooledObjective):
                     f"the {examples} validation examples ({never[:8]}{' ...' if len(never) > 8 else ''})."]
         return []
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        logits, labels = self(trunk, batch).float(), batch["labels"]
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        logits, labels = (self(trunk, batch) if output is None else output).float(), batch["labels"]
         probs, gold = logits.detach().sigmoid(), labels.long()
         for metric in self.metrics(stage).values():
             metric.update(probs, gold)
@@ -107,6 +107,17 @@ class MultiLabelClassification(PooledObjective):
         # cost it 16 points of macro-F1 jointly with SST-2; AdamW makes the scale moot when it trains alone)
         targets = labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2
         return F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1).mean()
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self(trunk, batch).float().sigmoid()  # (B, labels): each label's probability
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        # binary cross-entropy to the teachers' probabilities less their entropy (so 0 for a student that agrees; the
+        # same gradients), summed over labels as the task's own loss is
+        p = targets.float().clamp(1e-7, 1 - 1e-7)
+        entropy = F.binary_cross_entropy(p, p, reduction="none")
+        bce = F.binary_cross_entropy_with_logits(output.float(), targets.float(), reduction="none")
+        return (bce - entropy).sum(-1).mean()
 
     def records(self, batch: dict, logits: torch.Tensor) -> list[dict]:
         records = []

@@ -8,7 +8,7 @@ from torchmetrics import MeanMetric, Metric
 
 from trunk.core.contract import TaskSpec
 from trunk.models import Pooling, SequenceClassificationHead, Trunk, TrunkConfig, check_pooling
-from trunk.tasks.objectives.base import Objective, cross_entropy
+from trunk.tasks.objectives.base import Objective, cross_entropy, soft_cross_entropy
 
 
 class MultipleChoice(Objective):
@@ -55,10 +55,16 @@ class MultipleChoice(Objective):
         out = torch.full(present.shape, float("-inf"), device=scores.device)
         return out.masked_scatter(present, scores)  # row-major: each row's candidates in order
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        scores, labels = self(trunk, batch), batch["labels"]
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        scores, labels = self(trunk, batch) if output is None else output, batch["labels"]
         self.metrics(stage)["acc"].update((scores.argmax(-1) == labels).float())
         return cross_entropy(scores, labels, self.label_smoothing)
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self(trunk, batch).softmax(-1)  # (B, most candidates); a row's missing ones 0
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return soft_cross_entropy(output, targets, temperature)
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:
         records = []

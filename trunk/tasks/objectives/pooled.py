@@ -27,6 +27,7 @@ class PooledObjective(Objective):
 
     label_keys = ("head.classifier.weight", "head.classifier.bias")
     onnx_output = "logits"  # (batch, labels)
+    raw_input_key, targets_by_label = "text", True
 
     def __init__(self, pooling: Pooling = "cls", head_dropout: float = 0.1, pooler: bool = True,
                  pooler_norm: bool = False, **config) -> None:

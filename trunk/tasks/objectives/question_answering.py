@@ -14,7 +14,7 @@ from trunk.core.codec import IGNORE_INDEX
 from trunk.core.contract import TaskSpec
 from trunk.models import SpanHead, TokenClassificationHead, Trunk, TrunkConfig
 from trunk.models.trunk import norm_layer
-from trunk.tasks.objectives.base import Objective, cross_entropy
+from trunk.tasks.objectives.base import Objective, cross_entropy, soft_cross_entropy
 
 
 class ExtractiveQuestionAnswering(Objective):
@@ -61,6 +61,12 @@ class ExtractiveQuestionAnswering(Objective):
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"exact_match": MeanMetric(), "f1": MeanMetric()}
 
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return torch.stack(self(trunk, batch), 1).softmax(-1)  # (windows, 2, T): where each answer starts and ends
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return soft_cross_entropy(torch.stack(output, 1), targets, temperature)
+
     def forward(self, trunk: Trunk, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end scores, (M windows, T) each; padding scores -inf."""
         logits = self.head(self.encode(trunk, batch)).float()
@@ -68,8 +74,8 @@ class ExtractiveQuestionAnswering(Objective):
         start, end = (x.squeeze(-1).masked_fill(padding, float("-inf")) for x in logits.split(1, dim=-1))
         return start, end
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        start, end = self(trunk, batch)
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        start, end = self(trunk, batch) if output is None else output
         if stage != "train":
             for record, gold in zip(self.decode(batch, start, end), batch["answers"]):
                 em, f1 = best_scores(record["answer"], gold)

@@ -120,8 +120,8 @@ class SequenceRegression(PooledObjective):
         """(B, n_targets) predictions on the data's scale."""
         return self(trunk, batch).float() * self.target_std + self.target_mean
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        outputs, targets = self(trunk, batch).float(), batch["labels"].float()
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        outputs, targets = (self(trunk, batch) if output is None else output).float(), batch["labels"].float()
         predicted = outputs.detach() * self.target_std + self.target_mean
         if targets.shape[-1] == 1:  # torchmetrics takes one target as (B,)
             predicted, targets_seen = predicted.squeeze(-1), targets.squeeze(-1)
@@ -133,6 +133,12 @@ class SequenceRegression(PooledObjective):
         if self.loss_kind == "huber":
             return F.huber_loss(outputs, standardized, delta=self.huber_delta)
         return F.mse_loss(outputs, standardized)
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self.scores(trunk, batch)  # on the data's scale: a student standardises them with its own figures
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return F.mse_loss(output.float(), (targets.float() - self.target_mean) / self.target_std)
 
     def compute_metrics(self, stage: str) -> dict[str, torch.Tensor]:
         """Scalars: each metric's mean over the targets, and per target ``<metric>_<target>`` when there are several."""

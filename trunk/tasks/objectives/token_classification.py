@@ -13,7 +13,7 @@ from trunk.core.contract import TaskSpec
 from trunk.core.tagging import allowed_transitions, constrained_decode, parse_label_names, spans_from_tags
 from trunk.models import TokenClassificationHead, Trunk, TrunkConfig
 from trunk.models.trunk import norm_layer
-from trunk.tasks.objectives.base import Objective, cross_entropy
+from trunk.tasks.objectives.base import Objective, cross_entropy, soft_cross_entropy
 
 
 class EntityF1(Metric):
@@ -60,6 +60,12 @@ class EntityF1(Metric):
         return {k: torch.tensor(v, dtype=torch.float32) for k, v in result.items()}
 
 
+def per_word(values: torch.Tensor, word_starts: torch.Tensor) -> torch.Tensor:
+    """(B, T, C) per sub-token -> (B, W, C) at each word's first sub-token; words without one (cut off) all 0."""
+    gathered = values.gather(1, word_starts.clamp(min=0).unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+    return gathered.masked_fill((word_starts < 0).unsqueeze(-1), 0.0)
+
+
 class TokenClassification(Objective):
     """Label every word (NER), from each word's first sub-token; data comes from ``TokenClassificationData``.
 
@@ -87,6 +93,7 @@ class TokenClassification(Objective):
     inference_options = ("decoding",)
     label_keys = ("head.classifier.weight", "head.classifier.bias")
     onnx_output = "logits"  # (batch, tokens, labels): read at each word's first piece; decoding stays outside the graph
+    raw_input_key, targets_by_label = "words", True
 
     def __init__(self, head_dropout: float = 0.1, decoding: Literal["constrained", "argmax"] = "constrained",
                  outside_weight: float = 1.0, label_smoothing: float = 0.0, head_norm: bool = False) -> None:
@@ -126,6 +133,18 @@ class TokenClassification(Objective):
         """(B, T, num_labels) logits for every sub-token."""
         return self.head(self.encode(trunk, batch))
 
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, words, labels): each word's label probabilities at its first sub-token, so a student of another
+        tokenizer reads them word by word; words the teacher's length cut off have none (all 0)."""
+        return per_word(self(trunk, batch).float().softmax(-1), batch["word_starts"])
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        words = min(targets.shape[1], batch["word_starts"].shape[1])
+        logits = per_word(output, batch["word_starts"])[:, :words]
+        targets = targets[:, :words].to(logits.device)
+        kept = (batch["word_starts"][:, :words] >= 0) & (targets.sum(-1) > 0)  # words both sides read
+        return soft_cross_entropy(logits[kept], targets[kept], temperature)
+
     def decode(self, logits: torch.Tensor, word_starts: torch.Tensor, num_words: torch.Tensor) -> torch.Tensor:
         """Sub-token logits -> (B, W) label ids per word, read at each word's first sub-token.
         Words with no sub-token (truncated by max_length) are labelled O."""
@@ -144,8 +163,8 @@ class TokenClassification(Objective):
     def tags(self, label_ids: torch.Tensor, num_words: torch.Tensor) -> list[list[str]]:
         return [[self.label_names[i] for i in row[:n]] for row, n in zip(label_ids.tolist(), num_words.tolist())]
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        logits = self(trunk, batch)
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        logits = self(trunk, batch) if output is None else output
         labels = batch["labels"]
         metrics = self.metrics(stage)
         metrics["acc"].update(logits.argmax(-1).flatten(), labels.flatten())

@@ -1,0 +1,228 @@
+"""Distillation (model.distill): teachers' answers as soft targets, per kind, in the student's label order and through
+the student's or their own tokenizer; a shallower student from its teacher's blocks (model.init_layers); bad inputs
+refused before any step."""
+
+import csv
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import logged_metrics, write_rows
+from kinds import DATA_FILES, KINDS
+from test_matrix import kind_args
+from test_multitask import TRUNK, ner_task, sentiment_task, trainer
+
+from trunk.cli import run_cli
+from trunk.tasks import load
+from trunk.tasks.objectives.base import soft_cross_entropy
+
+# no dropout anywhere: a student that computes what its teacher computes then has a distillation loss of 0
+EXACT = [*TRUNK, "--model.trunk.dropout=0", "--model.trunk.attn_dropout=0", "--trainer.precision=32"]
+NO_HEAD_DROPOUT = "--model.tasks.sentiment.init_args.head_dropout=0"
+
+
+def test_soft_cross_entropy_is_hintons_kl_scaled_by_t_squared():
+    student, teacher = torch.randn(5, 4), torch.randn(5, 4)
+    for t in (1.0, 2.0, 4.0):
+        expected = F.kl_div((student / t).log_softmax(-1), (teacher / t).softmax(-1), reduction="batchmean") * t * t
+        got = soft_cross_entropy(student, teacher.softmax(-1), t)  # teachers hand over probabilities
+        assert torch.allclose(got, expected, atol=1e-5), (t, got, expected)
+    assert soft_cross_entropy(teacher, teacher.softmax(-1), 3.0).abs() < 1e-5
+    # a row's missing candidates (multiple choice): -inf for the student, probability 0 from the teacher
+    missing = torch.tensor([[1.0, 2.0, float("-inf")]])
+    loss = soft_cross_entropy(missing, torch.tensor([[0.3, 0.7, 0.0]]), 2.0)
+    assert torch.isfinite(loss) and loss >= 0
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> tuple[dict, Path]:
+    """A sentiment model trained with its labels in the order [positive, negative] (the data's is [negative, positive]),
+    with no dropout, and its files."""
+    root = tmp_path_factory.mktemp("teacher")
+    rng = random.Random(0)
+    files = {split: write_rows(root / f"{split}.csv", [polar_example(rng) for _ in range(n)])
+             for split, n in (("train", 256), ("validation", 64), ("test", 64))}
+    cli = run_cli(["fit", *EXACT, *sentiment_task(files), NO_HEAD_DROPOUT,
+                   "--data.tasks.sentiment.label_names=[positive, negative]", *trainer(root / "run", epochs=3)])
+    assert cli.trainer.callback_metrics["test/sentiment/acc"] > 0.9  # a teacher worth learning from
+    return files, next((root / "run").rglob("last.ckpt"))
+
+
+def polar_example(rng: random.Random) -> dict:
+    """A sentence whose one telling word says its label: a tiny trunk learns it in a few epochs."""
+    label = rng.choice(["negative", "positive"])
+    word = rng.choice({"positive": ["great", "good", "lovely"], "negative": ["bad", "awful", "dull"]}[label])
+    filler = rng.choices(["the", "film", "plot", "was", "quite", "and", "music", "cast", "felt"], k=rng.randint(3, 8))
+    filler.insert(rng.randrange(len(filler) + 1), word)
+    return {"text": " ".join(filler), "label": label}
+
+
+def distill(ckpt, **options) -> str:
+    values = ", ".join(f"{k}: {v}" for k, v in {"teachers": f"[{ckpt}]", **options}.items())
+    return f"--model.distill={{sentiment: {{{values}}}}}"
+
+
+def test_a_student_that_computes_its_teachers_function_has_nothing_to_learn_from_it(teacher, tmp_path):
+    """Started from the teacher's weights, its labels in the other order: the rows follow the names, the teacher's
+    answers are put in the student's order, and the distillation loss is 0 from the first step (a misaligned label
+    order would make it large)."""
+    files, ckpt = teacher
+    run_cli(["fit", *EXACT, *sentiment_task(files), NO_HEAD_DROPOUT, f"--model.init_from={ckpt}",
+             "--model.optimizer.lr=1e-12", distill(ckpt, alpha=1.0), *trainer(tmp_path / "s", epochs=1)])
+    logged = logged_metrics(tmp_path / "s")
+    assert logged["train/sentiment/distill_loss_epoch"] < 1e-5, logged
+
+
+def test_a_student_learns_its_teachers_answers_with_alpha_1_and_not_its_labels(teacher, tmp_path):
+    """With alpha 1 the labels count nothing: a student given every label flipped still learns to answer as its
+    teacher does, and its distillation loss falls."""
+    files, ckpt = teacher
+    flipped = dict(files)
+    rows = files["train"].read_text().replace("positive", "§").replace("negative", "positive").replace("§", "negative")
+    flipped["train"] = tmp_path / "flipped.csv"
+    flipped["train"].write_text(rows)
+    run_cli(["fit", *EXACT, *sentiment_task(flipped), distill(ckpt, alpha=1.0, temperature=1.0),
+             *trainer(tmp_path / "s", epochs=4)])
+    student, tutor = load(next((tmp_path / "s").rglob("last.ckpt"))), load(ckpt)
+    texts = [line.split(",")[0] for line in files["test"].read_text().splitlines()[1:]]
+    agree = sum(a["label"] == b["label"] for a, b in zip(student.predict(texts), tutor.predict(texts))) / len(texts)
+    assert agree > 0.8, agree
+    with next((tmp_path / "s").rglob("metrics.csv")).open() as f:
+        epochs = [float(v) for row in csv.DictReader(f) if (v := row.get("train/sentiment/distill_loss_epoch"))]
+    assert len(epochs) == 4 and epochs[-1] < epochs[0], epochs
+
+
+def test_a_teacher_with_another_tokenizer_reads_the_raw_texts_with_its_own(teacher, tmp_path):
+    """A student trained from scratch with another vocabulary: the teacher encodes each batch's texts itself, and
+    what it hands over is what it predicts for them."""
+    from trunk.inference.teachers import attach_teachers
+
+    files, ckpt = teacher
+    cli = run_cli([*EXACT, *sentiment_task(files), distill(ckpt, precision="32-true"),
+                   *trainer(tmp_path / "s", epochs=1), "--data.tokenizer_vocab_size=40"], run=False)
+    model = cli.model
+    attach_teachers(model)
+    teachers = model.teachers["sentiment"]
+    assert not teachers.members[0].reads_batches  # another tokenizer
+    data = cli.datamodule
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    got = teachers.to(torch.device("cpu")).soft_targets(batch)
+    own = load(ckpt, precision="32-true").predict(batch["text"])
+    names = model.objective("sentiment").label_names
+    expected = torch.tensor([[record["probs"][name] for name in names] for record in own])
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_ner_teachers_answer_word_by_word_across_tokenizers(ner_files, tmp_path):
+    """NER's soft targets are per word (at each word's first piece), so a student of another tokenizer reads them at
+    its own first pieces."""
+    from trunk.inference.teachers import attach_teachers
+
+    run_cli(["fit", *EXACT, *ner_task(ner_files), *trainer(tmp_path / "t", epochs=1)])
+    ckpt = next((tmp_path / "t").rglob("last.ckpt"))
+    cli = run_cli([*EXACT, *ner_task(ner_files), f"--model.distill={{ner: {{teachers: [{ckpt}], precision: 32-true}}}}",
+                   *trainer(tmp_path / "s", epochs=1), "--data.tokenizer_vocab_size=150"], run=False)
+    attach_teachers(cli.model)
+    cli.datamodule.setup("fit")
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    targets = cli.model.teachers["ner"].to(torch.device("cpu")).soft_targets(batch)
+    assert targets.shape[:2] == batch["word_starts"].shape
+    words = batch["word_starts"] >= 0
+    assert torch.allclose(targets[words].sum(-1), torch.ones(int(words.sum())), atol=1e-5)
+    # the teacher's own reading of the first sentence, word by word
+    tutor = load(ckpt, precision="32-true")
+    own = tutor.model.objective("ner")
+    example = tutor.preprocessors["ner"].collate(tutor.preprocessors["ner"].encode([batch["words"][0]]))
+    with torch.no_grad():
+        expected = own.soft_targets(tutor.model.trunk, example)[0]
+    n = int(batch["num_words"][0])
+    assert torch.allclose(targets[0, :n], expected[:n], atol=1e-5)
+    loss = cli.model.objective("ner").distill_loss(cli.model.objective("ner")(cli.model.trunk, batch), targets, batch,
+                                                   2.0)
+    assert torch.isfinite(loss) and loss > 0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"alpha": 1.5}, r"alpha=1.5 \(must be in \[0, 1\]\)"),
+    ({"temperature": 0}, r"temperature=0 \(must be > 0"),
+    ({"task": "reviews"}, r"has no head for the task 'reviews'; its tasks are \['sentiment'\]"),
+])
+def test_bad_distillation_options_are_refused_before_any_step(teacher, tmp_path, options, message):
+    files, ckpt = teacher
+    with pytest.raises(ValueError, match=f"model.distill.sentiment.*{message}"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), distill(ckpt, **options), *trainer(tmp_path / "s")])
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_teacher_of_other_labels_or_another_kind_is_refused_naming_both(teacher, ner_files, tmp_path):
+    files, ckpt = teacher
+    relabelled = tmp_path / "train.csv"
+    relabelled.write_text(files["train"].read_text().replace("positive", "good"))
+    with pytest.raises(ValueError, match=re.escape("only the teacher's: ['positive']; only this task's: ['good']")):
+        run_cli(["fit", *EXACT, *sentiment_task({**files, "train": relabelled}), distill(ckpt),
+                 *trainer(tmp_path / "a")])
+    run_cli(["fit", *EXACT, *ner_task(ner_files), *trainer(tmp_path / "ner", epochs=1)])
+    ner_ckpt = next((tmp_path / "ner").rglob("last.ckpt"))
+    with pytest.raises(ValueError, match="is token_classification, and this task is sequence_classification"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), distill(ner_ckpt, task="ner"), *trainer(tmp_path / "b")])
+    with pytest.raises(ValueError, match="model.distill.sentiment.teachers: .*missing.ckpt"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), distill(tmp_path / "missing.ckpt"), *trainer(tmp_path / "c")])
+    assert not list(tmp_path.glob("[abc]/**/*.ckpt"))
+
+
+def test_a_shallower_student_starts_from_the_chosen_blocks_of_its_teacher(teacher, tmp_path):
+    files, ckpt = teacher
+    deep = ["--model.trunk.n_layers=4"]
+    run_cli(["fit", *EXACT, *deep, *sentiment_task(files), *trainer(tmp_path / "t", epochs=1)])
+    four = next((tmp_path / "t").rglob("last.ckpt"))
+    cli = run_cli([*EXACT, *sentiment_task(files), f"--model.init_from={four}", "--model.init_layers=[3, 1]",
+                   *trainer(tmp_path / "s")], run=False)
+    assert cli.model.trunk_config.n_layers == 2
+    source = torch.load(four, weights_only=True)["state_dict"]
+    blocks = cli.model.trunk.backbone.blocks
+    for new, old in ((0, 3), (1, 1)):
+        for key, value in blocks[new].state_dict().items():
+            assert torch.equal(value, source[f"trunk.backbone.blocks.{old}.{key}"]), (new, old, key)
+    every = run_cli([*EXACT, *sentiment_task(files), f"--model.init_from={four}",
+                     "--model.init_layers=every_other", *trainer(tmp_path / "e")], run=False)
+    assert every.model.trunk_config.n_layers == 2
+    with pytest.raises(SystemExit, match=r"a list of distinct block numbers of the 4 .* \(0 to 3\)"):
+        run_cli([*EXACT, *sentiment_task(files), f"--model.init_from={four}", "--model.init_layers=[0, 4]",
+                 *trainer(tmp_path / "x")], run=False)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
+    """Each kind with a distillation loss: its soft targets, read back by the same model, cost nothing (0 in eval mode:
+    the targets and the loss agree on their form), and a student trains on them through `trunk fit`. Each kind without
+    one is refused by name."""
+    from trunk.inference.teachers import TaskTeachers
+    from trunk.training.distill import DistillConfig
+
+    kind = KINDS[name]
+    files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
+    args = kind_args(kind, files, tmp_path / "teacher")
+    fit = run_cli(["fit", *args])
+    ckpt = next((tmp_path / "teacher").rglob("last.ckpt"))
+    option = f"--model.distill={{t: {{teachers: [{ckpt}], precision: 32-true}}}}"
+    if not fit.model.objective("t").distills:
+        with pytest.raises(ValueError, match=f"model.distill.t: task 't' is {name}, which has no distillation loss"):
+            run_cli([*args, option], run=False)
+        return
+    predictor = load(ckpt, precision="32-true")
+    student = predictor.model
+    teachers = TaskTeachers(student, "t", DistillConfig(teachers=[str(ckpt)], precision="32-true"),
+                            [(str(ckpt), load(ckpt, precision="32-true"))]).to(torch.device("cpu"))
+    fit.datamodule.setup("fit")
+    batch = next(iter(fit.datamodule.train_dataloader()))
+    objective = student.objective("t")
+    with torch.no_grad():
+        loss = objective.distill_loss(objective(student.trunk, batch), teachers.soft_targets(batch), batch, 2.0)
+    assert abs(float(loss)) < 1e-5, float(loss)
+    run_cli(["fit", *kind_args(kind, files, tmp_path / "student"), option])
+    logged = logged_metrics(tmp_path / "student")
+    assert logged["train/t/distill_loss_epoch"] > 0 and logged["train/t/loss_epoch"] > 0, logged

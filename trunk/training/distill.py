@@ -1,0 +1,95 @@
+"""Knowledge distillation: a task of the run (the student) learns from the answers of trained models of that task (its
+teachers), as well as from its labels.
+
+``model.distill.<task>`` names the teachers and how much they count (``DistillConfig``). The teachers themselves are
+loaded above this floor (``trunk.inference.teachers``: each a ``load()``ed model, in the precision it predicts
+fastest) and handed to ``TrunkModule.attach_teachers``; the module scores each training batch of the task against
+their averaged ``Objective.soft_targets`` with the kind's ``Objective.distill_loss``:
+
+    loss = (1 - alpha) * the task's own loss + alpha * the distillation loss
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """How one task learns from its teachers.
+
+    Args:
+        teachers: the trained models of this task, each a checkpoint of ``trunk fit``, a trunk directory with the
+            task's head, or a list of a trunk and task directories; several: an ensemble, their answers averaged (in
+            probability space).
+        alpha: the share of the distillation loss in the task's loss (1: the teachers alone; 0: the labels alone).
+        temperature: softens both sides' distributions (Hinton et al.; 1-4 is usual): a higher one passes on more of
+            what the teacher thinks of the wrong answers. The loss is scaled by its square, so its pull keeps its size.
+        task: the task's name in the teachers, where it differs from the student's (default: the student's name, or
+            the teacher's one task).
+        precision: the teachers' precision (``auto``: bf16 where the device computes it natively).
+        quantize: ``int8``: the teachers' linear layers compute in int8 (fast on CPUs with VNNI or AMX).
+    """
+
+    teachers: list = field(default_factory=list)
+    alpha: float = 0.5
+    temperature: float = 2.0
+    task: str | None = None
+    precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
+    quantize: Literal["int8"] | None = None
+
+    def check(self, where: str) -> None:
+        problems = [
+            "teachers is empty (name at least one trained model of the task)" if not self.teachers else "",
+            f"alpha={self.alpha} (must be in [0, 1])" if not 0 <= self.alpha <= 1 else "",
+            f"temperature={self.temperature} (must be > 0; 1-4 is usual)" if not self.temperature > 0 else "",
+        ]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ValueError(f"{where}: " + "; ".join(problems) + ".")
+
+
+class Teachers(Protocol):
+    """One task's teachers, as the module uses them (``trunk.inference.teachers.TaskTeachers``)."""
+
+    def soft_targets(self, batch: dict) -> torch.Tensor:
+        """The teachers' answers to a training batch of the student, averaged, in the student's label order."""
+
+    def to(self, device: torch.device) -> Teachers: ...
+
+
+def distill_configs(distill: dict | None, objectives: dict) -> dict[str, DistillConfig]:
+    """``model.distill`` as checked configs: each names a task of the run whose kind learns from teachers."""
+    configs = {}
+    for task, options in (distill or {}).items():
+        where = f"model.distill.{task}"
+        if task not in objectives:
+            raise ValueError(f"{where}: there is no task '{task}' in this run; its tasks are {sorted(objectives)}.")
+        if not objectives[task].distills:
+            kinds = "classification, multi-label, regression, NER, question answering and multiple choice"
+            raise ValueError(f"{where}: task '{task}' is {objectives[task].kind}, which has no distillation loss yet "
+                             f"({kinds} have one). Remove it from model.distill.")
+        if isinstance(options, DistillConfig):
+            config = options
+        else:
+            unknown = sorted(set(options) - set(DistillConfig.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"{where}: unknown options {unknown}; the options are "
+                                 f"{list(DistillConfig.__dataclass_fields__)}.")
+            config = DistillConfig(**options)
+        if isinstance(config.teachers, str):
+            config = DistillConfig(**{**config.__dict__, "teachers": [config.teachers]})
+        config.check(where)
+        configs[task] = config
+    return configs
+
+
+def mixed(task_loss: torch.Tensor | None, distill_loss: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The task's loss of a distilled batch; a batch without labels (unlabelled inputs) learns from its teachers
+    alone."""
+    if task_loss is None:
+        return distill_loss
+    return (1 - alpha) * task_loss + alpha * distill_loss
