@@ -226,3 +226,23 @@ def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
     run_cli(["fit", *kind_args(kind, files, tmp_path / "student"), option])
     logged = logged_metrics(tmp_path / "student")
     assert logged["train/t/distill_loss_epoch"] > 0 and logged["train/t/loss_epoch"] > 0, logged
+
+
+def test_unlabelled_inputs_train_through_the_teachers_in_batches_of_their_own(teacher, tmp_path):
+    """``data.tasks.<task>.unlabelled``: a text file of inputs read as a predict file is, in batches without labels
+    shuffled among the labelled ones; their loss is the teachers' alone. Without teachers they are refused."""
+    files, ckpt = teacher
+    rows = files["train"].read_text().splitlines()
+    few = tmp_path / "few.csv"
+    few.write_text("\n".join(rows[:33]) + "\n")  # the header and 32 labelled rows
+    texts = tmp_path / "more.txt"
+    texts.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in rows[33:]))  # 224 inputs, one per line
+    args = [*EXACT, *sentiment_task({**files, "train": few}), f"--data.tasks.sentiment.unlabelled={texts}"]
+    with pytest.raises(SystemExit, match="unlabelled gives inputs without labels.*model.distill.sentiment.teachers"):
+        run_cli([*args, *trainer(tmp_path / "none")], run=False)
+    cli = run_cli(["fit", *args, distill(ckpt), *trainer(tmp_path / "s", epochs=1)])
+    assert cli.trainer.global_step == 2 + 14  # 32 labelled rows and 224 unlabelled, 16 a batch
+    batches = list(cli.datamodule.train_dataloader())
+    assert sum("labels" not in b for b in batches) == 14 and sum("labels" in b for b in batches) == 2
+    assert {len(b["text"]) for b in batches if "labels" not in b} == {16}
+    assert logged_metrics(tmp_path / "s")["train/sentiment/distill_loss_epoch"] > 0

@@ -132,6 +132,7 @@ STREAM_OPTIONS = (
     "file_type",
     "line_pattern",
     "encoding",
+    "unlabelled",
     "documents",
     "text_column",
     "text_pair_column",
@@ -255,6 +256,11 @@ def resolve(
     shallower trunk starts from (``select_layers``)."""
     resolved = _resolve(options, data, init_from=init_from, ckpt_path=ckpt_path, reuse=reuse, checkpoint=checkpoint,
                         layers=layers)
+    for name, task in data.tasks.items():
+        if task.has_split("unlabelled") and name not in resolved.model.distill:
+            raise RunSourceError(f"{task.option('unlabelled')} gives inputs without labels, which train a task only "
+                                 f"through its teachers' answers: name them with model.distill.{name}.teachers, or "
+                                 f"remove {task.option('unlabelled')}.")
     # what each task reads, said once: a column that is not read (a pair trained as single texts) shows here
     resolved.report += [f"task '{name}' reads {columns}" for name, task in data.tasks.items()
                         if (columns := task.columns_read())]

@@ -9,7 +9,7 @@ import torch
 
 from trunk.core.labels import alike_across, fold_label
 from trunk.datamodules.sources import column
-from trunk.datamodules.text import checked_label_names, warn_alike
+from trunk.datamodules.text import UNLABELLED_ROLES, checked_label_names, warn_alike
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -58,7 +58,7 @@ class MultiLabelTextData(TextRowsData):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         super().check(ds, role)
-        if role != "predict" and self._label_names is not None:
+        if role not in UNLABELLED_ROLES and self._label_names is not None:
             self.targets(ds, role)  # every row of the file as read (before any hold-out), so row numbers are the file's
 
     def label_sets(self, ds: datasets.Dataset, role: str) -> list[list[str]]:

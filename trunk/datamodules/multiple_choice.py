@@ -10,7 +10,7 @@ import datasets
 import torch
 
 from trunk.datamodules.sources import check_columns, check_filled, column
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad
 
 PACKED = re.compile(r"\(([A-Za-z0-9])\)\s*")  # "(A) red (B) blue": OpenBookQA's TSV packs the choices in one cell
 
@@ -68,7 +68,7 @@ class MultipleChoiceData(TextDataModule):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         self.check_inputs(ds, role)
-        if role != "predict":
+        if role not in UNLABELLED_ROLES:
             check_columns(ds, {"label_column": self.label_column}, self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
@@ -125,7 +125,7 @@ class MultipleChoiceData(TextDataModule):
         check_filled(contexts, self.context_column, self.option(role))
         questions = column(ds, self.question_column) if self.question_column else [None] * len(contexts)
         rows = self.candidates(ds, role)
-        answers = self.answers(ds, role, rows) if role != "predict" else [None] * len(rows)
+        answers = self.answers(ds, role, rows) if role not in UNLABELLED_ROLES else [None] * len(rows)
         return self.encode_rows(contexts, questions, [texts for texts, _ in rows], answers, role)
 
     def encode_rows(

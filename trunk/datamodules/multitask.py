@@ -389,7 +389,7 @@ class MultiTaskData(TaskSet, L.LightningDataModule):
                 f"data.sampling={self.sampling!r} draws tasks by their number of training rows, but {streamed} stream "
                 "theirs (their size is unknown). Set data.sampling to 'fixed' (with data.weights) or 'uniform'."
             )
-        sizes = {name: 1 if member.streaming else member.size("train") for name, member in self.tasks.items()}
+        sizes = {name: 1 if member.streaming else member.train_rows() for name, member in self.tasks.items()}
         return TaskSampler(sizes, self.sampling, self.temperature, self.weights, self.anneal_to)
 
     def steps_per_epoch(self) -> int:
@@ -401,7 +401,7 @@ class MultiTaskData(TaskSet, L.LightningDataModule):
                 "data.steps_per_epoch (training batches per epoch; validation and checkpoints follow it)."
             )
         _, _, world = self.position()
-        return sum(math.ceil(math.ceil(m.size("train") / world) / m.batch_size) for m in self.tasks.values())
+        return sum(math.ceil(math.ceil(m.train_rows() / world) / m.batch_size) for m in self.tasks.values())
 
     def run_seed(self) -> int:
         if self.seed is not None:

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from trunk.core.codec import IGNORE_INDEX
 from trunk.datamodules.sources import check_columns, column, file_format
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad
 
 
 class QuestionAnsweringData(TextDataModule):
@@ -73,7 +73,7 @@ class QuestionAnsweringData(TextDataModule):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         self.check_inputs(ds, role)
-        if role != "predict":
+        if role not in UNLABELLED_ROLES:
             check_columns(ds, {"answers_column": self.answers_column}, self.option(role))
 
     def tokenizer_columns(self) -> list[str]:
@@ -83,7 +83,7 @@ class QuestionAnsweringData(TextDataModule):
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         questions, contexts = column(ds, self.question_column), column(ds, self.context_column)
         ids = column(ds, self.id_column) if self.id_column in ds.column_names else [None] * len(ds)
-        answers = column(ds, self.answers_column) if role != "predict" else [None] * len(ds)
+        answers = column(ds, self.answers_column) if role not in UNLABELLED_ROLES else [None] * len(ds)
         examples, misaligned = [], []
         for i, (question, context, answer, qid) in enumerate(zip(questions, contexts, answers, ids)):
             example = self.encode_row(question, context, answer, role, i)

@@ -50,8 +50,11 @@ from trunk.datamodules.sources import (
 )
 from trunk.datamodules.tokenizer import cut_long_texts
 
-ROLES = ("train", "validation", "test", "predict")
-STAGE_ROLES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ("predict",)}
+ROLES = ("train", "validation", "test", "predict", "unlabelled")
+# the splits read without labels, as the user's own files: inputs to predict, and training inputs teachers label
+UNLABELLED_ROLES = ("predict", "unlabelled")
+STAGE_ROLES = {"fit": ("train", "validation", "unlabelled"), "validate": ("validation",), "test": ("test",),
+               "predict": ("predict",)}
 
 
 def pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
@@ -226,6 +229,10 @@ class Preprocessor:
     stem: str
 
 
+class Unlabelled(list):
+    """A training item of ``unlabelled`` rows (their indices): a batch without labels."""
+
+
 class TaskData:
     """One task's data: its splits, how rows become batches, what the model must know about it.
 
@@ -267,6 +274,9 @@ class TaskData:
             column: ``{text_column: review}``). Unset, a predict file's one text column stands in for the one the task
             reads. A predict file is the user's own: read by its suffix (a ``.txt``: one input per line), not as
             ``file_type`` / ``line_pattern`` / ``column_names`` say the data set's files are.
+        unlabelled: inputs without labels (files read as ``predict`` files are, or a split name with ``dataset``) that
+            train the task through its teachers' answers (``model.distill``), in batches of their own beside the
+            labelled ones: the usual way a distilled model gets most of its gain.
     """
 
     kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
@@ -295,6 +305,7 @@ class TaskData:
         num_workers: int = 0,
         normalize_labels: Literal["none", "nfc", "nfkc"] = "none",
         predict_columns: dict[str, str] | None = None,
+        unlabelled: str | list[str] | None = None,
     ) -> None:
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 <= fraction < 1.0:
@@ -305,7 +316,8 @@ class TaskData:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.dataset, self.dataset_config = dataset, dataset_config
-        self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict}
+        self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict,
+                            "unlabelled": unlabelled}
         unknown = sorted(set(select or {}) - set(self.split_specs))
         if unknown:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
@@ -418,21 +430,34 @@ class TaskData:
     #: whether training data is streamed (no known size, read as it trains) rather than indexed rows
     streaming: bool = False
 
+    def train_rows(self) -> int:
+        """The rows an epoch of training reads: the training split's and the ``unlabelled`` inputs'."""
+        return self.size("train") + (self.size("unlabelled") if self.has_split("unlabelled") else 0)
+
     def train_items(self, seed: str, epoch: int, rank: int, world: int, before: int) -> Iterator:
         """This process's endless training items for one epoch; ``train_batch`` makes each a batch. Here:
         passes over the rows, each shuffled with a seed every process shares, then cut into this
-        process's shard. ``before``: this task's batches in earlier epochs (a stream continues after them)."""
+        process's shard. ``before``: this task's batches in earlier epochs (a stream continues after them).
+        Unlabelled inputs (``unlabelled``) come in batches of their own, shuffled in among the labelled ones."""
         n = self.size("train")
         for passes in itertools.count():
             rng = random.Random(f"{seed}/{epoch}/{passes}")
-            order = list(range(n))
+            order = list(range(self.train_rows()))
             rng.shuffle(order)
             shard = order[rank::world] or order[:1]
-            yield from self.train_batches(shard, rng)
+            if len(order) == n:
+                yield from self.train_batches(shard, rng)
+                continue
+            extra = [i - n for i in shard if i >= n]
+            batches = self.train_batches([i for i in shard if i < n], rng) + [
+                Unlabelled(extra[i : i + self.batch_size]) for i in range(0, len(extra), self.batch_size)]
+            rng.shuffle(batches)
+            yield from batches
 
     def train_batch(self, item, generator: torch.Generator) -> dict:
         """The training batch of one item of ``train_items``, its randomness drawn from ``generator``."""
-        return self.make_batch("train", item, train=True, generator=generator)
+        role = "unlabelled" if isinstance(item, Unlabelled) else "train"
+        return self.make_batch(role, list(item), train=True, generator=generator)
 
     def state_dict(self) -> dict:
         return {}
@@ -598,8 +623,8 @@ class TextDataModule(TaskData):
                     self._raw[split] = rows.select(index)
             else:
                 ds = self.read(role)
-                if role == "predict":
-                    ds = self.named_inputs(ds)
+                if role in UNLABELLED_ROLES:
+                    ds = self.named_inputs(ds, role)
                 self.check(ds, role)
                 self._raw[role] = ds
         return self._raw[role]
@@ -637,7 +662,7 @@ class TextDataModule(TaskData):
     def reading_of(self, spec: str, role: str) -> FileReading:
         """How one file is read: as configured, except a predict input that is none of the data set's own files (the
         user's texts): by its suffix, a ``.txt`` (or no suffix) as one input per line, in the configured encoding."""
-        if not role.endswith(".predict") or self.dataset is not None:
+        if not role.endswith(tuple(f".{r}" for r in UNLABELLED_ROLES)) or self.dataset is not None:
             return self.reading
         data_set = {path.expanduser().resolve() for path in self.input_files(("train", "validation", "test"))}
         if Path(spec).expanduser().resolve() in data_set:
@@ -651,7 +676,7 @@ class TextDataModule(TaskData):
         """Option -> column of each input a row is read from (not its target): what a predict row needs."""
         return {}
 
-    def named_inputs(self, ds: datasets.Dataset) -> datasets.Dataset:
+    def named_inputs(self, ds: datasets.Dataset, role: str = "predict") -> datasets.Dataset:
         """A predict split's rows with its input columns renamed to the ones the task reads: as ``predict_columns``
         says, else a task that misses one input column takes the file's one other text column (a lines file's
         ``text``, a JSONL's only key) for it. What stays missing is left to ``check`` to name."""
@@ -662,7 +687,7 @@ class TextDataModule(TaskData):
                              f"reads {sorted(needed) or 'no text columns'}.")
         renames = {}
         for option, name in self.predict_columns.items():
-            check_columns(ds, {option: name}, self.option("predict"), prefix=self.option("predict_columns"))
+            check_columns(ds, {option: name}, self.option(role), prefix=self.option("predict_columns"))
             renames[name] = needed[option]
         missing = [name for option, name in needed.items() if name not in ds.column_names and option not in
                    self.predict_columns]
@@ -678,7 +703,7 @@ class TextDataModule(TaskData):
 
     def check_inputs(self, ds: datasets.Dataset, role: str) -> None:
         """Fail early, naming the option to set, when a split lacks an input column (``input_columns``)."""
-        if role != "predict":
+        if role not in UNLABELLED_ROLES:
             check_columns(ds, self.input_columns(), self.option(role))
             return
         missing = {option: name for option, name in self.input_columns().items()
@@ -686,7 +711,7 @@ class TextDataModule(TaskData):
         if missing:
             example = ", ".join(f"{option}: COLUMN" for option in missing)
             raise ValueError(
-                f"{self.option('predict')} has no column {' or '.join(map(repr, missing.values()))} (the task's "
+                f"{self.option(role)} has no column {' or '.join(map(repr, missing.values()))} (the task's "
                 f"{', '.join(missing)}); its columns are {ds.column_names}. Name the file's own with "
                 f"--{self.option('predict_columns')} '{{{example}}}' (a file with one text column needs none)."
             )

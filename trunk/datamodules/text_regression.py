@@ -8,6 +8,7 @@ import datasets
 import torch
 
 from trunk.datamodules.sources import column
+from trunk.datamodules.text import UNLABELLED_ROLES
 from trunk.datamodules.text_rows import TextRowsData
 
 
@@ -55,7 +56,7 @@ class TextRegressionData(TextRowsData):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         super().check(ds, role)
-        if role != "predict":
+        if role not in UNLABELLED_ROLES:
             self.targets(ds, role)  # every row of the file as read (before any hold-out), so row numbers are the file's
 
     def targets(self, ds: datasets.Dataset, role: str) -> list[list[float]]:

@@ -6,7 +6,7 @@ import datasets
 import torch
 
 from trunk.datamodules.sources import check_columns, check_filled, column, looks_like_data
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad
 
 
 class TextRowsData(TextDataModule):
@@ -61,7 +61,7 @@ class TextRowsData(TextDataModule):
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         self.check_inputs(ds, role)
-        if role == "predict":
+        if role in UNLABELLED_ROLES:
             return
         missing = {
             option: c for option, c in self.target_columns().items() if c is not None and c not in ds.column_names
@@ -98,7 +98,7 @@ class TextRowsData(TextDataModule):
             check_filled(column(ds, self.text_pair_column), self.text_pair_column, self.option(role))
         inputs = texts if self.text_pair_column is None else list(zip(texts, column(ds, self.text_pair_column)))
         ids = [e.ids for e in self.tokenize(inputs, role)]
-        labels = self.targets(ds, role) if role != "predict" else [None] * len(ids)
+        labels = self.targets(ds, role) if role not in UNLABELLED_ROLES else [None] * len(ids)
         return [{"input_ids": i, "label": y, "text": t} for i, y, t in zip(ids, labels, inputs)]
 
     def input_examples(self, inputs: list) -> list[dict]:

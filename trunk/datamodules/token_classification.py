@@ -20,7 +20,7 @@ from trunk.core.tagging import (
     tags_from_spans,
 )
 from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, load_split, read_conll
-from trunk.datamodules.text import TextDataModule, pad, warn_alike
+from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad, warn_alike
 
 
 class TokenClassificationData(TextDataModule):
@@ -122,7 +122,7 @@ class TokenClassificationData(TextDataModule):
         )
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        if role != "predict" and any(t is None for t in column(ds, "tags")):
+        if role not in UNLABELLED_ROLES and any(t is None for t in column(ds, "tags")):
             raise ValueError(
                 f"{self.option(role)} has no tags: its file has one column (words only). Give a file with a tag column "
                 "for training and evaluation; words-only files are for data.predict."
@@ -174,7 +174,7 @@ class TokenClassificationData(TextDataModule):
         return self.context_length == 0  # context windows read the neighbouring sentences of the document
 
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
-        label_ids = {name: i for i, name in enumerate(self.label_order)} if role != "predict" else {}
+        label_ids = {name: i for i, name in enumerate(self.label_order)} if role not in UNLABELLED_ROLES else {}
         known_types = set(parse_label_names(self.label_names)[1]) if label_ids else set()
         examples = []
         for i, (words, tags, (input_ids, word_ids)) in enumerate(
@@ -185,7 +185,7 @@ class TokenClassificationData(TextDataModule):
                 if word is not None and word_starts[word] < 0:
                     word_starts[word] = position
             example = {"input_ids": input_ids, "word_starts": word_starts, "words": words}
-            if tags is not None and role != "predict":
+            if tags is not None and role not in UNLABELLED_ROLES:
                 spans = spans_from_tags(tags)
                 unknown = {s.type for s in spans} - known_types
                 if unknown:

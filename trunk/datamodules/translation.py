@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from trunk.core.codec import IGNORE_INDEX, PAD, TARGET_KEY, fingerprint, load_tokenizer, special_id, with_first_token
 from trunk.datamodules.sources import FILE_FORMATS, LINES, check_columns, column, load_split, read_text
-from trunk.datamodules.text import TextDataModule, pad
+from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad
 from trunk.datamodules.tokenizer import cached_tokenizer
 from trunk.models import SpecialIds
 
@@ -163,7 +163,7 @@ class TranslationData(TextDataModule):
         )
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        if role != "predict" and ds["target"][0] is None:
+        if role not in UNLABELLED_ROLES and ds["target"][0] is None:
             raise ValueError(
                 f"{self.option(role)} has source sentences only; training and evaluation need the target side too."
             )
@@ -241,7 +241,7 @@ class TranslationData(TextDataModule):
     def encode(self, ds: datasets.Dataset, role: str) -> list[dict]:
         sources = self.tokenize(column(ds, "source"), role)
         examples = [{"input_ids": e.ids, "source": s} for e, s in zip(sources, column(ds, "source"))]
-        if role == "predict" or ds["target"][0] is None:
+        if role in UNLABELLED_ROLES or ds["target"][0] is None:
             return examples
         target_tokenizer = self.target_tokenizer
         target_tokenizer.no_truncation()  # cut here, leaving room for [CLS] / [SEP]

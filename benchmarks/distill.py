@@ -1,0 +1,157 @@
+"""Distillation (``model.distill``): smaller students and multi-task students of single-task teachers, beside the
+models they learn from. Prints tables: each way's test score (mean ± sd over the seeds), its steps and minutes, and for
+the small students their predict speed against their teacher's.
+
+    python benchmarks/distill.py compress --task sst2 --seeds 1 2 3      # and --task conll
+    python benchmarks/distill.py groups --group ner --seeds 1 2 3         # issue 50's groups: transfer.py's GROUPS
+    python benchmarks/distill.py summary --seeds 1 2 3
+
+Run it from the repository (the recipes read ../shared/data). The ways:
+  * compress, for SST-2 (the sentiment group's MiniLM recipe) and CoNLL-2003 (the NER group's):
+    - ``teacher``: the recipe alone (``benchmarks/transfer.py``'s ``alone`` way, the same run);
+    - ``student``: the recipe on a 3-block trunk of MiniLM's blocks 0, 2 and 4 (``--model.init_layers=every_other``);
+    - ``student, kd``: the same, learning from the teacher (``--model.distill``: ``--alpha``, ``--temperature``);
+    - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
+      ``configs/pretrain_large.yaml`` writes).
+    Predict speed: sentences/s on the task's dev inputs through ``trunk.tasks.load`` (fp32 and int8), the student and
+    its teacher alternating in one process, median of ``--rounds``.
+  * groups: ``alone``, ``joint`` and ``mtdnn`` as ``benchmarks/transfer.py`` runs them, and ``joint, kd``: the
+    group's joint recipe with every task learning from its ``alone`` model (MT-DNN-KD, Liu et al. 2019; one teacher
+    per task here, where they averaged an ensemble).
+Steps count the student's optimizer steps; ``teacher passes`` the teachers' forward passes (each a third of a training
+step's compute, about: a forward without a backward). Every finished run is a line of the ledger (``--ledger``;
+default runs/distill/results.jsonl): a stopped benchmark goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from inference import alternate, conll_sentences, sst2_sentences, table  # noqa: E402
+from ledger import Ledger  # noqa: E402
+from transfer import GROUPS, alone, checkpoint_of, fit, folder, joint_and_mtdnn, primary_scores, spread  # noqa: E402
+
+from trunk.training.precision import cpu_info  # noqa: E402
+
+# task -> the group whose alone recipe trains it (its teacher), and its dev inputs for predict speed
+COMPRESS = {"sst2": ("sentiment", sst2_sentences), "conll": ("ner", conll_sentences)}
+DATA = Path("../shared/data")
+
+
+def distill_option(teachers: dict[str, str], alpha: float, temperature: float) -> str:
+    return "--model.distill=" + json.dumps({task: {"teachers": [path], "alpha": alpha, "temperature": temperature}
+                                            for task, path in teachers.items()})
+
+
+def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger, teachers: int) -> dict:
+    group = COMPRESS[task][0]
+    key = {"group": group, "way": way, "task": task, "seed": seed}
+    if found := ledger.find(key):
+        return found
+    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options],
+                       root / group / folder(way) / task / f"seed{seed}")
+    steps = cli.trainer.global_step
+    return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps * teachers,
+                       "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+
+
+def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
+    group = COMPRESS[task][0]
+    for seed in seeds:
+        teacher = checkpoint_of(alone(group, task, seed, root, ledger))
+        kd = [distill_option({task: teacher}, args.alpha, args.temperature)]
+        starts = [("student", ["--model.init_layers=every_other"])]
+        if args.student_trunk:
+            starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
+        for way, start in starts:
+            student(task, seed, way, start, root, ledger, 0)
+            student(task, seed, f"{way}, kd", [*start, *kd], root, ledger, 1)
+    speed(task, seeds[0], ledger, args.rounds)
+
+
+def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
+    """sentences/s of each model of ``task`` (seed ``seed``), fp32 and int8, each against the teacher's."""
+    from trunk.tasks import load
+    from trunk.training.threads import fit_threads
+
+    fit_threads(1)
+    inputs = COMPRESS[task][1](DATA)
+    runs = {r["way"]: r for r in ledger.records() if r.get("task") == task and r["seed"] == seed and "checkpoint" in r
+            and r["way"] in ("alone", "student", "student, kd", "own", "own, kd") and Path(r["checkpoint"]).is_file()}
+    if "alone" not in runs:
+        return
+    rows = []
+    for quantize in (None, "int8"):
+        models = {way: load(run["checkpoint"], precision="32-true", quantize=quantize) for way, run in runs.items()}
+        rates = alternate({way: (lambda m=m: m.predict(inputs, task=task)) for way, m in models.items()}, len(inputs),
+                          rounds)
+        rows += [[way, quantize or "fp32", rate, rate / rates["alone"]] for way, rate in rates.items()]
+    table(f"{task}: predict speed, {len(inputs)} dev inputs, 1 thread ({cpu_info()}, torch {torch.__version__})",
+          ["model", "weights", "inputs/s", "against the teacher's"], rows)
+
+
+def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
+    for seed in seeds:
+        teachers = {task: checkpoint_of(alone(group, task, seed, root, ledger)) for task in GROUPS[group]["alone"]}
+        joint_and_mtdnn(group, seed, GROUPS[group].get("finetune_epochs", 2), root, ledger, [])
+        key = {"group": group, "way": "joint, kd", "seed": seed}
+        if ledger.find(key):
+            continue
+        cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}",
+                            distill_option(teachers, args.alpha, args.temperature)],
+                           root / group / folder(key["way"]) / f"seed{seed}")
+        steps = cli.trainer.global_step
+        ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps, "minutes": minutes,
+                    "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+
+
+def summary(seeds: list[int], ledger: Ledger) -> None:
+    """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``."""
+    records = [r for r in ledger.records() if r["seed"] in seeds]
+    for group in sorted({r["group"] for r in records}):
+        rows = []
+        tasks = sorted({task for r in records if r["group"] == group for task in r["scores"]})
+        for task in tasks:
+            by_way: dict[str, list[float]] = {}
+            for r in records:
+                if r["group"] == group and task in r["scores"]:
+                    by_way.setdefault(r["way"], []).append(r["scores"][task])
+            base = statistics.mean(by_way["alone"]) if "alone" in by_way else None
+            for way, values in sorted(by_way.items()):
+                gain = f"{statistics.mean(values) - base:+.4f}" if base is not None and way != "alone" else ""
+                steps = [r["steps"] for r in records if r["group"] == group and r["way"] == way and task in r["scores"]]
+                rows.append([task, way, spread(values, len(seeds)), gain, int(statistics.mean(steps))])
+        table(f"{group}: test score by way (mean ± sd over seeds {seeds})", ["task", "way", "score", "vs alone",
+                                                                           "steps"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=["compress", "groups", "summary"])
+    parser.add_argument("--task", choices=list(COMPRESS), default="sst2")
+    parser.add_argument("--group", choices=list(GROUPS), default="ner")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--root", type=Path, default=Path("runs/distill"))
+    parser.add_argument("--ledger", type=Path, help="the ledger file (default: <root>/results.jsonl)")
+    args = parser.parse_args()
+    ledger = Ledger(args.ledger or args.root)
+    if args.part == "compress":
+        compress(args.task, args.seeds, args.root, ledger, args)
+    elif args.part == "groups":
+        groups(args.group, args.seeds, args.root, ledger, args)
+    summary(args.seeds, ledger)
+
+
+if __name__ == "__main__":
+    main()
