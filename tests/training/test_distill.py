@@ -3,6 +3,7 @@ the student's or their own tokenizer; a shallower student from its teacher's blo
 refused before any step."""
 
 import csv
+import os
 import random
 import re
 from pathlib import Path
@@ -246,3 +247,35 @@ def test_unlabelled_inputs_train_through_the_teachers_in_batches_of_their_own(te
     assert sum("labels" not in b for b in batches) == 14 and sum("labels" in b for b in batches) == 2
     assert {len(b["text"]) for b in batches if "labels" not in b} == {16}
     assert logged_metrics(tmp_path / "s")["train/sentiment/distill_loss_epoch"] > 0
+
+
+def test_kept_answers_are_the_teachers_own_and_serve_the_next_run(teacher, tmp_path):
+    """cache: the first epoch's answers are kept by row, written once every row has one, and a second run reads them
+    instead of asking the teachers (whose answers they equal)."""
+    files, ckpt = teacher
+    args = [*EXACT, *sentiment_task(files), distill(ckpt, cache="true", precision="32-true")]
+    first = run_cli(["fit", *args, *trainer(tmp_path / "a", epochs=2)])
+    kept = list((Path(os.environ["TRUNK_CACHE"]) / "teachers").glob("*.safetensors"))
+    cache = first.model.teachers["sentiment"].cache
+    assert cache.saved and cache.path in kept and len(cache.answers) == 256
+    batch = next(iter(first.datamodule.train_dataloader()))
+    asked = first.model.teachers["sentiment"]
+    asked_cache, asked.cache = asked.cache, None
+    with torch.no_grad():
+        fresh = asked.soft_targets(batch)
+    assert torch.allclose(asked_cache.get(batch["rows"]), fresh, atol=1e-6)
+    second = run_cli(["fit", *args, *trainer(tmp_path / "b", epochs=1)])
+    assert second.model.teachers["sentiment"].cache.saved  # read, not written: every row answered from the file
+    assert logged_metrics(tmp_path / "b")["train/sentiment/distill_loss_epoch"] > 0
+
+
+def test_a_resumed_run_refuses_teachers_that_changed_since_it_began(teacher, tmp_path):
+    files, ckpt = teacher
+    copy = tmp_path / "teacher.ckpt"
+    copy.write_bytes(ckpt.read_bytes())
+    args = [*EXACT, *sentiment_task(files), distill(copy), *trainer(tmp_path / "s", epochs=1)]
+    run_cli(["fit", *args])
+    copy.write_bytes(next((tmp_path / "s").rglob("last.ckpt")).read_bytes())  # retrained: another model of the task
+    with pytest.raises(ValueError, match=r"model.distill.sentiment: the teachers .* are not the ones this run began "
+                                         r"with"):
+        run_cli(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])

@@ -259,7 +259,7 @@ class TrunkCLI(LightningCLI):
         if self.subcommand == "fit" and self.run.checkpoint is not None:
             self._check_resume(options, ckpt_path, from_weights=init_from is not None)
         if self.subcommand == "fit" and self.run.model.distill:  # loaded and checked before any step
-            self.run.report += attach_teachers(self.run.model)
+            self.run.report += attach_teachers(self.run.model, self.datamodule, self.run.checkpoint)
         self.run.say()
         self.model = self.run.model
         writer = self.config_init.get(self.subcommand, self.config_init).get("predictions") if self.subcommand else None

@@ -457,7 +457,9 @@ class TaskData:
     def train_batch(self, item, generator: torch.Generator) -> dict:
         """The training batch of one item of ``train_items``, its randomness drawn from ``generator``."""
         role = "unlabelled" if isinstance(item, Unlabelled) else "train"
-        return self.make_batch(role, list(item), train=True, generator=generator)
+        # each row by name: what a teacher's cached answers are kept under (model.distill's cache)
+        return {**self.make_batch(role, list(item), train=True, generator=generator),
+                "rows": [f"{role}/{i}" for i in item]}
 
     def state_dict(self) -> dict:
         return {}

@@ -11,12 +11,19 @@ student's label order. Everything a teacher could not answer is refused when it 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from safetensors.torch import load_file, save_file
 
-from trunk.core.codec import fingerprint
+from trunk.core.atomic import atomic_write
+from trunk.core.codec import cache_folder, fingerprint
 from trunk.inference.predictor import Predictor, load
 from trunk.training.distill import DistillConfig
 from trunk.training.module import TrunkModule
@@ -38,11 +45,25 @@ class TaskTeachers:
     """One student task's teachers, checked against it (``check``), answering its batches (``soft_targets``)."""
 
     def __init__(self, student: TrunkModule, task: str, config: DistillConfig,
-                 teachers: list[tuple[str, Predictor]]) -> None:
+                 teachers: list[tuple[str, Predictor]], digest: str = "") -> None:
+        """``digest``: the teachers' contents (``contents_digest``), which a resumed run and the answer cache check."""
         self.task, self.config, self.objective = task, config, student.objective(task)
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
+        self.digest, self.cache = digest, None
         self.check(student)
+
+    def keep_answers(self, key: list, rows: Callable[[], int]) -> None:
+        """Keep each training row's answers (``DistillConfig.cache``): ``key``, what they depend on besides the
+        teachers (the rows' encoding); ``rows``, how many an epoch reads, once the data is set up (the cache is written
+        when it has them all)."""
+        if not self.objective.targets_per_row:
+            raise ValueError(f"model.distill.{self.task}.cache: {self.objective.kind} answers each window of a row, "
+                             "which follow the batches' lengths: its answers cannot be kept per row. Leave cache off.")
+        name = hashlib.sha256(json.dumps([self.digest, self.config.precision, self.config.quantize,
+                                          self.objective.label_names, key]).encode()).hexdigest()[:24]
+        folder = cache_folder("teachers")
+        self.cache = AnswerCache(folder / f"{name}.safetensors" if folder is not None else None, rows)
 
     def _teacher_task(self, source: str, teacher: Predictor) -> str:
         name = self.config.task or (self.task if self.task in teacher.tasks or len(teacher.tasks) != 1
@@ -97,8 +118,13 @@ class TaskTeachers:
     @torch.no_grad()
     def soft_targets(self, batch: dict) -> torch.Tensor:
         """The teachers' answers to a training batch, averaged, in the student's label order, on the batch's device."""
+        if self.cache is not None and "rows" in batch and (kept := self.cache.get(batch["rows"])) is not None:
+            return kept.to(batch_device(batch))
         answers = [self._answer(member, batch) for member in self.members]
-        return answers[0] if len(answers) == 1 else torch.stack(answers).mean(0)
+        targets = answers[0] if len(answers) == 1 else torch.stack(answers).mean(0)
+        if self.cache is not None and "rows" in batch:
+            self.cache.put(batch["rows"], targets)
+        return targets
 
     def _answer(self, member: Teacher, batch: dict) -> torch.Tensor:
         teacher, name = member.predictor, member.task
@@ -122,29 +148,92 @@ class TaskTeachers:
         return targets.to(batch_device(batch))
 
 
+class AnswerCache:
+    """Teachers' answers by training row, in memory, and in one safetensors file once every row has one (read back
+    by the runs after). A row's answer is kept as its batch gave it, less trailing all-0 entries along its first
+    dimension (words a batch padded: NER); ``get`` pads a batch's rows to one shape again, with 0s (no answer)."""
+
+    def __init__(self, path: Path | None, rows: Callable[[], int]) -> None:
+        self.path, self.rows, self.answers, self.saved = path, rows, {}, False
+        if path is not None and path.is_file():
+            self.answers, self.saved = load_file(path), True
+            rank_zero_info(f"Teachers' answers to {len(self.answers)} training rows read from '{path}'.")
+
+    def get(self, rows: list[str]) -> torch.Tensor | None:
+        if not all(row in self.answers for row in rows):
+            return None
+        kept = [self.answers[row] for row in rows]
+        shape = [max(sizes) for sizes in zip(*(a.shape for a in kept))]
+        return torch.stack([F.pad(a, [p for d in reversed(range(a.ndim)) for p in (0, shape[d] - a.shape[d])])
+                            for a in kept])
+
+    def put(self, rows: list[str], targets: torch.Tensor) -> None:
+        for row, answer in zip(rows, targets.detach().cpu()):
+            if answer.ndim > 1:  # trailing entries with no answer (padding) dropped
+                filled = (answer.flatten(1) != 0).any(-1).nonzero()
+                answer = answer[: int(filled.max()) + 1 if len(filled) else 0]
+            self.answers[row] = answer.contiguous()
+        if not self.saved and self.path is not None and len(self.answers) >= self.rows():
+            atomic_write(self.path, lambda tmp: save_file(self.answers, str(tmp)))
+            self.saved = True
+            rank_zero_info(f"Teachers' answers to {len(self.answers)} training rows kept in '{self.path}'.")
+
+
+def contents_digest(source) -> str:
+    """A teacher's files by their contents (a file, every file of a directory, or each of a list): a resumed run and
+    the answer cache notice a teacher that changed, also one copied or moved since."""
+    sources = source if isinstance(source, (list, tuple)) else [source]
+    digest = hashlib.sha256()
+    for path in map(Path, sources):
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+            with file.open("rb") as f:
+                digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
+
+
 def batch_device(batch: dict) -> torch.device:
     return next(v.device for v in batch.values() if isinstance(v, torch.Tensor))
 
 
-def attach_teachers(model: TrunkModule) -> list[str]:
+def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = None) -> list[str]:
     """Load the teachers ``model.distill`` names and hand each task its own; returns what was loaded, in words (the
-    run's report). Every teacher is checked against its student here, before any training step."""
+    run's report). Every teacher is checked against its student here, before any training step: with ``checkpoint``
+    (a run resumed), also that the teachers are the ones the run began with. ``data``: the run's ``TaskSet``, whose
+    training rows key the answers a task with ``cache`` keeps."""
     report = []
-    loaded: dict[tuple, Predictor] = {}  # a teacher of several tasks loads once
+    loaded: dict[tuple, tuple[Predictor, str]] = {}  # a teacher of several tasks loads once
+    began_with = (checkpoint or {}).get("distill_teachers") or {}
     for task, config in model.distill.items():
-        teachers = []
+        teachers, digests = [], []
         for source in config.teachers:
             key = (tuple(map(str, source)) if isinstance(source, (list, tuple)) else str(source), config.quantize)
             if key not in loaded:
                 try:
-                    loaded[key] = load(source, precision="32-true", quantize=config.quantize)  # set by to()
+                    loaded[key] = (load(source, precision="32-true", quantize=config.quantize),  # set by to()
+                                   contents_digest(source))
                 except (FileNotFoundError, ValueError) as err:
                     raise ValueError(f"model.distill.{task}.teachers: {err}") from None
-            teachers.append((describe(source), loaded[key]))
-        model.attach_teachers(task, TaskTeachers(model, task, config, teachers))
+            teachers.append((describe(source), loaded[key][0]))
+            digests.append(loaded[key][1])
+        digest = hashlib.sha256(json.dumps(digests).encode()).hexdigest()
+        if task in began_with and began_with[task] != digest:
+            raise ValueError(f"model.distill.{task}: the teachers {[name for name, _ in teachers]} are not the ones "
+                             "this run began with (their files changed since its checkpoint was written): resume with "
+                             "the teachers it began with, or start a new run (without --ckpt_path) with these.")
+        own = TaskTeachers(model, task, config, teachers, digest)
+        if config.cache:
+            member = data.tasks[task] if data is not None else None
+            if member is None or not hasattr(member, "encoding_key"):
+                raise ValueError(f"model.distill.{task}.cache keeps answers by the rows of a text task's encoded "
+                                 "training split; this task has none. Leave cache off.")
+            roles = ["train", *(["unlabelled"] if member.has_split("unlabelled") else [])]
+            own.keep_answers([member.encoding_key(role) for role in roles], member.train_rows)
+        model.attach_teachers(task, own)
         report.append(f"task '{task}' learns from {len(teachers)} teacher{'s' * (len(teachers) > 1)} "
                       f"({', '.join(name for name, _ in teachers)}): alpha {config.alpha}, temperature "
-                      f"{config.temperature}")
+                      f"{config.temperature}{', answers kept per row' if config.cache else ''}")
     return report
 
 

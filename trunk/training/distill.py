@@ -32,6 +32,10 @@ class DistillConfig:
             the teacher's one task).
         precision: the teachers' precision (``auto``: bf16 where the device computes it natively).
         quantize: ``int8``: the teachers' linear layers compute in int8 (fast on CPUs with VNNI or AMX).
+        cache: keep the teachers' answer to each training row once computed (the first epoch's passes), in memory
+            and, once every row has one, on disk under ``$TRUNK_CACHE/teachers/`` for the runs after (other seeds,
+            other students of the same teachers and data): a teacher's pass is then paid once, not every epoch. The
+            answers are keyed by the teachers' contents, the training rows' encoding and the teachers' precision.
     """
 
     teachers: list = field(default_factory=list)
@@ -40,6 +44,7 @@ class DistillConfig:
     task: str | None = None
     precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
     quantize: Literal["int8"] | None = None
+    cache: bool = False
 
     def check(self, where: str) -> None:
         problems = [
@@ -54,6 +59,8 @@ class DistillConfig:
 
 class Teachers(Protocol):
     """One task's teachers, as the module uses them (``trunk.inference.teachers.TaskTeachers``)."""
+
+    digest: str  # their contents, stored in checkpoints: a resumed run must learn from the same teachers
 
     def soft_targets(self, batch: dict) -> torch.Tensor:
         """The teachers' answers to a training batch of the student, averaged, in the student's label order."""

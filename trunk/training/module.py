@@ -189,6 +189,8 @@ class TrunkModule(L.LightningModule):
                                     "heads": {name: o.head_meta() for name, o in self.objectives.items()}}
         if self.codec is not None:
             checkpoint["codec"] = self.codec.state_dict()
+        if self.teachers:  # which teachers the run learns from, by their contents: a resumed run must have the same
+            checkpoint["distill_teachers"] = {task: teachers.digest for task, teachers in self.teachers.items()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("state_dict", {})

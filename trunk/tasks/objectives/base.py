@@ -56,6 +56,7 @@ class Objective(nn.Module):
     # of labels (a teacher's are put in the student's label order, by name)
     raw_input_key: ClassVar[str | None] = None
     targets_by_label: ClassVar[bool] = False
+    targets_per_row: ClassVar[bool] = True  # False: soft targets per window of a row (QA), which a cache cannot key
     onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
 
     def __init__(self, **config) -> None:

@@ -4,6 +4,7 @@ candidates."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torchmetrics import MeanMetric, Metric
 
 from trunk.core.contract import TaskSpec
@@ -64,6 +65,8 @@ class MultipleChoice(Objective):
         return self(trunk, batch).softmax(-1)  # (B, most candidates); a row's missing ones 0
 
     def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        width = output.shape[-1]  # cached answers may be padded to another batch's most candidates (with 0s)
+        targets = F.pad(targets[:, :width], (0, max(0, width - targets.shape[-1])))
         return soft_cross_entropy(output, targets, temperature)
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:

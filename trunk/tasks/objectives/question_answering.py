@@ -61,6 +61,8 @@ class ExtractiveQuestionAnswering(Objective):
     def make_metrics(self, stage: str) -> dict[str, Metric]:
         return {"exact_match": MeanMetric(), "f1": MeanMetric()}
 
+    targets_per_row = False  # one answer per window: a row's windows follow the batch's max_length and stride
+
     def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         return torch.stack(self(trunk, batch), 1).softmax(-1)  # (windows, 2, T): where each answer starts and ends
 
