@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from safetensors.torch import load_file, save_file
 
 from trunk.core.atomic import atomic_write
-from trunk.core.codec import cache_folder, fingerprint
+from trunk.core.codec import Codec, cache_folder, fingerprint
 from trunk.inference.predictor import Predictor, load
 from trunk.training.distill import DistillConfig
 from trunk.training.module import TrunkModule
@@ -77,7 +77,6 @@ class TaskTeachers:
     def check(self, student: TrunkModule) -> None:
         """Refuse, naming the teacher and the fix, what would make its answers wrong for this student."""
         where, own = f"model.distill.{self.task}", self.objective
-        student_codec = student.codec.tokenizer if student.codec is not None else None
         for member in self.members:
             teacher, objective = member.predictor, member.predictor.model.objective(member.task)
             said = f"{where}: the teacher '{member.source}' (task '{member.task}')"
@@ -91,9 +90,7 @@ class TaskTeachers:
                                  f"{own.label_names} (only the teacher's: {only_teacher}; only this task's: "
                                  f"{only_student}). Labels are matched by name: give the task the teacher's label "
                                  "names (data.tasks.<task>.label_names, normalize_labels), or another teacher.")
-            teacher_codec = teacher.model.codec.tokenizer if teacher.model.codec is not None else None
-            same = teacher_codec is None or student_codec is None or fingerprint(teacher_codec) == fingerprint(
-                student_codec)
+            same = same_tokens(teacher.model.codec, student.codec, member.task, self.task)
             if not same and own.raw_input_key is None:
                 raise ValueError(f"{said} has another tokenizer than the student, and {own.kind} answers are read "
                                  "token by token: a teacher of this kind must share the student's tokenizer. Start the "
@@ -191,6 +188,17 @@ def contents_digest(source) -> str:
             with file.open("rb") as f:
                 digest.update(hashlib.file_digest(f, "sha256").digest())
     return digest.hexdigest()
+
+
+def same_tokens(teacher: Codec | None, student: Codec | None, teacher_task: str, task: str) -> bool:
+    """Whether a teacher reads the student's token ids as the student does: the same tokenizer, and for a task with a
+    target tokenizer of its own (translation), the same one of those too."""
+    if teacher is None or student is None or teacher.tokenizer is None or student.tokenizer is None:
+        return True  # images: no tokens
+    pairs = [(teacher.tokenizer, student.tokenizer)]
+    if teacher_task in teacher.targets or task in student.targets:
+        pairs.append((teacher.target(teacher_task), student.target(task)))
+    return all(fingerprint(a) == fingerprint(b) for a, b in pairs)
 
 
 def batch_device(batch: dict) -> torch.device:

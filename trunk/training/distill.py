@@ -76,7 +76,8 @@ def distill_configs(distill: dict | None, objectives: dict) -> dict[str, Distill
         if task not in objectives:
             raise ValueError(f"{where}: there is no task '{task}' in this run; its tasks are {sorted(objectives)}.")
         if not objectives[task].distills:
-            kinds = "classification, multi-label, regression, NER, question answering and multiple choice"
+            kinds = ("classification, multi-label, regression, NER, question answering, multiple choice, masked-LM and "
+                     "translation")
             raise ValueError(f"{where}: task '{task}' is {objectives[task].kind}, which has no distillation loss yet "
                              f"({kinds} have one). Remove it from model.distill.")
         if isinstance(options, DistillConfig):

@@ -232,7 +232,7 @@ class TrunkModule(L.LightningModule):
     def _distilled_loss(self, task: str, objective: Objective, batch: dict) -> torch.Tensor:
         """A training batch of a task with teachers: its own loss (where it has labels) mixed with the one against
         the teachers' answers (``trunk.training.distill``), from one forward of the student."""
-        config, output = self.distill[task], objective(self.trunk, batch)
+        config, output = self.distill[task], objective.distill_output(self.trunk, batch)
         with torch.no_grad():
             targets = self.teachers[task].soft_targets(batch)
         distill = objective.distill_loss(output, targets, batch, config.temperature)

@@ -56,7 +56,9 @@ class Objective(nn.Module):
     # of labels (a teacher's are put in the student's label order, by name)
     raw_input_key: ClassVar[str | None] = None
     targets_by_label: ClassVar[bool] = False
-    targets_per_row: ClassVar[bool] = True  # False: soft targets per window of a row (QA), which a cache cannot key
+    # False: soft targets that are not one fixed answer per training row (QA's per window, masked-LM's per masked
+    # position drawn anew each epoch), which a cache cannot keep by row
+    targets_per_row: ClassVar[bool] = True
     onnx_output: ClassVar[str | None] = None  # what ``export_forward`` returns, by name; None: no ONNX export
 
     def __init__(self, **config) -> None:
@@ -183,6 +185,11 @@ class Objective(nn.Module):
     def distills(self) -> bool:
         """Whether this kind can learn from teachers (it has ``soft_targets`` and ``distill_loss``)."""
         return type(self).soft_targets is not Objective.soft_targets
+
+    def distill_output(self, trunk: Trunk, batch: dict):
+        """What a distilled step scores against its labels (``loss``'s ``output``) and its teachers alike: ``forward``'s
+        output, or only the positions a kind scores (masked tokens, real target tokens)."""
+        return self(trunk, batch)
 
     def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         """What this task's model, as a teacher, answers to a batch: probabilities (per example, word or candidate) or

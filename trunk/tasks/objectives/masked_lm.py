@@ -13,7 +13,7 @@ from trunk.core.codec import IGNORE_INDEX, MASK, required_id
 from trunk.core.contract import TaskSpec
 from trunk.core.masking import mask_tokens
 from trunk.models import MaskedLMHead, Trunk, TrunkConfig
-from trunk.tasks.objectives.base import Objective
+from trunk.tasks.objectives.base import Objective, soft_cross_entropy
 
 
 class Perplexity(Metric):
@@ -139,15 +139,29 @@ class MaskedLanguageModeling(Objective):
         """All positions' vocabulary logits (B, T, V), for inspection; training scores masked positions only."""
         return self.head(self.encode(trunk, batch))
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
-        logits, nll, selected = masked_token_nll(self.head, self.encode(trunk, batch), batch["labels"])
+    targets_per_row = False  # answers at the masked positions, drawn anew every epoch
+
+    def distill_output(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(N, vocabulary) logits at the N masked positions (labels != -100)."""
+        return self.head(self.encode(trunk, batch)[batch["labels"] != IGNORE_INDEX]).float()
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self.distill_output(trunk, batch).softmax(-1)
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return soft_cross_entropy(output, targets, temperature)
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        logits = self.distill_output(trunk, batch) if output is None else output
+        targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
+        nll = F.cross_entropy(logits, targets, reduction="none")
         self.metrics(stage)["ppl"].update(nll)
-        self.metrics(stage)["acc"].update(logits.argmax(-1), batch["labels"][selected])
+        self.metrics(stage)["acc"].update(logits.argmax(-1), targets)
         if not self.label_smoothing:
             return nll.mean()
         # smoothing over the whole vocabulary, from the NLL at hand: mean(-log p) = nll + logit of the target -
         # mean(logits)
-        spread = nll + logits.gather(-1, batch["labels"][selected][:, None]).squeeze(-1) - logits.mean(-1)
+        spread = nll + logits.gather(-1, targets[:, None]).squeeze(-1) - logits.mean(-1)
         return ((1 - self.label_smoothing) * nll + self.label_smoothing * spread).mean()
 
     def predict(self, trunk: Trunk, batch: dict) -> list[dict]:

@@ -13,7 +13,7 @@ from torchmetrics.text import SacreBLEUScore
 from trunk.core.codec import IGNORE_INDEX, token_id
 from trunk.core.contract import TaskSpec
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
-from trunk.tasks.objectives.base import Objective, cross_entropy
+from trunk.tasks.objectives.base import Objective, cross_entropy, soft_cross_entropy
 
 
 class Translation(Objective):
@@ -143,13 +143,26 @@ class Translation(Objective):
         memory = self.encode(trunk, batch)
         return self.decoder(self.framed(batch)[0], memory, batch["attention_mask"].bool())
 
-    def loss(self, trunk: Trunk, batch: dict, stage: str) -> torch.Tensor:
+    def distill_output(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(N, target vocab) logits at the N real target positions, under teacher forcing (the decoder and its output
+        layer skip the padding)."""
         decoder_inputs, labels = self.framed(batch)
-        scored = labels != IGNORE_INDEX  # the real target positions: the decoder and its output layer skip the padding
+        scored = labels != IGNORE_INDEX
         hidden = self.decoder.hidden(
             decoder_inputs, self.encode(trunk, batch), batch["attention_mask"].bool(), target_mask=scored
         )
-        logits, labels = self.decoder.logits(hidden[scored]).float(), labels[scored]  # (N, V), (N,)
+        return self.decoder.logits(hidden[scored]).float()
+
+    def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        return self.distill_output(trunk, batch).softmax(-1)  # word-level: each target position's next-token guess
+
+    def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
+        return soft_cross_entropy(output, targets, temperature)
+
+    def loss(self, trunk: Trunk, batch: dict, stage: str, output=None) -> torch.Tensor:
+        logits = self.distill_output(trunk, batch) if output is None else output  # (N, V)
+        labels = self.framed(batch)[1]
+        labels = labels[labels != IGNORE_INDEX]
         metrics = self.metrics(stage)
         metrics["acc"].update(logits.argmax(-1), labels)
         if "bleu" in metrics:
