@@ -280,3 +280,27 @@ def test_a_resumed_run_refuses_teachers_that_changed_since_it_began(teacher, tmp
     with pytest.raises(ValueError, match=r"model.distill.sentiment: the teachers .* are not the ones this run began "
                                          r"with"):
         run_cli(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])
+
+
+def test_the_blocks_insides_hidden_states_and_attention_relations(teacher, tmp_path):
+    """layers: a student with its teacher's weights has nothing to learn from its insides either (0); a fresh one does,
+    and the relation loss compares trunks of different widths."""
+    from trunk.training.distill import relation_kl
+
+    files, ckpt = teacher
+    inner = "layers: [[0, 0], [1, 1]], hidden: 1.0, relations: 1.0, alpha: 1.0"
+    option = distill(ckpt).replace("]}}", f"], {inner}}}}}")
+    run_cli(["fit", *EXACT, *sentiment_task(files), NO_HEAD_DROPOUT, f"--model.init_from={ckpt}",
+             "--model.optimizer.lr=1e-12", option, *trainer(tmp_path / "same", epochs=1)])
+    assert logged_metrics(tmp_path / "same")["train/sentiment/intermediate_loss_epoch"] < 1e-5
+    run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "fresh", epochs=1)])
+    assert logged_metrics(tmp_path / "fresh")["train/sentiment/intermediate_loss_epoch"] > 1e-3
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool()
+    narrow, wide = torch.randn(2, 4, 32), torch.randn(2, 4, 64)
+    assert relation_kl(narrow, narrow, mask, 4) < 1e-6 < relation_kl(narrow, wide, mask, 4)
+    with pytest.raises(ValueError, match=r"hidden compares the blocks' outputs, of width 64 in the student and 32"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "w", epochs=1),
+                 "--model.trunk.d_model=64"])
+    with pytest.raises(ValueError, match=r"layers: \[\[0, 2\]\] name blocks beyond the student's 2 or the teacher's 2"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), option.replace("[1, 1]", "[0, 2]"),
+                 *trainer(tmp_path / "x", epochs=1)])

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import Codec, cache_folder, fingerprint
 from trunk.inference.predictor import Predictor, load
+from trunk.models.taps import Taps
 from trunk.training.distill import DistillConfig
 from trunk.training.module import TrunkModule
 from trunk.training.precision import choose_precision
@@ -50,7 +51,7 @@ class TaskTeachers:
         self.task, self.config, self.objective = task, config, student.objective(task)
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
-        self.digest, self.cache = digest, None
+        self.digest, self.cache, self.tapped = digest, None, {}
         self.check(student)
 
     def keep_answers(self, key: list, rows: Callable[[], int]) -> None:
@@ -102,6 +103,31 @@ class TaskTeachers:
                 raise ValueError(f"{said} reads at most {teacher.model.trunk_config.max_len} tokens, and the student's "
                                  f"batches may hold {student.trunk_config.max_len}: lower data.tasks.{self.task}."
                                  f"max_length to {teacher.model.trunk_config.max_len}.")
+        self.check_layers(student)
+
+    def check_layers(self, student: TrunkModule) -> None:
+        """``layers``: one teacher reading the student's batches, blocks both have, widths the losses can compare."""
+        config, where = self.config, f"model.distill.{self.task}"
+        if not config.layers:
+            return
+        if len(self.members) != 1 or not self.members[0].reads_batches:
+            raise ValueError(f"{where}.layers compares the blocks of the student and of one teacher that reads its "
+                             "tokens: give one teacher, with the student's tokenizer (or leave layers unset).")
+        mine, theirs = student.trunk_config, self.members[0].predictor.model.trunk_config
+        wrong = [pair for pair in config.layers if pair[0] >= mine.n_layers or pair[1] >= theirs.n_layers]
+        if wrong:
+            raise ValueError(f"{where}.layers: {wrong} name blocks beyond the student's {mine.n_layers} or the "
+                             f"teacher's {theirs.n_layers} (numbered from 0).")
+        if mine.shared_blocks or theirs.shared_blocks:
+            raise ValueError(f"{where}.layers: a trunk whose layers share blocks (shared_blocks) has no block of its "
+                             "own per layer to compare. Leave layers unset.")
+        if config.hidden and mine.d_model != theirs.d_model:
+            raise ValueError(f"{where}.hidden compares the blocks' outputs, of width {mine.d_model} in the student and "
+                             f"{theirs.d_model} in the teacher: use relations (any widths), or hidden: 0.")
+        heads = config.relation_heads or mine.n_heads
+        if config.relations and (mine.d_model % heads or theirs.d_model % heads):
+            raise ValueError(f"{where}.relation_heads={heads} must divide both widths ({mine.d_model}, "
+                             f"{theirs.d_model}): set model.distill.{self.task}.relation_heads.")
 
     def to(self, device: torch.device) -> TaskTeachers:
         for member in self.members:
@@ -136,8 +162,12 @@ class TaskTeachers:
         objective = model.objective(name)
         bf16 = (torch.autocast(device.type, dtype=torch.bfloat16) if teacher.precision == "bf16-mixed"
                 else contextlib.nullcontext())
-        with bf16, model.route(name):
+        taps = Taps(model.trunk.backbone, [t for _, t in self.config.layers])  # the paired blocks' insides
+        with bf16, model.route(name), taps:
             targets = objective.soft_targets(model.trunk, own).float()
+        if self.config.layers:
+            self.tapped = {layer: {k: v.to(batch_device(batch)) for k, v in seen.items()}
+                           for layer, seen in taps.read(own.get("attention_mask")).items()}
         if self.objective.targets_by_label and objective.label_names != self.objective.label_names:
             order = torch.tensor([objective.label_names.index(n) for n in self.objective.label_names],
                                  device=targets.device)

@@ -7,6 +7,12 @@ fastest) and handed to ``TrunkModule.attach_teachers``; the module scores each t
 their averaged ``Objective.soft_targets`` with the kind's ``Objective.distill_loss``:
 
     loss = (1 - alpha) * the task's own loss + alpha * the distillation loss
+           + hidden * the hidden states' squared error + relations * the self-attention relations' KL
+
+The last two (``layers``: pairs of a student block and a teacher block) read both models' insides (``Taps``): TinyBERT's
+hidden states (Jiao et al. 2020; the widths must match) and MiniLM's self-attention relations (Wang et al. 2021,
+MiniLMv2: the queries', keys' and values' scaled dot products with themselves, per relation head, compared as
+distributions; any widths that ``relation_heads`` divides).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,12 @@ class DistillConfig:
             and, once every row has one, on disk under ``$TRUNK_CACHE/teachers/`` for the runs after (other seeds,
             other students of the same teachers and data): a teacher's pass is then paid once, not every epoch. The
             answers are keyed by the teachers' contents, the training rows' encoding and the teachers' precision.
+        layers: pairs ``[student block, teacher block]`` (from 0) whose insides the next two compare; for a teacher
+            with the student's tokenizer, one teacher.
+        hidden: the weight of the squared error between the paired blocks' outputs (0: off; widths must match).
+        relations: the weight of the KL between the paired blocks' self-attention relations (0: off).
+        relation_heads: the heads the relations are computed over (None: the student's heads); it must divide both
+            widths.
     """
 
     teachers: list = field(default_factory=list)
@@ -45,12 +58,26 @@ class DistillConfig:
     precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
     quantize: Literal["int8"] | None = None
     cache: bool = False
+    layers: list = field(default_factory=list)
+    hidden: float = 0.0
+    relations: float = 0.0
+    relation_heads: int | None = None
 
     def check(self, where: str) -> None:
         problems = [
             "teachers is empty (name at least one trained model of the task)" if not self.teachers else "",
             f"alpha={self.alpha} (must be in [0, 1])" if not 0 <= self.alpha <= 1 else "",
             f"temperature={self.temperature} (must be > 0; 1-4 is usual)" if not self.temperature > 0 else "",
+            f"hidden={self.hidden} and relations={self.relations} (weights: >= 0)"
+            if not (self.hidden >= 0 and self.relations >= 0) else "",
+            "hidden or relations without layers (name [student block, teacher block] pairs)"
+            if (self.hidden or self.relations) and not self.layers else "",
+            f"layers={self.layers} (pairs [student block, teacher block])" if not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(i, int) and i >= 0 for i in pair)
+                for pair in self.layers) else "",
+            "layers without a weight (set hidden or relations)" if self.layers and not (self.hidden or self.relations)
+            else "",
+            "cache with layers (the blocks' insides are read anew each step)" if self.cache and self.layers else "",
         ]
         problems = [p for p in problems if p]
         if problems:
@@ -61,6 +88,7 @@ class Teachers(Protocol):
     """One task's teachers, as the module uses them (``trunk.inference.teachers.TaskTeachers``)."""
 
     digest: str  # their contents, stored in checkpoints: a resumed run must learn from the same teachers
+    tapped: dict  # with ``layers``: the teacher's insides of the latest batch (``Taps.read``)
 
     def soft_targets(self, batch: dict) -> torch.Tensor:
         """The teachers' answers to a training batch of the student, averaged, in the student's label order."""
@@ -101,3 +129,34 @@ def mixed(task_loss: torch.Tensor | None, distill_loss: torch.Tensor, alpha: flo
     if task_loss is None:
         return distill_loss
     return (1 - alpha) * task_loss + alpha * distill_loss
+
+
+def intermediate_loss(config: DistillConfig, student: dict, teacher: dict, mask: torch.Tensor, heads: int
+                      ) -> torch.Tensor:
+    """``hidden`` x the paired blocks' outputs' squared error + ``relations`` x their self-attention relations' KL,
+    summed over ``config.layers`` (``student``, ``teacher``: ``Taps.read``'s). ``mask``: (B, T), True at real
+    tokens."""
+    mask = mask.bool()
+    total = torch.zeros((), device=mask.device)
+    for s, t in config.layers:
+        if config.hidden:
+            total = total + config.hidden * F.mse_loss(student[s]["hidden"][mask], teacher[t]["hidden"][mask])
+        if config.relations:
+            total = total + config.relations * sum(
+                relation_kl(student[s][key], teacher[t][key], mask, heads) for key in ("q", "k", "v")) / 3
+    return total
+
+
+def relation_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """MiniLMv2's relation loss of one of queries, keys or values: each side's (B, T, C) split into ``heads``,
+    softmax(x x^T / sqrt(d)) over the real tokens, KL(teacher || student) per real query, averaged."""
+    def log_relations(x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        x = x.view(b, n, heads, c // heads).transpose(1, 2)  # (B, h, T, d)
+        scores = x @ x.transpose(-1, -2) / (c // heads) ** 0.5
+        return scores.masked_fill(~mask[:, None, None, :], float("-inf")).log_softmax(-1)
+
+    s, t = log_relations(student.float()), log_relations(teacher.float())
+    kl = torch.where(t > float("-inf"), t.exp() * (t - s), 0.0).sum(-1)  # (B, h, T)
+    rows = mask[:, None, :].expand_as(kl)
+    return kl[rows].mean()

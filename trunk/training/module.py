@@ -22,11 +22,12 @@ from trunk.core.codec import SEP, SPECIAL_TOKENS, Codec, special_id
 from trunk.core.contract import TaskSpec, loss_weights, pair_specs
 from trunk.models import Block, TrunkConfig, build_trunk
 from trunk.models.deltas import DeltaConfig, DeltaRouter
+from trunk.models.taps import Taps
 from trunk.tasks.objectives.base import Objective, batch_size
 from trunk.tasks.objectives.masked_lm import auxiliary_mlm_loss, check_aux_mlm, tied_mlm_head
 from trunk.tasks.registry import as_objective, stems_of
 from trunk.training.callbacks import check_monitors
-from trunk.training.distill import Teachers, distill_configs, mixed
+from trunk.training.distill import Teachers, distill_configs, intermediate_loss, mixed
 from trunk.training.finetuning import FinetuneConfig, Freezer, GradualUnfreezing, apply_freezing
 from trunk.training.optim import OptimConfig, build_optimizer, depth_param_groups
 from trunk.training.sharding import shard
@@ -232,13 +233,24 @@ class TrunkModule(L.LightningModule):
     def _distilled_loss(self, task: str, objective: Objective, batch: dict) -> torch.Tensor:
         """A training batch of a task with teachers: its own loss (where it has labels) mixed with the one against
         the teachers' answers (``trunk.training.distill``), from one forward of the student."""
-        config, output = self.distill[task], objective.distill_output(self.trunk, batch)
+        config, teachers = self.distill[task], self.teachers[task]
+        taps = Taps(self.trunk.backbone, [s for s, _ in config.layers])  # config.layers: the blocks' insides too
+        with taps:
+            output = objective.distill_output(self.trunk, batch)
         with torch.no_grad():
-            targets = self.teachers[task].soft_targets(batch)
+            targets = teachers.soft_targets(batch)
         distill = objective.distill_loss(output, targets, batch, config.temperature)
         self.log(f"train/{task}/distill_loss", distill, on_step=True, on_epoch=True, batch_size=batch_size(batch))
         own = objective.loss(self.trunk, batch, "train", output) if "labels" in batch else None
-        return mixed(own, distill, config.alpha)
+        loss = mixed(own, distill, config.alpha)
+        if config.layers:
+            student = taps.read(batch.get("attention_mask"))
+            inner = intermediate_loss(config, student, teachers.tapped, taps.mask,
+                                      config.relation_heads or self.trunk_config.n_heads)
+            self.log(f"train/{task}/intermediate_loss", inner, on_step=True, on_epoch=True,
+                     batch_size=batch_size(batch))
+            loss = loss + inner
+        return loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self._trained_tasks.add(batch["task"])
