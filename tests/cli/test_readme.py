@@ -68,6 +68,8 @@ def test_the_readme_commands_run_in_the_order_shown(monkeypatch):
                 init_from = None
             init_from = option(words, "--model.init_from") or init_from
             reads = [init_from] if isinstance(init_from, str) else []
+            distill = yaml.safe_load(option(words, "--model.distill") or "{}")  # the teachers are read too
+            reads += [path for task in distill.values() for path in task.get("teachers", [])]
             if words[1] != "fit" and option(words, "--ckpt_path") in ("best", "last"):
                 reads.append(f"runs/{Path(config).stem}/lightning_logs")
             if words[1] == "fit" and "--print_config" not in words:
