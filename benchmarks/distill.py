@@ -3,18 +3,20 @@ models they learn from. Prints tables: each way's test score (mean ± sd over th
 the small students their predict speed against their teacher's.
 
     python benchmarks/distill.py compress --task sst2 --seeds 1 2 3      # and --task conll
-    python benchmarks/distill.py groups --group ner --seeds 1 2 3         # issue 50's groups: transfer.py's GROUPS
+    python benchmarks/distill.py groups --group ner --seeds 1 2 3         # the related-task groups of transfer.py
     python benchmarks/distill.py summary --seeds 1 2 3
+    python benchmarks/distill.py compress --groups my_groups.yaml --task mine   # groups of your own, GROUPS' layout
 
 Run it from the repository (the recipes read ../shared/data). The ways:
-  * compress, for SST-2 (the sentiment group's MiniLM recipe) and CoNLL-2003 (the NER group's):
+  * compress, for a task of a group's alone recipes (SST-2: the sentiment group's MiniLM recipe; CoNLL-2003: the NER
+    group's):
     - ``teacher``: the recipe alone (``benchmarks/transfer.py``'s ``alone`` way, the same run);
     - ``student``: the recipe on a 3-block trunk of MiniLM's blocks 0, 2 and 4 (``--model.init_layers=every_other``);
     - ``student, kd``: the same, learning from the teacher (``--model.distill``: ``--alpha``, ``--temperature``);
     - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
       ``configs/pretrain_large.yaml`` writes).
-    Predict speed: sentences/s on the task's dev inputs through ``trunk.tasks.load`` (fp32 and int8), the student and
-    its teacher alternating in one process, median of ``--rounds``.
+    Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32 and int8), one thread,
+    the students and their teacher alternating in one process, median of ``--rounds``.
   * groups: ``alone``, ``joint`` and ``mtdnn`` as ``benchmarks/transfer.py`` runs them, and ``joint, kd``: the
     group's joint recipe with every task learning from its ``alone`` model (MT-DNN-KD, Liu et al. 2019; one teacher
     per task here, where they averaged an ensemble).
@@ -34,15 +36,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from inference import alternate, conll_sentences, sst2_sentences, table  # noqa: E402
+import yaml  # noqa: E402
+from inference import alternate, table  # noqa: E402
 from ledger import Ledger  # noqa: E402
 from transfer import GROUPS, alone, checkpoint_of, fit, folder, joint_and_mtdnn, primary_scores, spread  # noqa: E402
 
+from trunk.cli import run_cli  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
-# task -> the group whose alone recipe trains it (its teacher), and its dev inputs for predict speed
-COMPRESS = {"sst2": ("sentiment", sst2_sentences), "conll": ("ner", conll_sentences)}
-DATA = Path("../shared/data")
+STUDENT_WAYS = ("student", "student, kd", "own", "own, kd")
 
 
 def distill_option(teachers: dict[str, str], alpha: float, temperature: float) -> str:
@@ -50,8 +52,17 @@ def distill_option(teachers: dict[str, str], alpha: float, temperature: float) -
                                             for task, path in teachers.items()})
 
 
+def group_of(task: str) -> str:
+    """The group whose alone recipes train ``task`` (its teacher's recipe)."""
+    found = [group for group, spec in GROUPS.items() if task in spec["alone"]]
+    if not found:
+        known = sorted(t for spec in GROUPS.values() for t in spec["alone"])
+        sys.exit(f"error: --task {task}: no group trains it alone; the tasks are {known}")
+    return found[0]
+
+
 def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger, teachers: int) -> dict:
-    group = COMPRESS[task][0]
+    group = group_of(task)
     key = {"group": group, "way": way, "task": task, "seed": seed}
     if found := ledger.find(key):
         return found
@@ -63,7 +74,7 @@ def student(task: str, seed: int, way: str, options: list[str], root: Path, ledg
 
 
 def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
-    group = COMPRESS[task][0]
+    group = group_of(task)
     for seed in seeds:
         teacher = checkpoint_of(alone(group, task, seed, root, ledger))
         kd = [distill_option({task: teacher}, args.alpha, args.temperature)]
@@ -76,24 +87,36 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
     speed(task, seeds[0], ledger, args.rounds)
 
 
+def validation_inputs(task: str) -> list:
+    """The raw inputs of ``task``'s validation split (texts, pairs, NER's words), as its alone recipe reads them."""
+    cli = run_cli(["--config", GROUPS[group_of(task)]["alone"][task], "--trainer.logger=false"], run=False)
+    key = cli.model.objective(task).raw_input_key
+    if key is None:
+        return []
+    cli.datamodule.setup("validate")
+    member = cli.datamodule.tasks[task]
+    return [x for loader in member.loaders("validation") for batch in loader for x in batch[key]]
+
+
 def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
-    """sentences/s of each model of ``task`` (seed ``seed``), fp32 and int8, each against the teacher's."""
+    """inputs/s of each model of ``task`` (seed ``seed``), fp32 and int8, each against the teacher's."""
     from trunk.tasks import load
     from trunk.training.threads import fit_threads
 
-    fit_threads(1)
-    inputs = COMPRESS[task][1](DATA)
     runs = {r["way"]: r for r in ledger.records() if r.get("task") == task and r["seed"] == seed and "checkpoint" in r
-            and r["way"] in ("alone", "student", "student, kd", "own", "own, kd") and Path(r["checkpoint"]).is_file()}
-    if "alone" not in runs:
+            and r["way"] in ("alone", *STUDENT_WAYS) and Path(r["checkpoint"]).is_file()}
+    inputs = validation_inputs(task) if "alone" in runs and len(runs) > 1 else []
+    if not inputs:
         return
+    fit_threads(1)
     rows = []
     for quantize in (None, "int8"):
         models = {way: load(run["checkpoint"], precision="32-true", quantize=quantize) for way, run in runs.items()}
         rates = alternate({way: (lambda m=m: m.predict(inputs, task=task)) for way, m in models.items()}, len(inputs),
                           rounds)
         rows += [[way, quantize or "fp32", rate, rate / rates["alone"]] for way, rate in rates.items()]
-    table(f"{task}: predict speed, {len(inputs)} dev inputs, 1 thread ({cpu_info()}, torch {torch.__version__})",
+    table(f"{task}: predict speed, {len(inputs)} validation inputs, 1 thread ({cpu_info()}, torch "
+          f"{torch.__version__})",
           ["model", "weights", "inputs/s", "against the teacher's"], rows)
 
 
@@ -135,8 +158,9 @@ def summary(seeds: list[int], ledger: Ledger) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=["compress", "groups", "summary"])
-    parser.add_argument("--task", choices=list(COMPRESS), default="sst2")
-    parser.add_argument("--group", choices=list(GROUPS), default="ner")
+    parser.add_argument("--task", default="sst2", help="compress: a task of a group's alone recipes")
+    parser.add_argument("--group", default="ner")
+    parser.add_argument("--groups", type=Path, help="a YAML file of groups of your own, laid out as transfer.py's")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=2.0)
@@ -145,6 +169,10 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))
     parser.add_argument("--ledger", type=Path, help="the ledger file (default: <root>/results.jsonl)")
     args = parser.parse_args()
+    if args.groups:
+        GROUPS.update(yaml.safe_load(args.groups.read_text()))
+    if args.part == "groups" and args.group not in GROUPS:
+        parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
     ledger = Ledger(args.ledger or args.root)
     if args.part == "compress":
         compress(args.task, args.seeds, args.root, ledger, args)

@@ -698,3 +698,39 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--ways sequential starts a group's small tasks from its one large task" in \
         refused.stderr
+
+
+def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(tiny_trunk_dir, sentiment_files,
+                                                                              tmp_path):
+    """compress, on a group of your own: the task alone (the teacher), a student of every other block of the trunk with
+    and without its teacher, their test scores and their predict speed beside the teacher's; run again, nothing."""
+    import yaml
+
+    recipe = {"model": {"init_from": str(tiny_trunk_dir), "optimizer": {"lr": 3e-3},
+                        "tasks": {"mood": {"class_path": "trunk.tasks.SequenceClassification"}}},
+              "data": {"tasks": {"mood": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {
+                  **{split: str(sentiment_files[split]) for split in ("train", "validation", "test")},
+                  "max_length": 64, "batch_size": 32}}}},
+              "trainer": {"max_epochs": 1, "accelerator": "cpu", "logger": False, "callbacks": [
+                  {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                   "init_args": {"monitor": "val/score", "mode": "max"}}]}}
+    (tmp_path / "mood.yaml").write_text(yaml.safe_dump(recipe))
+    groups = {"tiny": {"recipe": str(tmp_path / "mood.yaml"), "small": [], "base": str(tiny_trunk_dir),
+                       "alone": {"mood": str(tmp_path / "mood.yaml")}}}
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    command = [sys.executable, str(BENCHMARKS / "distill.py"), "compress", "--groups", str(tmp_path / "groups.yaml"),
+               "--task", "mood", "--seeds", "0", "--rounds", "1", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [r["way"] for r in ledger] == ["alone", "student", "student, kd"]
+    assert ledger[2]["teacher_passes"] == ledger[2]["steps"] > 0 and ledger[1]["teacher_passes"] == 0
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| mood |")]
+    assert {row[1] for row in rows} == {"alone", "student", "student, kd"}
+    speed = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| alone |", "| student"))]
+    assert {(row[0].strip("| "), row[1]) for row in speed} == {(way, weights) for way in ("alone", "student",
+                                                                "student, kd") for weights in ("fp32", "int8")}
+    assert all(float(row[2].replace(",", "")) > 0 for row in speed)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "Resuming" not in again.stderr
+    assert (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 3
