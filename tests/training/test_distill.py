@@ -276,10 +276,12 @@ def test_a_resumed_run_refuses_teachers_that_changed_since_it_began(teacher, tmp
     copy.write_bytes(ckpt.read_bytes())
     args = [*EXACT, *sentiment_task(files), distill(copy), *trainer(tmp_path / "s", epochs=1)]
     run_cli(["fit", *args])
+    resumed = run_cli(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])  # the same teachers: it goes on
+    assert resumed.trainer.global_step == 2 * 16
     copy.write_bytes(next((tmp_path / "s").rglob("last.ckpt")).read_bytes())  # retrained: another model of the task
     with pytest.raises(ValueError, match=r"model.distill.sentiment: the teachers .* are not the ones this run began "
                                          r"with"):
-        run_cli(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])
+        run_cli(["fit", *args, "--trainer.max_epochs=3", "--ckpt_path=last"])
 
 
 def test_the_blocks_insides_hidden_states_and_attention_relations(teacher, tmp_path):
