@@ -303,6 +303,10 @@ def test_the_blocks_insides_hidden_states_and_attention_relations(teacher, tmp_p
     with pytest.raises(ValueError, match=r"hidden compares the blocks' outputs, of width 64 in the student and 32"):
         run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "w", epochs=1),
                  "--model.trunk.d_model=64"])
+    with pytest.raises(ValueError, match=r"layers compares the blocks of the student and of one teacher that reads its "
+                                         r"tokens: give one teacher, with the student's tokenizer"):
+        run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "v", epochs=1),
+                 "--data.tokenizer_vocab_size=40"])
     with pytest.raises(ValueError, match=r"layers: \[\[0, 2\]\] name blocks beyond the student's 2 or the teacher's 2"):
         run_cli(["fit", *EXACT, *sentiment_task(files), option.replace("[1, 1]", "[0, 2]"),
                  *trainer(tmp_path / "x", epochs=1)])
