@@ -202,7 +202,7 @@ def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
     the targets and the loss agree on their form), and a student trains on them through `trunk fit`. Each kind without
     one is refused by name."""
     from trunk.inference.teachers import TaskTeachers
-    from trunk.training.distill import DistillConfig
+    from trunk.training.distill import DistillConfig, distill_configs
 
     kind = KINDS[name]
     files = {source: request.getfixturevalue(f"{source}_files") for source in set(DATA_FILES.values()) - {None}}
@@ -225,6 +225,12 @@ def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
         output = objective.distill_output(student.trunk, batch)
         loss = objective.distill_loss(output, teachers.soft_targets(batch), batch, 2.0)
     assert abs(float(loss)) < 1e-5, float(loss)
+    # alpha 0: a labelled batch's loss is the task's own (every kind's labels are seen, whatever their batch keys)
+    student.distill = distill_configs({"t": {"teachers": [str(ckpt)], "alpha": 0.0}}, dict(student.objectives))
+    student.attach_teachers("t", teachers)
+    with torch.no_grad():
+        assert torch.allclose(student._distilled_loss("t", objective, batch), objective.loss(student.trunk, batch,
+                                                                                             "train"), atol=1e-6)
     run_cli(["fit", *kind_args(kind, files, tmp_path / "student"), option])
     logged = logged_metrics(tmp_path / "student")
     assert logged["train/t/distill_loss_epoch"] > 0 and logged["train/t/loss_epoch"] > 0, logged
@@ -247,6 +253,11 @@ def test_unlabelled_inputs_train_through_the_teachers_in_batches_of_their_own(te
     batches = list(cli.datamodule.train_dataloader())
     assert sum("labels" not in b for b in batches) == 14 and sum("labels" in b for b in batches) == 2
     assert {len(b["text"]) for b in batches if "labels" not in b} == {16}
+    assert all(bool(b.get("unlabelled")) == ("labels" not in b) for b in batches)
+    with pytest.raises(ValueError, match="ImageClassificationData: unlabelled inputs are read by text classification"):
+        from trunk.datamodules import ImageClassificationData
+
+        ImageClassificationData(dataset="trunk:shapes", train="train", unlabelled="test")
     assert logged_metrics(tmp_path / "s")["train/sentiment/distill_loss_epoch"] > 0
 
 

@@ -37,6 +37,8 @@ class MultipleChoiceData(TextDataModule):
         ...).
     """
 
+    reads_unlabelled = True
+
     input_form = '{"context": ..., "choices": [two or more texts]}, with an optional "question"'
 
     kinds = ("multiple_choice",)

@@ -31,6 +31,8 @@ class QuestionAnsweringData(TextDataModule):
         ...).
     """
 
+    reads_unlabelled = True
+
     input_form = '{"question": ..., "context": ...}'
 
     kinds = ("extractive_qa",)

@@ -280,6 +280,9 @@ class TaskData:
     """
 
     kinds: ClassVar[tuple[str, ...]] = ()  # the objective kinds this data feeds
+    # whether its rows can come without labels for teachers to answer (``unlabelled``): a kind whose teachers answer
+    # from the inputs alone (not translation's, whose word-level answers need the target under teacher forcing)
+    reads_unlabelled: ClassVar[bool] = False
     stem: ClassVar[str] = "text"  # the trunk stem its inputs go through
     input_form: ClassVar[str] = ""  # what one raw input of ``Predictor.predict`` is ("" : none); shown by `trunk serve`
 
@@ -316,6 +319,10 @@ class TaskData:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.dataset, self.dataset_config = dataset, dataset_config
+        if unlabelled is not None and not self.reads_unlabelled:
+            raise ValueError(f"{type(self).__name__}: unlabelled inputs are read by text classification, "
+                             "regression, multi-label, NER, multiple choice and question answering data, whose "
+                             "teachers answer from the inputs alone. Remove unlabelled.")
         self.split_specs = {"train": train, "validation": validation, "test": test, "predict": predict,
                             "unlabelled": unlabelled}
         unknown = sorted(set(select or {}) - set(self.split_specs))
@@ -458,8 +465,9 @@ class TaskData:
         """The training batch of one item of ``train_items``, its randomness drawn from ``generator``."""
         role = "unlabelled" if isinstance(item, Unlabelled) else "train"
         # each row by name: what a teacher's cached answers are kept under (model.distill's cache)
-        return {**self.make_batch(role, list(item), train=True, generator=generator),
-                "rows": [f"{role}/{i}" for i in item]}
+        batch = {**self.make_batch(role, list(item), train=True, generator=generator),
+                 "rows": [f"{role}/{i}" for i in item]}
+        return {**batch, "unlabelled": True} if role == "unlabelled" else batch
 
     def state_dict(self) -> dict:
         return {}

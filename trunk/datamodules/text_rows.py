@@ -23,6 +23,8 @@ class TextRowsData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (dataset, splits, val_fraction, max_length, batch size, ...).
     """
 
+    reads_unlabelled = True
+
     input_form = "a text, or a [text, pair] list of two texts (sentence-pair tasks)"
 
     def __init__(

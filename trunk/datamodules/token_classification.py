@@ -55,6 +55,8 @@ class TokenClassificationData(TextDataModule):
         **kwargs: see ``TextDataModule`` and ``TaskData`` (splits, val_fraction, max_length, batch_size, ...).
     """
 
+    reads_unlabelled = True
+
     input_form = "a sentence: a string (split on spaces) or a list of words"
 
     kinds = ("token_classification",)

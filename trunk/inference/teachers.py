@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import Codec, cache_folder, fingerprint
 from trunk.inference.predictor import Predictor, load
+from trunk.models import POSITIONS
 from trunk.models.taps import Taps
 from trunk.training.distill import DistillConfig
 from trunk.training.module import TrunkModule
@@ -46,9 +47,11 @@ class TaskTeachers:
     """One student task's teachers, checked against it (``check``), answering its batches (``soft_targets``)."""
 
     def __init__(self, student: TrunkModule, task: str, config: DistillConfig,
-                 teachers: list[tuple[str, Predictor]], digest: str = "") -> None:
-        """``digest``: the teachers' contents (``contents_digest``), which a resumed run and the answer cache check."""
+                 teachers: list[tuple[str, Predictor]], digest: str = "", max_length: int | None = None) -> None:
+        """``digest``: the teachers' contents (``contents_digest``), which a resumed run and the answer cache check;
+        ``max_length``: the most tokens the student's batches of the task hold (None: its trunk's max_len)."""
         self.task, self.config, self.objective = task, config, student.objective(task)
+        self.max_length = max_length or student.trunk_config.max_len
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
         self.digest, self.cache, self.tapped = digest, None, {}
@@ -59,8 +62,9 @@ class TaskTeachers:
         teachers (the rows' encoding); ``rows``, how many an epoch reads, once the data is set up (the cache is written
         when it has them all)."""
         if not self.objective.targets_per_row:
-            raise ValueError(f"model.distill.{self.task}.cache: {self.objective.kind} answers each window of a row, "
-                             "which follow the batches' lengths: its answers cannot be kept per row. Leave cache off.")
+            raise ValueError(f"model.distill.{self.task}.cache: {self.objective.kind}'s answers are not one fixed "
+                             "answer per training row (question answering's are per window, masked-LM's per masked "
+                             "position, drawn anew each epoch), so they cannot be kept by row. Leave cache off.")
         name = hashlib.sha256(json.dumps([self.digest, self.config.precision, self.config.quantize,
                                           self.objective.label_names, key]).encode()).hexdigest()[:24]
         folder = cache_folder("teachers")
@@ -98,11 +102,12 @@ class TaskTeachers:
                                  "student from the teacher's trunk (model.init_from), or give a teacher with its "
                                  "tokenizer.")
             member.reads_batches = same
-            if same and teacher.model.trunk_config.max_len is not None and student.trunk_config.max_len is not None \
-                    and teacher.model.trunk_config.max_len < student.trunk_config.max_len:
-                raise ValueError(f"{said} reads at most {teacher.model.trunk_config.max_len} tokens, and the student's "
-                                 f"batches may hold {student.trunk_config.max_len}: lower data.tasks.{self.task}."
-                                 f"max_length to {teacher.model.trunk_config.max_len}.")
+            table = teacher.model.trunk_config
+            fixed = POSITIONS[table.positions].fixes_max_len  # a learned table has no row beyond max_len
+            if same and self.max_length and fixed and table.max_len < self.max_length:
+                raise ValueError(f"{said} reads at most {table.max_len} tokens (its position table), and the student's "
+                                 f"batches may hold {self.max_length}: lower data.tasks.{self.task}.max_length to "
+                                 f"{table.max_len}.")
         self.check_layers(student)
 
     def check_layers(self, student: TrunkModule) -> None:
@@ -260,9 +265,9 @@ def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = Non
             raise ValueError(f"model.distill.{task}: the teachers {[name for name, _ in teachers]} are not the ones "
                              "this run began with (their files changed since its checkpoint was written): resume with "
                              "the teachers it began with, or start a new run (without --ckpt_path) with these.")
-        own = TaskTeachers(model, task, config, teachers, digest)
+        member = data.tasks[task] if data is not None else None
+        own = TaskTeachers(model, task, config, teachers, digest, getattr(member, "max_length", None))
         if config.cache:
-            member = data.tasks[task] if data is not None else None
             if member is None or not hasattr(member, "encoding_key"):
                 raise ValueError(f"model.distill.{task}.cache keeps answers by the rows of a text task's encoded "
                                  "training split; this task has none. Leave cache off.")

@@ -241,7 +241,7 @@ class TrunkModule(L.LightningModule):
             targets = teachers.soft_targets(batch)
         distill = objective.distill_loss(output, targets, batch, config.temperature)
         self.log(f"train/{task}/distill_loss", distill, on_step=True, on_epoch=True, batch_size=batch_size(batch))
-        own = objective.loss(self.trunk, batch, "train", output) if "labels" in batch else None
+        own = None if batch.get("unlabelled") else objective.loss(self.trunk, batch, "train", output)
         loss = mixed(own, distill, config.alpha)
         if config.layers:
             student = taps.read(batch.get("attention_mask"))
