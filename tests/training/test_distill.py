@@ -199,8 +199,8 @@ def test_a_shallower_student_starts_from_the_chosen_blocks_of_its_teacher(teache
 @pytest.mark.parametrize("name", KINDS)
 def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
     """Each kind with a distillation loss: its soft targets, read back by the same model, cost nothing (0 in eval mode:
-    the targets and the loss agree on their form), and a student trains on them through `trunk fit`. Each kind without
-    one is refused by name."""
+    the targets and the loss agree on their form), and with alpha 0 a distilled step's loss is the task's own. Each
+    kind without one is refused by name. (`trunk fit` of a student: the tests above, for classification and NER.)"""
     from trunk.inference.teachers import TaskTeachers
     from trunk.training.distill import DistillConfig, distill_configs
 
@@ -231,9 +231,6 @@ def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
     with torch.no_grad():
         assert torch.allclose(student._distilled_loss("t", objective, batch), objective.loss(student.trunk, batch,
                                                                                              "train"), atol=1e-6)
-    run_cli(["fit", *kind_args(kind, files, tmp_path / "student"), option])
-    logged = logged_metrics(tmp_path / "student")
-    assert logged["train/t/distill_loss_epoch"] > 0 and logged["train/t/loss_epoch"] > 0, logged
 
 
 def test_unlabelled_inputs_train_through_the_teachers_in_batches_of_their_own(teacher, tmp_path):
