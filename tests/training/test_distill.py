@@ -225,6 +225,18 @@ def test_every_kind_distills_or_says_it_cannot(name, request, tmp_path):
         output = objective.distill_output(student.trunk, batch)
         loss = objective.distill_loss(output, teachers.soft_targets(batch), batch, 2.0)
     assert abs(float(loss)) < 1e-5, float(loss)
+    if objective.stem == "image":  # a student normalising its images otherwise: the teacher reads them as its own
+        import copy
+
+        other = copy.copy(fit.datamodule.tasks["t"])
+        other.mean, other.std = [0.5] * len(other.mean), [0.25] * len(other.std)
+        shifted = TaskTeachers(student, "t", DistillConfig(teachers=[str(ckpt)], precision="32-true"),
+                               [(str(ckpt), load(ckpt, precision="32-true"))], data=other).to(torch.device("cpu"))
+        assert shifted.members[0].pixels is not None
+        rows = list(range(len(batch["labels"])))
+        own, theirs = (d.make_batch("train", rows, train=False) for d in (fit.datamodule.tasks["t"], other))
+        assert not torch.allclose(own["pixel_values"], theirs["pixel_values"])
+        assert torch.allclose(shifted.soft_targets(theirs), teachers.soft_targets(own), atol=1e-5)
     # alpha 0: a labelled batch's loss is the task's own (every kind's labels are seen, whatever their batch keys)
     student.distill = distill_configs({"t": {"teachers": [str(ckpt)], "alpha": 0.0}}, dict(student.objectives))
     student.attach_teachers("t", teachers)

@@ -341,8 +341,9 @@ class ImageClassificationData(TaskData):
         def encode(inputs: list) -> list:
             return [(x, str(x) if isinstance(x, (str, Path)) else i) for i, x in enumerate(inputs)]
 
+        mean, std = (t.flatten().tolist() for t in self._statistics())
         return Preprocessor(encode, lambda examples: self.encode_inputs(*map(list, zip(*examples))), lambda example: 0,
-                            self.input_form, self.stem)
+                            self.input_form, self.stem, {"mean": mean, "std": std, "image_size": self.image_size})
 
     def prepare(self, role: str) -> None:
         self.split(role)

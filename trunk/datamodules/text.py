@@ -220,13 +220,16 @@ class Preprocessor:
     """A task's data as inference needs it, without its file sources: raw inputs -> examples (``encode``: tokenized,
     paired, windowed; images as they are), examples -> a batch (``collate``), and each example's token count
     (``length``: batches go in order of length). ``input_form`` says what one raw input is (``trunk serve`` shows it);
-    ``stem``: the trunk stem it reads. Bad inputs raise ValueError (or TypeError, KeyError)."""
+    ``stem``: the trunk stem it reads; ``settings``: what its batches hold beyond the inputs themselves (an image
+    task's normalisation and size), which a teacher reading a student's batches converts from the student's. Bad inputs
+    raise ValueError (or TypeError, KeyError)."""
 
     encode: Callable[[list], list]
     collate: Callable[[list], dict]
     length: Callable[[object], int]
     input_form: str
     stem: str
+    settings: dict = dataclasses.field(default_factory=dict)
 
 
 class Unlabelled(list):

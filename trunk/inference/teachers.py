@@ -41,17 +41,19 @@ class Teacher:
     predictor: Predictor
     task: str
     reads_batches: bool = True
+    # images: (the student's mean, std; the teacher's mean, std, size) where they differ, to convert its pixels
+    pixels: tuple | None = None
 
 
 class TaskTeachers:
     """One student task's teachers, checked against it (``check``), answering its batches (``soft_targets``)."""
 
     def __init__(self, student: TrunkModule, task: str, config: DistillConfig,
-                 teachers: list[tuple[str, Predictor]], digest: str = "", max_length: int | None = None) -> None:
+                 teachers: list[tuple[str, Predictor]], digest: str = "", data=None) -> None:
         """``digest``: the teachers' contents (``contents_digest``), which a resumed run and the answer cache check;
-        ``max_length``: the most tokens the student's batches of the task hold (None: its trunk's max_len)."""
-        self.task, self.config, self.objective = task, config, student.objective(task)
-        self.max_length = max_length or student.trunk_config.max_len
+        ``data``: the student's data of the task (``TaskData``: its batches' lengths, its images' normalisation)."""
+        self.task, self.config, self.objective, self.data = task, config, student.objective(task), data
+        self.max_length = getattr(data, "max_length", None) or student.trunk_config.max_len
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
         self.digest, self.cache, self.tapped = digest, None, {}
@@ -102,6 +104,7 @@ class TaskTeachers:
                                  "student from the teacher's trunk (model.init_from), or give a teacher with its "
                                  "tokenizer.")
             member.reads_batches = same
+            member.pixels = self.pixels_of(member) if own.stem == "image" else None
             table = teacher.model.trunk_config
             fixed = POSITIONS[table.positions].fixes_max_len  # a learned table has no row beyond max_len
             if same and self.max_length and fixed and table.max_len < self.max_length:
@@ -109,6 +112,21 @@ class TaskTeachers:
                                  f"batches may hold {self.max_length}: lower data.tasks.{self.task}.max_length to "
                                  f"{table.max_len}.")
         self.check_layers(student)
+
+    def pixels_of(self, member: Teacher) -> tuple | None:
+        """An image teacher reads the student's pixels normalised and sized as it was trained (its ``settings``):
+        what to convert, None where nothing differs."""
+        if self.data is None:
+            return None
+        mine, theirs = self.data.preprocessor().settings, member.predictor.preprocessors[member.task].settings
+        if len(mine["mean"]) != len(theirs["mean"]):
+            raise ValueError(f"model.distill.{self.task}: the teacher '{member.source}' reads images of "
+                             f"{len(theirs['mean'])} channels, and this task's have {len(mine['mean'])}: give a "
+                             f"teacher of {len(mine['mean'])}-channel images (data.tasks.{self.task}.channels).")
+        size = member.predictor.model.objective(member.task).image_size
+        if (mine["mean"], mine["std"]) == (theirs["mean"], theirs["std"]) and mine["image_size"] == size:
+            return None
+        return mine["mean"], mine["std"], theirs["mean"], theirs["std"], size
 
     def check_layers(self, student: TrunkModule) -> None:
         """``layers``: one teacher reading the student's batches, blocks both have, widths the losses can compare."""
@@ -159,6 +177,8 @@ class TaskTeachers:
         model, device = teacher.model, teacher.model.device
         if member.reads_batches:
             own = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            if member.pixels is not None:
+                own["pixel_values"] = converted(own["pixel_values"], *member.pixels)
         else:  # its own encoding of the batch's raw inputs
             preprocessor = teacher.preprocessors[name]
             own = {k: v.to(device) if isinstance(v, torch.Tensor) else v
@@ -209,6 +229,18 @@ class AnswerCache:
             atomic_write(self.path, lambda tmp: save_file(self.answers, str(tmp)))
             self.saved = True
             rank_zero_info(f"Teachers' answers to {len(self.answers)} training rows kept in '{self.path}'.")
+
+
+def converted(pixels: torch.Tensor, mean: list, std: list, their_mean: list, their_std: list, size: int
+              ) -> torch.Tensor:
+    """Images normalised with (mean, std) as another model reads them: normalised with its own, at its size."""
+    def column(values: list) -> torch.Tensor:
+        return torch.tensor(values, device=pixels.device)[None, :, None, None]
+
+    raw = pixels * column(std) + column(mean)
+    if raw.shape[-1] != size or raw.shape[-2] != size:
+        raw = F.interpolate(raw, size=(size, size), mode="bilinear", antialias=True)
+    return (raw - column(their_mean)) / column(their_std)
 
 
 def contents_digest(source) -> str:
@@ -266,7 +298,7 @@ def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = Non
                              "this run began with (their files changed since its checkpoint was written): resume with "
                              "the teachers it began with, or start a new run (without --ckpt_path) with these.")
         member = data.tasks[task] if data is not None else None
-        own = TaskTeachers(model, task, config, teachers, digest, getattr(member, "max_length", None))
+        own = TaskTeachers(model, task, config, teachers, digest, member)
         if config.cache:
             if member is None or not hasattr(member, "encoding_key"):
                 raise ValueError(f"model.distill.{task}.cache keeps answers by the rows of a text task's encoded "
