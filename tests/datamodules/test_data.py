@@ -45,7 +45,9 @@ def test_local_formats_and_string_labels(tmp_path, suffix):
     assert data.tasks["sst"].label_names == ["negative", "positive"]
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    assert set(batch) == {"task", "input_ids", "attention_mask", "labels", "text"} and batch["task"] == "sst"
+    assert set(batch) == {"task", "input_ids", "attention_mask", "labels", "text", "rows"} and batch["task"] == "sst"
+    encoded = data.tasks["sst"]._encoded["train"]  # each row named by its split and index: the batch's own texts
+    assert [encoded[int(r.removeprefix("train/"))]["text"] for r in batch["rows"]] == batch["text"]
     assert batch["labels"].dtype == torch.long and batch["labels"].shape == (16,)
 
 

@@ -10,6 +10,8 @@ Batch contract (every objective reads these keys; see docs/configuration.md, "Ba
     attention_mask  (B, T) long   1 at real tokens, 0 at padding
     labels          task-specific: (B,) class ids, or (B, T) with -100 where no loss is taken
     text            list[str]     the raw inputs (kept for predictions)
+    rows            list[str]     training batches: each row's split and index ("train/12"), which kept teacher answers
+                                  are found by; ``unlabelled: True`` marks a batch of ``unlabelled`` inputs
 """
 
 from __future__ import annotations
