@@ -61,13 +61,17 @@ def group_of(task: str) -> str:
     return found[0]
 
 
-def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger, teachers: int) -> dict:
+def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger, teachers: int,
+            epochs: int | None = None) -> dict:
+    """One student run of ``task``'s alone recipe with ``options``; ``epochs``: other than the recipe's (a shorter
+    comparison, recorded as such: ``epochs`` in its ledger line)."""
     group = group_of(task)
-    key = {"group": group, "way": way, "task": task, "seed": seed}
+    key = {"group": group, "way": way, "task": task, "seed": seed, **({"epochs": epochs} if epochs else {})}
     if found := ledger.find(key):
         return found
-    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options],
-                       root / group / folder(way) / task / f"seed{seed}")
+    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
+                        *([f"--trainer.max_epochs={epochs}"] if epochs else [])],
+                       root / group / folder(way) / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}")
     steps = cli.trainer.global_step
     return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps * teachers,
                        "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
@@ -82,8 +86,8 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
-            student(task, seed, way, start, root, ledger, 0)
-            student(task, seed, f"{way}, kd", [*start, *kd], root, ledger, 1)
+            student(task, seed, way, start, root, ledger, 0, args.student_epochs)
+            student(task, seed, f"{way}, kd", [*start, *kd], root, ledger, 1, args.student_epochs)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -103,8 +107,8 @@ def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
     from trunk.tasks import load
     from trunk.training.threads import fit_threads
 
-    runs = {r["way"]: r for r in ledger.records() if r.get("task") == task and r["seed"] == seed and "checkpoint" in r
-            and r["way"] in ("alone", *STUDENT_WAYS) and Path(r["checkpoint"]).is_file()}
+    runs = {way_name(r): r for r in ledger.records() if r.get("task") == task and r["seed"] == seed
+            and "checkpoint" in r and r["way"] in ("alone", *STUDENT_WAYS) and Path(r["checkpoint"]).is_file()}
     inputs = validation_inputs(task) if "alone" in runs and len(runs) > 1 else []
     if not inputs:
         return
@@ -135,6 +139,11 @@ def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> No
                     "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
+def way_name(run: dict) -> str:
+    """A run's way, with its epochs where they are not its recipe's."""
+    return run["way"] + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else "")
+
+
 def summary(seeds: list[int], ledger: Ledger) -> None:
     """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``."""
     records = [r for r in ledger.records() if r["seed"] in seeds]
@@ -145,11 +154,12 @@ def summary(seeds: list[int], ledger: Ledger) -> None:
             by_way: dict[str, list[float]] = {}
             for r in records:
                 if r["group"] == group and task in r["scores"]:
-                    by_way.setdefault(r["way"], []).append(r["scores"][task])
+                    by_way.setdefault(way_name(r), []).append(r["scores"][task])
             base = statistics.mean(by_way["alone"]) if "alone" in by_way else None
             for way, values in sorted(by_way.items()):
                 gain = f"{statistics.mean(values) - base:+.4f}" if base is not None and way != "alone" else ""
-                steps = [r["steps"] for r in records if r["group"] == group and r["way"] == way and task in r["scores"]]
+                steps = [r["steps"] for r in records
+                         if r["group"] == group and way_name(r) == way and task in r["scores"]]
                 rows.append([task, way, spread(values, len(seeds)), gain, int(statistics.mean(steps))])
         table(f"{group}: test score by way (mean ± sd over seeds {seeds})", ["task", "way", "score", "vs alone",
                                                                            "steps"], rows)
@@ -166,6 +176,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))
     parser.add_argument("--ledger", type=Path, help="the ledger file (default: <root>/results.jsonl)")
     args = parser.parse_args()
