@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from safetensors.torch import load_file, save_file
 
@@ -153,12 +154,12 @@ class TaskTeachers:
                              f"{theirs.d_model}): set model.distill.{self.task}.relation_heads.")
 
     def to(self, device: torch.device) -> TaskTeachers:
+        # the rule of load(precision="auto"), said once by the run
+        precision = choose_precision(device.type)[0] if self.config.precision == "auto" else self.config.precision
         for member in self.members:
             teacher = member.predictor
             teacher.model.to(device)
-            auto = choose_precision(device.type)[0]  # the rule of load(precision="auto"), said once by the run
-            teacher.precision = teacher.runtime.precision or (auto if self.config.precision == "auto"
-                                                              else self.config.precision)
+            teacher.precision = teacher.runtime.precision or precision
         return self
 
     @torch.no_grad()
@@ -176,14 +177,13 @@ class TaskTeachers:
         teacher, name = member.predictor, member.task
         model, device = teacher.model, teacher.model.device
         if member.reads_batches:
-            own = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            own = move_data_to_device(batch, device)
             if member.pixels is not None:
                 own["pixel_values"] = converted(own["pixel_values"], *member.pixels)
         else:  # its own encoding of the batch's raw inputs
             preprocessor = teacher.preprocessors[name]
-            own = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                   for k, v in preprocessor.collate(preprocessor.encode(list(batch[self.objective.raw_input_key])))
-                   .items()}
+            inputs = list(batch[self.objective.raw_input_key])
+            own = move_data_to_device(preprocessor.collate(preprocessor.encode(inputs)), device)
         objective = model.objective(name)
         bf16 = (torch.autocast(device.type, dtype=torch.bfloat16) if teacher.precision == "bf16-mixed"
                 else contextlib.nullcontext())
@@ -278,12 +278,14 @@ def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = Non
     (a run resumed), also that the teachers are the ones the run began with. ``data``: the run's ``TaskSet``, whose
     training rows key the answers a task with ``cache`` keeps."""
     report = []
-    loaded: dict[tuple, tuple[Predictor, str]] = {}  # a teacher of several tasks loads once
+    loaded: dict[tuple, tuple[Predictor, str]] = {}  # a teacher of several tasks (in one form) loads once
     began_with = (checkpoint or {}).get("distill_teachers") or {}
     for task, config in model.distill.items():
         teachers, digests = [], []
         for source in config.teachers:
-            key = (tuple(map(str, source)) if isinstance(source, (list, tuple)) else str(source), config.quantize)
+            # its precision is set on the loaded model (to()): tasks asking another one each load their own
+            key = (tuple(map(str, source)) if isinstance(source, (list, tuple)) else str(source), config.quantize,
+                   config.precision)
             if key not in loaded:
                 try:
                     loaded[key] = (load(source, precision="32-true", quantize=config.quantize),  # set by to()

@@ -17,6 +17,7 @@ distributions; any widths that ``relation_heads`` divides).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -117,7 +118,7 @@ def distill_configs(distill: dict | None, objectives: dict) -> dict[str, Distill
                                  f"{list(DistillConfig.__dataclass_fields__)}.")
             config = DistillConfig(**options)
         if isinstance(config.teachers, str):
-            config = DistillConfig(**{**config.__dict__, "teachers": [config.teachers]})
+            config = dataclasses.replace(config, teachers=[config.teachers])
         config.check(where)
         configs[task] = config
     return configs
