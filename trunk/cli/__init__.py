@@ -14,6 +14,7 @@ COMMANDS = {  # name -> "module:main(args)"
     "export": "trunk.cli.export:export_main",
     "import": "trunk.cli.import_model:import_main",
     "serve": "trunk.cli.serve:serve_main",
+    "tune": "trunk.cli.tune:tune_main",
 }
 # One line each, for `trunk --help` and LightningCLI's subcommand list
 SUBCOMMANDS = {
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     "export": "Write a trunk or task directory, a transformers folder or ONNX from a checkpoint; merge models.",
     "import": "Read a Hugging Face model folder (or hf://ORG/NAME) into a trunk directory, without transformers.",
     "serve": "Serve trained models over HTTP: POST /predict, GET /health, GET /info (LitServe).",
+    "tune": "Search a recipe's settings (Optuna): trials pruned on their validations, the best written as a recipe.",
 }
 HELP = """usage: trunk COMMAND [options]      (trunk COMMAND --help: its options)
 
@@ -38,7 +40,7 @@ Start with `trunk fit --config configs/quickstart.yaml` (no files, no network); 
 _NAMES = {  # the package's names -> their modules
     "TrunkCLI": "trunk.cli.fit", "TrunkTrainer": "trunk.cli.fit",
     "run_cli": "trunk.cli.fit", "check_config_files": "trunk.cli.config_files", "export_main": "trunk.cli.export",
-    "import_main": "trunk.cli.import_model", "serve_main": "trunk.cli.serve",
+    "import_main": "trunk.cli.import_model", "serve_main": "trunk.cli.serve", "tune_main": "trunk.cli.tune",
 }
 
 

@@ -728,9 +728,10 @@ def _keep_csv_history(logger: CSVLogger, step: int) -> None:
     writer.metrics_keys = header
 
 
-def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
-    """Run the CLI and return it (for tests and notebooks); ``main`` is the console entry point.
-    With ``run=False`` there is no subcommand: the classes are only instantiated."""
+def run_cli(args: list[str] | None = None, run: bool = True, callbacks: list | None = None) -> TrunkCLI:
+    """Run the CLI and return it (for tests, notebooks and ``trunk tune``); ``main`` is the console entry point.
+    With ``run=False`` there is no subcommand: the classes are only instantiated. ``callbacks``: objects the Trainer
+    gets beside the config's (a tune's reporter, which holds its trial)."""
     check_config_files(sys.argv[1:] if args is None else args)
     quiet_third_party()
     if not wandb_has_credentials():
@@ -744,6 +745,7 @@ def run_cli(args: list[str] | None = None, run: bool = True) -> TrunkCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
+        trainer_defaults={"callbacks": callbacks} if callbacks else None,
         parser_kwargs={
             "prog": "trunk",
             "description": "Trunk: transformer tasks on one shared trunk (masked-LM / ELECTRA pretraining, "

@@ -1,0 +1,220 @@
+"""`trunk tune`: a search end to end, resuming a killed tune, two workers on one study, pruning, the best recipe
+trained again, and each kind of bad input refused in one line before any trial runs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from trunk.cli.fit import run_cli
+from trunk.cli.search_space import SearchSpace, SpaceError
+from trunk.cli.tune import tune_main
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def recipe(tmp_path: Path, files: dict, epochs: int = 2, **trainer) -> Path:
+    """A tiny sentiment recipe on the generated files: a few seconds a trial."""
+    config = {
+        "seed_everything": 0,
+        "model": {"tasks": {"sentiment": {"class_path": "trunk.tasks.SequenceClassification"}},
+                  "trunk": {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_len": 64},
+                  "optimizer": {"lr": 1e-3}},
+        "data": {"tasks": {"sentiment": {"class_path": "trunk.datamodules.TextClassificationData", "init_args": {
+            "train": str(files["train"]), "validation": str(files["validation"]), "test": str(files["test"]),
+            "max_length": 64, "batch_size": 32}}}, "tokenizer_vocab_size": 300},
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_epochs": epochs, "val_check_interval": 0.5,
+                    "enable_model_summary": False, **trainer,
+                    "callbacks": [{"class_path": "trunk.training.callbacks.TrunkCheckpoint",
+                                   "init_args": {"monitor": "val/score", "mode": "max", "save_last": True}}]},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def space_file(tmp_path: Path, space: dict, name: str = "space.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+SPACE = {"model.optimizer.lr": {"log_uniform": [1e-4, 1e-2]},
+         "model.tasks.sentiment.pooling": {"choice": ["cls", "mean"]}}
+
+
+def study_of(folder: Path) -> optuna.Study:
+    return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
+
+
+def refused(argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as stop:
+        tune_main(argv)
+    assert isinstance(stop.value.code, str) and stop.value.code.startswith("error: "), stop.value.code
+    return stop.value.code
+
+
+def test_a_tiny_search_end_to_end_and_its_best_recipe_trains_to_the_same_score(sentiment_files, tmp_path, capsys):
+    folder = tmp_path / "tune"
+    args = ["--config", str(recipe(tmp_path, sentiment_files)), "--search", str(space_file(tmp_path, SPACE)),
+            "--trials", "3", "--dir", str(folder), "--seed", "0"]
+    tune_main(args)
+    out = capsys.readouterr().out
+    study = study_of(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert {t.user_attrs["run_dir"] for t in study.trials} == {str(folder / f"trial_000{i}") for i in range(3)}
+    for trial in study.trials:  # the trial ran with its settings
+        ran = yaml.safe_load(Path(trial.user_attrs["config"]).read_text())
+        assert ran["model"]["optimizer"]["lr"] == trial.params["model.optimizer.lr"]
+        assert ran["model"]["tasks"]["sentiment"]["init_args"]["pooling"] == trial.params[
+            "model.tasks.sentiment.init_args.pooling"]
+    best = study.best_trial
+    assert f"Best: trial {best.number}, val/score {best.value:.4f}; test/score" in out
+    assert "trial  state" in out and "pooling=" in out and "lr=" in out
+    assert {p.name for p in (folder / "plots").iterdir()} == {"history.png", "importances.png", "parallel.png"}
+
+    tune_main(args)  # the budget is spent: nothing runs again
+    assert len(study_of(folder).trials) == 3
+    capsys.readouterr()
+    tune_main(["--summary", str(folder)])
+    assert f"Best: trial {best.number}" in capsys.readouterr().out
+
+    again = run_cli(["fit", "--config", str(folder / "best.yaml"), f"--trainer.default_root_dir={tmp_path / 'again'}",
+                     "--trainer.enable_progress_bar=false"])
+    assert float(again.trainer.checkpoint_callback.best_model_score) == pytest.approx(best.value, abs=1e-6)
+
+
+def test_a_trial_behind_the_others_is_pruned(sentiment_files, tmp_path):
+    """Four trials at a sound learning rate, then one at 0.5: its validation loss is far above the others' median at the
+    first validation, and it stops there."""
+    folder = tmp_path / "prune"
+    folder.mkdir()
+    study = optuna.create_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}",
+                                direction="minimize")
+    for lr in [3e-3] * 4 + [0.5]:
+        study.enqueue_trial({"model.optimizer.lr": lr})
+    tune_main(["--config", str(recipe(tmp_path, sentiment_files, epochs=3)),
+               "--search", str(space_file(tmp_path, {"model.optimizer.lr": {"choice": [3e-3, 0.5]}})),
+               "--trials", "5", "--dir", str(folder), "--metric", "val/sentiment/loss"])
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4 + ["PRUNED"]
+    assert trials[-1].user_attrs["steps"] < trials[0].user_attrs["steps"] / 2
+    assert "pruned at" in trials[-1].user_attrs["reason"]
+
+
+def tune_command(folder: Path, recipe_path: Path, space_path: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "trunk.cli", "tune", "--config", str(recipe_path), "--search", str(space_path),
+            "--dir", str(folder), "--heartbeat", "1", *more]
+
+
+def wait_for(condition, timeout: float = 240):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.3)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_a_killed_tune_goes_on_without_repeating_a_finished_trial(sentiment_files, tmp_path):
+    """SIGKILL in the middle of the second trial, after its first checkpoint: the next `trunk tune` leaves the first
+    trial alone and takes the second up again (its heartbeat stopped) from its last checkpoint."""
+    folder = tmp_path / "killed"
+    command = tune_command(folder, recipe(tmp_path, sentiment_files, epochs=12),
+                           space_file(tmp_path, SPACE), "--trials", "2")
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        wait_for(lambda: any((folder / "trial_0001").rglob("last.ckpt")))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    time.sleep(2.5)  # past the grace of two missed heartbeats
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[2].params == trials[1].params and trials[2].user_attrs["run_dir"] == str(folder / "trial_0001")
+    assert "continues trial 1" in done.stdout
+    assert "Resuming from" in (folder / "trial_0001" / "fit.log").read_text()
+    assert "Resuming from" not in (folder / "trial_0000" / "fit.log").read_text()  # run once, never again
+    assert trials[2].user_attrs["steps"] == trials[0].user_attrs["steps"]  # resumed, not restarted: the same length
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_and_run_disjoint_trials(sentiment_files, tmp_path):
+    folder = tmp_path / "workers"
+    command = tune_command(folder, recipe(tmp_path, sentiment_files, epochs=12), space_file(tmp_path, SPACE),
+                           "--trials", "4", "--workers", "2")
+    done = subprocess.run(command,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4  # the budget is the study's, not each worker's
+    assert len({t.user_attrs["worker"] for t in trials}) == 2
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 4
+    assert done.stdout.count("Best: trial") == 1  # the summary once, by the process that started the workers
+
+
+def test_bad_search_spaces_are_refused_with_the_fix():
+    cases = {
+        "low 0.1 is above high 0.01": {"model.optimizer.lr": {"uniform": [0.1, 0.01]}},
+        "a log range needs both ends above zero": {"model.optimizer.lr": {"log_uniform": [0, 0.01]}},
+        "names no way to draw it": {"model.optimizer.lr": {"between": [1, 2]}},
+        "is not a range": {"model.optimizer.lr": 0.001},
+        "int takes whole numbers": {"trainer.max_epochs": {"int": [1.5, 3]}},
+        "which is not another entry": {"model.optimizer.lr": {"uniform": [0.0, 1.0], "when": {"x.y": 1}}},
+        "which it never draws": {"a.b": {"choice": [1, 2]}, "c.d": {"int": [1, 3], "when": {"a.b": 5}}},
+        "in a circle": {"a.b": {"choice": [1], "when": {"c.d": 1}}, "c.d": {"choice": [1], "when": {"a.b": 1}}},
+        "the search space is empty": {},
+    }
+    for said, space in cases.items():
+        with pytest.raises(SpaceError, match=said):
+            SearchSpace.from_dict(space)
+    nested = SearchSpace.from_dict({"model": {"optimizer": {"lr": {"log_uniform": [1e-5, 1e-3]}}},
+                                    "trainer.max_epochs": {"int": [2, 6], "step": 2}})
+    assert nested.paths == ["model.optimizer.lr", "trainer.max_epochs"]
+    conditional = SearchSpace.from_dict({"b": {"int": [1, 3], "when": {"a": "x"}}, "a": {"choice": ["x", "y"]}})
+    assert [e.path for e in conditional.order()] == ["a", "b"]  # drawn after the entry it depends on
+
+
+def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_path):
+    good = recipe(tmp_path, sentiment_files)
+    space = space_file(tmp_path, SPACE)
+    base = ["--config", str(good), "--search", str(space), "--trials", "1"]
+
+    said = refused([*base[:2], "--search", str(space_file(tmp_path, {"model.optimizer.lrr": {"uniform": [0, 1]}},
+                                                          "typo.yaml")), "--dir", str(tmp_path / "a")])
+    assert "model.optimizer.lrr is not an option of this recipe; the nearest is model.optimizer.lr" in said
+    said = refused([*base, "--dir", str(tmp_path / "b"), "--metric", "val/nosuch/acc"])
+    assert "with a task of the recipe (['sentiment'])" in said
+    said = refused([*base, "--dir", str(tmp_path / "c"), "--storage", "sqlite:////nonexistent/folder/x.db"])
+    assert "cannot use the study storage sqlite:////nonexistent/folder/x.db" in said
+    optuna.create_study(study_name="ro", storage=f"sqlite:///{tmp_path / 'ro.db'}")
+    said = refused([*base, "--dir", str(tmp_path / "d"), "--study", "ro",
+                    "--storage", f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true"])
+    assert "may write to it" in said
+    said = refused([*base, "--dir", str(tmp_path / "e"), "--storage", "postgresql://127.0.0.1:1/none"])
+    assert "postgresql://127.0.0.1:1/none" in said
+
+    tune_main([*base, "--dir", str(tmp_path / "f")])  # a study of this space, then another space under its name
+    other = space_file(tmp_path, {"model.optimizer.lr": {"log_uniform": [1e-5, 1e-2]}}, "other.yaml")
+    said = refused([*base[:2], "--search", str(other), "--trials", "2", "--dir", str(tmp_path / "f")])
+    assert "searches another space: model.tasks.sentiment.init_args.pooling is gone; model.optimizer.lr was" in said
+
+    said = refused([*base, "--dir", str(tmp_path / "g"), "--metric", "val/sentiment/nosuch"])
+    assert "validations log no val/sentiment/nosuch; they log ['val/score', 'val/sentiment/acc'" in said
+    without_validation = recipe(tmp_path, {**sentiment_files, "validation": None})
+    text = yaml.safe_load(without_validation.read_text())
+    del text["data"]["tasks"]["sentiment"]["init_args"]["validation"]
+    text["trainer"]["callbacks"] = []
+    without_validation.write_text(yaml.safe_dump(text))
+    said = refused(["--config", str(without_validation), "--search", str(space), "--dir", str(tmp_path / "h")])
+    assert "none of its tasks has a validation split" in said
