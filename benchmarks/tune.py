@@ -1,0 +1,125 @@
+"""``trunk tune`` measured: a 16-trial search from MiniLM per task against the shipped recipe, and what pruning saves.
+
+    python benchmarks/tune.py --task trec              # then --task wnut17, --task sst2
+    python benchmarks/tune.py --task trec --unpruned   # also the same search without pruning (--pruner none)
+    python benchmarks/tune.py summary
+
+For each task: ``trunk tune --config RECIPE --search configs/tune/<space> --trials 16 --seed 0`` (median pruning, the
+recipe's seed for every trial), then the best recipe (its best.yaml) and the shipped one each trained with seeds 1, 2
+and 3 (not the search's, so the tuned recipe is not scored on the seed it was picked on), scored on the test split.
+``--unpruned`` runs the same search with ``--pruner none``: its steps against the pruned search's are the compute
+pruning saved, its best dev score beside the pruned search's says whether it cost the result. Every finished step is a
+line of the ledger (default runs/bench_tune/results.jsonl); a stopped benchmark goes on where it stopped (the tunes
+themselves resume: finished trials are kept, a stopped one resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import optuna  # noqa: E402
+from ledger import Ledger  # noqa: E402
+from transfer import fit, spread  # noqa: E402
+
+from trunk.training.precision import cpu_info  # noqa: E402
+
+TASKS = {  # the shipped recipe and its search space
+    "trec": ("configs/minilm_trec.yaml", "configs/tune/minilm_trec.yaml"),
+    "wnut17": ("configs/minilm_wnut17.yaml", "configs/tune/minilm_wnut17.yaml"),
+    "sst2": ("configs/minilm_sst2.yaml", "configs/tune/minilm_sst2.yaml"),
+}
+
+
+def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> dict:
+    key = {"task": task, "step": "search", "pruner": pruner, "trials": trials}
+    found = ledger.find(key)
+    if found:
+        return found
+    recipe, space = TASKS[task]
+    folder = root / task / pruner
+    command = [sys.executable, "-m", "trunk.cli", "tune", "--config", recipe, "--search", space, "--trials",
+               str(trials), "--seed", "0", "--pruner", pruner, "--dir", str(folder)]
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+    trials_run = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    best = study.best_trial
+    return ledger.add({**key, "best_dev": best.value, "best_trial": best.number, "best_params": best.params,
+                       "best_recipe": str(folder / "best.yaml"),
+                       "steps": sum(t.user_attrs["steps"] for t in trials_run),
+                       "minutes": sum(t.user_attrs["minutes"] for t in trials_run),
+                       "pruned": sum(t.state.name == "PRUNED" for t in trials_run), "cpu": cpu_info()})
+
+
+def rerun(task: str, which: str, recipe: str, seed: int, root: Path, ledger: Ledger) -> dict:
+    key = {"task": task, "step": "rerun", "recipe": which, "seed": seed}
+    found = ledger.find(key)
+    if found:
+        return found
+    cli, minutes = fit(["--config", recipe, f"--seed_everything={seed}"], root / task / f"{which}_seed{seed}")
+    metrics = cli.trainer.callback_metrics
+    return ledger.add({**key, "test": float(metrics["test/score"]), "minutes": minutes,
+                       "dev": float(cli.trainer.checkpoint_callback.best_model_score), "cpu": cpu_info()})
+
+
+def summary(ledger: Ledger, seeds: list[int]) -> None:
+    records = ledger.records()
+    print("| task | shipped recipe, test | tuned recipe, test | gain | search: trials pruned, steps, minutes | "
+          "best dev, pruned / unpruned | steps, pruned / unpruned |")
+    print("|---|---|---|---|---|---|---|")
+    for task in TASKS:
+        runs = {w: [r["test"] for r in records if r["task"] == task and r["step"] == "rerun" and r["recipe"] == w]
+                for w in ("shipped", "tuned")}
+        searches = {r["pruner"]: r for r in records if r["task"] == task and r["step"] == "search"}
+        if not searches and not any(runs.values()):
+            continue
+        gain = ([t - s for t, s in zip(runs["tuned"], runs["shipped"])]
+                if len(runs["tuned"]) == len(runs["shipped"]) else [])
+        pruned, unpruned = searches.get("median"), searches.get("none")
+        about = f"{pruned['pruned']} of 16, {pruned['steps']}, {pruned['minutes']:.0f}" if pruned else "–"
+        dev = " / ".join(f"{s['best_dev']:.4f}" if s else "–" for s in (pruned, unpruned))
+        steps = " / ".join(str(s["steps"]) if s else "–" for s in (pruned, unpruned))
+        if pruned and unpruned:
+            steps += f" ({1 - pruned['steps'] / unpruned['steps']:.0%} saved)"
+        print(f"| {task} | {spread(runs['shipped'], len(seeds))} | {spread(runs['tuned'], len(seeds))} | "
+              f"{spread(gain, len(seeds), signed=True)} | {about} | {dev} | {steps} |")
+    params = [r for r in records if r["step"] == "search" and r["pruner"] == "median"]
+    for record in params:
+        print(f"{record['task']}: best trial {record['best_trial']}: {json.dumps(record['best_params'])}")
+    if records:
+        print(f"CPU: {records[-1]['cpu']}; test scores x 100, mean ± sd over seeds {seeds}.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="?", choices=["run", "summary"], default="run")
+    parser.add_argument("--task", choices=sorted(TASKS))
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--unpruned", action="store_true", help="also the same search with --pruner none")
+    parser.add_argument("--root", default="runs/bench_tune")
+    parser.add_argument("--ledger", help="the ledger (default <root>/results.jsonl)")
+    args = parser.parse_args()
+    root = Path(args.root)
+    ledger = Ledger(args.ledger or root)
+    if args.what == "summary":
+        summary(ledger, args.seeds)
+        return
+    if args.task is None:
+        parser.error("--task is needed to run (or: summary)")
+    found = search(args.task, "median", args.trials, root, ledger)
+    for seed in args.seeds:
+        rerun(args.task, "tuned", found["best_recipe"], seed, root, ledger)
+        rerun(args.task, "shipped", TASKS[args.task][0], seed, root, ledger)
+    if args.unpruned:
+        search(args.task, "none", args.trials, root, ledger)
+    summary(ledger, args.seeds)
+
+
+if __name__ == "__main__":
+    main()
