@@ -11,6 +11,7 @@ import yaml
 from conftest import REPO
 
 from trunk.cli import run_cli
+from trunk.cli.search_space import SearchSpace
 
 PRETRAINING = ("MaskedLanguageModeling", "ReplacedTokenDetection")  # their runs write <root>/trunk
 
@@ -74,6 +75,18 @@ def test_the_readme_commands_run_in_the_order_shown(monkeypatch):
                 reads.append(f"runs/{Path(config).stem}/lightning_logs")
             if words[1] == "fit" and "--print_config" not in words:
                 written += written_by_fit(words)
+        elif words[1] == "tune":  # its recipes and space exist and parse; it writes runs/tune/<recipe>
+            from trunk.cli.tune import parse_args  # noqa: I001 (here: the command it checks)
+
+            tune, fit_options = parse_args(words[2:])
+            assert all((REPO / path).is_file() for path in [*tune.config, tune.search]), words
+            SearchSpace.from_file(REPO / tune.search)
+            with pytest.raises(SystemExit) as done:
+                run_cli(["fit", *[part for path in tune.config for part in ("--config", path)], *fit_options,
+                         "--print_config"])
+            assert done.value.code in (0, None), words
+            written.append(tune.dir or f"runs/tune/{Path(tune.config[0]).stem}")
+            reads = []
         else:
             flags_with_values = {"--base", "--task", "--format", "--merge", "--port", "--workers", "--precision"}
             positional = [w for i, w in enumerate(words[2:], 2) if not w.startswith("-")

@@ -11,9 +11,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from conftest import REPO
 
 from trunk.cli.fit import run_cli
-from trunk.cli.search_space import SearchSpace, SpaceError
+from trunk.cli.search_space import SearchSpace, SpaceError, flat_keys
 from trunk.cli.tune import tune_main
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -218,3 +219,35 @@ def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_
     without_validation.write_text(yaml.safe_dump(text))
     said = refused(["--config", str(without_validation), "--search", str(space), "--dir", str(tmp_path / "h")])
     assert "none of its tasks has a validation split" in said
+
+
+def test_trials_log_to_one_wandb_group_and_the_summary_run_holds_the_plots(sentiment_files, tmp_path, monkeypatch,
+                                                                           fresh_wandb):
+    from wandb_records import history, records, settled
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "grouped"
+    tune_main(["--config", str(recipe(tmp_path, sentiment_files)), "--config", str(REPO / "configs/trainer/wandb.yaml"),
+               "--search", str(space_file(tmp_path, SPACE)), "--trials", "2", "--dir", str(folder)])
+
+    def run_of(run_dir: Path):
+        return next(r.run for r in records(run_dir) if r.WhichOneof("record_type") == "run")
+
+    for number in (0, 1):
+        run = run_of(next((folder / f"trial_000{number}" / "wandb").glob("offline-run-*")))
+        assert (run.run_group, run.display_name) == ("grouped", f"trial-{number}")
+    summary = next((folder / "wandb").glob("offline-run-*"))
+    assert (run_of(summary).run_group, run_of(summary).job_type) == ("grouped", "tune")
+    logged = settled(history, summary, lambda rows: bool(rows))
+    assert {"tune/history", "tune/importances", "tune/parallel"} <= {k.split("/path")[0] for r in logged for k in r}
+
+
+@pytest.mark.parametrize("space", sorted((REPO / "configs" / "tune").glob("*.yaml")), ids=lambda p: p.name)
+def test_each_shipped_search_space_names_options_of_its_recipe(space, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    recipe_path = REPO / "configs" / space.name
+    assert f"trunk tune --config configs/{space.name} --search configs/tune/{space.name}" in space.read_text()
+    with pytest.raises(SystemExit):
+        run_cli(["fit", "--config", str(recipe_path), "--print_config"])
+    config = yaml.safe_load(capsys.readouterr().out)
+    SearchSpace.from_file(space).check_paths(flat_keys(config))

@@ -1,11 +1,10 @@
 """A search space for ``trunk tune``: a YAML file of config paths (any option ``trunk fit`` takes) and how to draw each.
 
     model.optimizer.lr: {log_uniform: [1.0e-5, 1.0e-3]}
-    model.optimizer.warmup: {uniform: [0.0, 0.2], step: 0.05}
     trainer.max_epochs: {int: [2, 4]}
     model.tasks.sst2.init_args.pooling: {choice: [cls, mean]}
-    model.finetune.method: {choice: [full, lora]}
-    model.finetune.lora_rank: {int: [4, 32], log: true, when: {model.finetune.method: lora}}
+    model.optimizer.schedule: {choice: [linear, cosine, constant]}
+    model.optimizer.warmup: {uniform: [0.0, 0.2], step: 0.05, when: {model.optimizer.schedule: [linear, cosine]}}
 
 Keys may also nest (``model: {optimizer: {lr: {log_uniform: [...]}}}``). ``when`` draws an entry only where the named
 entries drew the given value (or one of a list of values). Drawn through Optuna's define-by-run trial, so a sampler

@@ -382,13 +382,20 @@ def as_command(args: list[str]):
 
 @contextlib.contextmanager
 def wandb_names(study: str, number: int, seed: int, seeds: list[int]):
-    """W&B runs of a trial: in the study's group, named after the trial (wandb reads these when a run starts)."""
+    """W&B runs of a trial: in the study's group, named after the trial (wandb reads these when a run starts), and
+    finished with it (Lightning leaves a run open, which the next trial's logger would take over)."""
     before = {key: os.environ.get(key) for key in ("WANDB_RUN_GROUP", "WANDB_NAME")}
     os.environ["WANDB_RUN_GROUP"] = study
     os.environ["WANDB_NAME"] = f"trial-{number}" + (f"-seed-{seed}" if len(seeds) > 1 else "")
+    failed = True
     try:
         yield
+        failed = False
     finally:
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None:
+            wandb.finish(exit_code=int(failed))
+            wandb.teardown()  # its settings (the name, the group) are read again for the next trial's run
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
