@@ -487,7 +487,10 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
             stop_workers(workers)
             raise
         except Exception as err:
-            traceback.print_exc(file=open_log(last_log(trial)))
+            log = last_log(trial)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as file:
+                traceback.print_exc(file=file)
             failed_in_a_row, done = failed_in_a_row + 1, fail(study, trial, failure(err))
         else:
             failed_in_a_row, done = 0, study.tell(trial, value)
@@ -527,11 +530,6 @@ def last_log(trial) -> Path:
     return logs[-1] if logs else run / "fit.log"
 
 
-def open_log(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("a")
-
-
 def best_trial(study):
     try:
         return study.best_trial
@@ -549,7 +547,10 @@ def start_workers(args: argparse.Namespace) -> list[subprocess.Popen]:
     for i in range(1, args.workers):
         env = {**os.environ, WORKER_ENV: str(i)}
         pin = (lambda share=shares[i]: os.sched_setaffinity(0, share)) if shares else None
-        workers.append(subprocess.Popen([sys.executable, "-m", "trunk.cli", *argv], env=env, preexec_fn=pin))
+        # a session of its own: a Ctrl+C reaches this process alone, which passes it on once (a second would stop a
+        # worker's trial without its checkpoint)
+        workers.append(subprocess.Popen([sys.executable, "-m", "trunk.cli", *argv], env=env, preexec_fn=pin,
+                                        start_new_session=True))
         time.sleep(1)  # joins the study after this one created it
     if shares:
         os.sched_setaffinity(0, shares[0])
