@@ -3,6 +3,7 @@
     python benchmarks/tune.py --task trec              # then --task wnut17, --task sst2
     python benchmarks/tune.py --task trec --unpruned   # also the same search without pruning (--pruner none)
     python benchmarks/tune.py summary
+    python benchmarks/tune.py workers --ledger benchmarks/results/tune_workers.jsonl   # 1 worker against 2
 
 For each task: ``trunk tune --config RECIPE --search configs/tune/<space> --trials 16 --seed 0`` (median pruning, the
 recipe's seed for every trial), then the best recipe (its best.yaml) and the shipped one each trained with seeds 1, 2
@@ -11,14 +12,22 @@ and 3 (not the search's, so the tuned recipe is not scored on the seed it was pi
 pruning saved, its best dev score beside the pruned search's says whether it cost the result. Every finished step is a
 line of the ledger (default runs/bench_tune/results.jsonl); a stopped benchmark goes on where it stopped (the tunes
 themselves resume: finished trials are kept, a stopped one resumes from its checkpoint).
+
+``workers``: the wall time of one study (``--trials``, default 8, of configs/quickstart.yaml for 2 epochs, unpruned)
+by one worker on one core against ``--workers 2`` (each pinned to a core of its own), one thread each, the two
+alternating ``--rounds`` times; the speed-up is the ratio of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,7 +62,7 @@ def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> d
                        "best_recipe": str(folder / "best.yaml"),
                        "steps": sum(t.user_attrs["steps"] for t in trials_run),
                        "minutes": sum(t.user_attrs["minutes"] for t in trials_run),
-                       "pruned": sum(t.state.name == "PRUNED" for t in trials_run), "cpu": cpu_info()})
+                       "pruned": sum(t.state.name == "PRUNED" for t in trials_run), "cpu": str(cpu_info())})
 
 
 def rerun(task: str, which: str, recipe: str, seed: int, root: Path, ledger: Ledger) -> dict:
@@ -64,7 +73,36 @@ def rerun(task: str, which: str, recipe: str, seed: int, root: Path, ledger: Led
     cli, minutes = fit(["--config", recipe, f"--seed_everything={seed}"], root / task / f"{which}_seed{seed}")
     metrics = cli.trainer.callback_metrics
     return ledger.add({**key, "test": float(metrics["test/score"]), "minutes": minutes,
-                       "dev": float(cli.trainer.checkpoint_callback.best_model_score), "cpu": cpu_info()})
+                       "dev": float(cli.trainer.checkpoint_callback.best_model_score), "cpu": str(cpu_info())})
+
+
+WORKERS_SPACE = {"model.optimizer.lr": {"log_uniform": [3e-4, 3e-3]},
+                 "model.tasks.sentiment.init_args.pooling": {"choice": ["cls", "mean"]}}
+
+
+def workers(trials: int, rounds: int, root: Path, ledger: Ledger) -> None:
+    space = root / "workers_space.yaml"
+    space.parent.mkdir(parents=True, exist_ok=True)
+    space.write_text(json.dumps(WORKERS_SPACE))  # JSON is YAML
+    cores = sorted(os.sched_getaffinity(0))
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    for r in range(rounds):
+        for n in (1, 2):
+            folder = root / "workers" / f"workers{n}_round{r}"
+            shutil.rmtree(folder, ignore_errors=True)
+            command = [sys.executable, "-m", "trunk.cli", "tune", "--config", "configs/quickstart.yaml", "--search",
+                       str(space), "--trials", str(trials), "--dir", str(folder), "--seed", "0", "--pruner", "none",
+                       "--workers", str(n), "--trainer.max_epochs=2"]
+            pin = (lambda: os.sched_setaffinity(0, cores[:1])) if n == 1 else None  # one core, as each of the two has
+            began = time.perf_counter()
+            subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=pin,
+                           stdout=subprocess.DEVNULL)
+            walls[n].append(time.perf_counter() - began)
+            print(f"round {r}: {n} worker(s) {walls[n][-1]:.0f} s", flush=True)
+    speedup = statistics.median(walls[1]) / statistics.median(walls[2])
+    ledger.add({"step": "workers", "trials": trials, "walls": walls, "speedup": speedup, "cpu": str(cpu_info())})
+    print(f"{trials} trials: one worker {statistics.median(walls[1]):.0f} s, two {statistics.median(walls[2]):.0f} s "
+          f"(median of {rounds}): {speedup:.2f}x")
 
 
 def summary(ledger: Ledger, seeds: list[int]) -> None:
@@ -81,7 +119,8 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
         gain = ([t - s for t, s in zip(runs["tuned"], runs["shipped"])]
                 if len(runs["tuned"]) == len(runs["shipped"]) else [])
         pruned, unpruned = searches.get("median"), searches.get("none")
-        about = f"{pruned['pruned']} of 16, {pruned['steps']}, {pruned['minutes']:.0f}" if pruned else "–"
+        about = (f"{pruned['pruned']} of {pruned['trials']}, {pruned['steps']}, {pruned['minutes']:.0f}" if pruned
+                 else "–")
         dev = " / ".join(f"{s['best_dev']:.4f}" if s else "–" for s in (pruned, unpruned))
         steps = " / ".join(str(s["steps"]) if s else "–" for s in (pruned, unpruned))
         if pruned and unpruned:
@@ -97,9 +136,12 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="?", choices=["run", "summary"], default="run")
-    parser.add_argument("--task", choices=sorted(TASKS))
-    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("what", nargs="?", choices=["run", "summary", "workers"], default="run")
+    parser.add_argument("--task", help=f"one of {sorted(TASKS)}, or a name of your own with --recipe and --space")
+    parser.add_argument("--recipe", help="a task of your own: its recipe")
+    parser.add_argument("--space", help="a task of your own: its search space")
+    parser.add_argument("--trials", type=int, help="trials per search (default 16; workers: 8)")
+    parser.add_argument("--rounds", type=int, default=2, help="workers: rounds of one against two")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--unpruned", action="store_true", help="also the same search with --pruner none")
     parser.add_argument("--root", default="runs/bench_tune")
@@ -108,10 +150,18 @@ def main() -> None:
     root = Path(args.root)
     ledger = Ledger(args.ledger or root)
     if args.what == "summary":
+        if args.task and args.recipe:
+            TASKS[args.task] = (args.recipe, args.space)
         summary(ledger, args.seeds)
         return
-    if args.task is None:
-        parser.error("--task is needed to run (or: summary)")
+    if args.what == "workers":
+        workers(args.trials or 8, args.rounds, root, ledger)
+        return
+    if args.recipe or args.space:
+        TASKS[args.task] = (args.recipe, args.space)
+    if args.task not in TASKS:
+        parser.error(f"--task: one of {sorted(TASKS)}, or a name of your own with --recipe and --space")
+    args.trials = args.trials or 16
     found = search(args.task, "median", args.trials, root, ledger)
     for seed in args.seeds:
         rerun(args.task, "tuned", found["best_recipe"], seed, root, ledger)

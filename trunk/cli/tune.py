@@ -370,10 +370,10 @@ def captured(log: Path, quiet: bool = True):
 
 @contextlib.contextmanager
 def as_command(args: list[str]):
-    """The trial's own ``trunk fit`` command line as the process's, while it runs: what a run says of itself (the
-    command that resumes it after a Ctrl+C) is the trial's, and Lightning sees no second command line."""
+    """The process's command line emptied while a run parses ``args``: LightningCLI warns of a second command line
+    otherwise (the run itself says its own command where it needs to: the one that resumes it)."""
     before = sys.argv
-    sys.argv = [before[0], *args]
+    sys.argv = before[:1]
     try:
         yield
     finally:
