@@ -119,7 +119,7 @@ def check_recipe(args: argparse.Namespace, fit_args: list[str], space: SearchSpa
 
     recipe_args = [part for path in args.config for part in ("--config", path)] + fit_args
     try:
-        with captured(log, quiet=not args.verbose), as_command(recipe_args):
+        with captured(log, quiet=not args.verbose), empty_command_line():
             cli = run_cli(recipe_args, run=False)
     except (SystemExit, Exception) as err:
         raise TuneError(f"the recipe does not build as `trunk fit` would: {failure(err, log)}") from err
@@ -310,7 +310,7 @@ def run_trial(trial, space: SearchSpace, recipe: Recipe, args: argparse.Namespac
         began = time.perf_counter()
         try:
             with captured(run / "fit.log", quiet=not args.verbose), wandb_names(study_name, trial.number, seed, seeds),\
-                    as_command(fit):
+                    empty_command_line():
                 cli = run_cli(fit, callbacks=[watch])
         finally:  # pruned or stopped too: what it ran counts
             steps = {**trial.user_attrs.get("seed_steps", {}), str(seed): watch.steps}
@@ -369,7 +369,7 @@ def captured(log: Path, quiet: bool = True):
 
 
 @contextlib.contextmanager
-def as_command(args: list[str]):
+def empty_command_line():
     """The process's command line emptied while a run parses ``args``: LightningCLI warns of a second command line
     otherwise (the run itself says its own command where it needs to: the one that resumes it)."""
     before = sys.argv
