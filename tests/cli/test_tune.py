@@ -251,3 +251,29 @@ def test_each_shipped_search_space_names_options_of_its_recipe(space, capsys, mo
         run_cli(["fit", "--config", str(recipe_path), "--print_config"])
     config = yaml.safe_load(capsys.readouterr().out)
     SearchSpace.from_file(space).check_paths(flat_keys(config))
+
+
+def test_a_worker_whose_trial_was_taken_up_by_another_drops_its_result_and_goes_on(sentiment_files, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """A worker silent past its heartbeat's grace (stopped, asleep) finds its trial failed and queued again by another
+    worker: it says so and goes on, rather than crashing on the finished trial."""
+    import trunk.cli.tune as tune_module
+
+    calls = []
+
+    def trial_run(trial, *args):
+        calls.append(trial.number)
+        if len(calls) == 1:  # what another worker's look at the storage does to a silent trial
+            study = optuna.load_study(study_name="taken", storage=f"sqlite:///{tmp_path / 'taken' / 'study.db'}")
+            study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
+            tune_module.take_up_again(study, study._storage.get_trial(trial._trial_id))
+        return 0.5
+
+    monkeypatch.setattr(tune_module, "run_trial", trial_run)
+    monkeypatch.setattr(tune_module, "summarize", lambda folder: None)  # no runs, so no best recipe to write
+    tune_main(["--config", str(recipe(tmp_path, sentiment_files)), "--search", str(space_file(tmp_path, SPACE)),
+               "--trials", "1", "--dir", str(tmp_path / "taken")])
+    assert "Trial 0 was taken up by another worker" in capsys.readouterr().err
+    trials = study_of(tmp_path / "taken").trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and calls == [0, 1]
+    assert trials[1].params == trials[0].params

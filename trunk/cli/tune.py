@@ -439,7 +439,6 @@ def failure(err: BaseException, log: Path | None = None) -> str:
 def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
     import optuna
     from optuna.storages import fail_stale_trials
-    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     quiet_optuna()
@@ -467,33 +466,21 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
             break
         trial = study.ask()
         try:
-            with heartbeat(study._storage, trial._trial_id, args.heartbeat):
-                value = run_trial(trial, space, recipe, args, folder, study.study_name)
-        except optuna.TrialPruned as pruned:
-            trial.set_user_attr("reason", str(pruned))
-            done = study.tell(trial, state=TrialState.PRUNED)
-        except (KeyboardInterrupt, SystemExit) as err:
-            code = 130 if isinstance(err, KeyboardInterrupt) else err.code
-            if code in INTERRUPTED:  # the run saved its last checkpoint: queue the trial again, to resume from it
-                trial.set_user_attr("reason", "interrupted")
-                take_up_again(study, study.tell(trial, state=TrialState.FAIL))
-                print(f"Stopped. Trial {trial.number} is queued again and resumes from its last checkpoint: run the "
-                      "same `trunk tune` command to go on.", file=sys.stderr)
-                stop_workers(workers)
-                return code
-            failed_in_a_row, done = failed_in_a_row + 1, fail(study, trial, failure(err, last_log(trial)))
+            done, failed = attempt(study, trial, space, recipe, args, folder)
+        except TakenOver:  # its heartbeat stopped for longer than the grace
+            print(f"Trial {trial.number} was taken up by another worker while this one was silent for over "
+                  f"{2 * args.heartbeat} s (stopped, or its machine asleep): this run of it is dropped.",
+                  file=sys.stderr)
+            continue
+        except Interrupted as stop:
+            print(f"Stopped. Trial {trial.number} is queued again and resumes from its last checkpoint: run the same "
+                  "`trunk tune` command to go on.", file=sys.stderr)
+            stop_workers(workers)
+            return stop.code
         except TuneError:
-            fail(study, trial, "stopped the tune")
             stop_workers(workers)
             raise
-        except Exception as err:
-            log = last_log(trial)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("a") as file:
-                traceback.print_exc(file=file)
-            failed_in_a_row, done = failed_in_a_row + 1, fail(study, trial, failure(err))
-        else:
-            failed_in_a_row, done = 0, study.tell(trial, value)
+        failed_in_a_row = failed_in_a_row + 1 if failed else 0
         print(table.row(done, best_trial(study)), flush=True)
         if failed_in_a_row >= FAILURES_IN_A_ROW:
             stop_workers(workers)
@@ -506,6 +493,58 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
     return 0
 
 
+class Interrupted(Exception):
+    """A trial stopped by a Ctrl+C or SIGTERM, its checkpoint saved and the trial queued again."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class TakenOver(Exception):
+    """The trial was failed and queued again by another worker while this one ran it (its heartbeat went silent)."""
+
+
+def attempt(study, trial, space: SearchSpace, recipe: Recipe, args: argparse.Namespace, folder: Path):
+    """Run the trial, holding its heartbeat, and record how it ended: (its record, whether it failed)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        with heartbeat(study._storage, trial._trial_id, args.heartbeat):
+            value = run_trial(trial, space, recipe, args, folder, study.study_name)
+    except optuna.TrialPruned as pruned:
+        return tell(study, trial, state=TrialState.PRUNED, reason=str(pruned)), False
+    except (KeyboardInterrupt, SystemExit) as err:
+        code = 130 if isinstance(err, KeyboardInterrupt) else err.code
+        if code in INTERRUPTED:  # the run saved its last checkpoint: queue the trial again, to resume from it
+            take_up_again(study, tell(study, trial, state=TrialState.FAIL, reason="interrupted"))
+            raise Interrupted(code) from err
+        return tell(study, trial, state=TrialState.FAIL, reason=failure(err, last_log(trial))), True
+    except optuna.exceptions.UpdateFinishedTrialError as err:  # recording a seed's result in a trial taken over
+        raise TakenOver from err
+    except TuneError:
+        with contextlib.suppress(TakenOver):
+            tell(study, trial, state=TrialState.FAIL, reason="stopped the tune")
+        raise
+    except Exception as err:
+        log = last_log(trial)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as file:
+            traceback.print_exc(file=file)
+        return tell(study, trial, state=TrialState.FAIL, reason=failure(err)), True
+    return tell(study, trial, value=value), False
+
+
+def tell(study, trial, value: float | None = None, state=None, reason: str | None = None):
+    """Record the trial's end (and why, unless it completed), unless another worker has already."""
+    if study._storage.get_trial(trial._trial_id).state.is_finished():
+        raise TakenOver
+    if reason is not None:
+        trial.set_user_attr("reason", reason)
+    return study.tell(trial, value, state=state)
+
+
 def quiet_optuna() -> None:
     """Optuna's notes on its experimental options (heartbeats, TPE's multivariate) and on driving heartbeats outside
     ``study.optimize`` (done on purpose here): nothing a user of the tune acts on."""
@@ -515,13 +554,6 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message=".*is experimental.*")
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     warnings.filterwarnings("ignore", message="Target and region quantiles select the same set of trials")
-
-
-def fail(study, trial, reason: str):
-    from optuna.trial import TrialState
-
-    trial.set_user_attr("reason", reason)
-    return study.tell(trial, state=TrialState.FAIL)
 
 
 def last_log(trial) -> Path:
