@@ -82,6 +82,10 @@ def test_a_tiny_search_end_to_end_and_its_best_recipe_trains_to_the_same_score(s
 
     tune_main(args)  # the budget is spent: nothing runs again
     assert len(study_of(folder).trials) == 3
+    tune_main([*args, "--trials", "4"])  # a larger budget: one more, not a replay of the seeded sampler's first draw
+    more = study_of(folder).trials
+    assert len(more) == 4 and more[3].params not in [t.params for t in more[:3]]
+    best = study_of(folder).best_trial
     capsys.readouterr()
     tune_main(["--summary", str(folder)])
     assert f"Best: trial {best.number}" in capsys.readouterr().out

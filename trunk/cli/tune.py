@@ -168,7 +168,7 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
         storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=args.heartbeat,
                              grace_period=2 * args.heartbeat,
                              heartbeat_stale_trial_callback=take_up_again)
-        study = optuna.create_study(storage=storage, study_name=name, sampler=make_sampler(args, trials),
+        study = optuna.create_study(storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler(),
                                     pruner=make_pruner(args.pruner), direction=recipe.direction, load_if_exists=True)
         study.set_user_attr("joined", f"{socket.gethostname()}:{os.getpid()} {time.strftime('%Y-%m-%d %H:%M:%S')}")
     except ImportError as err:
@@ -177,6 +177,7 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
     except Exception as err:  # sqlalchemy's errors: unreachable server, refused login, read-only file
         raise TuneError(f"cannot use the study storage {url}: {str(err).splitlines()[0][:300]}. Check the URL, that "
                         "its server is reachable and that this user may write to it.") from err
+    study.sampler = make_sampler(args, trials, len(study.get_trials(deepcopy=False)))
     wanted = {"space": space.describe(), "recipe": recipe.args, "metric": args.metric, "seeds": args.seeds}
     stored = {key: study.user_attrs[key] for key in wanted if key in study.user_attrs}
     if not stored:
@@ -206,10 +207,12 @@ def take_up_again(study, trial) -> None:
     RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)(study, trial)
 
 
-def make_sampler(args: argparse.Namespace, trials: int | None):
+def make_sampler(args: argparse.Namespace, trials: int | None, done: int):
+    """``--seed``'s sampler, its stream moved on by the trials the study already has and by the worker's number: a
+    resumed tune or a second worker would otherwise propose the first one's settings again."""
     import optuna
 
-    seed = args.seed if args.seed is None else args.seed + int(os.environ.get(WORKER_ENV, 0))  # workers: each its own
+    seed = args.seed if args.seed is None else args.seed + done + 1000 * int(os.environ.get(WORKER_ENV, 0))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
