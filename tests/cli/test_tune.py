@@ -190,10 +190,17 @@ def test_bad_search_spaces_are_refused_with_the_fix():
     assert [e.path for e in conditional.order()] == ["a", "b"]  # drawn after the entry it depends on
 
 
-def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_path):
+def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_path, monkeypatch):
     good = recipe(tmp_path, sentiment_files)
     space = space_file(tmp_path, SPACE)
     base = ["--config", str(good), "--search", str(space), "--trials", "1"]
+
+    import importlib.util
+
+    real = importlib.util.find_spec
+    with monkeypatch.context() as without_optuna:
+        without_optuna.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name))
+        assert "pip install 'trunk[tune]'" in refused([*base, "--dir", str(tmp_path / "0")])
 
     said = refused([*base[:2], "--search", str(space_file(tmp_path, {"model.optimizer.lrr": {"uniform": [0, 1]}},
                                                           "typo.yaml")), "--dir", str(tmp_path / "a")])

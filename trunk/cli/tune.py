@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -52,7 +53,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         description="Search a recipe's settings (Optuna): each trial a `trunk fit` of the recipe with settings drawn "
                     "from the search space, pruned on its validations; the best settings written as a recipe. Options "
                     "not listed here (--trainer.max_epochs=3, ...) go to every trial's `trunk fit`.",
-        epilog="Example: trunk tune --config configs/minilm_trec.yaml --search configs/tune/minilm.yaml --trials 16")
+        epilog="Example: trunk tune --config configs/minilm_trec.yaml --search configs/tune/minilm_trec.yaml "
+               "--trials 16")
     parser.add_argument("--config", action="append", default=[], metavar="RECIPE.yaml",
                         help="the recipe (several: later ones override, as in trunk fit)")
     parser.add_argument("--search", metavar="SPACE.yaml", help="the search space: config paths and how to draw each")
@@ -722,6 +724,9 @@ def write_best(folder: Path, meta: dict, best) -> Path:
 
 
 def draw_plots(study, folder: Path) -> list[Path]:
+    if importlib.util.find_spec("matplotlib") is None:
+        print("Plots need matplotlib: pip install 'trunk[tune]'.")
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
@@ -765,6 +770,8 @@ def log_to_wandb(meta: dict, folder: Path, best, plots: list[Path]) -> None:
 
 def tune_main(argv: list[str]) -> None:
     args, fit_args = parse_args(argv)
+    if importlib.util.find_spec("optuna") is None:
+        sys.exit("error: trunk tune runs on Optuna, which is not installed: pip install 'trunk[tune]'.")
     try:
         if args.summary is not None:
             summarize(Path(args.summary))
