@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from conftest import logged_metrics, write_rows
 from kinds import DATA_FILES, KINDS
+from safetensors.torch import load_file
 from test_matrix import kind_args
 from test_multitask import TRUNK, ner_task, sentiment_task, trainer
 
-from trunk.cli import run_cli
+from trunk.cli import export_main, run_cli
 from trunk.tasks import load
 from trunk.tasks.objectives.base import soft_cross_entropy
 
@@ -320,9 +321,24 @@ def test_the_blocks_insides_hidden_states_and_attention_relations(teacher, tmp_p
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool()
     narrow, wide = torch.randn(2, 4, 32), torch.randn(2, 4, 64)
     assert relation_kl(narrow, narrow, mask, 4) < 1e-6 < relation_kl(narrow, wide, mask, 4)
-    with pytest.raises(ValueError, match=r"hidden compares the blocks' outputs, of width 64 in the student and 32"):
-        run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "w", epochs=1),
-                 "--model.trunk.d_model=64"])
+    # a wider student (64 against 32) reads its hidden states through a learned projection to the teacher's width:
+    # trained (it moves), checkpointed and resumed, kept out of what the student exports and loads
+    wide = run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "w", epochs=1),
+                    "--model.trunk.d_model=64"])
+    projection = wide.model.projections["sentiment"].weight
+    assert projection.shape == (32, 64) and any(projection is p for g in wide.trainer.optimizers[0].param_groups
+                                                for p in g["params"])
+    ckpt_w = next((tmp_path / "w").rglob("last.ckpt"))
+    saved = torch.load(ckpt_w, weights_only=True)["state_dict"]["projections.sentiment.weight"]
+    assert torch.equal(saved, projection.detach())
+    resumed = run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "w", epochs=2),
+                       "--model.trunk.d_model=64", "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 2 * 16 and not torch.equal(resumed.model.projections["sentiment"].weight,
+                                                                     saved)
+    student = load(ckpt_w)  # no teachers, no projection: the student alone
+    assert not student.model.projections and student.predict(["a fine film"])[0]["label"] in ("negative", "positive")
+    export_main([str(ckpt_w), str(tmp_path / "w_dir")])
+    assert not any("projections" in key for key in load_file(tmp_path / "w_dir" / "model.safetensors"))
     with pytest.raises(ValueError, match=r"layers compares the blocks of the student and of one teacher that reads its "
                                          r"tokens: give one teacher, with the student's tokenizer"):
         run_cli(["fit", *EXACT, *sentiment_task(files), option, *trainer(tmp_path / "v", epochs=1),

@@ -58,6 +58,7 @@ class TaskTeachers:
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
         self.digest, self.cache, self.tapped = digest, None, {}
+        self.width = self.members[0].predictor.model.trunk_config.d_model
         self.check(student)
 
     def keep_answers(self, key: list, rows: Callable[[], int]) -> None:
@@ -130,7 +131,8 @@ class TaskTeachers:
         return mine["mean"], mine["std"], theirs["mean"], theirs["std"], size
 
     def check_layers(self, student: TrunkModule) -> None:
-        """``layers``: one teacher reading the student's batches, blocks both have, widths the losses can compare."""
+        """``layers``: one teacher reading the student's batches, blocks both have, relation heads that divide both
+        widths (hidden states of other widths are projected: ``TrunkModule.attach_teachers``)."""
         config, where = self.config, f"model.distill.{self.task}"
         if not config.layers:
             return
@@ -145,9 +147,6 @@ class TaskTeachers:
         if mine.shared_blocks or theirs.shared_blocks:
             raise ValueError(f"{where}.layers: a trunk whose layers share blocks (shared_blocks) has no block of its "
                              "own per layer to compare. Leave layers unset.")
-        if config.hidden and mine.d_model != theirs.d_model:
-            raise ValueError(f"{where}.hidden compares the blocks' outputs, of width {mine.d_model} in the student and "
-                             f"{theirs.d_model} in the teacher: use relations (any widths), or hidden: 0.")
         heads = config.relation_heads or mine.n_heads
         if config.relations and (mine.d_model % heads or theirs.d_model % heads):
             raise ValueError(f"{where}.relation_heads={heads} must divide both widths ({mine.d_model}, "

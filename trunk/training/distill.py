@@ -10,7 +10,9 @@ their averaged ``Objective.soft_targets`` with the kind's ``Objective.distill_lo
            + hidden * the hidden states' squared error + relations * the self-attention relations' KL
 
 The last two (``layers``: pairs of a student block and a teacher block) read both models' insides (``Taps``): TinyBERT's
-hidden states (Jiao et al. 2020; the widths must match) and MiniLM's self-attention relations (Wang et al. 2021,
+hidden states (Jiao et al. 2020; a student narrower than its teacher reads them through a learned projection to the
+teacher's width, its W_h, trained with the student and kept out of what it exports) and MiniLM's self-attention
+relations (Wang et al. 2021,
 MiniLMv2: the queries', keys' and values' scaled dot products with themselves, per relation head, compared as
 distributions; any widths that ``relation_heads`` divides).
 """
@@ -46,7 +48,8 @@ class DistillConfig:
             answers are keyed by the teachers' contents, the training rows' encoding and the teachers' precision.
         layers: pairs ``[student block, teacher block]`` (from 0) whose insides the next two compare; for a teacher
             with the student's tokenizer, one teacher.
-        hidden: the weight of the squared error between the paired blocks' outputs (0: off; widths must match).
+        hidden: the weight of the squared error between the paired blocks' outputs (0: off; where the widths differ,
+            the student's outputs are projected to the teacher's width by a learned linear map, one per task).
         relations: the weight of the KL between the paired blocks' self-attention relations (0: off).
         relation_heads: the heads the relations are computed over (None: the student's heads); it must divide both
             widths.
@@ -90,6 +93,7 @@ class Teachers(Protocol):
 
     digest: str  # their contents, stored in checkpoints: a resumed run must learn from the same teachers
     tapped: dict  # with ``layers``: the teacher's insides of the latest batch (``Taps.read``)
+    width: int  # the (first) teacher's trunk width: its hidden states' size
 
     def soft_targets(self, batch: dict) -> torch.Tensor:
         """The teachers' answers to a training batch of the student, averaged, in the student's label order."""
@@ -132,16 +136,18 @@ def mixed(task_loss: torch.Tensor | None, distill_loss: torch.Tensor, alpha: flo
     return (1 - alpha) * task_loss + alpha * distill_loss
 
 
-def intermediate_loss(config: DistillConfig, student: dict, teacher: dict, mask: torch.Tensor, heads: int
-                      ) -> torch.Tensor:
+def intermediate_loss(config: DistillConfig, student: dict, teacher: dict, mask: torch.Tensor, heads: int,
+                      projection: torch.nn.Module | None = None) -> torch.Tensor:
     """``hidden`` x the paired blocks' outputs' squared error + ``relations`` x their self-attention relations' KL,
     summed over ``config.layers`` (``student``, ``teacher``: ``Taps.read``'s). ``mask``: (B, T), True at real
-    tokens."""
+    tokens. ``projection``: the student's outputs to the teacher's width, where they differ."""
     mask = mask.bool()
     total = torch.zeros((), device=mask.device)
     for s, t in config.layers:
         if config.hidden:
-            total = total + config.hidden * F.mse_loss(student[s]["hidden"][mask], teacher[t]["hidden"][mask])
+            mine = student[s]["hidden"][mask]
+            mine = projection(mine) if projection is not None else mine
+            total = total + config.hidden * F.mse_loss(mine.float(), teacher[t]["hidden"][mask].float())
         if config.relations:
             total = total + config.relations * sum(
                 relation_kl(student[s][key], teacher[t][key], mask, heads) for key in ("q", "k", "v")) / 3

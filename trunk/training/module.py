@@ -104,6 +104,9 @@ class TrunkModule(L.LightningModule):
         self.router = self._deltas(peft or {}, objectives)
         self.distill = distill_configs(distill, objectives)
         self.teachers: dict[str, Teachers] = {}  # not modules of this one: never trained, saved or summed up
+        # distill's hidden states of a narrower student: per task, its outputs to the teacher's width (trained and
+        # checkpointed with the student, made when its teachers are attached; no part of the model it exports)
+        self.projections = nn.ModuleDict()
         self.objectives = nn.ModuleDict(objectives)
         check_aux_mlm(aux_mlm, objectives, codec.tokenizer if codec is not None else None)
         self.aux_mlm, self.aux_mlm_head = float(aux_mlm), tied_mlm_head(self.trunk) if aux_mlm else None
@@ -152,10 +155,16 @@ class TrunkModule(L.LightningModule):
             objective.connect(codec)
 
     def attach_teachers(self, task: str, teachers: Teachers) -> None:
-        """Hand ``task`` (one of ``model.distill``) its loaded teachers."""
+        """Hand ``task`` (one of ``model.distill``) its loaded teachers; a student narrower or wider than the teacher
+        whose hidden states it learns gets its projection (before the optimizer and a resumed checkpoint's weights)."""
         if task not in self.distill:
             raise ValueError(f"Task '{task}' is not in model.distill {sorted(self.distill)}: it has no teachers.")
         self.teachers[task] = teachers
+        mine, theirs = self.trunk_config.d_model, teachers.width
+        if self.distill[task].hidden and theirs != mine and task not in self.projections:
+            projection = nn.Linear(mine, theirs, bias=False)
+            nn.init.normal_(projection.weight, std=mine ** -0.5)  # keeps the states' scale
+            self.projections[task] = projection.to(self.device)
 
     @property
     def tasks(self) -> list[str]:
@@ -171,7 +180,7 @@ class TrunkModule(L.LightningModule):
         [final norm, every task's head]."""
         *below, top = self.trunk.depth_groups()
         aux = [self.aux_mlm_head] if self.aux_mlm_head is not None else []
-        return [*below, [*top, *self.objectives.values(), *aux]]
+        return [*below, [*top, *self.objectives.values(), *aux, *self.projections.values()]]
 
     def train(self, mode: bool = True):
         """Frozen trunk parts stay in eval mode (no dropout); see trunk/training/finetuning.py."""
@@ -202,6 +211,8 @@ class TrunkModule(L.LightningModule):
                              "TRUNK_ALLOW_NON_FINITE=1).")
         if "codec" in checkpoint and self.codec is None:
             self.connect(Codec.from_state(checkpoint["codec"]))
+        for key in [k for k in state if k.startswith("projections.") and k.split(".")[1] not in self.projections]:
+            del state[key]  # a distilled student evaluated, predicting or started from: its training-only projection
 
     # -- steps ---------------------------------------------------------------------------------------
     def forward(self, batch: dict, stage: str) -> torch.Tensor | list[dict]:
@@ -246,7 +257,8 @@ class TrunkModule(L.LightningModule):
         if config.layers:
             student = taps.read(batch.get("attention_mask"))
             inner = intermediate_loss(config, student, teachers.tapped, taps.mask,
-                                      config.relation_heads or self.trunk_config.n_heads)
+                                      config.relation_heads or self.trunk_config.n_heads,
+                                      self.projections[task] if task in self.projections else None)  # noqa: SIM401
             self.log(f"train/{task}/intermediate_loss", inner, on_step=True, on_epoch=True,
                      batch_size=batch_size(batch))
             loss = loss + inner
