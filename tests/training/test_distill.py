@@ -152,6 +152,8 @@ def test_ner_teachers_answer_word_by_word_across_tokenizers(ner_files, tmp_path)
     ({"alpha": 1.5}, r"alpha=1.5 \(must be in \[0, 1\]\)"),
     ({"temperature": 0}, r"temperature=0 \(must be > 0"),
     ({"task": "reviews"}, r"has no head for the task 'reviews'; its tasks are \['sentiment'\]"),
+    ({"sequence": "true"}, r"sequence: learning from the teachers' outputs as targets is for translation"),
+    ({"sequence": "true", "layers": "[[0, 0]]", "relations": 1.0}, r"sequence with layers"),
 ])
 def test_bad_distillation_options_are_refused_before_any_step(teacher, tmp_path, options, message):
     files, ckpt = teacher
@@ -346,3 +348,40 @@ def test_the_blocks_insides_hidden_states_and_attention_relations(teacher, tmp_p
     with pytest.raises(ValueError, match=r"layers: \[\[0, 2\]\] name blocks beyond the student's 2 or the teacher's 2"):
         run_cli(["fit", *EXACT, *sentiment_task(files), option.replace("[1, 1]", "[0, 2]"),
                  *trainer(tmp_path / "x", epochs=1)])
+
+
+def test_sequence_level_distillation_trains_on_the_teachers_translations(reversal_files, tmp_path):
+    """sequence: the teacher's beam translations of each source (what it translates), framed as the data frames a
+    reference (a reference handed over as a translation frames to the batch as it was), kept by row with cache and read
+    from there in the second epoch; the student's loss on them; a translation's word-level answers (one per target
+    position, not per row) are not kept by row."""
+    from trunk.inference.teachers import TaskTeachers
+    from trunk.training.distill import DistillConfig
+
+    args = kind_args(KINDS["translation"], {"reversal": reversal_files}, tmp_path / "teacher")
+    fit = run_cli(["fit", *args])
+    ckpt = next((tmp_path / "teacher").rglob("last.ckpt"))
+    tutor = load(ckpt, precision="32-true")
+    config = DistillConfig(teachers=[str(ckpt)], precision="32-true", sequence=True)
+    teachers = TaskTeachers(tutor.model, "t", config, [(str(ckpt), tutor)]).to(torch.device("cpu"))
+    fit.datamodule.setup("fit")
+    batch = next(iter(fit.datamodule.train_dataloader()))
+    objective, tokenizer = tutor.model.objective("t"), tutor.model.codec.target("t")
+    sequences = teachers.soft_targets(batch)
+    eos = objective.generation_ids.eos
+    said = tokenizer.decode_batch([row[: row.index(eos)] for row in sequences.tolist()], skip_special_tokens=True)
+    assert said == objective.translate(tutor.model.trunk, batch)
+    references = batch["labels"].clamp(min=0)  # each row's target ids and end, 0s after
+    framed = objective.with_targets(batch, references)
+    assert torch.equal(framed["decoder_input_ids"], batch["decoder_input_ids"])
+    assert torch.equal(framed["labels"], batch["labels"]) and torch.equal(framed["input_ids"], batch["input_ids"])
+    with pytest.raises(ValueError, match="translation's answers are not one fixed answer per training row"):
+        TaskTeachers(tutor.model, "t", DistillConfig(teachers=[str(ckpt)]), [(str(ckpt), tutor)]).keep_answers(
+            ["key"], lambda: 1)
+
+    option = f"--model.distill={{t: {{teachers: [{ckpt}], sequence: true, cache: true, alpha: 1.0}}}}"
+    student = run_cli(["fit", *args, option, "--trainer.max_steps=-1", "--trainer.max_epochs=2",
+                       f"--trainer.default_root_dir={tmp_path / 'student'}"])
+    cache = student.model.teachers["t"].cache
+    assert cache.saved and len(cache.answers) == student.datamodule.tasks["t"].train_rows()
+    assert logged_metrics(tmp_path / "student")["train/t/distill_loss_epoch"] > 0

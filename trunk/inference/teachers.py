@@ -65,11 +65,12 @@ class TaskTeachers:
         """Keep each training row's answers (``DistillConfig.cache``): ``key``, what they depend on besides the
         teachers (the rows' encoding); ``rows``, how many an epoch reads, once the data is set up (the cache is written
         when it has them all)."""
-        if not self.objective.targets_per_row:
+        if not (self.objective.targets_per_row or self.config.sequence):
             raise ValueError(f"model.distill.{self.task}.cache: {self.objective.kind}'s answers are not one fixed "
                              "answer per training row (question answering's are per window, masked-LM's per masked "
                              "position, drawn anew each epoch), so they cannot be kept by row. Leave cache off.")
-        name = hashlib.sha256(json.dumps([self.digest, self.config.precision, self.config.quantize,
+        config = self.config
+        name = hashlib.sha256(json.dumps([self.digest, config.precision, config.quantize, config.sequence,
                                           self.objective.label_names, key]).encode()).hexdigest()[:24]
         folder = cache_folder("teachers")
         self.cache = AnswerCache(folder / f"{name}.safetensors" if folder is not None else None, rows)
@@ -188,6 +189,8 @@ class TaskTeachers:
                 else contextlib.nullcontext())
         taps = Taps(model.trunk.backbone, [t for _, t in self.config.layers])  # the paired blocks' insides
         with bf16, model.route(name), taps:
+            if self.config.sequence:  # its translations, as they are (not probabilities to average or reorder)
+                return objective.teacher_sequences(model.trunk, own).to(batch_device(batch))
             targets = objective.soft_targets(model.trunk, own).float()
         if self.config.layers:
             self.tapped = {layer: {k: v.to(batch_device(batch)) for k, v in seen.items()}

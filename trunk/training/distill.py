@@ -53,6 +53,9 @@ class DistillConfig:
         relations: the weight of the KL between the paired blocks' self-attention relations (0: off).
         relation_heads: the heads the relations are computed over (None: the student's heads); it must divide both
             widths.
+        sequence: translation: learn from the teacher's translations of the training sources (its beam search) as
+            targets, in place of its word-level distributions (sequence-level distillation, Kim & Rush 2016); one
+            teacher. With ``cache``, each source is translated once.
     """
 
     teachers: list = field(default_factory=list)
@@ -66,6 +69,7 @@ class DistillConfig:
     hidden: float = 0.0
     relations: float = 0.0
     relation_heads: int | None = None
+    sequence: bool = False
 
     def check(self, where: str) -> None:
         problems = [
@@ -82,6 +86,10 @@ class DistillConfig:
             "layers without a weight (set hidden or relations)" if self.layers and not (self.hidden or self.relations)
             else "",
             "cache with layers (the blocks' insides are read anew each step)" if self.cache and self.layers else "",
+            "sequence with layers (the teacher's translations come from beam search, not a pass over the student's "
+            "batch)" if self.sequence and self.layers else "",
+            "sequence with several teachers (translations cannot be averaged: give one)"
+            if self.sequence and len(self.teachers) > 1 else "",
         ]
         problems = [p for p in problems if p]
         if problems:
@@ -124,6 +132,9 @@ def distill_configs(distill: dict | None, objectives: dict) -> dict[str, Distill
         if isinstance(config.teachers, str):
             config = dataclasses.replace(config, teachers=[config.teachers])
         config.check(where)
+        if config.sequence and not hasattr(objectives[task], "teacher_sequences"):
+            raise ValueError(f"{where}.sequence: learning from the teachers' outputs as targets is for translation; "
+                             f"task '{task}' is {objectives[task].kind}. Remove sequence.")
         configs[task] = config
     return configs
 

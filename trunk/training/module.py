@@ -245,6 +245,16 @@ class TrunkModule(L.LightningModule):
         """A training batch of a task with teachers: its own loss (where it has labels) mixed with the one against
         the teachers' answers (``trunk.training.distill``), from one forward of the student."""
         config, teachers = self.distill[task], self.teachers[task]
+
+        def own(output=None) -> torch.Tensor | None:  # the task's loss on its labels, where the batch has them
+            return None if batch.get("unlabelled") else objective.loss(self.trunk, batch, "train", output)
+
+        if config.sequence:  # the teacher's translations as targets: the task's own loss on them
+            with torch.no_grad():
+                sequences = teachers.soft_targets(batch)
+            distill = objective.loss(self.trunk, objective.with_targets(batch, sequences), "train")
+            self.log(f"train/{task}/distill_loss", distill, on_step=True, on_epoch=True, batch_size=batch_size(batch))
+            return mixed(own(), distill, config.alpha)
         taps = Taps(self.trunk.backbone, [s for s, _ in config.layers])  # config.layers: the blocks' insides too
         with taps:
             output = objective.distill_output(self.trunk, batch)
@@ -252,8 +262,7 @@ class TrunkModule(L.LightningModule):
             targets = teachers.soft_targets(batch)
         distill = objective.distill_loss(output, targets, batch, config.temperature)
         self.log(f"train/{task}/distill_loss", distill, on_step=True, on_epoch=True, batch_size=batch_size(batch))
-        own = None if batch.get("unlabelled") else objective.loss(self.trunk, batch, "train", output)
-        loss = mixed(own, distill, config.alpha)
+        loss = mixed(own(output), distill, config.alpha)
         if config.layers:
             student = taps.read(batch.get("attention_mask"))
             inner = intermediate_loss(config, student, teachers.tapped, taps.mask,

@@ -48,6 +48,7 @@ class Translation(Objective):
     kind = "translation"
     primary = "bleu_fraction"
     inference_options = ("generation", "val_beam_size", "target_language")
+    targets_per_row = False  # word-level answers are per target position of a batch (sequence-level ones: per row)
     carried_options = ("decoder_start",)  # a stored head's, where the run leaves them unset
 
     def __init__(self, decoder_layers: int | None = None, share_embeddings: bool = True, label_smoothing: float = 0.1,
@@ -155,6 +156,32 @@ class Translation(Objective):
 
     def soft_targets(self, trunk: Trunk, batch: dict) -> torch.Tensor:
         return self.distill_output(trunk, batch).softmax(-1)  # word-level: each target position's next-token guess
+
+    @torch.no_grad()
+    def teacher_sequences(self, trunk: Trunk, batch: dict) -> torch.Tensor:
+        """(B, L) this model's translations of the batch's sources (its generation settings: beam search), as target
+        ids each ending with the end token, 0s after: sequence-level distillation's targets (Kim & Rush 2016)."""
+        ids = self.generation_ids
+        tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"]).tolist()
+        rows = [row[len(ids.forced):] for row in tokens]  # without the target language's code
+        rows = [[*(row[: row.index(ids.eos)] if ids.eos in row else row), ids.eos] for row in rows]
+        width = max(map(len, rows))
+        return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=batch["input_ids"].device)
+
+    def with_targets(self, batch: dict, sequences: torch.Tensor) -> dict:
+        """The batch with ``sequences`` (``teacher_sequences``') as its targets, framed as the data frames references
+        (in: [start, *ids]; out: [*ids, end]) and cut to the positions this decoder has."""
+        ids = SpecialIds.of(self.codec.target(self.name))
+        room = self.decoder.cfg.max_len - 1 - len(self.generation_ids.forced)
+        rows = [row[: min(row.index(ids.eos), room)] for row in sequences.tolist()]
+        width = max(map(len, rows)) + 1
+
+        def padded(framed: list[list[int]], value: int) -> torch.Tensor:
+            return sequences.new_tensor([row + [value] * (width - len(row)) for row in framed])
+
+        kept = {key: value for key, value in batch.items() if key not in ("target", "decoder_input_ids", "labels")}
+        return {**kept, "decoder_input_ids": padded([[ids.bos, *row] for row in rows], ids.pad),
+                "labels": padded([[*row, ids.eos] for row in rows], IGNORE_INDEX)}
 
     def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
         return soft_cross_entropy(output, targets, temperature)
