@@ -13,7 +13,7 @@ pruning saved, its best dev score beside the pruned search's says whether it cos
 line of the ledger (default runs/bench_tune/results.jsonl); a stopped benchmark goes on where it stopped (the tunes
 themselves resume: finished trials are kept, a stopped one resumes from its checkpoint).
 
-``workers``: the wall time of one study (``--trials``, default 8, of configs/quickstart.yaml for 2 epochs, unpruned)
+``workers``: the wall time of one study (``--trials``, default 8, of configs/quickstart.yaml, ``--epochs`` 8, unpruned)
 by one worker on one core against ``--workers 2`` (each pinned to a core of its own), one thread each, the two
 alternating ``--rounds`` times; the speed-up is the ratio of the medians.
 """
@@ -80,7 +80,7 @@ WORKERS_SPACE = {"model.optimizer.lr": {"log_uniform": [3e-4, 3e-3]},
                  "model.tasks.sentiment.init_args.pooling": {"choice": ["cls", "mean"]}}
 
 
-def workers(trials: int, rounds: int, root: Path, ledger: Ledger) -> None:
+def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -> None:
     space = root / "workers_space.yaml"
     space.parent.mkdir(parents=True, exist_ok=True)
     space.write_text(json.dumps(WORKERS_SPACE))  # JSON is YAML
@@ -92,7 +92,7 @@ def workers(trials: int, rounds: int, root: Path, ledger: Ledger) -> None:
             shutil.rmtree(folder, ignore_errors=True)
             command = [sys.executable, "-m", "trunk.cli", "tune", "--config", "configs/quickstart.yaml", "--search",
                        str(space), "--trials", str(trials), "--dir", str(folder), "--seed", "0", "--pruner", "none",
-                       "--workers", str(n), "--trainer.max_epochs=2"]
+                       "--workers", str(n), f"--trainer.max_epochs={epochs}"]
             pin = (lambda: os.sched_setaffinity(0, cores[:1])) if n == 1 else None  # one core, as each of the two has
             began = time.perf_counter()
             subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=pin,
@@ -100,7 +100,8 @@ def workers(trials: int, rounds: int, root: Path, ledger: Ledger) -> None:
             walls[n].append(time.perf_counter() - began)
             print(f"round {r}: {n} worker(s) {walls[n][-1]:.0f} s", flush=True)
     speedup = statistics.median(walls[1]) / statistics.median(walls[2])
-    ledger.add({"step": "workers", "trials": trials, "walls": walls, "speedup": speedup, "cpu": str(cpu_info())})
+    ledger.add({"step": "workers", "trials": trials, "epochs": epochs, "walls": walls, "speedup": speedup,
+                "cpu": str(cpu_info())})
     print(f"{trials} trials: one worker {statistics.median(walls[1]):.0f} s, two {statistics.median(walls[2]):.0f} s "
           f"(median of {rounds}): {speedup:.2f}x")
 
@@ -142,6 +143,8 @@ def main() -> None:
     parser.add_argument("--space", help="a task of your own: its search space")
     parser.add_argument("--trials", type=int, help="trials per search (default 16; workers: 8)")
     parser.add_argument("--rounds", type=int, default=2, help="workers: rounds of one against two")
+    parser.add_argument("--epochs", type=int, default=8, help="workers: each trial's epochs (the recipe's 8: a trial "
+                        "of about 20 s on one core, whose start-up, a few seconds per worker, then counts little)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--unpruned", action="store_true", help="also the same search with --pruner none")
     parser.add_argument("--root", default="runs/bench_tune")
@@ -155,7 +158,7 @@ def main() -> None:
         summary(ledger, args.seeds)
         return
     if args.what == "workers":
-        workers(args.trials or 8, args.rounds, root, ledger)
+        workers(args.trials or 8, args.rounds, args.epochs, root, ledger)
         return
     if args.recipe or args.space:
         TASKS[args.task] = (args.recipe, args.space)

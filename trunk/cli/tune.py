@@ -166,19 +166,25 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
     url = args.storage or f"sqlite:///{(folder / 'study.db').resolve()}"
     name = args.study or folder.resolve().name
     engine = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else None
-    try:
-        storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=args.heartbeat,
-                             grace_period=2 * args.heartbeat,
-                             heartbeat_stale_trial_callback=take_up_again)
-        study = optuna.create_study(storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler(),
-                                    pruner=make_pruner(args.pruner), direction=recipe.direction, load_if_exists=True)
-        study.set_user_attr("joined", f"{socket.gethostname()}:{os.getpid()} {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    except ImportError as err:
-        raise TuneError(f"--storage {url}: its database driver is not installed ({err}); e.g. pip install "
-                        "psycopg2-binary for postgresql://, pymysql for mysql+pymysql://.") from err
-    except Exception as err:  # sqlalchemy's errors: unreachable server, refused login, read-only file
-        raise TuneError(f"cannot use the study storage {url}: {str(err).splitlines()[0][:300]}. Check the URL, that "
-                        "its server is reachable and that this user may write to it.") from err
+    for attempt in range(3):
+        try:
+            storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=args.heartbeat,
+                                 grace_period=2 * args.heartbeat, heartbeat_stale_trial_callback=take_up_again)
+            study = optuna.create_study(storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler(),
+                                        pruner=make_pruner(args.pruner), direction=recipe.direction,
+                                        load_if_exists=True)
+            study.set_user_attr("joined", f"{socket.gethostname()}:{os.getpid()} {time.strftime('%F %T')}")
+            break
+        except ImportError as err:
+            raise TuneError(f"--storage {url}: its database driver is not installed ({err}); e.g. pip install "
+                            "psycopg2-binary for postgresql://, pymysql for mysql+pymysql://.") from err
+        except Exception as err:  # sqlalchemy's errors: unreachable server, refused login, read-only file
+            said = str(err).splitlines()[0][:300]
+            if attempt < 2 and re.search(r"already exists|database is locked|UNIQUE constraint", said):
+                time.sleep(1 + attempt)  # workers starting together both created its tables: the other won
+                continue
+            raise TuneError(f"cannot use the study storage {url}: {said}. Check the URL, that its server is "
+                            "reachable and that this user may write to it.") from err
     study.sampler = make_sampler(args, trials, len(study.get_trials(deepcopy=False)))
     wanted = {"space": space.describe(), "recipe": recipe.args, "metric": args.metric, "seeds": args.seeds}
     stored = {key: study.user_attrs[key] for key in wanted if key in study.user_attrs}
@@ -450,13 +456,18 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
     space = SearchSpace.from_file(args.search)
     folder = Path(args.dir or Path("runs") / "tune" / Path(args.config[0]).stem)
     folder.mkdir(parents=True, exist_ok=True)
-    space, recipe = check_recipe(args, fit_args, space, folder / "recipe.log")
-    study, url = open_study(args, folder, space, recipe, args.trials)
+    # the other workers start now, each checking the recipe as this one does: they start trials as soon as it does
+    workers = start_workers(args) if args.workers > 1 else []
+    try:
+        space, recipe = check_recipe(args, fit_args, space, folder / "recipe.log")
+        study, url = open_study(args, folder, space, recipe, args.trials)
+    except TuneError:
+        stop_workers(workers)
+        raise
     meta = {"study": study.study_name, "storage": url, "metric": args.metric, "direction": recipe.direction,
             "recipe": recipe.args, "space": space.describe(), "seeds": args.seeds,
             "wandb_project": recipe.wandb_project}
     atomic_write(folder / TUNE_FILE, lambda path: path.write_text(json.dumps(meta, indent=1) + "\n"))
-    workers = start_workers(args) if args.workers > 1 else []
     table = Table(space.paths, args.metric)
     print(f"Tuning {' '.join(args.config)} over {len(space.paths)} settings: study {study.study_name!r} in {url}, "
           f"{args.metric} ({recipe.direction}), {args.sampler} sampler, {args.pruner} pruner; trials in {folder}/.")
@@ -588,7 +599,6 @@ def start_workers(args: argparse.Namespace) -> list[subprocess.Popen]:
         # worker's trial without its checkpoint)
         workers.append(subprocess.Popen([sys.executable, "-m", "trunk.cli", *argv], env=env, preexec_fn=pin,
                                         start_new_session=True))
-        time.sleep(1)  # joins the study after this one created it
     if shares:
         os.sched_setaffinity(0, shares[0])
     return workers
