@@ -86,6 +86,7 @@ def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -
     space.write_text(json.dumps(WORKERS_SPACE))  # JSON is YAML
     cores = sorted(os.sched_getaffinity(0))
     walls: dict[int, list[float]] = {1: [], 2: []}
+    spans: dict[int, list[float]] = {1: [], 2: []}  # the trials alone: the first one's start to the last one's end
     for r in range(rounds):
         for n in (1, 2):
             folder = root / "workers" / f"workers{n}_round{r}"
@@ -98,12 +99,17 @@ def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -
             subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=pin,
                            stdout=subprocess.DEVNULL)
             walls[n].append(time.perf_counter() - began)
-            print(f"round {r}: {n} worker(s) {walls[n][-1]:.0f} s", flush=True)
+            study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+            spans[n].append((max(t.datetime_complete for t in study.trials)
+                             - min(t.datetime_start for t in study.trials)).total_seconds())
+            print(f"round {r}: {n} worker(s) {walls[n][-1]:.0f} s, its trials {spans[n][-1]:.0f} s", flush=True)
     speedup = statistics.median(walls[1]) / statistics.median(walls[2])
+    trials_speedup = statistics.median(spans[1]) / statistics.median(spans[2])
     ledger.add({"step": "workers", "trials": trials, "epochs": epochs, "walls": walls, "speedup": speedup,
-                "cpu": str(cpu_info())})
+                "trial_spans": spans, "trials_speedup": trials_speedup, "cpu": str(cpu_info())})
     print(f"{trials} trials: one worker {statistics.median(walls[1]):.0f} s, two {statistics.median(walls[2]):.0f} s "
-          f"(median of {rounds}): {speedup:.2f}x")
+          f"(median of {rounds}): {speedup:.2f}x; from the first trial's start to the last one's end, "
+          f"{trials_speedup:.2f}x (the rest: start-up, the recipe's check, the summary, once per study)")
 
 
 def summary(ledger: Ledger, seeds: list[int]) -> None:
