@@ -282,7 +282,8 @@ def reporter(trial, metric: str):
             point = progress(trainer)
             trial.report(self.last, point)
             if trial.should_prune():
-                raise optuna.TrialPruned(f"pruned at {point / 100:g} epochs, {metric} {self.last:.4f}")
+                raise optuna.TrialPruned(f"pruned at {point / 100:g} epoch{'' if point == 100 else 's'}, {metric} "
+                                         f"{self.last:.4f}")
 
     return ReportToTrial()
 
