@@ -462,7 +462,7 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
     try:
         space, recipe = check_recipe(args, fit_args, space, folder / "recipe.log")
         study, url = open_study(args, folder, space, recipe, args.trials)
-    except TuneError:
+    except BaseException:  # refused (or interrupted) here: so are the workers just started
         stop_workers(workers)
         raise
     meta = {"study": study.study_name, "storage": url, "metric": args.metric, "direction": recipe.direction,
