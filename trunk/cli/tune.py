@@ -449,10 +449,8 @@ def failure(err: BaseException, log: Path | None = None) -> str:
 
 # -- the loop -------------------------------------------------------------------------------------------------------
 def tune(args: argparse.Namespace, fit_args: list[str]) -> int:
-    import optuna
     from optuna.storages import fail_stale_trials
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     quiet_optuna()
     space = SearchSpace.from_file(args.search)
     folder = Path(args.dir or Path("runs") / "tune" / Path(args.config[0]).stem)
@@ -567,6 +565,7 @@ def quiet_optuna() -> None:
     ``study.optimize`` (done on purpose here): nothing a user of the tune acts on."""
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its per-trial info lines: the table says what matters
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message=".*is experimental.*")
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -662,7 +661,6 @@ def summarize(folder: Path) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     quiet_optuna()
     meta_file = folder / TUNE_FILE
     if not meta_file.is_file():

@@ -12,6 +12,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from trunk.core.codec import IGNORE_INDEX, token_id
 from trunk.core.contract import TaskSpec
+from trunk.datamodules.text import pad
 from trunk.models import Decoder, GenerationConfig, SpecialIds, Trunk, TrunkConfig, beam_search, greedy_search
 from trunk.tasks.objectives.base import Objective, cross_entropy, soft_cross_entropy
 
@@ -165,8 +166,7 @@ class Translation(Objective):
         tokens = self.generate(trunk, batch["input_ids"], batch["attention_mask"]).tolist()
         rows = [row[len(ids.forced):] for row in tokens]  # without the target language's code
         rows = [[*(row[: row.index(ids.eos)] if ids.eos in row else row), ids.eos] for row in rows]
-        width = max(map(len, rows))
-        return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=batch["input_ids"].device)
+        return pad(rows, 0).to(batch["input_ids"].device)
 
     def with_targets(self, batch: dict, sequences: torch.Tensor) -> dict:
         """The batch with ``sequences`` (``teacher_sequences``') as its targets, framed as the data frames references
@@ -174,14 +174,9 @@ class Translation(Objective):
         ids = SpecialIds.of(self.codec.target(self.name))
         room = self.decoder.cfg.max_len - 1 - len(self.generation_ids.forced)
         rows = [row[: min(row.index(ids.eos), room)] for row in sequences.tolist()]
-        width = max(map(len, rows)) + 1
-
-        def padded(framed: list[list[int]], value: int) -> torch.Tensor:
-            return sequences.new_tensor([row + [value] * (width - len(row)) for row in framed])
-
         kept = {key: value for key, value in batch.items() if key not in ("target", "decoder_input_ids", "labels")}
-        return {**kept, "decoder_input_ids": padded([[ids.bos, *row] for row in rows], ids.pad),
-                "labels": padded([[*row, ids.eos] for row in rows], IGNORE_INDEX)}
+        return {**kept, "decoder_input_ids": pad([[ids.bos, *row] for row in rows], ids.pad).to(sequences.device),
+                "labels": pad([[*row, ids.eos] for row in rows], IGNORE_INDEX).to(sequences.device)}
 
     def distill_loss(self, output, targets: torch.Tensor, batch: dict, temperature: float) -> torch.Tensor:
         return soft_cross_entropy(output, targets, temperature)
