@@ -80,9 +80,10 @@ def trec_questions(data: Path) -> list[str]:
     return [line.split(" ", 1)[1] for line in lines if line.strip()]
 
 
-def make_model(data: Path, directory: Path, onnx: bool = True) -> Path:
+def make_model(data: Path, directory: Path, onnx: bool = True, init_from: Path | None = None) -> Path:
     """configs/joint_sst2_conll.yaml's model after one training step (from scratch), exported with its ONNX graphs (fp32
-    and int8; ``onnx=False``: without)."""
+    and int8; ``onnx=False``: without). ``init_from``: configs/minilm_joint_sst2_conll.yaml's from that pretrained
+    trunk instead (its shape and tokenizer; the heads still after one step)."""
     splits = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
     paths = [
         f"--data.tasks.{task}.{split}={data / path}"
@@ -95,8 +96,8 @@ def make_model(data: Path, directory: Path, onnx: bool = True) -> Path:
         "trunk.cli",
         "fit",
         "--config",
-        str(REPO / "configs/joint_sst2_conll.yaml"),
-        "--model.init_from=null",
+        str(REPO / ("configs/minilm_joint_sst2_conll.yaml" if init_from else "configs/joint_sst2_conll.yaml")),
+        f"--model.init_from={init_from.resolve() if init_from else 'null'}",
         *paths,
         "--data.tasks.sst2.test=null",
         "--data.tasks.conll.test=null",

@@ -1,7 +1,9 @@
 """int8 inference on real sentences: sentences/s and the task metric of every way to run one model, side by side in
 one process, the sides alternating (median of the rounds):
 
-- Trunk's ``predict`` in fp32, in bf16 (where the CPU computes it natively) and with ``quantize="int8"``;
+- Trunk's ``predict`` in fp32, in bf16 (where the CPU computes it natively), with ``quantize="int8"`` (the rest in
+  fp32, and in bf16 where native), and as ``precision="auto"`` takes it (the form measured fastest on the model's shape,
+  ``trunk.inference.calibrate``: how near the fastest side it comes is the check of that choice);
 - ONNX Runtime on the model's graphs, fp32 and int8 (``trunk export --onnx --quantize int8``);
 - Hugging Face's pipeline on the same weights (the model written by ``trunk export --format hf`` per task), fp32 and
   with PyTorch's dynamic quantization of its linear layers (``torch.ao.quantization.quantize_dynamic``, how
@@ -15,7 +17,9 @@ Then the size of each form of the model, and the machine's matmul peak per dtype
 ``--model``: a model with the tasks ``sst2`` (classification, labels negative / positive) and ``conll`` (NER), as
 configs/minilm_joint_sst2_conll.yaml trains; a checkpoint is exported (with its int8 graphs) to a scratch folder first.
 Without it, configs/joint_sst2_conll.yaml's model after one training step (Trunk-native; speed only: its metrics are
-chance). Sentences: SST-2 dev (872) and the first ``--conll`` sentences of CoNLL-2003 test (all 3,453 by default);
+chance), or with ``--init-from PRETRAINED`` configs/minilm_joint_sst2_conll.yaml's from that trunk after one step (its
+shape and tokenizer; speed only).
+Sentences: SST-2 dev (872) and the first ``--conll`` sentences of CoNLL-2003 test (all 3,453 by default);
 metrics: SST-2 accuracy and CoNLL-2003 entity F1 (exact spans; Trunk decodes as the model was configured to, the
 pipeline aggregates each word's first piece).
 """
@@ -35,6 +39,7 @@ import torch
 from inference import alternate, conll_sentences, make_model, sst2_sentences, table
 
 from trunk.core.tagging import spans_from_tags
+from trunk.inference.quantize import Int8Linear
 from trunk.tasks import load
 from trunk.training.precision import cpu_bf16_is_native, cpu_info, int8_is_native
 
@@ -153,12 +158,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--conll", type=int, default=None, help="the first N CoNLL-2003 test sentences (default all)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the Hugging Face sides")
+    parser.add_argument("--init-from", type=Path, help="without --model: the joint MiniLM recipe from this pretrained "
+                        "trunk (its shape and tokenizer) after one training step, for speed")
     options = parser.parse_args()
     native, why = int8_is_native()
     print(f"machine: {cpu_info()}; torch {torch.__version__}, {torch.get_num_threads()} threads; int8: {why}")
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        model = options.model or make_model(options.data.resolve(), scratch)
+        model = options.model or make_model(options.data.resolve(), scratch, init_from=options.init_from)
         if model.is_file():  # a checkpoint: its trunk directory, with fp32 and int8 graphs
             subprocess.run([sys.executable, "-m", "trunk.cli", "export", str(model), str(scratch / "model"), "--onnx",
                             "--quantize", "int8"], check=True, stdout=subprocess.DEVNULL)
@@ -167,6 +174,9 @@ def main() -> None:
         if cpu_bf16_is_native()[0]:
             sides["Trunk bf16"] = lambda: Trunk(model, precision="bf16-mixed")
         sides["Trunk int8"] = lambda: Trunk(model, precision="32-true", quantize="int8")
+        if cpu_bf16_is_native()[0]:
+            sides["Trunk int8 + bf16"] = lambda: Trunk(model, precision="bf16-mixed", quantize="int8")
+        sides["Trunk auto"] = lambda: Trunk(model)  # timed: trunk.inference.calibrate
         sides["ONNX Runtime fp32"] = lambda: Trunk(model, runtime="onnx")
         sides["ONNX Runtime int8"] = lambda: Trunk(model, runtime="onnx", quantize="int8")
         if not options.no_hf:
@@ -181,7 +191,7 @@ def main() -> None:
 
         inputs = {"sst2": sst2_sentences(options.data), "conll": conll_sentences(options.data)[: options.conll]}
         gold = {"sst2": sst2_gold(options.data), "conll": conll_gold(options.data)[: options.conll]}
-        rows = []
+        rows, summary = [], []
         for task, sentences in inputs.items():
             scores = {}
             for name, runner in runners.items():
@@ -192,9 +202,17 @@ def main() -> None:
             rates = alternate(calls, len(sentences), options.rounds)
             for name in runners:
                 rows.append([task, name, rates[name], rates[name] / rates["Trunk fp32"], f"{scores[name]:.4f}"])
+            trunk_sides = [name for name in runners if name.startswith("Trunk ") and name != "Trunk auto"]
+            fastest = max(trunk_sides, key=lambda name: rates[name])
+            auto = runners["Trunk auto"].predictor
+            int8 = any(isinstance(m, Int8Linear) for m in auto.model.modules())
+            form = f"{'int8' if int8 else 'float'}, {auto.precision}"
+            summary.append([task, form, fastest, rates["Trunk auto"] / rates[fastest]])
         metric = "SST-2 dev accuracy / CoNLL-2003 test entity F1"
         table(f"int8 against fp32 and bf16 (sentences/s, {options.rounds} rounds, median)",
               ["task", "side", "sentences/s", "of Trunk fp32", metric], rows)
+        table("precision auto against the fastest Trunk side", ["task", "auto chose", "fastest side", "auto / fastest"],
+              summary)
 
         trunk_fp32, trunk_int8 = runners["Trunk fp32"].predictor.model, runners["Trunk int8"].predictor.model
         onnx = model / "onnx"

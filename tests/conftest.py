@@ -16,6 +16,9 @@ os.environ.update(
     WANDB_CONFIG_DIR=os.path.join(_TMP, "wandb-config"),
     WANDB_SILENT="true",
     TRUNK_CACHE=os.path.join(_TMP, "trunk-cache"),
+    # inference's precision=auto by the rule, not timed: a timing between near-equal forms of a tiny model would pick
+    # one or another from run to run (tests/inference/test_quantize.py times them with it on)
+    TRUNK_CALIBRATE="0",
 )
 os.environ.pop("WANDB_API_KEY", None)
 # tests run two at a time (make test): one thread each, in their subprocesses too
@@ -387,3 +390,25 @@ def tiny_trunk_dir(sentiment_files, tmp_path) -> Path:
     return save_pretrained(
         tmp_path / "trunk", PretrainedTrunk(tmp_path, config, {"text": {}}, trunk.state_dict(), codec=Codec(tokenizer))
     )
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    """precision=auto timed, in a cache of this test's own, on a CPU with bf16 and int8 units; ``timed.seconds``
+    stands in for the measurement (None: measure for real), ``timed.calls`` counts the measurements."""
+    from trunk.inference import calibrate
+
+    monkeypatch.setenv("TRUNK_CALIBRATE", "1")
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "cpu_bf16_is_native", lambda: (True, "test"))
+    monkeypatch.setattr(calibrate, "int8_is_native", lambda: (True, "test"))
+    state = type("Timed", (), {"seconds": None, "calls": 0, "path": tmp_path / "cache" / "calibration" /
+                                "calibration.json"})()
+    real = calibrate.measure
+
+    def measure(cfg, forms):
+        state.calls += 1
+        return real(cfg, forms) if state.seconds is None else {form: state.seconds[form] for form in forms}
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    return state

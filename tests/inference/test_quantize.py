@@ -168,3 +168,92 @@ def test_int8_onnx_graphs_agree_with_int8_pytorch_and_are_refused_when_stale_or_
     (graphs / "tasks.json").write_text(json.dumps(listing))
     with pytest.raises(ValueError, match=r"The ONNX graphs of \['sentiment'\] .* were written from other weights"):
         load(directory, runtime="onnx", quantize="int8")
+
+
+def test_auto_takes_the_fastest_form_measured_and_the_exact_one_of_a_near_tie(timed):
+    from trunk.inference.calibrate import choose_form
+    from trunk.models.trunk import TrunkConfig
+
+    cfg = TrunkConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+    timed.seconds = {"fp32": 1.0, "bf16": 0.6, "int8": 0.5, "int8 + bf16": 0.55}
+    precision, quantize, said = choose_form(cfg, "cpu")
+    assert (precision, quantize) == ("32-true", "int8") and timed.calls == 1
+    assert said.startswith("int8 (auto: measured on this model's shape") and "bf16 1.67x, int8 2.00x" in said
+    assert choose_form(cfg, "cpu")[2].startswith("int8 (auto: cached") and timed.calls == 1
+    # int8 within 3% of bf16: bf16, the more exact
+    other = TrunkConfig(d_model=64, n_layers=2, n_heads=2, d_ff=64)
+    timed.seconds = {"fp32": 1.0, "bf16": 0.6, "int8": 0.59, "int8 + bf16": 0.7}
+    assert choose_form(other, "cpu")[:2] == ("bf16-mixed", None)
+    # an explicit int8 takes the faster int8 form, and warns that bf16 is faster, with both factors
+    third = TrunkConfig(d_model=64, n_layers=2, n_heads=4, d_ff=64)
+    timed.seconds = {"fp32": 1.0, "bf16": 0.4, "int8": 0.9, "int8 + bf16": 0.8}
+    with pytest.warns(UserWarning, match=r"quantize=int8: on this CPU, .* this model's trunk runs 1.25x fp32 in "
+                                         r"int8 \+ bf16 but 2.50x in bf16 \(measured\): leave quantize out"):
+        assert choose_form(third, "cpu", quantize="int8")[:2] == ("bf16-mixed", "int8")
+    # explicit precisions are kept; a GPU's auto is its rule, untimed
+    assert choose_form(cfg, "cpu", precision="32-true") == ("32-true", None, None)
+    calls = timed.calls
+    assert choose_form(cfg, "meta")[1] is None and timed.calls == calls
+
+
+def test_a_cpu_without_bf16_or_int8_units_predicts_in_fp32_untimed(timed, monkeypatch):
+    from trunk.inference import calibrate
+    from trunk.models.trunk import TrunkConfig
+
+    monkeypatch.setattr(calibrate, "cpu_bf16_is_native", lambda: (False, "no bf16 units"))
+    monkeypatch.setattr(calibrate, "int8_is_native", lambda: (False, "no int8 units"))
+    monkeypatch.setattr(calibrate, "choose_precision", lambda device: ("32-true", "this CPU has no bf16 units"))
+    said = calibrate.choose_form(TrunkConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64), "cpu")
+    assert said == ("32-true", None, "32-true (auto: this CPU has no bf16 units)") and timed.calls == 0
+
+
+def test_the_calibration_is_cached_per_machine_and_another_machines_is_measured_anew(timed, caplog):
+    from trunk.inference.calibrate import calibrate
+    from trunk.models.trunk import TrunkConfig
+
+    cfg = TrunkConfig(d_model=32, n_layers=3, n_heads=2, d_ff=64)
+    first = calibrate(cfg)  # measured for real: every form this CPU has units for, in seconds
+    assert set(first.seconds) == {"fp32", "bf16", "int8", "int8 + bf16"} and not first.cached
+    assert all(0 < s < 5 for s in first.seconds.values())
+    again = calibrate(TrunkConfig(d_model=32, n_layers=12, n_heads=2, d_ff=64))  # depth does not change the ratios
+    assert again.cached and again.seconds == first.seconds and timed.calls == 1
+
+    cache = json.loads(timed.path.read_text())
+    timed.path.write_text(json.dumps({**cache, "cpu": "Intel Xeon (AMX)"}))
+    timed.seconds = {"fp32": 1.0, "bf16": 0.5, "int8": 0.7, "int8 + bf16": 0.6}
+    with caplog.at_level("INFO"):
+        fresh = calibrate(cfg)
+    assert not fresh.cached and fresh.seconds == timed.seconds and timed.calls == 2
+    assert "holds the times of Intel Xeon (AMX) with torch" in caplog.text and "ignored, measuring anew" in caplog.text
+    assert json.loads(timed.path.read_text())["cpu"] != "Intel Xeon (AMX)"  # rewritten for this machine
+
+    timed.path.write_text("{not json")
+    with caplog.at_level("INFO"):
+        assert not calibrate(cfg).cached
+    assert "cannot be read" in caplog.text and calibrate(cfg).cached
+
+
+def test_load_and_predict_quantize_when_int8_measures_fastest_and_keep_the_rule_when_told(trained, timed, tmp_path,
+                                                                                            monkeypatch):
+    ckpt, texts, args = trained
+    timed.seconds = {"fp32": 1.0, "bf16": 0.7, "int8": 0.5, "int8 + bf16": 0.6}
+    auto = load(ckpt)
+    assert auto.precision == "32-true"
+    assert isinstance(auto.model.trunk.backbone.blocks[0].ff.fc_in, Int8Linear)
+    floats = load(ckpt, precision="32-true").predict(texts)
+    for a, b in zip(floats, auto.predict(texts)):
+        assert abs(a["probs"]["positive"] - b["probs"]["positive"]) < 0.005
+    out = tmp_path / "auto.jsonl"
+    run_cli(["predict", *args, f"--ckpt_path={ckpt}", f"--predictions.output={out}"])
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    int8 = [r["probs"]["positive"] for r in load(ckpt, precision="32-true", quantize="int8").predict(texts)]
+    assert [r["probs"]["positive"] for r in written] == pytest.approx(int8, abs=1e-6)
+    assert int8 != [r["probs"]["positive"] for r in floats]
+
+    timed.seconds = {"fp32": 1.0, "bf16": 0.5, "int8": 0.7, "int8 + bf16": 0.6}
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "other-cache"))
+    assert load(ckpt).precision == "bf16-mixed"
+    monkeypatch.setenv("TRUNK_CALIBRATE", "0")
+    calls = timed.calls
+    ruled = load(ckpt)
+    assert timed.calls == calls and not any(isinstance(m, Int8Linear) for m in ruled.model.modules())

@@ -385,3 +385,19 @@ def test_sequence_level_distillation_trains_on_the_teachers_translations(reversa
     cache = student.model.teachers["t"].cache
     assert cache.saved and len(cache.answers) == student.datamodule.tasks["t"].train_rows()
     assert logged_metrics(tmp_path / "student")["train/t/distill_loss_epoch"] > 0
+
+
+def test_a_teacher_predicts_in_the_form_measured_fastest_or_the_one_asked_for(teacher, tmp_path, timed):
+    """precision auto: the teacher on a CPU where int8 measures fastest computes in int8; asked for 32-true, in fp32."""
+    from trunk.inference.quantize import Int8Linear
+    from trunk.inference.teachers import attach_teachers
+
+    files, ckpt = teacher
+    timed.seconds = {"fp32": 1.0, "bf16": 0.7, "int8": 0.5, "int8 + bf16": 0.6}
+    for options, int8 in (({}, True), ({"precision": "32-true"}, False)):
+        model = run_cli([*EXACT, *sentiment_task(files), distill(ckpt, **options), *trainer(tmp_path / "s")],
+                        run=False).model
+        attach_teachers(model)
+        tutor = model.teachers["sentiment"].to(torch.device("cpu")).members[0].predictor
+        assert tutor.precision == "32-true"
+        assert any(isinstance(m, Int8Linear) for m in tutor.model.modules()) is int8

@@ -40,6 +40,7 @@ from trunk.cli.config_files import PARSER_MODE, check_config_files
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
+from trunk.inference.calibrate import choose_form
 from trunk.inference.quantize import QuantizeForEvaluation
 from trunk.inference.teachers import attach_teachers
 from trunk.training.callbacks import LogConfigCallback, PredictionWriter, run_callbacks
@@ -515,6 +516,14 @@ class TrunkCLI(LightningCLI):
         resume = self.subcommand == "fit" and run is not None and run.checkpoint is not None
         lock = [RunFolderLock(resume)] if self.subcommand == "fit" else []  # first: before anything writes there
         quantize = (self.config[self.subcommand] if self.subcommand else self.config).get("quantize")
+        accelerator = config.get("accelerator") or "auto"
+        on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+        if run is not None and on_cpu and (self.subcommand == "predict" or quantize):
+            # predict: the fastest form measured (int8 included); test / validate score in what they are asked
+            config["precision"], quantize, said = choose_form(run.model.trunk.cfg, "cpu",
+                                                              config.get("precision") or "auto", quantize)
+            if said:
+                rank_zero_info(f"Precision: {said}.")
         callbacks = [*lock, *callbacks, *run_callbacks(config, given),
                      *([QuantizeForEvaluation(quantize)] if quantize else [])]
         trainer = super()._instantiate_trainer(config, callbacks)

@@ -21,6 +21,7 @@ from trunk.datamodules.text import Preprocessor, TaskData, length_order
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.task_dir import read_trunk
 from trunk.formats.trunk_dir import without_splits
+from trunk.inference.calibrate import choose_form
 from trunk.inference.quantize import check_quantize, quantize_trunk
 from trunk.inference.runtimes import Runtime, TorchRuntime, open_runtime
 from trunk.tasks.registry import check_stored_tasks, stored_spec_class
@@ -36,7 +37,8 @@ class Predictor:
     batches (``TaskData.preprocessor``).
 
     ``precision``: ``auto`` computes in bf16 where the device does so natively and in fp32 elsewhere
-    (the rule of training runs, ``trunk.training.precision``); ``32-true`` or ``bf16-mixed`` force one."""
+    (the rule of training runs, ``trunk.training.precision``); ``32-true`` or ``bf16-mixed`` force one. (``load``
+    measures instead: its ``auto`` is the fastest form on a CPU, int8 included, ``trunk.inference.calibrate``.)"""
 
     def __init__(self, model: TrunkModule, preprocessors: dict[str, Preprocessor | TaskData], precision: str = "auto",
                  runtime: Runtime | None = None) -> None:
@@ -152,7 +154,9 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     NAME``), each task answered on the one trunk.
 
     ``data``: task name -> its ``TaskData``, for checkpoints of runs built in Python (the CLI's
-    checkpoints store each task's data settings). ``precision``: see ``Predictor``. ``runtime="onnx"``: the
+    checkpoints store each task's data settings). ``precision``: ``auto`` is the form this device runs the model
+    fastest in: on a CPU fp32, bf16 or int8 as measured on the model's shape (``trunk.inference.calibrate``), on a GPU
+    bf16 where it has bf16 tensor cores; ``32-true`` or ``bf16-mixed`` force one. ``runtime="onnx"``: the
     tasks' graphs run in ONNX Runtime (a trunk directory exported with ``trunk export CKPT DIR --onnx``); the choices
     are ``trunk.inference.runtimes.RUNTIMES``.
     ``merge``: a model of one task with a LoRA delta has the delta written into the trunk's weights, so a forward costs
@@ -206,8 +210,12 @@ def load(path: str | Path | list, data: dict | None = None, map_location: str = 
     if merge:
         merge_delta(model)
     model = model.to(map_location)
-    if runtime.name == "torch" and quantize:
-        rank_zero_info(quantize_trunk(model, quantize))
+    if runtime.name == "torch":
+        precision, quantize, said = choose_form(model.trunk.cfg, model.device, precision, quantize)
+        if said:
+            rank_zero_info(f"Precision: {said}.")
+        if quantize:
+            rank_zero_info(quantize_trunk(model, quantize))
     for name, member in tasks.items():
         if member.stem == "image" and member.image_size is None:  # any image at the size the model was trained on:
             member.image_size = model.objective(name).image_size  # a huge one costs what a small one does

@@ -91,13 +91,9 @@ def quantize_trunk(model: nn.Module, mode: str | None) -> str | None:
             "the fast path: drop --quantize, or load the model on the CPU."
         )
     backbone = model.trunk.backbone
-    linears = [(name, m) for name, m in backbone.named_modules()
-               if isinstance(m, nn.Linear) and name.startswith("blocks.")]
+    linears = quantize_blocks(backbone)
     if not linears:
         return None
-    for name, linear in linears:
-        parent, _, leaf = name.rpartition(".")
-        setattr(backbone.get_submodule(parent), leaf, Int8Linear.from_float(linear))
     model.router.reattach(backbone)  # the tasks' delta hooks sat on the float layers
     float_weights = sum(linear.weight.numel() for _, linear in linears)
     native, why = int8_is_native()
@@ -105,6 +101,17 @@ def quantize_trunk(model: nn.Module, mode: str | None) -> str | None:
         rank_zero_warn(f"quantize=int8: {why}, so int8 will not be faster here; leave --quantize out.")
     return (f"Quantized: int8 weights and per-token int8 inputs for the trunk's {len(linears)} linear layers "
             f"({float_weights:,} weights); embeddings, norms, attention scores, heads and deltas in float.")
+
+
+def quantize_blocks(backbone: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """Put an ``Int8Linear`` in place of each linear layer of a backbone's blocks; the float layers replaced, by
+    name."""
+    linears = [(name, m) for name, m in backbone.named_modules()
+               if isinstance(m, nn.Linear) and name.startswith("blocks.")]
+    for name, linear in linears:
+        parent, _, leaf = name.rpartition(".")
+        setattr(backbone.get_submodule(parent), leaf, Int8Linear.from_float(linear))
+    return linears
 
 
 class QuantizeForEvaluation(Callback):

@@ -25,12 +25,13 @@ from safetensors.torch import load_file, save_file
 
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import Codec, cache_folder, fingerprint
+from trunk.inference.calibrate import choose_form
 from trunk.inference.predictor import Predictor, load
+from trunk.inference.quantize import quantize_trunk
 from trunk.models import POSITIONS
 from trunk.models.taps import Taps
 from trunk.training.distill import DistillConfig
 from trunk.training.module import TrunkModule
-from trunk.training.precision import choose_precision
 
 
 @dataclass
@@ -154,12 +155,19 @@ class TaskTeachers:
                              f"{theirs.d_model}): set model.distill.{self.task}.relation_heads.")
 
     def to(self, device: torch.device) -> TaskTeachers:
-        # the rule of load(precision="auto"), said once by the run
-        precision = choose_precision(device.type)[0] if self.config.precision == "auto" else self.config.precision
+        """Each teacher on ``device``, in the form it predicts fastest there (``load``'s ``precision="auto"``: on a
+        CPU measured, int8 included) or the one asked for."""
         for member in self.members:
             teacher = member.predictor
             teacher.model.to(device)
-            teacher.precision = teacher.runtime.precision or precision
+            if teacher.runtime.precision:
+                continue
+            teacher.precision, quantize, said = choose_form(teacher.model.trunk.cfg, device, self.config.precision,
+                                                            self.config.quantize)
+            if quantize and torch.device(device).type == "cpu":
+                quantize_trunk(teacher.model, quantize)  # nothing left to do where it loaded quantized
+            if said:
+                rank_zero_info(f"Teacher '{member.source}' of task '{self.task}' predicts in {said}.")
         return self
 
     @torch.no_grad()
