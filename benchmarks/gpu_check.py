@@ -43,16 +43,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
-PARTS = ("tests", "finetune", "pretraining", "inference")
-# seconds each part may take: the whole check fits in 5 minutes of an H100 with room to spare
-LIMITS = {"install": 60, "tests": 120, "finetune": 90, "pretraining": 90, "inference": 60}
+PARTS = ("tests", "finetune", "pretraining", "inference", "cpu")
+# seconds each part may take: the whole check fits in 6 minutes of an H100 with room to spare
+LIMITS = {"install": 60, "tests": 120, "finetune": 90, "pretraining": 90, "inference": 60, "cpu": 90}
 SIZES = {  # the real check, and the dry run's
     "gpu": {"finetune_batches": 300, "batch": 32, "max_length": 128, "mlm_batch": 64, "mlm_steps": 10,
             "shapes": {"recipe width": (256, 4, 4, 1024, 12000), "BERT-base": (768, 12, 12, 3072, 30522)},
-            "peak_size": 8192, "rounds": 3, "workers": 4, "compile": (False, True), "conll_sentences": 1000},
+            "peak_size": 8192, "rounds": 3, "workers": 4, "compile": (False, True), "conll_sentences": 1000,
+            "cpu_sentences": 256, "cpu_rounds": 2},
     "dry": {"finetune_batches": 2, "batch": 8, "max_length": 32, "mlm_batch": 2, "mlm_steps": 1,
             "shapes": {"recipe width": (32, 2, 4, 64, 500)}, "peak_size": 256, "rounds": 1, "workers": 2,
-            "compile": (False,), "conll_sentences": 32},  # compiling takes a minute on a CPU: the dry run stays eager
+            "compile": (False,), "conll_sentences": 32,  # compiling takes a minute on a CPU: the dry run stays eager
+            "cpu_sentences": 16, "cpu_rounds": 1},
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -191,6 +193,53 @@ def part_inference(args, sizes: dict) -> dict:
               "conll": inference.conll_sentences(data)[: sizes["conll_sentences"]]}
     rows = inference.versus_hugging_face(model, inputs, ["fp32", "bf16"], sizes["rounds"], device=device)
     return {"columns": inference.PIPELINE_COLUMNS, "rows": rows}
+
+
+def part_cpu(args, sizes: dict) -> dict:
+    """The host's CPU (a GPU machine's is often a Xeon with AMX, which this project's own machines are not): predict on
+    SST-2 dev in each form (fp32, bf16, int8, int8 + bf16 where it has the units) and as ``precision="auto"`` takes
+    it, at one thread and at all the cores, on MiniLM's shape (the bundle's model, heads after one step; the dry run:
+    the inference part's tiny model); the matmul peak per dtype."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import inference
+    import int8
+    import torch
+
+    from trunk.training.precision import cpu_bf16_is_native, cpu_info, int8_is_native
+
+    work = Path(args.work) / "cpu"
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["TRUNK_CACHE"] = str(work / "cache")  # measured here, not read from an earlier run's cache
+    data = Path(args.bundle) / "data"
+    model = (Path(args.work) / "inference" / "model" if args.dry
+             else inference.make_model(data, work, onnx=False, init_from=Path(args.bundle) / "model"))
+    forms = {"fp32": {"precision": "32-true"}}
+    if cpu_bf16_is_native()[0]:
+        forms["bf16"] = {"precision": "bf16-mixed"}
+    if int8_is_native()[0]:
+        forms["int8"] = {"precision": "32-true", "quantize": "int8"}
+        if "bf16" in forms:
+            forms["int8 + bf16"] = {"precision": "bf16-mixed", "quantize": "int8"}
+    sentences = inference.sst2_sentences(data)[: sizes["cpu_sentences"]]
+    cpu, rows, chosen = cpu_info(), [], {}
+    for threads in sorted({1, torch.get_num_threads()}):
+        torch.set_num_threads(threads)
+        runners = {name: int8.Trunk(model, **options) for name, options in forms.items()}
+        runners["auto"] = int8.Trunk(model)
+        auto = runners["auto"].predictor
+        quantized = any(isinstance(m, int8.Int8Linear) for m in auto.model.modules())
+        chosen[threads] = next(name for name, options in forms.items()
+                               if options["precision"] == auto.precision and bool(options.get("quantize")) == quantized)
+        rates = inference.alternate({name: (lambda r=r: r.sst2(sentences)) for name, r in runners.items()},
+                                    len(sentences), sizes["cpu_rounds"])
+        fastest = max((name for name in rates if name != "auto"), key=rates.get)
+        rows += [{"threads": threads, "side": name, "sentences_per_s": rate, "of_fp32": rate / rates["fp32"],
+                  "fastest": name == fastest} for name, rate in rates.items()]
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    units = sorted(flags & {"amx_int8", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx_vnni"})
+    return {"cpu": str(cpu), "units": units,
+            "sentences": len(sentences), "auto_chose": chosen, "rows": rows,
+            "matmul_gops": int8.matmul_peaks(128 if args.dry else 1024, 3)}
 
 
 # -- the install --------------------------------------------------------------------------------------------------
@@ -373,6 +422,17 @@ def targets(parts: dict) -> list[dict]:
         if row[0] == "sst2":
             out.append({"target": f"predict on SST-2 dev ({row[1]}) >= 2x the pipeline", "measured": f"{row[5]:.2f}x",
                         "met": row[5] >= 2})
+    cpu = parts.get("cpu", {})
+    for threads in sorted({row["threads"] for row in cpu.get("rows", [])}):
+        rates = {row["side"]: row["sentences_per_s"] for row in cpu["rows"] if row["threads"] == threads}
+        fastest = max((side for side in rates if side != "auto"), key=rates.get)
+        out.append({"target": f"host CPU, {threads} thread{'s' * (threads > 1)}: precision auto within 5% of the "
+                              "fastest form", "measured": f"{rates['auto'] / rates[fastest]:.2f}x of {fastest}",
+                    "met": rates["auto"] >= 0.95 * rates[fastest]})
+        if "amx_int8" in cpu.get("units", []) and "int8" in rates and "bf16" in rates:
+            out.append({"target": f"host CPU with AMX, {threads} thread{'s' * (threads > 1)}: int8 >= 1.3x bf16",
+                        "measured": f"{max(rates['int8'], rates.get('int8 + bf16', 0)) / rates['bf16']:.2f}x",
+                        "met": max(rates["int8"], rates.get("int8 + bf16", 0)) >= 1.3 * rates["bf16"]})
     return out
 
 
@@ -418,6 +478,16 @@ def markdown(report: dict) -> str:
         lines += section("predict against the transformers pipeline (sentences/s)", parts["inference"]["columns"],
                          [[f"{v:,.2f}" if isinstance(v, float) else v for v in row]
                           for row in parts["inference"]["rows"]])
+    if parts.get("cpu", {}).get("rows"):
+        c = parts["cpu"]
+        lines += section(
+            f"The host CPU: {c['cpu']} ({', '.join(c['units']) or 'no AMX, VNNI or AVX512-BF16'}); predict on the "
+            f"first {c['sentences']} SST-2 dev sentences, MiniLM's shape; auto chose {c['auto_chose']}",
+            ["threads", "side", "sentences/s", "of fp32", "fastest"],
+            [[r["threads"], r["side"], f"{r['sentences_per_s']:,.1f}", f"{r['of_fp32']:.2f}x",
+              "yes" if r["fastest"] else ""] for r in c["rows"]])
+        lines += section("The host CPU's matmul peak (GOP/s, 1024^3)", ["dtype", "one thread", "all threads"],
+                         [[name, *(f"{v:,.1f}" for v in values)] for name, values in c["matmul_gops"].items()])
     failures = [[name, part.get("error") or "; ".join(part["errors"])] for name, part in parts.items()
                 if part.get("error") or part.get("errors")]
     if failures:

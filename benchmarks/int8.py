@@ -126,8 +126,9 @@ def tensor_mb(model: torch.nn.Module) -> float:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
 
 
-def matmul_peaks(size: int = 1024, repeats: int = 5) -> None:
-    """GOP/s (two per multiply-add) of one size^3 product per dtype, at one thread and at all of them."""
+def matmul_peaks(size: int = 1024, repeats: int = 5) -> dict[str, list[float]]:
+    """GOP/s (two per multiply-add) of one size^3 product per dtype, at one thread and at all of them (printed, and
+    returned: dtype -> [one thread, all])."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     a8, b8 = (torch.randint(-127, 128, (size, size), dtype=torch.int8) for _ in range(2))
     kinds = {"fp32": lambda: torch.mm(a, b), "int8 (torch._int_mm)": lambda: torch._int_mm(a8, b8)}
@@ -149,6 +150,7 @@ def matmul_peaks(size: int = 1024, repeats: int = 5) -> None:
     torch.set_num_threads(threads_now)
     table(f"matmul peak, GOP/s ({size} x {size} x {size}, best of {repeats})",
           ["dtype", *[f"{t} thread{'s' * (t > 1)}" for t in sorted({1, threads_now})]], list(rows.values()))
+    return {name: row[1:] for name, row in rows.items()}
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ def test_the_dry_run_installs_the_bundle_with_no_index_into_a_fresh_environment_
     log = (tmp_path / "out" / "gpu_check.log").read_text() if (tmp_path / "out" / "gpu_check.log").is_file() else ""
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + log[-5000:]
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    assert report["dry"] and list(report["parts"]) == ["install", "tests", "finetune", "pretraining", "inference"]
+    assert report["dry"] and list(report["parts"]) == ["install", "tests", "finetune", "pretraining", "inference",
+                                                       "cpu"]
     assert all(part["status"] == "ok" and part["seconds"] > 0 for part in report["parts"].values())
     # the install brought what the image lacks, from the bundle, into a folder of its own
     install = report["parts"]["install"]
@@ -38,8 +39,14 @@ def test_the_dry_run_installs_the_bundle_with_no_index_into_a_fresh_environment_
     assert {row["side"] for row in rows} == {"trunk", "hf"} and all(row["mfu"] > 0 for row in rows)
     assert [row[:2] for row in report["parts"]["inference"]["rows"]] == [
         ["sst2", "fp32"], ["conll", "fp32"], ["sst2", "bf16"], ["conll", "bf16"]]
+    cpu = report["parts"]["cpu"]  # the host CPU's forms, at one thread and at all (the dry run: 1 and 1)
+    assert {"fp32", "auto"} <= {row["side"] for row in cpu["rows"]}
+    assert all(row["sentences_per_s"] > 0 for row in cpu["rows"])
+    assert set(cpu["auto_chose"].values()) <= {"fp32", "bf16", "int8", "int8 + bf16"} and "fp32" in cpu["matmul_gops"]
+    assert any("precision auto within 5% of the fastest form" in t["target"] for t in report["targets"])
     table = (tmp_path / "out" / "gpu_check.md").read_text()
-    for heading in ("## Targets", "## CUDA tests", "## Fine-tuning MiniLM", "## Masked-LM", "## predict against"):
+    for heading in ("## Targets", "## CUDA tests", "## Fine-tuning MiniLM", "## Masked-LM", "## predict against",
+                    "## The host CPU:", "## The host CPU's matmul peak"):
         assert heading in table
 
 

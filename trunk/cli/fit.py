@@ -517,7 +517,7 @@ class TrunkCLI(LightningCLI):
         lock = [RunFolderLock(resume)] if self.subcommand == "fit" else []  # first: before anything writes there
         quantize = (self.config[self.subcommand] if self.subcommand else self.config).get("quantize")
         accelerator = config.get("accelerator") or "auto"
-        on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+        on_cpu = not on_cuda(accelerator) and accelerator in ("cpu", "auto")  # as TrunkTrainer decides its threads
         if run is not None and on_cpu and (self.subcommand == "predict" or quantize):
             # predict: the fastest form measured (int8 included); test / validate score in what they are asked
             config["precision"], quantize, said = choose_form(run.model.trunk.cfg, "cpu",

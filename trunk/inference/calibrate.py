@@ -174,11 +174,11 @@ def measure(cfg: TrunkConfig, forms: list[str]) -> dict[str, float]:
             for form in forms:
                 precision, quantize = FORMS[form]
                 model = quantized if quantize else stack
-                bf16 = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed"
-                        else contextlib.nullcontext())
                 start = time.perf_counter()
-                with bf16:
-                    for inputs, mask in batches:
+                for inputs, mask in batches:
+                    # an autocast region per batch, as predict's: each casts the weights to bf16 anew
+                    with (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed"
+                          else contextlib.nullcontext()):
                         model(inputs, mask)
                 if round_:  # the first is a warm-up (kernels picked, caches filled)
                     times[form].append(time.perf_counter() - start)
