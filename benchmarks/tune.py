@@ -9,7 +9,8 @@ For each task: ``trunk tune --config RECIPE --search configs/tune/<space> --tria
 recipe's seed for every trial), then the best recipe (its best.yaml) and the shipped one each trained with seeds 1, 2
 and 3 (not the search's, so the tuned recipe is not scored on the seed it was picked on), scored on the test split.
 ``--unpruned`` runs the same search with ``--pruner none``: its steps against the pruned search's are the compute
-pruning saved, its best dev score beside the pruned search's says whether it cost the result. Every finished step is a
+pruning saved, its best dev score beside the pruned search's, and its best recipe trained with the same seeds and
+scored on the test split, say whether it cost the result. Every finished step is a
 line of the ledger (default runs/bench_tune/results.jsonl); a stopped benchmark goes on where it stopped (the tunes
 themselves resume: finished trials are kept, a stopped one resumes from its checkpoint).
 
@@ -134,6 +135,10 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
             steps += f" ({1 - pruned['steps'] / unpruned['steps']:.0%} saved)"
         print(f"| {task} | {spread(runs['shipped'], len(seeds))} | {spread(runs['tuned'], len(seeds))} | "
               f"{spread(gain, len(seeds), signed=True)} | {about} | {dev} | {steps} |")
+    for task in TASKS:
+        unpruned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "tuned unpruned"]
+        if unpruned:
+            print(f"{task}: the unpruned search's best recipe, test: {spread(unpruned, len(seeds))}")
     params = [r for r in records if r["step"] == "search" and r["pruner"] == "median"]
     for record in params:
         print(f"{record['task']}: best trial {record['best_trial']}: {json.dumps(record['best_params'])}")
@@ -175,8 +180,10 @@ def main() -> None:
     for seed in args.seeds:
         rerun(args.task, "tuned", found["best_recipe"], seed, root, ledger)
         rerun(args.task, "shipped", TASKS[args.task][0], seed, root, ledger)
-    if args.unpruned:
-        search(args.task, "none", args.trials, root, ledger)
+    if args.unpruned:  # its best recipe over the same seeds too: did pruning cost the result on the test split?
+        unpruned = search(args.task, "none", args.trials, root, ledger)
+        for seed in args.seeds:
+            rerun(args.task, "tuned unpruned", unpruned["best_recipe"], seed, root, ledger)
     summary(ledger, args.seeds)
 
 

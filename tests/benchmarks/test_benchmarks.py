@@ -737,8 +737,8 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
 
 
 def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_resumes(sentiment_files, tmp_path):
-    """A task of your own: a 2-trial search with pruning and one without, the best and the shipped recipe trained again
-    with another seed, the summary row; run again, nothing runs."""
+    """A task of your own: a 2-trial search with pruning and one without, the best recipes of both and the shipped one
+    trained again with another seed, the summary rows; run again, nothing runs."""
     import yaml
 
     recipe = {"seed_everything": 0,
@@ -759,9 +759,10 @@ def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_res
     assert done.returncode == 0, done.stderr[-3000:]
     ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("pruner") or r["recipe"]) for r in ledger] == [
-        ("search", "median"), ("rerun", "tuned"), ("rerun", "shipped"), ("search", "none")]
-    assert ledger[0]["steps"] > 0 and 0 <= ledger[1]["test"] <= 1
+        ("search", "median"), ("rerun", "tuned"), ("rerun", "shipped"), ("search", "none"), ("rerun", "tuned unpruned")]
+    assert ledger[0]["steps"] > 0 and 0 <= ledger[1]["test"] <= 1 and 0 <= ledger[4]["test"] <= 1
     row = next(line for line in done.stdout.splitlines() if line.startswith("| mood |"))
     assert " of 2, " in row and "saved)" in row
+    assert "mood: the unpruned search's best recipe, test: " in done.stdout
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 4
+    assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 5
