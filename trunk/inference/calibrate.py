@@ -43,14 +43,14 @@ from trunk.training.precision import (
 # form -> (precision, quantize); in order of exactness: ties go to the first
 FORMS = {"fp32": ("32-true", None), "bf16": ("bf16-mixed", None), "int8": ("32-true", "int8"),
          "int8 + bf16": ("bf16-mixed", "int8")}
-TIE = 0.03  # a less exact form is taken only when it is this much faster (the timing's own noise is ~1-2%)
+TIE = 0.03  # a less exact form is taken only when it is this much faster: nearer is within the timing's noise
 # the calibration input: batches as `predict` makes them, of sentences' lengths (each of a length sorted close to
 # its neighbours', so a little padding), short to long, their times summed: a form's speed-up differs by 10-20% from
 # one batch shape to the next, so one shape alone can pick the wrong form. Two blocks time what n do in 1/n of the
 # time. Rounds: at least ROUNDS, and more (up to MAX_ROUNDS) until each form has run SPAN seconds, so a small model's
 # times are not one stall's.
 BATCH, LENGTHS, BLOCKS, ROUNDS, MAX_ROUNDS, SPAN = 32, (12, 24, 48), 2, 5, 40, 0.3
-# the fields of TrunkConfig a forward's cost depends on
+# the fields of TrunkConfig the forms' ratios depend on (not the depth: every block costs what the others do)
 SHAPE_FIELDS = ("d_model", "n_heads", "d_ff", "positions", "norm", "activation", "rms_norm", "gated_ff", "bias",
                 "local_window", "global_tokens", "global_every", "layer_scale", "relative_buckets")
 CACHE_VERSION = 2
@@ -58,15 +58,14 @@ CACHE_VERSION = 2
 
 @dataclass(frozen=True)
 class Calibration:
-    """Seconds of one forward of the calibration batch per form, on this CPU; ``cached``: read, not measured now."""
+    """Seconds of a pass over the calibration batches per form, on this CPU; ``cached``: read, not measured now."""
 
     seconds: dict[str, float]
     cached: bool = False
 
-    def fastest(self, quantize: str | None = None, float_only: bool = False) -> str:
-        """The fastest form (of the int8 ones for ``quantize="int8"``, of the float ones with ``float_only``),
-        exactness breaking near-ties."""
-        forms = [f for f in self.seconds if (FORMS[f][1] == quantize if quantize or float_only else True)]
+    def fastest(self, quantize: str | None = None) -> str:
+        """The fastest form (of the int8 ones for ``quantize="int8"``), exactness breaking near-ties."""
+        forms = [f for f in self.seconds if not quantize or FORMS[f][1] == quantize]
         best = min(self.seconds[f] for f in forms)
         return next(f for f in forms if self.seconds[f] <= best * (1 + TIE))
 
@@ -112,7 +111,7 @@ def choose_form(cfg: TrunkConfig, device: torch.device | str, precision: str = "
 
 def calibrate(cfg: TrunkConfig) -> Calibration:
     """Each form's time on this CPU for trunk shape ``cfg``: from the cache where it holds this CPU, torch and shape,
-    else measured (about a second on MiniLM) and cached."""
+    else measured (about 3 s for MiniLM at one thread) and cached."""
     machine = {"cpu": str(cpu_info()), "int8": cpu_info().int8, "torch": torch.__version__}
     shape = {field: getattr(cfg, field) for field in SHAPE_FIELDS}
     key = json.dumps({**shape, "threads": torch.get_num_threads()}, sort_keys=True)
