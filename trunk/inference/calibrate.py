@@ -83,16 +83,11 @@ def choose_form(cfg: TrunkConfig, device: torch.device | str, precision: str = "
     factors."""
     check_quantize(quantize)
     device = torch.device(device)
-    measure = device.type == "cpu" and os.environ.get("TRUNK_CALIBRATE", "1") != "0"
     # a CPU with neither bf16 nor int8 units has one fast form, fp32: the rule says so without a timing
-    measure = measure and (cpu_bf16_is_native()[0] or int8_is_native()[0])
-    if not measure or (precision != "auto" and not (quantize and cpu_bf16_is_native()[0])):
-        if precision != "auto":
-            return resolve_precision(precision, device.type), quantize, None
-        chosen, why = choose_precision(device.type)
-        return chosen, quantize, f"{chosen} (auto: {why})"
-    calibration = calibrate(cfg)
-    if quantize and "bf16" in calibration.seconds:
+    timed = (device.type == "cpu" and os.environ.get("TRUNK_CALIBRATE", "1") != "0" and len(candidate_forms()) > 1
+             and (precision == "auto" or (quantize and "bf16" in candidate_forms())))
+    calibration = calibrate(cfg) if timed else None
+    if calibration is not None and quantize and "bf16" in calibration.seconds:
         best_int8 = calibration.fastest(quantize)
         if calibration.seconds[best_int8] > calibration.seconds["bf16"]:
             fp32 = calibration.seconds["fp32"]
@@ -102,11 +97,20 @@ def choose_form(cfg: TrunkConfig, device: torch.device | str, precision: str = "
                            "precision auto or bf16-mixed.")
     if precision != "auto":
         return resolve_precision(precision, device.type), quantize, None
+    if calibration is None:
+        chosen, why = choose_precision(device.type)
+        return chosen, quantize, f"{chosen} (auto: {why})"
     form = calibration.fastest(quantize)
     threads = torch.get_num_threads()
     said = (f"{form} (auto: {'cached' if calibration.cached else 'measured'} on this model's shape, {cpu_info()}, "
             f"{threads} thread{'s' * (threads > 1)}: {calibration.speedups()})")
     return *FORMS[form], said
+
+
+def candidate_forms() -> list[str]:
+    """The forms this CPU has units for, in ``FORMS``' order: fp32 always, bf16 and int8 where native."""
+    bf16, int8 = cpu_bf16_is_native()[0], int8_is_native()[0]
+    return [form for form in FORMS if ("bf16" not in form or bf16) and ("int8" not in form or int8)]
 
 
 def calibrate(cfg: TrunkConfig) -> Calibration:
@@ -120,10 +124,7 @@ def calibrate(cfg: TrunkConfig) -> Calibration:
     entries = read_cache(path, machine)
     if key in entries:
         return Calibration(entries[key], cached=True)
-    forms = ["fp32"] + ["bf16"] * cpu_bf16_is_native()[0]
-    if int8_is_native()[0]:
-        forms += ["int8"] + ["int8 + bf16"] * ("bf16" in forms)
-    seconds = measure(cfg, forms)
+    seconds = measure(cfg, candidate_forms())
     if path is not None:
         fresh = read_cache(path, machine, say=False)  # another process may have added shapes meanwhile
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(
@@ -153,8 +154,9 @@ def read_cache(path: Path | None, machine: dict, say: bool = True) -> dict[str, 
 
 
 def measure(cfg: TrunkConfig, forms: list[str]) -> dict[str, float]:
-    """Seconds of a pass over the calibration batches per form (the fastest of the rounds, the forms alternating,
-    after a warm-up) through ``BLOCKS`` blocks of shape ``cfg``."""
+    """Seconds of a pass over the calibration batches per form through ``BLOCKS`` blocks of shape ``cfg``: the forms
+    alternating in rounds after a warm-up, each form's median ratio to fp32's time in the same round, times fp32's
+    fastest."""
     small = TrunkConfig(**{**cfg.to_dict(), "n_layers": min(BLOCKS, cfg.n_layers), "shared_blocks": 0, "preset": None})
     with torch.random.fork_rng():
         torch.manual_seed(0)
