@@ -23,7 +23,7 @@ from trunk.core.tagging import (
 )
 from trunk.datamodules import TokenClassificationData, read_conll
 from trunk.datamodules.tokenizer import train_wordpiece
-from trunk.tasks import EntityF1
+from trunk.tasks import EntityF1, load
 
 # -- tag schemes ------------------------------------------------------------------------------------
 
@@ -364,6 +364,34 @@ def test_predict_from_a_words_only_file(ner_files, tmp_path):
         ["Anna", "visited", "Oslo"],
         ["Hooli", "left"],
     ]
+    # one sentence per line, as every other kind's .txt predict file: each line tagged as predict tags the string
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("Anna visited Oslo\nHooli left\n")
+    run_cli(["predict", *[a for a in args if not a.startswith("--data.tasks.ner.predict")],
+             f"--data.tasks.ner.predict={sentences}", f"--ckpt_path={cli.trainer.checkpoint_callback.best_model_path}",
+             f"--predictions.output={tmp_path / 'sentences.jsonl'}"])
+    records = [json.loads(line) for line in (tmp_path / "sentences.jsonl").read_text().splitlines()]
+    assert [r["words"] for r in records] == [["Anna", "visited", "Oslo"], ["Hooli", "left"]]
+    direct = load(cli.trainer.checkpoint_callback.best_model_path).predict(["Anna visited Oslo", "Hooli left"])
+    assert [r["tags"] for r in records] == [r["tags"] for r in direct]
+
+
+@pytest.mark.parametrize("text, words, tags", [
+    ("EU B-ORG\nrejects O\n\nPeter B-PER\n", [["EU", "rejects"], ["Peter"]], [["B-ORG", "O"], ["B-PER"]]),
+    ("EU B-ORG\nrejects O\n", [["EU", "rejects"]], [["B-ORG", "O"]]),  # one sentence, tagged: columns
+    ("EU\nrejects\n\nPeter\n", [["EU", "rejects"], ["Peter"]], None),  # words only
+    ("-DOCSTART-\n\nEU NNP B-ORG\nrejects VBZ O\n", [["EU", "rejects"]], [["B-ORG", "O"]]),  # a DOCSTART line
+    ("EU rejects German call\nPeter left\n", [["EU", "rejects", "German", "call"], ["Peter", "left"]], None),
+    ("EU rejects call\n\nPeter left now\n", [["EU", "rejects", "call"], ["Peter", "left", "now"]], None),  # no tags
+])
+def test_a_plain_text_file_to_tag_is_read_as_columns_or_as_one_sentence_per_line(text, words, tags, tmp_path):
+    from trunk.datamodules.sources import read_words
+
+    path = tmp_path / "input.txt"
+    path.write_text(text)
+    ds = read_words(path, role="data.predict")
+    assert ds["tokens"] == words
+    assert ds["tags"] == (tags or [None] * len(words))
 
 
 def test_fine_tunes_from_a_pretrained_trunk_with_freezing(ner_files, tmp_path):

@@ -42,6 +42,15 @@ def split_tag(tag: str) -> tuple[str, str]:
     return prefix, entity_type
 
 
+def is_tag(text: str) -> bool:
+    """Whether ``text`` spells a tag (``O``, ``B-PER``, ...)."""
+    try:
+        split_tag(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _ends(prev: str, prev_type: str, cur: str, cur_type: str) -> bool:
     """Does the entity open at the previous tag end before the current one? (conlleval's endOfChunk)"""
     if prev in ("E", "S"):

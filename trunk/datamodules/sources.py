@@ -15,7 +15,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import datasets
+from lightning.pytorch.utilities import rank_zero_info
 
+from trunk.core.tagging import is_tag
 from trunk.datamodules import builtin
 
 # File suffix -> (datasets builder, extra builder options). TSV files are read with quoting off,
@@ -448,3 +450,23 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
                          f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
     return datasets.Dataset.from_dict({"tokens": words, "tags": [[row[tag_column] for row in s] for s in sentences],
                                        "document": documents})
+
+
+def read_words(path: str | Path, tag_column: int = -1, role: str = "data", encoding: str = "utf-8") -> datasets.Dataset:
+    """A plain-text input of the user's own to tag (a ``.txt`` predict file): a CoNLL column file (one word per line)
+    or one sentence per line, words split on whitespace, as ``predict`` splits a string. It is a column file when it
+    has ``-DOCSTART-`` lines, or when every word line has the same number of columns and that is one (words only) or
+    its tag column holds tags on every line; else its lines are sentences (of different lengths, or not ending in a
+    tag). Which reading it got is said in one line."""
+    lines = [line.split() for line in text_lines(path, role, "text", encoding)]
+    words = [line for line in lines if line]
+    counts = {len(line) for line in words}
+    n = len(words[0]) if len(counts) == 1 else 0  # the columns every word line has (0: lines differ)
+    tagged = n > 1 and -n <= tag_column < n and all(is_tag(line[tag_column]) for line in words)
+    columns = n == 1 or tagged or any(line[0] == "-DOCSTART-" for line in words)
+    if columns or not words:
+        return read_conll(path, tag_column, role, encoding)
+    rank_zero_info(f"{role}: '{path}' read as one sentence per line, words split on whitespace (its lines "
+                   f"{'have different numbers of words' if len(counts) > 1 else 'do not end in tags'}, unlike a CoNLL "
+                   "column file's: one word per line, blank lines between sentences).")
+    return datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(words), "document": [0] * len(words)})

@@ -19,7 +19,15 @@ from trunk.core.tagging import (
     split_tag,
     tags_from_spans,
 )
-from trunk.datamodules.sources import ROW_FORMATS, check_columns, column, load_split, read_conll
+from trunk.datamodules.sources import (
+    LINES,
+    ROW_FORMATS,
+    check_columns,
+    column,
+    load_split,
+    read_conll,
+    read_words,
+)
 from trunk.datamodules.text import UNLABELLED_ROLES, TextDataModule, pad, warn_alike
 
 
@@ -98,9 +106,11 @@ class TokenClassificationData(TextDataModule):
         return ds.map(lambda row: {"tags": None if row["tags"] is None else list(map(fold, row["tags"]))})
 
     def _rows(self, spec: str, role: str) -> datasets.Dataset:
-        is_file = self.dataset is None
-        if is_file and self.reading.suffix(spec) not in ROW_FORMATS:
-            return read_conll(spec, self.tag_column, role, self.reading.encoding)
+        if self.dataset is None:
+            if self.reading_of(spec, role).suffix(spec) == LINES:  # the user's own text to tag: columns or sentences
+                return read_words(spec, self.tag_column, role, self.reading.encoding)
+            if self.reading.suffix(spec) not in ROW_FORMATS:
+                return read_conll(spec, self.tag_column, role, self.reading.encoding)
         ds = load_split(self.dataset, self.dataset_config, spec, role, self.reading)
         has_tags = self.tags_column in ds.column_names
         check_columns(
