@@ -41,6 +41,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from ledger import Ledger  # benchmarks/ledger.py
 from throughput import synchronize  # benchmarks/throughput.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -463,16 +464,35 @@ def with_peak_memory(side: Callable, *args) -> tuple:
 
 def compare(args) -> list[dict]:
     """Each task, precision and seed, Trunk then transformers (then Trunk's own recipe, with ``--recipe``): their dev
-    metrics, seconds per epoch, examples/s and peak GPU memory."""
+    metrics, seconds per epoch, examples/s and peak GPU memory. With ``--ledger``, each side's result is kept as it
+    finishes and a rerun of the same command takes it from there: a run of hours survives its process."""
+    ledger = Ledger(args.ledger) if args.ledger else None
+    shared = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "max_length", "clip")}
+    setting = {"model": str(Path(args.model).resolve()), "device": args.device, "max_batches": args.max_batches,
+               "bucket": args.bucket, "isolate": args.isolate}
     rows = []
     for task in args.task or ["sst2", "conll"]:
         for precision in args.precision or ["32-true"]:
             for seed in args.seed:
                 run = argparse.Namespace(**{**vars(args), "seed": seed})
                 root = Path(args.root) / f"{task}-{precision}-seed{seed}"
-                side = isolated if args.isolate else (lambda run_side, *values: run_side(*values))
-                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side(trunk_run, task, run, precision, root)
-                hf_metric, hf_seconds, hf_examples, hf_memory = side(hf_run, task, run, precision)
+
+                def side(name: str, run_side: Callable, *values) -> tuple:
+                    """One side's result: from the ledger where it is recorded, else run (and recorded)."""
+                    key = {"task": task, "precision": precision, "seed": seed, "side": name, **setting,
+                           **({} if name == "recipe" else shared)}  # the recipe side keeps its own settings
+                    found = ledger.find(key) if ledger else None
+                    if found:
+                        print(f"  {task} {precision} seed {seed} {name}: from {ledger.path}", flush=True)
+                        return tuple(found["result"])
+                    result = (isolated if args.isolate else lambda f, *a: f(*a))(run_side, *values)
+                    if ledger:
+                        ledger.add({**key, "result": list(result)})
+                    return result
+
+                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, task, run,
+                                                                                 precision, root)
+                hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run, task, run, precision)
                 t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
                 rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
                              "hf": hf_metric, "trunk_s_per_epoch": t, "hf_s_per_epoch": h,
@@ -480,7 +500,7 @@ def compare(args) -> list[dict]:
                              "speedup": h / t * trunk_examples / hf_examples, "trunk_peak_gib": trunk_memory,
                              "hf_peak_gib": hf_memory})
                 if args.recipe:
-                    rows[-1]["trunk_recipe"] = side(trunk_run, task, run, precision,
+                    rows[-1]["trunk_recipe"] = side("recipe", trunk_run, task, run, precision,
                                                     root.with_name(root.name + "-recipe"), True)[0]
                 print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "
                       f"{hf_metric:.4f} in {h:.1f} s/epoch", flush=True)
@@ -511,6 +531,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                              "process's peak resident set: libraries included)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradients' norm at this on both sides (the Trainer's default: 1.0; 0: off)")
+    parser.add_argument("--ledger", help="a .jsonl file keeping each side's result as it finishes: the same command "
+                                         "again goes on from there (one process a ledger)")
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,7 @@
 """benchmarks/hf_finetune.py end to end on a tiny random BERT and a few lines of each data set: both sides train from
 the same folder and the table comes out."""
 
+import json
 import random
 import sys
 
@@ -56,6 +57,30 @@ def test_each_side_in_a_process_of_its_own_reports_its_peak_memory(tmp_path, cap
     header, _, row = capsys.readouterr().out.split("| task |")[1].splitlines()[:3]
     assert header.strip(" |").split(" | ")[-2:] == ["Trunk peak GiB", "transformers peak GiB"]
     assert all(float(cell) > 0.1 for cell in row.strip(" |").split(" | ")[-2:])
+
+
+def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, capsys, monkeypatch):
+    """--ledger: each side's result is kept as it finishes; the same command again runs nothing and prints the same
+    table; another learning rate reruns the two sides it sets, not the recipe's (its own settings)."""
+    import hf_finetune
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    write_sst2(tmp_path / "data")
+    command = ["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sst2", "--max-batches",
+               "2", "--batch-size", "8", "--max-length", "32", "--recipe", "--root", str(tmp_path / "runs"),
+               "--ledger", str(tmp_path / "ledger.jsonl")]
+    hf_finetune.main(command)
+    first = capsys.readouterr().out.split("| task |")[1]
+    assert [r["side"] for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())] == [
+        "trunk", "hf", "recipe"]
+    ran = []
+    monkeypatch.setattr(hf_finetune, "trunk_run", lambda *a: ran.append("trunk") or (0.5, [1.0], 8, None))
+    monkeypatch.setattr(hf_finetune, "hf_run", lambda *a: ran.append("hf") or (0.5, [1.0], 8, None))
+    hf_finetune.main(command)
+    assert ran == [] and capsys.readouterr().out.split("| task |")[1] == first
+    hf_finetune.main([*command, "--lr", "3e-4"])
+    assert ran == ["trunk", "hf"]
 
 
 def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
