@@ -20,9 +20,11 @@ primary: accuracy; entity F1, first sub-token of each word, by Trunk's ``EntityF
 measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and training seconds per epoch (validation
 excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ± sd and the gap paired by
 seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its own) on a CPU each side's
-peak resident memory. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The sides
-alternate task by task and precision by precision in the same process, so a machine that slows down or speeds up
-meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py)."""
+peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the same command again runs only
+what is not recorded (runs of hours on a CPU outlive a process). Both sides train fp32 master weights (a model folder
+stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same process, so a
+machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU
+check, benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
