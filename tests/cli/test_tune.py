@@ -168,6 +168,70 @@ def test_two_workers_share_one_study_and_run_disjoint_trials(sentiment_files, tm
     assert done.stdout.count("Best: trial") == 1  # the summary once, by the process that started the workers
 
 
+@pytest.fixture
+def postgres(tmp_path):
+    """A PostgreSQL server of the test's own on 127.0.0.1 (initdb into tmp_path, stopped after): its URL. Skipped
+    where the server's programs or the driver (psycopg, SQLAlchemy's for postgresql://) are missing. Run as the
+    ``postgres`` user when the test runs as root, which the server refuses."""
+    import shutil
+    import socket
+
+    pytest.importorskip("psycopg")
+    bin_dir = next((Path(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+    initdb = shutil.which("initdb") or (str(bin_dir / "initdb") if bin_dir else None)
+    pg_ctl = shutil.which("pg_ctl") or (str(bin_dir / "pg_ctl") if bin_dir else None)
+    if not (initdb and pg_ctl and Path(initdb).exists()):
+        pytest.skip("needs PostgreSQL's initdb and pg_ctl")
+    as_owner: list[str] = []
+    folder = tmp_path / "postgres"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        as_owner = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(folder, "postgres")
+        for parent in (tmp_path, *tmp_path.parents):  # the server's user must reach its folder
+            parent.chmod(parent.stat().st_mode | 0o011)
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    subprocess.run([*as_owner, initdb, "-D", str(folder / "data"), "-A", "trust", "-U", "trunk"], check=True,
+                   capture_output=True, timeout=120)
+    subprocess.run([*as_owner, pg_ctl, "-D", str(folder / "data"), "-l", str(folder / "log"), "-w", "-o",
+                    f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True,
+                   timeout=120)
+    try:
+        yield f"postgresql://trunk@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_owner, pg_ctl, "-D", str(folder / "data"), "-m", "fast", "stop"], capture_output=True,
+                       timeout=120)
+
+
+def test_workers_on_other_machines_join_one_study_through_a_database_server(sentiment_files, tmp_path, postgres):
+    """Two plain `trunk tune` commands, each with a run folder of its own (as on two machines), the same --storage
+    postgresql://... and --study: the budget is the study's, each trial runs once, both workers take trials, and
+    either folder's summary reads the whole study."""
+    space = space_file(tmp_path, SPACE)
+    workers = []
+    for name in ("machine_a", "machine_b"):
+        (tmp_path / name).mkdir()
+        command = tune_command(tmp_path / name / "tune", recipe(tmp_path / name, sentiment_files, epochs=12), space,
+                               "--trials", "4", "--storage", postgres, "--study", "shared")
+        workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        cwd=tmp_path / name, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    said = [worker.communicate(timeout=600) for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers), [err[-3000:] for _, err in said]
+    trials = optuna.load_study(study_name="shared", storage=postgres).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both machines took trials
+    assert all(t.user_attrs["run_dir"].startswith(str(tmp_path / "machine_")) for t in trials)
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 4
+    # a recipe of other text joining the study is refused, whatever its path; the same text at another path joined
+    (tmp_path / "machine_c").mkdir()
+    other = recipe(tmp_path / "machine_c", sentiment_files, epochs=6)
+    said = refused(["--config", str(other), "--search", str(space), "--trials", "4", "--storage", postgres,
+                    "--study", "shared", "--dir", str(tmp_path / "machine_c" / "tune")])
+    assert "was run with recipe ['--config', 'recipe.yaml (sha256 " in said and "Name a new study" in said
+
+
 def test_bad_search_spaces_are_refused_with_the_fix():
     cases = {
         "low 0.1 is above high 0.01": {"model.optimizer.lr": {"uniform": [0.1, 0.01]}},
@@ -215,6 +279,9 @@ def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_
     assert "may write to it" in said
     said = refused([*base, "--dir", str(tmp_path / "e"), "--storage", "postgresql://127.0.0.1:1/none"])
     assert "postgresql://127.0.0.1:1/none" in said
+    if importlib.util.find_spec("pymysql") is None:  # a driver not installed: its package named
+        said = refused([*base, "--dir", str(tmp_path / "f"), "--storage", "mysql+pymysql://u@127.0.0.1:1/none"])
+        assert "driver 'pymysql' is not installed: pip install \"pymysql\"" in said
 
     tune_main([*base, "--dir", str(tmp_path / "f")])  # a study of this space, then another space under its name
     other = space_file(tmp_path, {"model.optimizer.lr": {"log_uniform": [1e-5, 1e-2]}}, "other.yaml")

@@ -156,6 +156,11 @@ def check_recipe(args: argparse.Namespace, fit_args: list[str], space: SearchSpa
                          project)
 
 
+# the packages that bring the database drivers SQLAlchemy imports, by module
+DRIVERS = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "pymysql": "pymysql", "MySQLdb": "mysqlclient",
+           "cx_Oracle": "cx_Oracle", "oracledb": "oracledb", "pyodbc": "pyodbc", "asyncpg": "asyncpg"}
+
+
 # -- the study ------------------------------------------------------------------------------------------------------
 def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recipe: Recipe, trials: int | None):
     """Create or join the study, checking that its storage takes writes and that a study of this name searches this
@@ -175,18 +180,24 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
                                         load_if_exists=True)
             study.set_user_attr("joined", f"{socket.gethostname()}:{os.getpid()} {time.strftime('%F %T')}")
             break
-        except ImportError as err:
-            raise TuneError(f"--storage {url}: its database driver is not installed ({err}); e.g. pip install "
-                            "psycopg2-binary for postgresql://, pymysql for mysql+pymysql://.") from err
+        except ImportError as err:  # Optuna's, from SQLAlchemy's: the missing module is its cause's
+            module = getattr(err.__cause__, "name", None) or ""
+            package = DRIVERS.get(module.split(".")[0], module or "the database's driver")
+            raise TuneError(f"--storage {url}: its database driver{f' {module!r}' if module else ''} is not "
+                            f"installed: pip install \"{package}\" (SQLAlchemy picks the driver from the URL: "
+                            "postgresql:// takes psycopg, postgresql+psycopg2:// psycopg2).") from err
         except Exception as err:  # sqlalchemy's errors: unreachable server, refused login, read-only file
             said = str(err).splitlines()[0][:300]
-            if attempt < 2 and re.search(r"already exists|database is locked|UNIQUE constraint", said):
-                time.sleep(1 + attempt)  # workers starting together both created its tables: the other won
+            # workers starting together both created its tables: the other won (SQLite: "UNIQUE constraint",
+            # PostgreSQL: "duplicate key value violates unique constraint")
+            if attempt < 2 and re.search(r"already exists|database is locked|unique constraint", said, re.IGNORECASE):
+                time.sleep(1 + attempt)
                 continue
             raise TuneError(f"cannot use the study storage {url}: {said}. Check the URL, that its server is "
                             "reachable and that this user may write to it.") from err
     study.sampler = make_sampler(args, trials, len(study.get_trials(deepcopy=False)))
-    wanted = {"space": space.describe(), "recipe": recipe.args, "metric": args.metric, "seeds": args.seeds}
+    wanted = {"space": space.describe(), "recipe": recipe.args, "recipe_text": recipe_text(recipe.args),
+              "metric": args.metric, "seeds": args.seeds}
     stored = {key: study.user_attrs[key] for key in wanted if key in study.user_attrs}
     if not stored:
         for key, value in wanted.items():
@@ -195,15 +206,31 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
         raise TuneError(f"study {name!r} in {url} searches another space: {'; '.join(changed)}. Name a new study "
                         "(--study NAME or another --dir), or give the space it was started with.")
     else:
-        for key in ("recipe", "metric", "seeds"):
+        # the recipe by its text where the study has it (workers on other machines keep it at other paths); a study
+        # from before it was stored, by the command line
+        for key in ("recipe_text" if "recipe_text" in stored else "recipe", "metric", "seeds"):
             if key in stored and stored[key] != wanted[key]:
-                raise TuneError(f"study {name!r} in {url} was run with {key} {stored[key]}, not {wanted[key]}: one "
+                said = key.removesuffix("_text")
+                raise TuneError(f"study {name!r} in {url} was run with {said} {stored[key]}, not {wanted[key]}: one "
                                 "study compares trials of one recipe, scored one way. Name a new study "
                                 "(--study NAME or another --dir).")
     if study.direction.name.lower() != recipe.direction:
         raise TuneError(f"study {name!r} {study.direction.name.lower()}s its score, and this tune would "
                         f"{recipe.direction} {args.metric}: name a new study or pass --direction.")
     return study, url
+
+
+def recipe_text(recipe_args: list[str]) -> list[str]:
+    """The recipe as its text says, whatever its path: each --config file's name and a digest of its contents, the
+    other options as given."""
+    import hashlib
+
+    said = []
+    for previous, part in zip(["", *recipe_args], recipe_args):
+        if previous == "--config" and Path(part).is_file():
+            part = f"{Path(part).name} (sha256 {hashlib.sha256(Path(part).read_bytes()).hexdigest()[:12]})"
+        said.append(part)
+    return said
 
 
 def take_up_again(study, trial) -> None:
