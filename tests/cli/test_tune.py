@@ -205,7 +205,8 @@ def postgres(tmp_path):
                        timeout=120)
 
 
-def test_workers_on_other_machines_join_one_study_through_a_database_server(sentiment_files, tmp_path, postgres):
+def test_workers_on_other_machines_join_one_study_through_a_database_server(sentiment_files, tmp_path, postgres,
+                                                                             capsys):
     """Two plain `trunk tune` commands, each with a run folder of its own (as on two machines), the same --storage
     postgresql://... and --study: the budget is the study's, each trial runs once, both workers take trials, and
     either folder's summary reads the whole study."""
@@ -224,6 +225,8 @@ def test_workers_on_other_machines_join_one_study_through_a_database_server(sent
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both machines took trials
     assert all(t.user_attrs["run_dir"].startswith(str(tmp_path / "machine_")) for t in trials)
     assert len({t.user_attrs["run_dir"] for t in trials}) == 4
+    tune_main(["--summary", str(tmp_path / "machine_b" / "tune")])  # either folder's summary: the whole study
+    assert "Study 'shared': 4 complete" in capsys.readouterr().out
     # a recipe of other text joining the study is refused, whatever its path; the same text at another path joined
     (tmp_path / "machine_c").mkdir()
     other = recipe(tmp_path / "machine_c", sentiment_files, epochs=6)
