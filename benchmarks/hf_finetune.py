@@ -21,10 +21,10 @@ measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and train
 excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ± sd and the gap paired by
 seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its own) on a CPU each side's
 peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the same command again runs only
-what is not recorded (runs of hours on a CPU outlive a process). Both sides train fp32 master weights (a model folder
-stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same process, so a
-machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU
-check, benchmarks/gpu_check.py)."""
+what is not recorded (runs of hours on a CPU outlive a process), and with ``--summary`` prints the tables of what it
+holds, running nothing. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The
+sides alternate task by task and precision by precision in the same process, so a machine that slows down or speeds up
+meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -464,6 +464,10 @@ def with_peak_memory(side: Callable, *args) -> tuple:
     return (*result, peak)
 
 
+class NotRecorded(Exception):
+    """A side ``--summary`` finds no result of in the ledger."""
+
+
 def compare(args) -> list[dict]:
     """Each task, precision and seed, Trunk then transformers (then Trunk's own recipe, with ``--recipe``): their dev
     metrics, seconds per epoch, examples/s and peak GPU memory. With ``--ledger``, each side's result is kept as it
@@ -480,21 +484,28 @@ def compare(args) -> list[dict]:
                 root = Path(args.root) / f"{task}-{precision}-seed{seed}"
 
                 def side(name: str, run_side: Callable, *values) -> tuple:
-                    """One side's result: from the ledger where it is recorded, else run (and recorded)."""
+                    """One side's result: from the ledger where it is recorded, else run (and recorded); with
+                    ``--summary``, never run."""
                     key = {"task": task, "precision": precision, "seed": seed, "side": name, **setting,
                            **({} if name == "recipe" else shared)}  # the recipe side keeps its own settings
-                    found = ledger.find(key) if ledger else None
+                    found = (ledger.peek if args.summary else ledger.find)(key) if ledger else None
                     if found:
                         print(f"  {task} {precision} seed {seed} {name}: from {ledger.path}", flush=True)
                         return tuple(found["result"])
+                    if args.summary:
+                        raise NotRecorded(name)
                     result = (isolated if args.isolate else lambda f, *a: f(*a))(run_side, *values)
                     if ledger:
                         ledger.add({**key, "result": list(result)})
                     return result
 
-                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, task, run,
-                                                                                 precision, root)
-                hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run, task, run, precision)
+                try:
+                    trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, task, run,
+                                                                                     precision, root)
+                    hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run, task, run, precision)
+                except NotRecorded as missing:
+                    print(f"  {task} {precision} seed {seed}: the {missing} side is not recorded yet", flush=True)
+                    continue
                 t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
                 rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
                              "hf": hf_metric, "trunk_s_per_epoch": t, "hf_s_per_epoch": h,
@@ -502,8 +513,11 @@ def compare(args) -> list[dict]:
                              "speedup": h / t * trunk_examples / hf_examples, "trunk_peak_gib": trunk_memory,
                              "hf_peak_gib": hf_memory})
                 if args.recipe:
-                    rows[-1]["trunk_recipe"] = side("recipe", trunk_run, task, run, precision,
-                                                    root.with_name(root.name + "-recipe"), True)[0]
+                    try:
+                        rows[-1]["trunk_recipe"] = side("recipe", trunk_run, task, run, precision,
+                                                        root.with_name(root.name + "-recipe"), True)[0]
+                    except NotRecorded:
+                        rows[-1]["trunk_recipe"] = math.nan
                 print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "
                       f"{hf_metric:.4f} in {h:.1f} s/epoch", flush=True)
     return rows
@@ -535,11 +549,17 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="clip the gradients' norm at this on both sides (the Trainer's default: 1.0; 0: off)")
     parser.add_argument("--ledger", help="a .jsonl file keeping each side's result as it finishes: the same command "
                                          "again goes on from there (one process a ledger)")
-    return parser.parse_args(argv)
+    parser.add_argument("--summary", action="store_true",
+                        help="print the tables of what the ledger holds for this command, running nothing (also while "
+                             "the benchmark runs)")
+    args = parser.parse_args(argv)
+    if args.summary and not args.ledger:
+        parser.error("--summary reads a ledger: give --ledger FILE.jsonl")
+    return args
 
 
 def mean_sd(values: list[float]) -> str:
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
 
 
 def main(argv: list[str]) -> None:

@@ -31,6 +31,10 @@ class Ledger:
     def find(self, key: dict) -> dict | None:
         """The recorded run whose fields include ``key``'s, if any (asked to decide whether to run it: held first)."""
         self.hold()
+        return self.peek(key)
+
+    def peek(self, key: dict) -> dict | None:
+        """The same, to read only (a summary while the benchmark runs): not held."""
         return next((r for r in self.records() if all(r.get(k) == v for k, v in key.items())), None)
 
     def add(self, record: dict) -> dict:

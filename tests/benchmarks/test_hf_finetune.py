@@ -79,6 +79,10 @@ def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, 
     monkeypatch.setattr(hf_finetune, "hf_run", lambda *a: ran.append("hf") or (0.5, [1.0], 8, None))
     hf_finetune.main(command)
     assert ran == [] and capsys.readouterr().out.split("| task |")[1] == first
+    hf_finetune.main([*command, "--seed", "42", "7", "--summary"])  # what is recorded, running nothing
+    out = capsys.readouterr().out
+    assert ran == [] and "sst2 32-true seed 7: the trunk side is not recorded yet" in out
+    assert [row.split(" | ")[7] for row in out.split("| task |")[1].splitlines()[2:] if row.strip()] == ["42"]
     hf_finetune.main([*command, "--lr", "3e-4"])
     assert ran == ["trunk", "hf"]
 
