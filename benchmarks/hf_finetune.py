@@ -387,6 +387,12 @@ def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: 
     return float(metric.compute()["f1"])
 
 
+def examples_in(batch: dict) -> int:
+    """A Trunk batch's training examples: a multiple-choice batch holds each question's candidates as rows of their
+    own (``choice_counts``), a question counted once, as transformers' (questions, candidates, tokens) batch is."""
+    return len(batch["choice_counts"]) if "choice_counts" in batch else len(batch["input_ids"])
+
+
 class EpochTimer(L.Callback):
     """Training seconds of each epoch, validation excluded, and the training examples of the last epoch."""
 
@@ -399,7 +405,7 @@ class EpochTimer(L.Callback):
         self.start, self.paused, self.examples = time.perf_counter(), 0.0, 0
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        self.examples += len(batch["input_ids"])
+        self.examples += examples_in(batch)
 
     def on_validation_start(self, trainer, module) -> None:
         synchronize(self.device)

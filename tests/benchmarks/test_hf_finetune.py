@@ -112,9 +112,15 @@ def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_p
         (tmp_path / "data" / "openbookqa" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sick_entailment",
                       "--task", "sick_relatedness", "--task", "openbookqa", "--max-batches", "2", "--batch-size", "8",
-                      "--max-length", "32", "--clip", "1.0", "--root", str(tmp_path / "runs")])
+                      "--max-length", "32", "--clip", "1.0", "--root", str(tmp_path / "runs"),
+                      "--ledger", str(tmp_path / "ledger.jsonl")])
     out = capsys.readouterr().out
     assert "gradients clipped at 1.0" in out
+    # both sides count the same examples an epoch (a question once, not each of its candidates): the speed-up's unit
+    examples = {(r["task"], r["side"]): r["result"][2]
+                for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())}
+    assert examples[("openbookqa", "trunk")] == examples[("openbookqa", "hf")] == 2 * 8
+    assert examples[("sick_entailment", "trunk")] == examples[("sick_entailment", "hf")] == 2 * 8
     table = out.split("| task |")[1].splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| sick_entailment (dev acc)",
                                                          "| sick_relatedness (dev Pearson)", "| openbookqa (dev acc)"]
