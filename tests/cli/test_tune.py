@@ -193,7 +193,8 @@ def postgres(tmp_path):
         as_owner = ["runuser", "-u", "postgres", "--"]
         shutil.chown(folder, "postgres")
         for parent in (tmp_path, *tmp_path.parents):  # the server's user must reach its folder
-            parent.chmod(parent.stat().st_mode | 0o011)
+            if parent.stat().st_mode & 0o011 != 0o011:  # pytest's own folders are the owner's alone
+                parent.chmod(parent.stat().st_mode | 0o011)
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

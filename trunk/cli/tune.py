@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import json
 import math
@@ -223,8 +224,6 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
 def recipe_text(recipe_args: list[str]) -> list[str]:
     """The recipe as its text says, whatever its path: each --config file's name and a digest of its contents, the
     other options as given."""
-    import hashlib
-
     said = []
     for previous, part in zip(["", *recipe_args], recipe_args):
         if previous == "--config" and Path(part).is_file():
