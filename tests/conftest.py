@@ -1,10 +1,13 @@
 """Test isolation: no network, no W&B account, caches in temporary directories."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
 _TMP = tempfile.mkdtemp(prefix="trunk-tests-")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # each pytest process (xdist worker) removes its own
 # Set before datasets / wandb are imported anywhere: both read these at import time.
 os.environ.update(
     HF_HUB_OFFLINE="1",

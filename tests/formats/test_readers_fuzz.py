@@ -7,6 +7,7 @@ with an invisible character or in another Unicode form is named and folded, any 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -30,8 +31,19 @@ JSON = st.recursive(
 PICKLE_HEAD = b"PK\x03\x04"  # torch.save writes a zip; random bytes after a real head go further into the reader
 
 
+ROOT: list[Path] = []  # this module's temporary folder (removed by pytest): hypothesis draws many examples a test,
+# and a function-scoped tmp_path is one folder for all of them
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fuzz_root(tmp_path_factory):
+    ROOT.append(tmp_path_factory.mktemp("fuzz"))
+    yield
+    shutil.rmtree(ROOT.pop(), ignore_errors=True)
+
+
 def folder() -> Path:
-    return Path(tempfile.mkdtemp(prefix="trunk-fuzz-"))
+    return Path(tempfile.mkdtemp(dir=ROOT[-1]))
 
 
 def refused_clearly(read, *args) -> None:
