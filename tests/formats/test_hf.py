@@ -71,7 +71,7 @@ def tiny(model_type: str, folder: Path, masked_lm: bool = True, **options):
     """A random ``transformers`` model of ``model_type`` saved to ``folder`` with its family's kind of vocabulary, and
     the model."""
     folder.mkdir(parents=True, exist_ok=True)
-    fairseq = model_type in ("roberta", "xlm-roberta", "mpnet")
+    fairseq = model_type in ("roberta", "xlm-roberta", "camembert", "mpnet")
     vocab = write_bpe(folder) if fairseq else write_vocab(folder)
     if fairseq:  # fairseq's ids: padding 1, positions from 2 on
         options = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "type_vocab_size": 1,
@@ -137,6 +137,7 @@ DEBERTA_V3 = {"relative_attention": True, "pos_att_type": "p2c|c2p", "share_att_
 
 @pytest.mark.parametrize("model_type,options", [
     ("bert", {}), ("bert", {"hidden_act": "gelu_new"}), ("distilbert", {}), ("roberta", {}), ("xlm-roberta", {}),
+    ("camembert", {}),
     ("electra", {"embedding_size": 16}), ("electra", {}), ("mpnet", {}), ("modernbert", {}),
     # one block applied at both layers; two blocks of two layers each
     ("albert", {"embedding_size": 16}),
@@ -156,8 +157,8 @@ def test_hidden_states_and_masked_lm_logits_equal_transformers(model_type, optio
     head.load_state_dict({k.removeprefix("head."): v for k, v in pretrained.heads["mlm"]["state"].items()})
     for texts in (SENTENCES, PAIRS):
         ids, mask, types = batch(pretrained.codec.tokenizer, texts)
-        one_segment = model_type in ("roberta", "xlm-roberta", "mpnet", "modernbert") or options.get("type_vocab_size",
-                                                                                                   2) < 2
+        one_segment = (model_type in ("roberta", "xlm-roberta", "camembert", "mpnet", "modernbert")
+                       or options.get("type_vocab_size", 2) < 2)
         if texts is PAIRS and not one_segment:
             assert types.any()  # the pairs do carry segment 1, which the trunk reads off [SEP]
         with torch.no_grad():
@@ -1153,14 +1154,14 @@ def write_t5_tokenizer(folder: Path) -> int:
     return tokenizer.get_vocab_size()
 
 
-def tiny_t5(folder: Path, **options):
+def tiny_t5(folder: Path, model_type: str = "t5", **options):
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_t5_tokenizer(folder)
     torch.manual_seed(0)
-    config = transformers.T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-                                   num_heads=4, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
-                                   decoder_start_token_id=0, **options)
-    model = transformers.T5ForConditionalGeneration(config).eval()
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                               num_decoder_layers=2, num_heads=4, dropout_rate=0.0, pad_token_id=0,
+                                               eos_token_id=1, decoder_start_token_id=0, **options)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1 or "relative_attention_bias" in name:
@@ -1169,14 +1170,15 @@ def tiny_t5(folder: Path, **options):
     return model
 
 
-@pytest.mark.parametrize("feed_forward", ["relu", "gated-gelu"])
-def test_t5_encoder_logits_and_greedy_output_equal_transformers(feed_forward, tmp_path):
+@pytest.mark.parametrize("model_type,feed_forward", [("t5", "relu"), ("t5", "gated-gelu"), ("mt5", "gated-gelu")])
+def test_t5_encoder_logits_and_greedy_output_equal_transformers(model_type, feed_forward, tmp_path):
     """T5: RMSNorm, relative position biases in encoder and decoder, no biases, unscaled attention, a plain or gated
-    feed-forward, and a tokenizer with neither [CLS] nor a mask (the decoder starts from <pad>, as T5's does)."""
+    feed-forward, and a tokenizer with neither [CLS] nor a mask (the decoder starts from <pad>, as T5's does); mT5 is
+    T5 v1.1 (gated) under its own name."""
     from trunk.core.contract import TaskSpec
     from trunk.tasks import Translation
 
-    model = tiny_t5(tmp_path / "hf", feed_forward_proj=feed_forward)
+    model = tiny_t5(tmp_path / "hf", model_type, feed_forward_proj=feed_forward)
     pretrained, notes = convert(tmp_path / "hf")
     assert pretrained.config.rms_norm and pretrained.config.gated_ff == (feed_forward != "relu")
     trunk = trunk_of(pretrained)
@@ -1208,15 +1210,16 @@ def test_t5_encoder_logits_and_greedy_output_equal_transformers(feed_forward, tm
         assert cut(ours_row) == cut(theirs_row)
 
 
-def test_t5_with_an_output_projection_of_its_own(tmp_path):
-    """T5 v1.1 and flan-t5 files: lm_head.weight of its own, tie_word_embeddings false, no output scaling. The decoder
-    then reads its logits through that projection."""
+@pytest.mark.parametrize("model_type", ["t5", "mt5"])
+def test_t5_with_an_output_projection_of_its_own(model_type, tmp_path):
+    """T5 v1.1, flan-t5 and mT5 files: lm_head.weight of its own, tie_word_embeddings false, no output scaling. The
+    decoder then reads its logits through that projection."""
     from safetensors.torch import load_file, save_file
 
     from trunk.core.contract import TaskSpec
     from trunk.tasks import Translation
 
-    model = tiny_t5(tmp_path / "hf", feed_forward_proj="gated-gelu")
+    model = tiny_t5(tmp_path / "hf", model_type, feed_forward_proj="gated-gelu")
     tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
     lm_head = torch.randn(model.config.vocab_size, 32)
     save_file({**tensors, "lm_head.weight": lm_head}, str(tmp_path / "hf" / "model.safetensors"))

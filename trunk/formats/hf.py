@@ -941,7 +941,7 @@ def t5_config(values: dict) -> TrunkConfig:
                          "d_model (num_heads x d_kv = d_model).")
     gated, _, act = values.get("feed_forward_proj", "relu").rpartition("-")
     activation = {"gelu": "gelu_new"}.get(act, act) if gated else act
-    _check({**values, "hidden_act": activation}, "t5")
+    _check({**values, "hidden_act": activation}, values.get("model_type", "t5"))
     return TrunkConfig(
         vocab_size=values["vocab_size"], d_model=values["d_model"], n_layers=values["num_layers"],
         n_heads=values["num_heads"], d_ff=values["d_ff"], dropout=values.get("dropout_rate", 0.1),
@@ -963,7 +963,8 @@ def t5_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     """T5's numbers in the trunk's form: its linear layers have no biases (zeros here), its attention does not divide
     the scores by sqrt(d_kv) (folded into the queries), a plain feed-forward's ``wi`` is the gated one's ``wi_1``, and
     with tied embeddings the decoder scales its output by d_model^-0.5 before the logits (folded into its final
-    norm); the output bias it lacks is zero."""
+    norm; mT5's own code never scales: its checkpoints have an output projection of their own); the output bias it
+    lacks is zero."""
     tensors = {re.sub(r"DenseReluDense\.wi\.", "DenseReluDense.wi_1.", k): v for k, v in tensors.items()}
     linears = [k for k in tensors if re.search(r"\.(q|k|v|o|wi_0|wi_1|wo)\.weight$", k)]
     for name in linears:
@@ -972,7 +973,7 @@ def t5_adjust(values: dict, tensors: dict, prefix: str) -> dict:
     tensors = with_zero_biases(tensors, linears)
     if "decoder.final_layer_norm.weight" in tensors:
         tied = t5_tied(values, tensors)
-        if values.get("scale_decoder_outputs", tied):
+        if values.get("scale_decoder_outputs", tied and values.get("model_type", "t5") == "t5"):
             tensors["decoder.final_layer_norm.weight"] = tensors["decoder.final_layer_norm.weight"] * values[
                 "d_model"] ** -0.5
         vocab = tensors["shared.weight"].shape[0]
@@ -1021,13 +1022,15 @@ T5_FAMILY = Family(
     ignored=(r"(encoder|decoder)\.embed_tokens\.weight",),
     adjust=t5_adjust,
 )
-FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "electra": ELECTRA,
+# camembert and mt5 are RoBERTa's and T5 v1.1's architectures under names of their own (transformers' classes copy them)
+FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "camembert": ROBERTA,
+                               "electra": ELECTRA,
                                "albert": ALBERT, "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
                                "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
                                "dinov2_with_registers": DINOV2, "clip": CLIP, "siglip": SIGLIP,
                                "siglip_vision_model": SIGLIP,
                                "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
-                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY,
+                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY, "mt5": T5_FAMILY,
                                "timm": TIMM_VIT}
 
 
