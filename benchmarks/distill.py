@@ -184,7 +184,7 @@ def main() -> None:
         GROUPS.update(yaml.safe_load(args.groups.read_text()))
     if args.part == "groups" and args.group not in GROUPS:
         parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
-    ledger = Ledger(args.ledger or args.root)
+    ledger = Ledger(args.ledger or args.root, versioned=True)
     if args.part == "compress":
         compress(args.task, args.seeds, args.root, ledger, args)
     elif args.part == "groups":

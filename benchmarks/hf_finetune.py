@@ -43,14 +43,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from ledger import Ledger  # benchmarks/ledger.py
+from ledger import TRUNK_VERSION, Ledger  # benchmarks/ledger.py
 from throughput import synchronize  # benchmarks/throughput.py
 
 REPO = Path(__file__).resolve().parent.parent
-# What Trunk's side computes, in the ledger key of its results (transformers' are keyed without it): raised when a
-# change to Trunk alters what a run gives, so that a rerun does not take a record of before for now. 2: the sequence
-# heads' dropout on the classifier's input only (trunk/models/heads.py).
-TRUNK_VERSION = 2
 
 
 def read_sst2(path: Path) -> tuple[list[str], list[int]]:
@@ -498,7 +494,7 @@ def compare(args) -> list[dict]:
                     ``--summary``, never run."""
                     key = {"task": task, "precision": precision, "seed": seed, "side": name, **setting,
                            **({} if name == "recipe" else shared),  # the recipe side keeps its own settings
-                           **({} if name == "hf" else {"trunk_version": TRUNK_VERSION})}
+                           **({} if name == "hf" else {"trunk_version": TRUNK_VERSION})}  # its own version
                     found = (ledger.peek if args.summary else ledger.find)(key) if ledger else None
                     if found:
                         print(f"  {task} {precision} seed {seed} {name}: from {ledger.path}", flush=True)

@@ -390,7 +390,7 @@ def main() -> None:
     if options.groups:
         GROUPS.update(yaml.safe_load(options.groups.read_text()))
     if options.summary:
-        return summary(options.seeds, Ledger(options.ledger or options.root))
+        return summary(options.seeds, Ledger(options.ledger or options.root, versioned=True))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     if "sequential" in options.ways and large_task(options.group) is None:
@@ -406,7 +406,7 @@ def main() -> None:
     merge += [f"--merge-density={options.merge_density}"] if options.merge_density is not None else []
     merge += [f"--merge-scale={options.merge_scale}"] if options.merge_scale is not None else []
     merging = merge_name(options.merge, options.merge_density, options.merge_scale)
-    ledger = Ledger(options.ledger or options.root)
+    ledger = Ledger(options.ledger or options.root, versioned=True)
     for seed in options.seeds:
         if "alone" in options.ways or "merged" in options.ways:
             models = {task: alone(options.group, task, seed, options.root, ledger)

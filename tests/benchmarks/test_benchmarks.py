@@ -536,16 +536,20 @@ def test_a_killed_transfer_run_goes_on_from_its_last_checkpoint(tiny_trunk_dir, 
 
 def test_the_transfer_summary_of_a_group_without_small_tasks_has_its_large_tasks_change(tmp_path):
     """A group whose tasks are all large (sentiment's SST-2 and GoEmotions) picks no best way for small tasks; its row
-    has the large tasks' worst change by sharing a trunk, and its table each way's compute."""
+    has the large tasks' worst change by sharing a trunk, and its table each way's compute. A run recorded by an older
+    version of Trunk (no ``trunk_version``: 1) is not read."""
     import yaml
+    from ledger import TRUNK_VERSION
 
     groups = {"pair": {"recipe": "pair.yaml", "small": [], "base": "base", "alone": {"a": "a.yaml", "b": "b.yaml"}}}
     (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    older = [{"group": "pair", "way": "joint", "seed": 1, "scores": {"a": 0.10, "b": 0.52}, "steps": 220, "minutes": 2}]
     records = [{"group": "pair", "way": "alone", "task": task, "seed": seed, "scores": {task: score},
                 "steps": 100, "minutes": 1.0} for seed in (1, 2) for task, score in (("a", 0.80), ("b", 0.50))]
     records += [{"group": "pair", "way": way, "seed": seed, "scores": {"a": 0.79 + extra, "b": 0.52}, "steps": steps,
                  "minutes": steps / 100} for seed in (1, 2) for way, steps, extra in (("joint", 220, 0),
                                                                                      ("mtdnn", 320, 0.02))]
+    records = older + [{**r, "trunk_version": TRUNK_VERSION} for r in records]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     done = subprocess.run([sys.executable, str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"),
                            "--summary", "--seeds", "1", "2", "--root", str(tmp_path)],
@@ -564,6 +568,7 @@ def test_a_transfer_ledger_kept_apart_from_its_runs_says_which_checkpoint_is_mis
     """--ledger: the results of runs whose folders are gone (another machine) still make the tables; a way that starts
     from a recorded run's checkpoint (merged, sequential) says which one is missing and how to train it again."""
     import yaml
+    from ledger import TRUNK_VERSION
 
     groups = {"pair": {"recipe": "pair.yaml", "small": ["b"], "base": "base", "alone": {"a": "a.yaml", "b": "b.yaml"}}}
     (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
@@ -572,6 +577,7 @@ def test_a_transfer_ledger_kept_apart_from_its_runs_says_which_checkpoint_is_mis
                 "minutes": 1.0, "checkpoint": str(gone / f"{task}.ckpt")} for task in ("a", "b")]
     records.append({"group": "pair", "way": "joint", "seed": 1, "scores": {"a": 0.5, "b": 0.53}, "steps": 20,
                     "minutes": 1.0, "checkpoint": str(gone / "joint.ckpt")})
+    records = [{**r, "trunk_version": TRUNK_VERSION} for r in records]
     (kept := tmp_path / "kept.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def benchmark(*args: str) -> subprocess.CompletedProcess:
