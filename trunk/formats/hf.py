@@ -1024,14 +1024,12 @@ T5_FAMILY = Family(
 )
 # camembert and mt5 are RoBERTa's and T5 v1.1's architectures under names of their own (transformers' classes copy them)
 FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": ROBERTA, "camembert": ROBERTA,
-                               "electra": ELECTRA,
-                               "albert": ALBERT, "distilbert": DISTILBERT, "deberta-v2": DEBERTA_V2, "mpnet": MPNET,
-                               "modernbert": MODERNBERT, "vit": VIT, "dinov2": DINOV2,
-                               "dinov2_with_registers": DINOV2, "clip": CLIP, "siglip": SIGLIP,
-                               "siglip_vision_model": SIGLIP,
-                               "clip_vision_model": CLIP, "bart": BART, "marian": MARIAN,
-                               "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY, "mt5": T5_FAMILY,
-                               "timm": TIMM_VIT}
+                               "electra": ELECTRA, "albert": ALBERT, "distilbert": DISTILBERT,
+                               "deberta-v2": DEBERTA_V2, "mpnet": MPNET, "modernbert": MODERNBERT, "vit": VIT,
+                               "dinov2": DINOV2, "dinov2_with_registers": DINOV2, "clip": CLIP,
+                               "clip_vision_model": CLIP, "siglip": SIGLIP, "siglip_vision_model": SIGLIP,
+                               "bart": BART, "marian": MARIAN, "m2m_100": M2M100, "mbart": MBART, "t5": T5_FAMILY,
+                               "mt5": T5_FAMILY, "timm": TIMM_VIT}
 
 
 def download(reference: str) -> Path:
