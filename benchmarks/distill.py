@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import yaml  # noqa: E402
 from inference import alternate, table  # noqa: E402
-from ledger import Ledger  # noqa: E402
+from ledger import Ledger, add_version_option, checked_version  # noqa: E402
 from transfer import GROUPS, alone, checkpoint_of, fit, folder, joint_and_mtdnn, primary_scores, spread  # noqa: E402
 
 from trunk.cli import run_cli  # noqa: E402
@@ -179,12 +179,13 @@ def main() -> None:
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))
     parser.add_argument("--ledger", type=Path, help="the ledger file (default: <root>/results.jsonl)")
+    add_version_option(parser)
     args = parser.parse_args()
     if args.groups:
         GROUPS.update(yaml.safe_load(args.groups.read_text()))
     if args.part == "groups" and args.group not in GROUPS:
         parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
-    ledger = Ledger(args.ledger or args.root, versioned=True)
+    ledger = Ledger(args.ledger or args.root, checked_version(parser, args.trunk_version, args.part == "summary"))
     if args.part == "compress":
         compress(args.task, args.seeds, args.root, ledger, args)
     elif args.part == "groups":

@@ -22,9 +22,11 @@ excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then eac
 seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its own) on a CPU each side's
 peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the same command again runs only
 what is not recorded (runs of hours on a CPU outlive a process), and with ``--summary`` prints the tables of what it
-holds, running nothing. Both sides train fp32 master weights (a model folder stored in bf16 is read into fp32). The
-sides alternate task by task and precision by precision in the same process, so a machine that slows down or speeds up
-meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check, benchmarks/gpu_check.py)."""
+holds, running nothing (Trunk's sides are of the version of what Trunk computes, benchmarks/ledger.py's
+``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). Both sides train fp32 master weights (a model
+folder stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same
+process, so a machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the
+GPU (the GPU check, benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from ledger import TRUNK_VERSION, Ledger  # benchmarks/ledger.py
+from ledger import Ledger, add_version_option, checked_version  # benchmarks/ledger.py
 from throughput import synchronize  # benchmarks/throughput.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -478,7 +480,7 @@ def compare(args) -> list[dict]:
     """Each task, precision and seed, Trunk then transformers (then Trunk's own recipe, with ``--recipe``): their dev
     metrics, seconds per epoch, examples/s and peak GPU memory. With ``--ledger``, each side's result is kept as it
     finishes and a rerun of the same command takes it from there: a run of hours survives its process."""
-    ledger = Ledger(args.ledger) if args.ledger else None
+    ledger = Ledger(args.ledger, args.trunk_version) if args.ledger else None
     shared = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "max_length", "clip")}
     setting = {"model": str(Path(args.model).resolve()), "device": args.device, "max_batches": args.max_batches,
                "bucket": args.bucket, "isolate": args.isolate}
@@ -493,9 +495,9 @@ def compare(args) -> list[dict]:
                     """One side's result: from the ledger where it is recorded, else run (and recorded); with
                     ``--summary``, never run."""
                     key = {"task": task, "precision": precision, "seed": seed, "side": name, **setting,
-                           **({} if name == "recipe" else shared),  # the recipe side keeps its own settings
-                           **({} if name == "hf" else {"trunk_version": TRUNK_VERSION})}  # its own version
-                    found = (ledger.peek if args.summary else ledger.find)(key) if ledger else None
+                           **({} if name == "recipe" else shared)}  # the recipe side keeps its own settings
+                    # transformers' result is the same whatever Trunk's version
+                    found = (ledger.peek if args.summary else ledger.find)(key, name == "hf") if ledger else None
                     if found:
                         print(f"  {task} {precision} seed {seed} {name}: from {ledger.path}", flush=True)
                         return tuple(found["result"])
@@ -559,9 +561,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--summary", action="store_true",
                         help="print the tables of what the ledger holds for this command, running nothing (also while "
                              "the benchmark runs)")
+    add_version_option(parser)
     args = parser.parse_args(argv)
     if args.summary and not args.ledger:
         parser.error("--summary reads a ledger: give --ledger FILE.jsonl")
+    checked_version(parser, args.trunk_version, args.summary)
     return args
 
 

@@ -1,15 +1,16 @@
 """The finished runs of a benchmark, one JSON line each in ``<root>/results.jsonl``: a benchmark stopped midway (a
 long CPU run, a session's end) goes on where it stopped, and a run is redone only when its line is deleted (or, in a
-versioned ledger, when what Trunk computes has changed since: ``TRUNK_VERSION``)."""
+ledger of one Trunk version, when what Trunk computes has changed since: ``TRUNK_VERSION``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from trunk.core.locks import hold_output
 
-# What Trunk computes, as a versioned ledger stamps its records: raised when a change to Trunk alters what a run
+# What Trunk computes, as a ledger of one version stamps its records: raised when a change to Trunk alters what a run
 # gives, so that a benchmark does not take a record of before for a run of now (a record without it is of version 1).
 # 2: the pooled heads' dropout on the classifier's input only (trunk/models/heads.py).
 TRUNK_VERSION = 2
@@ -20,37 +21,54 @@ class Ledger:
     their lines, so it is refused at its first ``find`` or ``add``, naming the first (``trunk/core/locks.py``); reading
     the records (a summary) is free."""
 
-    def __init__(self, root: str | Path, versioned: bool = False) -> None:
+    def __init__(self, root: str | Path, version: int | None = None) -> None:
         """``root``: a benchmark's run folder (the ledger is its results.jsonl), or a ledger file of its own (.jsonl),
-        such as one kept in the repository beside runs whose folders do not outlive the machine. ``versioned``: its
-        records are stamped with ``TRUNK_VERSION`` and those of another version are not read (the benchmarks whose
-        comparisons go on over many sessions: a mean of seeds run by two versions would compare neither)."""
+        such as one kept in the repository beside runs whose folders do not outlive the machine. ``version``: the
+        records are of that version of Trunk (``TRUNK_VERSION``: stamped on each record written; those of another
+        version are not read, so a mean over seeds never mixes two); None: records of any version, none stamped."""
         self.path = Path(root) if Path(root).suffix == ".jsonl" else Path(root) / "results.jsonl"
         self.held = False
-        self.stamp = {"trunk_version": TRUNK_VERSION} if versioned else {}
+        self.version = version
 
     def hold(self) -> None:
         if not self.held:
             hold_output(self.path, "the ledger")
             self.held = True  # until the process ends
 
-    def records(self) -> list[dict]:
+    def records(self, any_version: bool = False) -> list[dict]:
+        """The records of the ledger's version (``any_version``: every record, as for a result Trunk does not
+        compute: transformers' side of a comparison)."""
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
-        return [r for r in map(json.loads, lines) if not self.stamp or r.get("trunk_version", 1) == TRUNK_VERSION]
+        every = self.version is None or any_version
+        return [r for r in map(json.loads, lines) if every or r.get("trunk_version", 1) == self.version]
 
-    def find(self, key: dict) -> dict | None:
+    def find(self, key: dict, any_version: bool = False) -> dict | None:
         """The recorded run whose fields include ``key``'s, if any (asked to decide whether to run it: held first)."""
         self.hold()
-        return self.peek(key)
+        return self.peek(key, any_version)
 
-    def peek(self, key: dict) -> dict | None:
+    def peek(self, key: dict, any_version: bool = False) -> dict | None:
         """The same, to read only (a summary while the benchmark runs): not held."""
-        return next((r for r in self.records() if all(r.get(k) == v for k, v in key.items())), None)
+        return next((r for r in self.records(any_version) if all(r.get(k) == v for k, v in key.items())), None)
 
     def add(self, record: dict) -> dict:
         self.hold()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {**record, **self.stamp}
+        record = {**record, **({} if self.version is None else {"trunk_version": self.version})}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         return record
+
+
+def add_version_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trunk-version", type=int, default=TRUNK_VERSION,
+                        help=f"the version of Trunk whose records the ledger is read for (default: this one's, "
+                             f"{TRUNK_VERSION}); an older one with --summary only, to print the tables it recorded")
+
+
+def checked_version(parser: argparse.ArgumentParser, version: int, summary: bool) -> int:
+    """``--trunk-version``, refused where it would run anything (not a ``summary``): this code computes its own."""
+    if version != TRUNK_VERSION and not summary:
+        parser.error(f"--trunk-version {version}: this code computes version {TRUNK_VERSION}; the records of another "
+                     "are printed (--summary), not added to")
+    return version

@@ -42,7 +42,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ledger import Ledger  # noqa: E402
+from ledger import Ledger, add_version_option, checked_version  # noqa: E402
 
 from trunk.cli import export_main, run_cli  # noqa: E402
 from trunk.core.checkpoint import load_checkpoint  # noqa: E402
@@ -384,13 +384,15 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/transfer"), help="where the runs' folders go")
     parser.add_argument("--ledger", type=Path,
                         help="the finished runs' results, one JSON line each (default: <root>/results.jsonl)")
+    add_version_option(parser)
     options = parser.parse_args()
+    version = checked_version(parser, options.trunk_version, options.summary)
     if options.temperature is not None and options.sampling != "temperature":
         parser.error("--temperature is T of --sampling temperature: give both, or neither")
     if options.groups:
         GROUPS.update(yaml.safe_load(options.groups.read_text()))
     if options.summary:
-        return summary(options.seeds, Ledger(options.ledger or options.root, versioned=True))
+        return summary(options.seeds, Ledger(options.ledger or options.root, version))
     if options.group not in GROUPS:
         parser.error(f"--group {options.group}: the groups are {', '.join(sorted(GROUPS))}")
     if "sequential" in options.ways and large_task(options.group) is None:
@@ -406,7 +408,7 @@ def main() -> None:
     merge += [f"--merge-density={options.merge_density}"] if options.merge_density is not None else []
     merge += [f"--merge-scale={options.merge_scale}"] if options.merge_scale is not None else []
     merging = merge_name(options.merge, options.merge_density, options.merge_scale)
-    ledger = Ledger(options.ledger or options.root, versioned=True)
+    ledger = Ledger(options.ledger or options.root, version)
     for seed in options.seeds:
         if "alone" in options.ways or "merged" in options.ways:
             models = {task: alone(options.group, task, seed, options.root, ledger)

@@ -562,6 +562,26 @@ def test_the_transfer_summary_of_a_group_without_small_tasks_has_its_large_tasks
     compute = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in done.stdout.splitlines()
                if line.startswith(("| alone |", "| joint |", "| mtdnn |"))}
     assert compute == {"alone": "200", "joint": "220", "mtdnn": "320"}  # alone: both tasks' runs of a seed
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "transfer.py"), "--groups",
+                              str(tmp_path / "groups.yaml"), "--group", "pair", "--trunk-version", "1", "--root",
+                              str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and f"this code computes version {TRUNK_VERSION}" in refused.stderr
+
+
+def test_a_ledger_of_one_trunk_version_reads_and_stamps_that_version_alone(tmp_path):
+    """A record written before versions is of version 1; a ledger of version 2 neither finds nor lists it (unless asked
+    for any version: a result Trunk does not compute), and stamps what it adds."""
+    from ledger import Ledger
+
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps({"seed": 1, "score": 0.1}) + "\n")
+    now = Ledger(path, 2)
+    assert now.find({"seed": 1}) is None and now.find({"seed": 1}, any_version=True)["score"] == 0.1
+    now.add({"seed": 1, "score": 0.2})
+    assert json.loads(path.read_text().splitlines()[1]) == {"seed": 1, "score": 0.2, "trunk_version": 2}
+    assert [r["score"] for r in Ledger(path, 1).records()] == [0.1]
+    assert [r["score"] for r in Ledger(path, 2).records()] == [0.2]
+    assert [r["score"] for r in Ledger(path).records()] == [0.1, 0.2]  # no version: every record
 
 
 def test_a_transfer_ledger_kept_apart_from_its_runs_says_which_checkpoint_is_missing(tmp_path):

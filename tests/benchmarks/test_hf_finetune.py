@@ -62,7 +62,8 @@ def test_each_side_in_a_process_of_its_own_reports_its_peak_memory(tmp_path, cap
 def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, capsys, monkeypatch):
     """--ledger: each side's result is kept as it finishes; the same command again runs nothing and prints the same
     table; another learning rate reruns the two sides it sets, not the recipe's (its own settings); a new version of
-    what Trunk computes reruns Trunk's sides alone."""
+    what Trunk computes reruns Trunk's sides alone, and ``--trunk-version`` of before reprints the tables of before
+    (and runs nothing: refused without ``--summary``)."""
     import hf_finetune
     from test_hf import tiny
 
@@ -86,10 +87,20 @@ def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, 
     assert [row.split(" | ")[7] for row in out.split("| task |")[1].splitlines()[2:] if row.strip()] == ["42"]
     hf_finetune.main([*command, "--lr", "3e-4"])
     assert ran == ["trunk", "hf"]
-    monkeypatch.setattr(hf_finetune, "TRUNK_VERSION", hf_finetune.TRUNK_VERSION + 1)  # Trunk computes otherwise now
+    import ledger
+
+    version = ledger.TRUNK_VERSION
+    monkeypatch.setattr(ledger, "TRUNK_VERSION", version + 1)  # Trunk computes otherwise now
     ran.clear()
     hf_finetune.main(command)
     assert ran == ["trunk", "trunk"]  # its trainer-settings and recipe sides again; transformers' is still the same
+    capsys.readouterr()
+    ran.clear()
+    hf_finetune.main([*command, "--trunk-version", str(version), "--summary"])  # the tables of before, as they were
+    assert ran == [] and capsys.readouterr().out.split("| task |")[1] == first
+    with pytest.raises(SystemExit):
+        hf_finetune.main([*command, "--trunk-version", str(version)])  # what this code computes is version + 1
+    assert "this code computes version" in capsys.readouterr().err
 
 
 def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
