@@ -6,6 +6,7 @@ off."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +22,12 @@ from trunk.formats.hf import map_weights  # noqa: E402
 LABELS = ["entailment", "neutral", "contradiction"]
 
 
-def pair_classifier(tmp_path, head_dropout: float = 0.0):
+def pair_classifier(tmp_path, head_dropout: float = 0.0, *options: str):
     """A tiny random BERT (its pooler and token types trained off their init) made a sentence-pair classifier through
     the CLI's path (the data's pair encoding, segments read off [SEP], the pretrained pooler in the head), the trunk's
-    dropout off: the model, its first training batch, ``BertForSequenceClassification`` of the same weights and
-    classifier, and the batch as transformers' tokenizer makes it."""
+    dropout off (``options``: more of the run's options): the CLI (its model, data and trainer), its first training
+    batch, ``BertForSequenceClassification`` of the same weights and classifier, and the batch as transformers'
+    tokenizer makes it."""
     tiny("bert", tmp_path / "bert", masked_lm=False)
     rows = ["premise\thypothesis\tlabel"] + [f"{a}\t{b}\t{LABELS[i % 3]}" for i, (a, b) in enumerate(PAIRS * 8)]
     (tmp_path / "pairs.tsv").write_text("\n".join(rows) + "\n")
@@ -36,7 +38,8 @@ def pair_classifier(tmp_path, head_dropout: float = 0.0):
         f"--data.train={tmp_path / 'pairs.tsv'}", f"--data.validation={tmp_path / 'pairs.tsv'}",
         "--data.text_column=premise", "--data.text_pair_column=hypothesis", "--data.label_column=label",
         f"--data.label_names={LABELS}", "--data.batch_size=8", "--trainer.accelerator=cpu",
-        "--trainer.precision=32-true", f"--trainer.default_root_dir={tmp_path / 'run'}"], "pairs"), run=False)
+        "--trainer.precision=32-true", f"--trainer.default_root_dir={tmp_path / 'run'}", *options], "pairs"),
+        run=False)
     model, data = cli.model, cli.datamodule
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
@@ -46,17 +49,21 @@ def pair_classifier(tmp_path, head_dropout: float = 0.0):
     with torch.no_grad():
         theirs.classifier.weight.copy_(head.classifier.weight)
         theirs.classifier.bias.copy_(head.classifier.bias)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "bert")
-    encoded = tokenizer([a for a, _ in batch["text"]], [b for _, b in batch["text"]], padding=True,
-                        return_tensors="pt")
-    return model, batch, theirs, encoded
+    return cli, batch, theirs, their_batch(tmp_path / "bert", batch)
+
+
+def their_batch(model: Path, batch: dict) -> dict:
+    """A batch of Trunk's pairs as transformers' tokenizer encodes them."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+    return tokenizer([a for a, _ in batch["text"]], [b for _, b in batch["text"]], padding=True, return_tensors="pt")
 
 
 def test_a_pair_classifiers_first_step_equals_transformers(tmp_path):
     """With dropout off, the batch is transformers' tokenizer's ids; Trunk's logits and loss on it equal
     ``BertForSequenceClassification``'s with the same classifier; every gradient, mapped to Trunk's names as the
     importer maps weights, equals transformers' within 1e-5 of the largest."""
-    model, batch, theirs, encoded = pair_classifier(tmp_path)
+    cli, batch, theirs, encoded = pair_classifier(tmp_path)
+    model = cli.model
     assert torch.equal(encoded["input_ids"], batch["input_ids"])
     assert encoded["token_type_ids"].any()  # the second sentences are segment 1: their embedding row matters
 
@@ -76,7 +83,8 @@ def test_in_training_the_pooler_reads_what_berts_reads_and_dropout_acts_on_the_c
     on the batch (nothing dropped before it, as in ``BertForSequenceClassification``), and the classifier reads it
     with dropout: each value zeroed or scaled by 2, about half zeroed. A dropout before the pooler too (RoBERTa's head,
     Trunk's before) cost OpenBookQA 1.4 points from MiniLM."""
-    model, batch, theirs, encoded = pair_classifier(tmp_path, head_dropout=0.5)
+    cli, batch, theirs, encoded = pair_classifier(tmp_path, head_dropout=0.5)
+    model = cli.model
     head = model.objectives["pairs"].head
     seen = {}
     head.dense.register_forward_hook(lambda module, inputs, output: seen.update(pooler=torch.tanh(output)))
@@ -89,6 +97,62 @@ def test_in_training_the_pooler_reads_what_berts_reads_and_dropout_acts_on_the_c
     kept = seen["classifier"] != 0
     assert torch.allclose(seen["classifier"][kept], 2 * seen["pooler"][kept], atol=1e-5)
     assert 0.3 < 1 - kept.float().mean().item() < 0.7
+
+
+def test_steps_of_trunks_own_training_loop_end_at_the_weights_of_the_trainers_loop(tmp_path):
+    """The Trainer's optimisation (AdamW, weight decay, a linear decay, gradients clipped by their norm), dropout off:
+    ``trunk fit``'s own loop (Lightning's, its optimiser groups and schedule) for 8 steps ends at the weights the
+    Trainer's loop reaches on the same batches from the same weights. Two differences are Trunk's on purpose: position
+    tables do not decay (timm's convention; the Trainer decays every weight but biases and LayerNorms), and a warmup's
+    first step is at lr / warmup steps, not at 0, its length a fraction of the steps rounded down, not up (so no
+    warmup here: with one, the two rates are about a step apart until it ends)."""
+    from lightning.pytorch.callbacks import Callback
+
+    # a rate and a decay at which a change to which weights decay, the schedule or the clipping moves weights by 3e-5
+    # or more; a tiny model's gradients are smaller than a real one's, so its clipping norm is too (it acts on half of
+    # the steps here)
+    steps, lr, decay, clip = 8, 1e-3, 0.1, 0.25
+    cli, _, theirs, _ = pair_classifier(
+        tmp_path, 0.0, f"--trainer.max_steps={steps}", f"--trainer.gradient_clip_val={clip}", "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false", "--trainer.num_sanity_val_steps=0", f"--model.optimizer.lr={lr}",
+        f"--model.optimizer.weight_decay={decay}", "--model.optimizer.schedule=linear", "--model.optimizer.warmup=0")
+    batches = []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            batches.append({"text": list(batch["text"]), "labels": batch["labels"].clone()})
+
+    cli.trainer.callbacks.append(Record())
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert len(batches) == steps
+
+    no_decay = ("bias", "LayerNorm.weight", "position_embeddings.weight")  # the Trainer's, and positions
+    named = list(theirs.named_parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": decay},
+                                   {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0}],
+                                  lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (steps - step) / steps)  # no warmup
+    theirs.train()
+    clipped = []
+    for batch in batches:
+        loss = theirs(**their_batch(tmp_path / "bert", batch), labels=batch["labels"]).loss
+        loss.backward()
+        clipped.append(torch.nn.utils.clip_grad_norm_(theirs.parameters(), clip).item() > clip)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    assert any(clipped) and not all(clipped)  # the clipping acts on some steps, so it is compared too
+
+    mapped = map_weights(theirs.config.to_dict(), {n.removeprefix("bert."): p.detach() for n, p in named
+                                                   if n.startswith("bert.")}, "bert")
+    expected = {**{f"trunk.{k}": v for k, v in mapped.trunk.items()},
+                **{f"objectives.pairs.head.dense.{k}": v for k, v in mapped.pooler.items()},
+                "objectives.pairs.head.classifier.weight": theirs.classifier.weight.detach(),
+                "objectives.pairs.head.classifier.bias": theirs.classifier.bias.detach()}
+    ours = dict(cli.model.named_parameters())
+    assert set(expected) == set(ours)
+    moved = max((ours[name] - theirs_value).abs().max().item() for name, theirs_value in expected.items())
+    assert moved < 1e-5, moved
 
 
 def assert_same_gradients(model, theirs, task: str, of_all: float | None = None) -> None:
