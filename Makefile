@@ -10,9 +10,11 @@ TORCH ?= torch==2.13.0
 PYTHON ?= python3
 VENV := .venv
 
+# --no-compile: Python compiles a module when it is first imported; compiling every file of every package at install
+# (torch's thousands) took 65-85 s of a 2.5-minute install, for modules most runs never import
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "$(TORCH)" -e ".[dev]"
+	$(VENV)/bin/pip install -q --no-compile "$(TORCH)" -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
