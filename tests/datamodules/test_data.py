@@ -405,6 +405,11 @@ def test_empty_split(tmp_path, sentiment_files):
             r"bad.csv, line 3: byte 0xe9 at column 4 is not utf-8. Set the file.s encoding \(data.tasks.sst.encoding: "
             r"latin-1, cp1252, ...\) or save it as UTF-8",
         ),
+        (
+            b"text,label\ngood film,positive\nslow, dull film,negative\n",
+            r"bad.csv' line 3 has 3 comma-separated fields where the file's first row has 2: a text holding a comma "
+            r"splits into more fields. Fix or remove that line, or quote the text",
+        ),
     ],
 )
 def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment_files, content, problem):
@@ -412,6 +417,15 @@ def test_unreadable_files_name_the_file_the_line_and_the_fix(tmp_path, sentiment
     bad.write_bytes(content)
     with pytest.raises(ValueError, match=r"data.tasks.sst.train.*" + problem):
         make_data(sentiment_files, train=str(bad)).setup("fit")
+
+
+def test_a_tsv_row_with_a_tab_in_its_text_is_named_with_its_line_alone(tmp_path, sentiment_files, caplog):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("text\tlabel\ngood film\tpositive\nslow\tdull film\tnegative\n")
+    with pytest.raises(ValueError, match=r"bad.tsv' line 3 has 3 tab-separated fields where the file's first row has "
+                                         r"2: a text holding a tab splits into more fields. Fix or remove that line.$"):
+        make_data(sentiment_files, train=str(bad)).setup("fit")
+    assert "Failed to read" not in caplog.text  # datasets' own log line of it is not shown beside the error
 
 
 def test_a_non_utf8_conll_file_names_its_line(tmp_path):

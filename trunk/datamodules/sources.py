@@ -268,12 +268,15 @@ def file_format(path: str | Path) -> str:
 @contextlib.contextmanager
 def quiet_datasets():
     """No ``datasets`` progress bar while a local file becomes a dataset ("Generating data split: 0 examples"): the file
-    is read in a moment, and the bar says nothing a user needs."""
-    shown = not datasets.are_progress_bars_disabled()
+    is read in a moment, and the bar says nothing a user needs; nor its log line of a file it failed to read, which
+    the error raised for it says better."""
+    shown, verbosity = not datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         yield
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if shown:
             datasets.enable_progress_bars()
 
@@ -306,9 +309,17 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
         if "corresponds to no data" in str(err):  # datasets' way of saying the file has no rows
             raise empty_split_error(role, path_str) from None
         cause = err.__cause__ or err.__context__ or err
+        if fields := re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(cause)):
+            expected, line, seen = fields.groups()
+            separator = "tab" if options.get("delimiter") == "\t" else "comma"
+            raise ValueError(
+                f"{role}: '{path}' line {line} has {seen} {separator}-separated fields where the file's first row has "
+                f"{expected}: a text holding a {separator} splits into more fields. Fix or remove that line"
+                + (", or quote the text (\"...\")." if separator == "comma" else ".")
+            ) from None
         raise ValueError(
-            f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {cause}. Check that the file is "
-            f"{suffix[1:]} (its suffix decides how it is read)."
+            f"{role}: could not read '{path}' as {suffix[1:]}: {type(cause).__name__}: {str(cause).strip()}. Check "
+            f"that the file is {suffix[1:]} (its suffix decides how it is read)."
         ) from None
 
 
