@@ -23,7 +23,10 @@ seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a p
 peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the same command again runs only
 what is not recorded (runs of hours on a CPU outlive a process), and with ``--summary`` prints the tables of what it
 holds, running nothing (Trunk's sides are of the version of what Trunk computes, benchmarks/ledger.py's
-``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). Both sides train fp32 master weights (a model
+``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). A side stopped midway (a session's end,
+a kill) goes on from where it stopped when the command runs again: Trunk's from its last checkpoint, transformers'
+from its state saved every 10 minutes and at each epoch's end in <root>/<task>-<precision>-seed<N>-hf, either ending
+as a run never stopped would. Both sides train fp32 master weights (a model
 folder stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same
 process, so a machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the
 GPU (the GPU check, benchmarks/gpu_check.py)."""
@@ -255,9 +258,12 @@ def choices_collate(tokenizer):
     return collate
 
 
-def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int, float | None]:
+def hf_run(task: str, args, precision: str, root: Path | None = None, since: float = math.inf
+           ) -> tuple[float, list[float], int, float | None]:
     """The transformers side: (dev metric, training seconds of each epoch, training examples of an epoch, peak GPU
-    memory in GiB: None on a CPU)."""
+    memory in GiB: None on a CPU). With ``root``, its state is saved there every ``HF_SAVE_SECONDS`` and at each
+    epoch's end, and a state saved since ``since`` (this side's own stopped run) is gone on from exactly: the same
+    batches in the same order and the same dropout as a run never stopped, the epoch's seconds counted once."""
     import transformers
     from transformers import AutoTokenizer, DataCollatorForTokenClassification, DataCollatorWithPadding
 
@@ -330,14 +336,31 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int, fl
     bf16 = precision == "bf16-mixed"
     reset_peak_memory(args.device)
     model.to(args.device)
-    seconds, scores, examples = [], [], 0
-    for _ in range(args.epochs):
+    saved = root / "hf_state.pt" if root is not None else None
+    state = (torch.load(saved, map_location=args.device) if saved is not None and saved.is_file()
+             and saved.stat().st_mtime >= since else None)
+    if state is not None:
+        print(f"Resuming the stopped transformers side in {root} (epoch {state['epoch'] + 1}, batch {state['batch']})",
+              file=sys.stderr, flush=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        generator.set_state(state["generator"])  # as the stopped epoch began: it draws the same order
+    seconds, scores, examples = (state["seconds"], state["scores"], state["examples"]) if state else ([], [], 0)
+    for epoch in range(state["epoch"] if state else 0, args.epochs):
         model.train()
+        order = generator.get_state()  # before the epoch's order is drawn from it
+        skip, carried, examples = (state["batch"], state["elapsed"], state["examples"]) if state else (0, 0.0, 0)
         synchronize(args.device)
-        start, examples = time.perf_counter(), 0
+        start, paused, last_save = time.perf_counter() - carried, 0.0, time.perf_counter()
         for i, batch in enumerate(loader):
             if i == batches:
                 break
+            if i < skip:  # done before the stop
+                continue
+            if state is not None:  # the first batch after a resume: dropout draws on as it would have
+                torch.set_rng_state(state["rng"])
+                state = None
             examples += len(batch["input_ids"])
             with torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(**{k: v.to(args.device) for k, v in batch.items()}).loss
@@ -347,10 +370,32 @@ def hf_run(task: str, args, precision: str) -> tuple[float, list[float], int, fl
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
+            if saved is not None and time.perf_counter() - last_save > HF_SAVE_SECONDS:
+                began = time.perf_counter()
+                save_hf_state(saved, model, optimizer, schedule, epoch=epoch, batch=i + 1, generator=order,
+                              elapsed=began - start - paused, examples=examples, seconds=seconds, scores=scores)
+                last_save = time.perf_counter()
+                paused += last_save - began
         synchronize(args.device)
-        seconds.append(time.perf_counter() - start)
+        seconds.append(time.perf_counter() - start - paused)
         scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))
+        if saved is not None:
+            save_hf_state(saved, model, optimizer, schedule, epoch=epoch + 1, batch=0, generator=generator.get_state(),
+                          elapsed=0.0, examples=examples, seconds=seconds, scores=scores)
+    if saved is not None:
+        saved.unlink(missing_ok=True)  # done: it was kept to go on from a stop (MiniLM's is 270 MB)
     return max(scores), seconds, examples, peak_memory(args.device)  # the best epoch, as Trunk's checkpoint keeps
+
+
+HF_SAVE_SECONDS = 600  # a stopped transformers side loses at most this much of its training
+
+
+def save_hf_state(path: Path, model, optimizer, schedule, **progress) -> None:
+    """The transformers side's whole state, written whole or not at all (a stop during the write keeps the last)."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+             "rng": torch.get_rng_state(), **progress}
+    torch.save(state, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
 
 
 def hf_evaluate(model, dev: list[dict], collate, bf16: bool, spec: Task, names: list[str] | None,
@@ -396,17 +441,33 @@ def examples_in(batch: dict) -> int:
 
 
 class EpochTimer(L.Callback):
-    """Training seconds of each epoch, validation excluded, and the training examples of the last epoch."""
+    """Training seconds of each epoch, validation excluded, and the training examples of the last epoch. Its figures
+    go into each checkpoint, so a run resumed from one (Lightning calls no ``on_train_epoch_start`` for an epoch it
+    resumes into) counts the epoch's seconds and examples from before the stop and after it, once each."""
 
     def __init__(self, device: str = "cpu") -> None:
         self.device, self.seconds, self.examples = device, [], 0
         self.paused, self.start, self.validating = 0.0, 0.0, 0.0
+        self.carried: float | None = None  # a resumed epoch's seconds before the stop, until its next batch starts
+        self.unknown = False  # resumed from a checkpoint without the timer's figures: the epoch's seconds are not known
+
+    def state_dict(self) -> dict:
+        elapsed = time.perf_counter() - self.start - self.paused if self.start else 0.0
+        return {"seconds": list(self.seconds), "elapsed": elapsed, "examples": self.examples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seconds, self.carried, self.examples = list(state["seconds"]), state["elapsed"], state["examples"]
 
     def on_train_epoch_start(self, trainer, module) -> None:
         synchronize(self.device)
-        self.start, self.paused, self.examples = time.perf_counter(), 0.0, 0
+        self.start, self.paused, self.examples, self.carried = time.perf_counter(), 0.0, 0, None
+        self.unknown = False
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if self.carried is not None:  # the first batch after a resume: the epoch goes on from its seconds so far
+            self.start, self.paused, self.carried = time.perf_counter() - self.carried, 0.0, None
+        elif not self.start:
+            self.start, self.unknown = time.perf_counter(), True
         self.examples += examples_in(batch)
 
     def on_validation_start(self, trainer, module) -> None:
@@ -419,14 +480,17 @@ class EpochTimer(L.Callback):
 
     def on_train_epoch_end(self, trainer, module) -> None:
         synchronize(self.device)
-        self.seconds.append(time.perf_counter() - self.start - self.paused)
+        self.seconds.append(math.nan if self.unknown else time.perf_counter() - self.start - self.paused)
 
 
-def trunk_run(task: str, args, precision: str, root: Path, own: bool = False) -> tuple[float, list[float], int,
-                                                                                     float | None]:
+def trunk_run(task: str, args, precision: str, root: Path, since: float = math.inf, own: bool = False
+              ) -> tuple[float, list[float], int, float | None]:
     """The Trunk side: the recipe with the shared settings (``own``: with its own learning rate, epochs, batch size
-    and length); (best dev metric, training seconds of each epoch, training examples of an epoch, peak GPU memory)."""
+    and length); (best dev metric, training seconds of each epoch, training examples of an epoch, peak GPU memory).
+    A checkpoint saved in ``root`` since ``since`` (this side's own stopped run) is gone on from (Trunk's exact
+    resume)."""
     from trunk.cli import run_cli
+    from trunk.training.fault_tolerance import last_checkpoints
 
     data, spec = Path(args.data), TASKS[task]
     name = spec.name
@@ -449,9 +513,17 @@ def trunk_run(task: str, args, precision: str, root: Path, own: bool = False) ->
     ], run=False)
     cli.trainer.callbacks.append(timer)
     reset_peak_memory(args.device)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    stopped = [path for path in last_checkpoints(root) if path.stat().st_mtime >= since]
+    if stopped:
+        print(f"Resuming the stopped Trunk side in {root} from {stopped[-1]}", file=sys.stderr, flush=True)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=stopped[-1] if stopped else None)
     metric = cli.trainer.checkpoint_callback.best_model_score
     return float(metric), timer.seconds, timer.examples, peak_memory(args.device)
+
+
+def recipe_run(task: str, args, precision: str, root: Path, since: float = math.inf) -> tuple:
+    """Trunk's recipe as it stands: its own learning rate, epochs, batch size and length (``trunk_run``'s ``own``)."""
+    return trunk_run(task, args, precision, root, since, True)
 
 
 def isolated(side: Callable, *args) -> tuple:
@@ -470,6 +542,17 @@ def with_peak_memory(side: Callable, *args) -> tuple:
     *result, gpu_memory = side(*args)
     peak = gpu_memory if gpu_memory is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB
     return (*result, peak)
+
+
+def claim(folder: Path, key: dict) -> float:
+    """When this side's run in ``folder`` began: the time ``folder/side.json`` was written if it names this side (its
+    ledger key and Trunk's version: a run of it was stopped there), else now, the folder marked as this side's. A
+    checkpoint older than that is another run's (other settings, or a version of Trunk before), never gone on from."""
+    marker, mine = folder / "side.json", json.dumps(key, sort_keys=True)
+    if not (marker.is_file() and marker.read_text() == mine):
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(mine)
+    return marker.stat().st_mtime
 
 
 class NotRecorded(Exception):
@@ -491,9 +574,10 @@ def compare(args) -> list[dict]:
                 run = argparse.Namespace(**{**vars(args), "seed": seed})
                 root = Path(args.root) / f"{task}-{precision}-seed{seed}"
 
-                def side(name: str, run_side: Callable, *values) -> tuple:
-                    """One side's result: from the ledger where it is recorded, else run (and recorded); with
-                    ``--summary``, never run."""
+                def side(name: str, run_side: Callable, folder: Path) -> tuple:
+                    """One side's result: from the ledger where it is recorded, else run in ``folder`` (and
+                    recorded), going on from where a stopped run of this side left it; with ``--summary``, never
+                    run."""
                     key = {"task": task, "precision": precision, "seed": seed, "side": name, **setting,
                            **({} if name == "recipe" else shared)}  # the recipe side keeps its own settings
                     # transformers' result is the same whatever Trunk's version
@@ -503,19 +587,22 @@ def compare(args) -> list[dict]:
                         return tuple(found["result"])
                     if args.summary:
                         raise NotRecorded(name)
-                    result = (isolated if args.isolate else lambda f, *a: f(*a))(run_side, *values)
+                    since = claim(folder, {**key, **({} if name == "hf" else {"trunk_version": args.trunk_version})})
+                    result = (isolated if args.isolate else lambda f, *a: f(*a))(run_side, task, run, precision,
+                                                                                  folder, since)
                     if ledger:
                         ledger.add({**key, "result": list(result)})
                     return result
 
                 try:
-                    trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, task, run,
-                                                                                     precision, root)
-                    hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run, task, run, precision)
+                    trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, root)
+                    hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run,
+                                                                         root.with_name(root.name + "-hf"))
                 except NotRecorded as missing:
                     print(f"  {task} {precision} seed {seed}: the {missing} side is not recorded yet", flush=True)
                     continue
-                t, h = (sum(s) / len(s) for s in (trunk_seconds, hf_seconds))
+                t, h = (statistics.fmean(known) if (known := [x for x in s if not math.isnan(x)]) else math.nan
+                        for s in (trunk_seconds, hf_seconds))  # a resumed epoch's seconds may be unknown
                 rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
                              "hf": hf_metric, "trunk_s_per_epoch": t, "hf_s_per_epoch": h,
                              "trunk_examples_per_s": trunk_examples / t, "hf_examples_per_s": hf_examples / h,
@@ -523,8 +610,8 @@ def compare(args) -> list[dict]:
                              "hf_peak_gib": hf_memory})
                 if args.recipe:
                     try:
-                        rows[-1]["trunk_recipe"] = side("recipe", trunk_run, task, run, precision,
-                                                        root.with_name(root.name + "-recipe"), True)[0]
+                        rows[-1]["trunk_recipe"] = side("recipe", recipe_run,
+                                                        root.with_name(root.name + "-recipe"))[0]
                     except NotRecorded:
                         rows[-1]["trunk_recipe"] = math.nan
                 print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "

@@ -103,6 +103,63 @@ def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, 
     assert "this code computes version" in capsys.readouterr().err
 
 
+def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_never_stopped(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """A session's end stops a side of hours: the same command again goes on from the side's last checkpoint (Trunk's
+    exact resume; transformers' state saved as it trains) with its epochs' seconds counted once, and ends with the
+    scores of a run never stopped; a folder's checkpoint of other settings is never gone on from."""
+    import hf_finetune
+    from test_hf import tiny
+
+    import trunk.cli
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    write_sst2(tmp_path / "data")
+    command = ["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sst2", "--max-batches",
+               "6", "--epochs", "2", "--batch-size", "8", "--max-length", "32", "--ledger"]
+    hf_finetune.main([*command, str(tmp_path / "straight.jsonl"), "--root", str(tmp_path / "straight")])
+    straight = [json.loads(line)["result"] for line in (tmp_path / "straight.jsonl").read_text().splitlines()]
+
+    class Stop(Exception):
+        pass
+
+    stops = {"trunk": 1, "hf": 1}
+
+    class StoppingTimer(hf_finetune.EpochTimer):  # the Trunk side stopped in its second epoch, a checkpoint behind
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 9 and stops["trunk"]:
+                stops["trunk"] -= 1
+                raise Stop
+
+    def saving_then_stopping(path, *args, **progress):  # the transformers side: stopped after its 8th batch's save
+        saving(path, *args, **progress)
+        if progress["epoch"] == 1 and progress["batch"] == 2 and stops["hf"]:
+            stops["hf"] -= 1
+            raise Stop
+
+    saving, run_cli = hf_finetune.save_hf_state, trunk.cli.run_cli
+    monkeypatch.setattr(hf_finetune, "EpochTimer", StoppingTimer)
+    monkeypatch.setattr(hf_finetune, "save_hf_state", saving_then_stopping)
+    monkeypatch.setattr(hf_finetune, "HF_SAVE_SECONDS", 0)  # after every batch
+    monkeypatch.setattr(trunk.cli, "run_cli", lambda a, **k: run_cli([*a, "--fault_tolerance.save_every_steps=2"], **k))
+    stopped = [*command, str(tmp_path / "stopped.jsonl"), "--root", str(tmp_path / "stopped")]
+    with pytest.raises(Stop):
+        hf_finetune.main(stopped)
+    capsys.readouterr()
+    with pytest.raises(Stop):  # Trunk's side goes on from its checkpoint at step 8; transformers' stops
+        hf_finetune.main(stopped)
+    assert "Resuming the stopped Trunk side" in capsys.readouterr().err
+    hf_finetune.main(stopped)  # transformers' side goes on from its 8th batch
+    err = capsys.readouterr().err
+    assert "Resuming the stopped transformers side" in err and "(epoch 2, batch 2)" in err
+    resumed = [json.loads(line)["result"] for line in (tmp_path / "stopped.jsonl").read_text().splitlines()]
+    assert [r[0] for r in resumed] == [r[0] for r in straight]  # the same dev scores, to the last digit
+    assert all(len(r[1]) == 2 and all(0 < s < 600 for s in r[1]) for r in resumed)  # both epochs, each counted once
+    assert resumed[0][2] == straight[0][2] and resumed[1][2] == straight[1][2]  # an epoch's examples
+    hf_finetune.main([*stopped[:-4], "--lr", "3e-4", *stopped[-4:]])  # other settings: the same folders, anew
+    assert "Resuming" not in capsys.readouterr().err
+
+
 def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
     """SICK's entailment (pairs, 3 classes) and relatedness (pair regression) from a file of SICK's columns, and
     OpenBookQA's packed candidates, both sides clipping gradients at 1.0 as the Trainer does: a table row each, scored
@@ -180,8 +237,9 @@ def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_
     runs, summary = capsys.readouterr().out.split("| task |")[1:]
     rows = [line.strip("|").split("|") for line in runs.strip().splitlines()[2:]]
     assert [int(cells[7]) for cells in rows] == [1, 2] and all(0.0 <= float(cells[8]) <= 1.0 for cells in rows)
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
-        "sst2-32-true-seed1", "sst2-32-true-seed1-recipe", "sst2-32-true-seed2", "sst2-32-true-seed2-recipe"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [  # each side's own folder (transformers' state)
+        "sst2-32-true-seed1", "sst2-32-true-seed1-hf", "sst2-32-true-seed1-recipe", "sst2-32-true-seed2",
+        "sst2-32-true-seed2-hf", "sst2-32-true-seed2-recipe"]
     line = summary.strip().splitlines()[2].strip("|").split("|")
     assert line[0].strip() == "sst2 (dev acc)" and line[2].strip() == "2" and "±" in line[3] and "±" in line[5]
 
