@@ -528,20 +528,43 @@ def recipe_run(task: str, args, precision: str, root: Path, since: float = math.
 
 def isolated(side: Callable, *args) -> tuple:
     """``side(*args)`` in a process of its own (spawned: it inherits no memory), so its peak memory is its own: on a
-    CPU that process's peak resident set in GiB takes the result's last field (a GPU's is the allocator's already)."""
-    import concurrent.futures
+    CPU that process's peak resident set in GiB takes the result's last field (a GPU's is the allocator's already).
+    The process ends with its side, whether this one still waits for it or not: a pool's worker outlived a benchmark
+    stopped by a signal, idle and holding its memory."""
     import multiprocessing
 
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(with_peak_memory, side, *args).result()
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=side_process, args=(send, side, *args))
+    process.start()
+    send.close()  # the child's end only: a child that dies unheard is then an EOFError here, not a wait forever
+    try:
+        ok, result = receive.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"the side's process ended (exit code {process.exitcode}) before it sent its result; its "
+                           "output above says why") from None
+    process.join()
+    if not ok:
+        raise result
+    return result
 
 
-def with_peak_memory(side: Callable, *args) -> tuple:
+def side_process(send, side: Callable, *args) -> None:
+    """A side's whole process: its result (with its peak memory) or its error, sent back to the benchmark."""
     import resource
+    import traceback
 
-    *result, gpu_memory = side(*args)
-    peak = gpu_memory if gpu_memory is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB
-    return (*result, peak)
+    try:
+        *result, gpu_memory = side(*args)
+        peak = gpu_memory if gpu_memory is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        send.send((True, (*result, peak)))  # ru_maxrss is in KiB
+    except BaseException as err:  # noqa: BLE001 - every error goes back to the benchmark, with where it was raised
+        err.add_note(traceback.format_exc())
+        try:
+            send.send((False, err))
+        except Exception:  # noqa: BLE001 - an error that does not pickle goes back as its text
+            send.send((False, RuntimeError(traceback.format_exc())))
 
 
 def claim(folder: Path, key: dict) -> float:

@@ -4,6 +4,7 @@ the same folder and the table comes out."""
 import json
 import random
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, ner_sentence, quiz_question, scored_pair, squad_article, write_conll
@@ -158,6 +159,41 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
     assert resumed[0][2] == straight[0][2] and resumed[1][2] == straight[1][2]  # an epoch's examples
     hf_finetune.main([*stopped[:-4], "--lr", "3e-4", *stopped[-4:]])  # other settings: the same folders, anew
     assert "Resuming" not in capsys.readouterr().err
+
+
+def test_a_sides_process_ends_with_its_side_when_the_benchmark_is_gone(tmp_path):
+    """--isolate: the benchmark killed while a side runs (a session's end), the side's process still ends when its side
+    does, instead of waiting idle for work that never comes (a pool's worker did, holding its memory)."""
+    import os
+    import subprocess
+    import time
+
+    (tmp_path / "slow_side.py").write_text(
+        "import os, time\n\n\ndef side(marker):\n    open(marker, 'w').write(str(os.getpid()))\n    time.sleep(3)\n"
+        "    return 1.0, [1.0], 1, None\n")
+    marker = tmp_path / "pid"
+    benchmark = subprocess.Popen([sys.executable, "-c", (
+        f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(REPO / 'benchmarks')!r}]\n"
+        f"import hf_finetune, slow_side\nhf_finetune.isolated(slow_side.side, {str(marker)!r})")])
+    deadline = time.monotonic() + 300
+    while not (marker.is_file() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    benchmark.kill()
+    benchmark.wait(timeout=60)
+    child = int(marker.read_text())
+
+    def running() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z"  # a zombie has ended
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    alive = running()
+    if alive:
+        os.kill(child, 9)
+    assert not alive
 
 
 def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_path, capsys):
