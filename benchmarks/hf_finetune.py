@@ -18,18 +18,19 @@ Trunk computes on real tokens only (its default) and takes its batches in random
 on``: batches of similar lengths instead, which cost 0.3-3 points here). Printed: each side's dev metric (the recipe's
 primary: accuracy; entity F1, first sub-token of each word, by Trunk's ``EntityF1``, which is conlleval's and seqeval's
 measure and tested against seqeval; Pearson's r; macro-F1; SQuAD's F1) and training seconds per epoch (validation
-excluded), examples/s, and the ratio, a row per seed (``--seed 1 2 3``: then each side's mean ± sd and the gap paired by
-seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its own) on a CPU each side's
-peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the same command again runs only
-what is not recorded (runs of hours on a CPU outlive a process), and with ``--summary`` prints the tables of what it
-holds, running nothing (Trunk's sides are of the version of what Trunk computes, benchmarks/ledger.py's
-``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). A side stopped midway (a session's end,
-a kill) goes on from where it stopped when the command runs again: Trunk's from its last checkpoint, transformers'
-from its state saved every 10 minutes and at each epoch's end in <root>/<task>-<precision>-seed<N>-hf, either ending
-as a run never stopped would. Both sides train fp32 master weights (a model
-folder stored in bf16 is read into fp32). The sides alternate task by task and precision by precision in the same
-process, so a machine that slows down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the
-GPU (the GPU check, benchmarks/gpu_check.py)."""
+excluded), examples/s, and the ratio of examples/s (an epoch cut short by ``--max-batches`` holds more of Trunk's
+question-answering windows, its batches being of questions), a row per seed (``--seed 1 2 3``: then each side's mean ±
+sd and the gap paired by seed); on CUDA each side's peak memory, and with ``--isolate`` (each side in a process of its
+own) on a CPU each side's peak resident memory. ``--ledger FILE.jsonl`` keeps each side's result as it finishes: the
+same command again runs only what is not recorded (runs of hours on a CPU outlive a process), and with ``--summary``
+prints the tables of what it holds, running nothing (Trunk's sides are of the version of what Trunk computes,
+benchmarks/ledger.py's ``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). A side stopped midway
+(a session's end, a kill) goes on from where it stopped when the command runs again: Trunk's from its last checkpoint,
+transformers' from its state saved every 10 minutes and at each epoch's end in <root>/<task>-<precision>-seed<N>-hf,
+either ending as a run never stopped would. Both sides train fp32 master weights (a model folder stored in bf16 is read
+into fp32). The sides alternate task by task and precision by precision in the same process, so a machine that slows
+down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check,
+benchmarks/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -707,7 +708,7 @@ def main(argv: list[str]) -> None:
         cells = ([f"{row['trunk_recipe']:.4f}"] if args.recipe else []) + (
             [f"{row['trunk_peak_gib']:.2f}", f"{row['hf_peak_gib']:.2f}"] if memory else [])
         print(f"| {row['task']} ({metric[row['task']]}) | {row['precision']} | {row['trunk']:.4f} | {row['hf']:.4f} | "
-              f"{t:.0f} | {h:.0f} | {h / t if t and not math.isnan(t) else float('nan'):.2f}x | {row['seed']} | "
+              f"{t:.0f} | {h:.0f} | {row['speedup']:.2f}x | {row['seed']} | "
               + "".join(f"{c} | " for c in cells))
     if len(args.seed) > 1:  # mean ± sd over the seeds, and the gap paired by seed
         print("\n| task | precision | seeds | Trunk | transformers | Trunk - transformers | speed-up |")
