@@ -10,11 +10,12 @@ TORCH ?= torch==2.13.0
 PYTHON ?= python3
 VENV := .venv
 
-# --no-compile: Python compiles a module when it is first imported; compiling every file of every package at install
-# (torch's thousands) took 65-85 s of a 2.5-minute install, for modules most runs never import
+# pip compiles every installed module (65-85 s of a 2.5-minute install): --no-compile saves that only where Python
+# writes bytecode as it imports; with PYTHONDONTWRITEBYTECODE=1 (set on the CI machines) every process then compiles
+# torch and Lightning anew, and the suite took 37 minutes instead of 20
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --no-compile "$(TORCH)" -e ".[dev]"
+	$(VENV)/bin/pip install -q "$(TORCH)" -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
