@@ -316,8 +316,10 @@ def test_trials_log_to_one_wandb_group_and_the_summary_run_holds_the_plots(senti
     tune_main(["--config", str(recipe(tmp_path, sentiment_files)), "--config", str(REPO / "configs/trainer/wandb.yaml"),
                "--search", str(space_file(tmp_path, SPACE)), "--trials", "2", "--dir", str(folder)])
 
-    def run_of(run_dir: Path):
-        return next(r.run for r in records(run_dir) if r.WhichOneof("record_type") == "run")
+    def run_of(run_dir: Path):  # W&B's own process may still be writing the file when its run has ended
+        written = settled(lambda folder: list(records(folder)), run_dir,
+                          lambda found: any(r.WhichOneof("record_type") == "run" for r in found))
+        return next(r.run for r in written if r.WhichOneof("record_type") == "run")
 
     for number in (0, 1):
         run = run_of(next((folder / f"trial_000{number}" / "wandb").glob("offline-run-*")))
