@@ -380,7 +380,7 @@ def hf_run(task: str, args, precision: str, root: Path | None = None, since: flo
         synchronize(args.device)
         seconds.append(time.perf_counter() - start - paused)
         scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))
-        if saved is not None:
+        if saved is not None and epoch + 1 < args.epochs:  # after the last, the state is not needed
             save_hf_state(saved, model, optimizer, schedule, epoch=epoch + 1, batch=0, generator=generator.get_state(),
                           elapsed=0.0, examples=examples, seconds=seconds, scores=scores)
     if saved is not None:

@@ -5,6 +5,7 @@ off."""
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -52,10 +53,15 @@ def pair_classifier(tmp_path, head_dropout: float = 0.0, *options: str):
     return cli, batch, theirs, their_batch(tmp_path / "bert", batch)
 
 
+@functools.cache
+def tokenizer_of(model: Path):
+    return transformers.AutoTokenizer.from_pretrained(model)
+
+
 def their_batch(model: Path, batch: dict) -> dict:
     """A batch of Trunk's pairs as transformers' tokenizer encodes them."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-    return tokenizer([a for a, _ in batch["text"]], [b for _, b in batch["text"]], padding=True, return_tensors="pt")
+    return tokenizer_of(model)([a for a, _ in batch["text"]], [b for _, b in batch["text"]], padding=True,
+                               return_tensors="pt")
 
 
 def test_a_pair_classifiers_first_step_equals_transformers(tmp_path):
@@ -143,28 +149,29 @@ def test_steps_of_trunks_own_training_loop_end_at_the_weights_of_the_trainers_lo
         optimizer.zero_grad()
     assert any(clipped) and not all(clipped)  # the clipping acts on some steps, so it is compared too
 
-    mapped = map_weights(theirs.config.to_dict(), {n.removeprefix("bert."): p.detach() for n, p in named
-                                                   if n.startswith("bert.")}, "bert")
-    expected = {**{f"trunk.{k}": v for k, v in mapped.trunk.items()},
-                **{f"objectives.pairs.head.dense.{k}": v for k, v in mapped.pooler.items()},
-                "objectives.pairs.head.classifier.weight": theirs.classifier.weight.detach(),
-                "objectives.pairs.head.classifier.bias": theirs.classifier.bias.detach()}
+    expected = in_trunks_names(theirs, "pairs", lambda p: p.detach())
     ours = dict(cli.model.named_parameters())
     assert set(expected) == set(ours)
     moved = max((ours[name] - theirs_value).abs().max().item() for name, theirs_value in expected.items())
     assert moved < 1e-5, moved
 
 
+def in_trunks_names(theirs, task: str, value) -> dict:
+    """``value(parameter)`` (its weight, its gradient) of each of transformers' model's parameters, under the name of
+    the Trunk parameter it maps to (the importer's map for the encoder and pooler; the task's classifier)."""
+    encoder = {name.removeprefix("bert."): value(p) for name, p in theirs.named_parameters()
+               if name.startswith("bert.")}
+    mapped = map_weights(theirs.config.to_dict(), encoder, "bert")
+    return {**{f"trunk.{k}": v for k, v in mapped.trunk.items()},
+            **{f"objectives.{task}.head.dense.{k}": v for k, v in mapped.pooler.items()},
+            f"objectives.{task}.head.classifier.weight": value(theirs.classifier.weight),
+            f"objectives.{task}.head.classifier.bias": value(theirs.classifier.bias)}
+
+
 def assert_same_gradients(model, theirs, task: str, of_all: float | None = None) -> None:
     """Every gradient of Trunk's model equals transformers' (mapped to Trunk's names as the importer maps weights)
     within 1e-5 of its largest; ``of_all``: within that share of the largest gradient of all instead."""
-    encoder_grads = {name.removeprefix("bert."): p.grad for name, p in theirs.named_parameters()
-                     if name.startswith("bert.")}
-    mapped = map_weights(theirs.config.to_dict(), encoder_grads, "bert")
-    expected = {**{f"trunk.{k}": v for k, v in mapped.trunk.items()},
-                **{f"objectives.{task}.head.dense.{k}": v for k, v in mapped.pooler.items()},
-                f"objectives.{task}.head.classifier.weight": theirs.classifier.weight.grad,
-                f"objectives.{task}.head.classifier.bias": theirs.classifier.bias.grad}
+    expected = in_trunks_names(theirs, task, lambda p: p.grad)
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert set(expected) == set(grads)
     largest = max(grad.abs().max().item() for grad in expected.values())
