@@ -447,6 +447,7 @@ def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(po
     cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, positions=positions)
     trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).eval()
     init_weights(trunk)
+    trunk.double()  # the two paths sum in different orders (attention by length groups): float32 rounding apart
     ids = torch.randint(5, 50, (3, 12))
     mask = torch.ones_like(ids)
     mask[0, 7:] = 0
@@ -468,6 +469,42 @@ def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(po
     torch.testing.assert_close(unpadded_out, padded_out, atol=1e-5, rtol=1e-5)
     for name in padded_grads:
         torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_attention_by_length_groups_is_the_padded_batchs_attention(positions, monkeypatch):
+    """Self-attention runs per group of like-length examples, each padded to its own longest (``LengthGroups``):
+    with padding on the right, on the left and inside a row, every output and gradient is the padded batch's (in
+    float64, where only the summation order could differ)."""
+    from trunk.models import Unpadded
+    from trunk.models.kernels import LengthGroups
+
+    torch.manual_seed(0)
+    cfg = TrunkConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40, positions=positions)
+    trunk = Trunk(Backbone(cfg), {"text": TokenStem(cfg)}).double().eval()
+    ids = torch.randint(5, 50, (6, 32))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, 30:] = mask[1, 20:] = mask[2, 9:] = mask[3, 4:] = mask[5, 12:] = False
+    mask[4, :3] = mask[5, 5:7] = False  # left padding; a hole inside a row
+
+    def run():
+        trunk.zero_grad()
+        out = trunk(ids, mask) * mask[..., None]
+        out.sin().sum().backward()
+        return out, {n: p.grad.clone() for n, p in trunk.named_parameters()}
+
+    groups = Unpadded(mask).groups
+    assert [(g.size, g.length) for g in groups.parts] == [(2, 32), (1, 20), (2, 12), (1, 4)]
+    assert groups.parts[0].mask is not None and groups.parts[3].mask is None  # a group of full rows masks nothing
+    grouped, grouped_grads = run()
+    monkeypatch.setattr(Unpadded, "groups", property(lambda self: None))
+    padded, padded_grads = run()
+    torch.testing.assert_close(grouped, padded, atol=1e-12, rtol=1e-10)
+    for name in padded_grads:
+        torch.testing.assert_close(grouped_grads[name], padded_grads[name], atol=1e-12, rtol=1e-10, msg=name)
+    monkeypatch.undo()
+    monkeypatch.setattr(LengthGroups, "PAYS", 0.1)  # where grouping saves too little, the padded batch is used
+    assert Unpadded(mask).groups is None
 
 
 def test_real_token_rows_come_in_few_sizes_at_little_cost():

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from trunk.core.checkpoint import load_checkpoint
-from trunk.models.kernels import Dropout, Unpadded, attend, tracing
+from trunk.models.kernels import Dropout, LengthGroups, Unpadded, attend, tracing
 from trunk.models.local_attention import SlidingWindow, local_mask, sliding_window, sliding_window_attention
 from trunk.models.positions import POSITIONS, QUERY_SCALE, Disentangled, PositionBias, PositionScheme, scheme
 
@@ -253,6 +253,9 @@ class Attention(nn.Module):
         whose layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens)
         instead, written out as a (T, T) mask. ``query``: self-attention's queries from these vectors (x's shape), its
         keys and values from x (DeBERTa's enhanced mask decoder)."""
+        groups = unpadded.groups if unpadded is not None and context is None and cache is None else None
+        if groups is not None and position_bias is None and local is None:
+            return self.out_proj(self.attend_by_length(x, query, groups, key_padding_mask is not None, causal))
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x if query is None else query))
         B, T, C = q.shape
@@ -302,6 +305,26 @@ class Attention(nn.Module):
         # written out when exporting a float mask: the ONNX exporter mis-strides SDPA's output then (a view of it fails)
         y = attend(q, k, v, mask, p, written_out=(position_bias is not None or local is not None) and tracing())
         return self.out_proj(self.merge_heads(y, unpadded))
+
+    def attend_by_length(self, x: torch.Tensor, query: torch.Tensor | None, groups: LengthGroups, masked: bool,
+                         causal: bool) -> torch.Tensor:
+        """Self-attention of (N, C) real-token rows, each group of like-length examples padded to its own longest
+        (``LengthGroups``): the function of the padded batch's, at a fraction of its cost. ``masked``: padding keys
+        are masked (a decoder's causal mask alone keeps its real queries from the padding after them)."""
+        ys = []
+        for q, kv, group in zip(groups.pad(self.q_proj(x if query is None else query)),
+                                groups.pad(self.kv_proj(x)), groups.parts):
+            B, T, _ = q.shape
+            q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
+            k, v = kv.view(B, T, 2, -1, self.head_dim).permute(2, 0, 3, 1, 4)
+            if self.positions is not None:
+                q, k = (self.positions.rotate(t, 0, self.rope_base) for t in (q, k))
+            mask = group.mask if masked else None
+            if causal and T > 1:
+                causal_mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                mask = causal_mask if mask is None else mask & causal_mask
+            ys.append(attend(q, k, v, mask, self.dropout if self.training else 0.0).transpose(1, 2).flatten(2))
+        return groups.unpad(ys)
 
     @staticmethod
     def merge_heads(y: torch.Tensor, unpadded: Unpadded | None) -> torch.Tensor:
