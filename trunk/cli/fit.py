@@ -91,6 +91,8 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # Trunk's training stream resumes mid-epoch by itself (MultiTaskStream skips the batches already trained on)
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
+    # run_cli(args) from a script of its own options (a benchmark, a tune's trial): the args given are the ones meant
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
 
 
 class TrunkTrainer(Trainer):
