@@ -258,15 +258,13 @@ class Attention(nn.Module):
             return self.out_proj(self.attend_by_length(x, query, groups, key_padding_mask is not None, causal))
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x if query is None else query))
-        B, T, C = q.shape
-        # (B, H, T, D); H: this process's heads under tensor parallelism
-        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
+        T = q.shape[1]
+        q = self.split_heads(q)[0]
         if context is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]  # the context's keys and values, projected at the first step
         else:
             kv = pad(self.kv_proj(x)) if context is None else self.kv_proj(context)
-            S = kv.shape[1]
-            k, v = kv.view(B, S, 2, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D)
+            k, v = self.split_heads(kv, 2)
             if context is None:
                 offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0  # tokens already cached
                 if self.positions is not None:
@@ -292,8 +290,8 @@ class Attention(nn.Module):
         if causal and T > 1:
             # SDPA refuses attn_mask together with is_causal, so fold both into one boolean mask.
             # Queries are the last T of the S positions (earlier ones may come from the cache).
-            causal_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-            mask = causal_mask if mask is None else mask & causal_mask
+            seen = causal_mask(T, S, x.device)
+            mask = seen if mask is None else mask & seen
         if position_bias is not None:  # one float mask: the bias, -inf at the keys a query must not see
             # DeBERTa's reads this layer's queries, keys and projections (and scales the content scores by its
             # 1/sqrt(3 D)); the others are one tensor for every layer
@@ -314,17 +312,21 @@ class Attention(nn.Module):
         ys = []
         for q, kv, group in zip(groups.pad(self.q_proj(x if query is None else query)),
                                 groups.pad(self.kv_proj(x)), groups.parts):
-            B, T, _ = q.shape
-            q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
-            k, v = kv.view(B, T, 2, -1, self.head_dim).permute(2, 0, 3, 1, 4)
+            (q,), (k, v), T = self.split_heads(q), self.split_heads(kv, 2), q.shape[1]
             if self.positions is not None:
                 q, k = (self.positions.rotate(t, 0, self.rope_base) for t in (q, k))
             mask = group.mask if masked else None
             if causal and T > 1:
-                causal_mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-                mask = causal_mask if mask is None else mask & causal_mask
+                seen = causal_mask(T, T, x.device)
+                mask = seen if mask is None else mask & seen
             ys.append(attend(q, k, v, mask, self.dropout if self.training else 0.0).transpose(1, 2).flatten(2))
         return groups.unpad(ys)
+
+    def split_heads(self, x: torch.Tensor, n: int = 1) -> torch.Tensor:
+        """(B, T, n x H x D) projections -> (n, B, H, T, D): queries (n = 1), or keys and values (n = 2). H: this
+        process's heads under tensor parallelism."""
+        B, T, _ = x.shape
+        return x.view(B, T, n, -1, self.head_dim).permute(2, 0, 3, 1, 4)
 
     @staticmethod
     def merge_heads(y: torch.Tensor, unpadded: Unpadded | None) -> torch.Tensor:
@@ -406,6 +408,12 @@ class Block(nn.Module):
 
         x = self.residual(x if query is None else query, attention, self.norm_attn, self.scale_attn)
         return self.residual(x, self.ff, self.norm_ff, self.scale_ff)
+
+
+def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """(queries, keys) bool, True where a query may see a key: the queries are the last of the keys' positions (earlier
+    keys may come from a cache)."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
 
 
 def scores_dtype(x: torch.Tensor) -> torch.dtype:
