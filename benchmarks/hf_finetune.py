@@ -281,8 +281,15 @@ def hf_run(task: str, args, precision: str, root: Path | None = None, since: flo
         collate = DataCollatorWithPadding(tokenizer)
     elif spec.kind == "choices":  # each question with each candidate, as run_swag_no_trainer.py pairs them
         def encode(questions, answers):
+            # BertForMultipleChoice reads a fixed number of candidates (Trunk any): a question with another number
+            # (OpenBookQA's training set has one of 5, its "(D)" given twice) is left out of this side
+            count = statistics.mode(len(choices) for _, choices in questions)
+            kept = [(q, a) for q, a in zip(questions, answers) if len(q[1]) == count]
+            if len(kept) < len(questions):
+                print(f"transformers' side: {len(questions) - len(kept)} of {len(questions)} questions left out, "
+                      f"having other than {count} candidates")
             out = []
-            for (question, choices), answer in zip(questions, answers):
+            for (question, choices), answer in kept:
                 enc = tokenizer([question] * len(choices), choices, truncation=True, max_length=args.max_length)
                 out.append({**enc, "labels": answer})
             return out

@@ -218,6 +218,10 @@ def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_p
         rows = ["ID\tQuestion Stem\tChoices\tComplete Question\tAnswer Key"] + [
             f"{i}\t{q['question']}\t{' '.join(f'({letter}) {c}' for letter, c in zip('ABCD', q['choices']))}\t"
             f"{q['question']}\t{q['answer']}" for i, q in enumerate(quiz) if len(q["choices"]) == 4]
+        if split == "train":  # OpenBookQA's own: one question of 5 candidates, its "(D)" given twice
+            cells = rows[1].split("\t")
+            rows[1] = "\t".join([*cells[:2], cells[2] + " (D) one candidate more", *cells[3:]])
+            questions = len(rows) - 1
         (tmp_path / "data" / "openbookqa" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sick_entailment",
                       "--task", "sick_relatedness", "--task", "openbookqa", "--max-batches", "2", "--batch-size", "8",
@@ -225,6 +229,8 @@ def test_pairs_and_multiple_choice_are_compared_with_the_trainers_clipping(tmp_p
                       "--ledger", str(tmp_path / "ledger.jsonl")])
     out = capsys.readouterr().out
     assert "gradients clipped at 1.0" in out
+    # transformers' model reads a fixed number of candidates: the question of 5 is left out of its side, said
+    assert f"transformers' side: 1 of {questions} questions left out, having other than 4 candidates" in out
     # both sides count the same examples an epoch (a question once, not each of its candidates): the speed-up's unit
     examples = {(r["task"], r["side"]): r["result"][2]
                 for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())}
