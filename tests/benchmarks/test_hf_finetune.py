@@ -286,6 +286,31 @@ def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_
     assert line[0].strip() == "sst2 (dev acc)" and line[2].strip() == "2" and "±" in line[3] and "±" in line[5]
 
 
+def test_a_pooled_task_reads_cls_through_the_pooler_as_transformers_does_whatever_its_recipes_pooling(tmp_path):
+    """transformers' sequence classifier reads [CLS] through the pretrained pooler; GoEmotions' recipe mean-pools. At
+    the Trainer's settings Trunk's side is the same model (pooling cls); the recipe column keeps the recipe's own."""
+    import hf_finetune
+    import torch
+    from test_hf import tiny
+
+    tiny("bert", tmp_path / "model", masked_lm=False)
+    rng = random.Random(0)
+    (tmp_path / "data" / "goemotions").mkdir(parents=True)
+    for split in ("train", "dev"):
+        rows = [f"{scored_pair(rng)['text']}\t{','.join(map(str, rng.sample(range(28), rng.choice([1, 2]))))}\tid{i}"
+                for i in range(24)]
+        (tmp_path / "data" / "goemotions" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    hf_finetune.main(["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "goemotions",
+                      "--max-batches", "1", "--batch-size", "8", "--max-length", "32", "--recipe",
+                      "--root", str(tmp_path / "runs")])
+    poolings = {}
+    for side in ("goemotions-32-true-seed42", "goemotions-32-true-seed42-recipe"):
+        checkpoint, = (tmp_path / "runs" / side).rglob("last.ckpt")
+        tasks = torch.load(checkpoint, weights_only=False)["hyper_parameters"]["tasks"]
+        poolings[side] = tasks["goemotions"]["init_args"]["pooling"]
+    assert poolings == {"goemotions-32-true-seed42": "cls", "goemotions-32-true-seed42-recipe": "mean"}
+
+
 TRAINER_PLAN = """
 import json, sys, transformers
 model = transformers.BertForSequenceClassification.from_pretrained(sys.argv[1], num_labels=2)
