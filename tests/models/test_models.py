@@ -437,6 +437,22 @@ def test_written_out_attention_is_attention_when_nothing_is_dropped():
     assert out.shape == (3, 2, 5, 8) and not torch.allclose(out, attention_written_out(q, k, v, mask, 0.0))
 
 
+def outputs_and_gradients(trunk, ids, mask, loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The trunk's outputs at the real tokens (zeros at padding), and every parameter's gradient of ``loss`` of them."""
+    trunk.zero_grad()
+    out = trunk(ids, mask) * mask[..., None]
+    loss(out).backward()
+    return out, {n: p.grad.clone() for n, p in trunk.named_parameters()}
+
+
+def assert_same_outputs_and_gradients(first, second, atol: float, rtol: float, gradient_rtol: float) -> None:
+    """Two ``outputs_and_gradients`` results agree: the outputs within (atol, rtol), each gradient within (atol,
+    gradient_rtol), named where it does not."""
+    torch.testing.assert_close(first[0], second[0], atol=atol, rtol=rtol)
+    for name, gradient in second[1].items():
+        torch.testing.assert_close(first[1][name], gradient, atol=atol, rtol=gradient_rtol, msg=name)
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope", "t5"])
 def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(positions, monkeypatch):
     """The backbone skips padding (``Unpadded``); the outputs at real tokens and every gradient are
@@ -454,21 +470,15 @@ def test_computing_on_real_tokens_only_gives_the_padded_results_and_gradients(po
     mask[2, 3:] = 0
 
     def run():
-        trunk.zero_grad()
-        out = trunk(ids, mask)
-        (out * mask[..., None]).square().sum().backward()
-        return out * mask[..., None], {n: p.grad.clone() for n, p in trunk.named_parameters()}
+        return outputs_and_gradients(trunk, ids, mask, lambda out: out.square().sum())
 
     assert Unpadded.pays(mask.bool())
     rows = Unpadded(mask.bool())
     assert (rows.real, rows.index.numel()) == (22, 24)  # two padding positions computed along: a round row count
     assert trunk(ids, mask)[~mask.bool()].abs().max() == 0  # and dropped: zeros at the padding
-    unpadded_out, unpadded_grads = run()
+    unpadded = run()
     monkeypatch.setattr(Unpadded, "pays", staticmethod(lambda mask: False))
-    padded_out, padded_grads = run()
-    torch.testing.assert_close(unpadded_out, padded_out, atol=1e-5, rtol=1e-5)
-    for name in padded_grads:
-        torch.testing.assert_close(unpadded_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_outputs_and_gradients(unpadded, run(), atol=1e-5, rtol=1e-5, gradient_rtol=1e-4)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
@@ -488,20 +498,14 @@ def test_attention_by_length_groups_is_the_padded_batchs_attention(positions, mo
     mask[4, :3] = mask[5, 5:7] = False  # left padding; a hole inside a row
 
     def run():
-        trunk.zero_grad()
-        out = trunk(ids, mask) * mask[..., None]
-        out.sin().sum().backward()
-        return out, {n: p.grad.clone() for n, p in trunk.named_parameters()}
+        return outputs_and_gradients(trunk, ids, mask, lambda out: out.sin().sum())
 
     groups = Unpadded(mask).groups
     assert [(g.size, g.length) for g in groups.parts] == [(2, 32), (1, 20), (2, 12), (1, 4)]
     assert groups.parts[0].mask is not None and groups.parts[3].mask is None  # a group of full rows masks nothing
-    grouped, grouped_grads = run()
+    grouped = run()
     monkeypatch.setattr(Unpadded, "groups", property(lambda self: None))
-    padded, padded_grads = run()
-    torch.testing.assert_close(grouped, padded, atol=1e-12, rtol=1e-10)
-    for name in padded_grads:
-        torch.testing.assert_close(grouped_grads[name], padded_grads[name], atol=1e-12, rtol=1e-10, msg=name)
+    assert_same_outputs_and_gradients(grouped, run(), atol=1e-12, rtol=1e-10, gradient_rtol=1e-10)
     monkeypatch.undo()
     monkeypatch.setattr(LengthGroups, "PAYS", 0.1)  # where grouping saves too little, the padded batch is used
     assert Unpadded(mask).groups is None
