@@ -253,9 +253,12 @@ class Attention(nn.Module):
         whose layout holds the padding, causal and position-bias masks; traced (ONNX), its (radius, global tokens)
         instead, written out as a (T, T) mask. ``query``: self-attention's queries from these vectors (x's shape), its
         keys and values from x (DeBERTa's enhanced mask decoder)."""
-        groups = unpadded.groups if unpadded is not None and context is None and cache is None else None
-        if groups is not None and position_bias is None and local is None:
-            return self.out_proj(self.attend_by_length(x, query, groups, key_padding_mask is not None, causal))
+        p = self.dropout if self.training else 0.0
+        # the cheap conditions first: a model that never groups (position biases, local windows) never builds groups
+        plain = unpadded is not None and context is None and cache is None and position_bias is None and local is None
+        if plain and unpadded.groups is not None:
+            y = self.attend_by_length(x, query, unpadded.groups, key_padding_mask is not None, causal, p)
+            return self.out_proj(y)
         pad = unpadded.pad if unpadded is not None else (lambda t: t)  # (N, ·) real tokens -> (B, T, ·)
         q = pad(self.q_proj(x if query is None else query))
         T = q.shape[1]
@@ -275,7 +278,6 @@ class Attention(nn.Module):
                 k, v = k.contiguous(), v.contiguous()
                 cache["k"], cache["v"] = k, v
         S = k.shape[2]
-        p = self.dropout if self.training else 0.0
         if isinstance(local, SlidingWindow):
             return self.out_proj(self.merge_heads(sliding_window_attention(q, k, v, local, p), unpadded))
 
@@ -305,7 +307,7 @@ class Attention(nn.Module):
         return self.out_proj(self.merge_heads(y, unpadded))
 
     def attend_by_length(self, x: torch.Tensor, query: torch.Tensor | None, groups: LengthGroups, masked: bool,
-                         causal: bool) -> torch.Tensor:
+                         causal: bool, p: float) -> torch.Tensor:
         """Self-attention of (N, C) real-token rows, each group of like-length examples padded to its own longest
         (``LengthGroups``): the function of the padded batch's, at a fraction of its cost. ``masked``: padding keys
         are masked (a decoder's causal mask alone keeps its real queries from the padding after them)."""
@@ -319,7 +321,7 @@ class Attention(nn.Module):
             if causal and T > 1:
                 seen = causal_mask(T, T, x.device)
                 mask = seen if mask is None else mask & seen
-            ys.append(attend(q, k, v, mask, self.dropout if self.training else 0.0).transpose(1, 2).flatten(2))
+            ys.append(self.merge_heads(attend(q, k, v, mask, p), None))
         return groups.unpad(ys)
 
     def split_heads(self, x: torch.Tensor, n: int = 1) -> torch.Tensor:
