@@ -792,3 +792,27 @@ def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_res
     assert "mood: the unpruned search's best recipe, test: " in done.stdout
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 5
+
+
+def test_the_int8_kernel_benchmark_times_layers_that_compute_what_trunks_int8_layer_does():
+    """The packed oneDNN layer it times is Trunk's int8 scheme on another product (the same outputs within a rounding
+    step), and the script prints the per-layer and per-block tables."""
+    from int8_kernels import PackedInt8Linear
+
+    from trunk.inference.quantize import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    x = torch.randn(2, 10, 64) * torch.rand(2, 10, 1) * 4
+    with torch.inference_mode():
+        reference, trunks = linear(x), Int8Linear.from_float(linear)(x)
+        packed = PackedInt8Linear(linear)(x)
+    assert packed.shape == reference.shape
+    assert torch.allclose(packed, trunks, atol=1e-4)
+    assert (packed - reference).abs().max() < 0.02 * reference.abs().max()
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "int8_kernels.py"), "--d-model", "32", "--d-ff", "64", "--heads", "4",
+         "--tokens", "16", "--rounds", "2"], capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| 32 -> 64 |" in done.stdout and "| oneDNN packed int8 + bf16 |" in done.stdout
