@@ -185,7 +185,8 @@ class Task:
     @property
     def pooled(self) -> bool:
         """Whether the task reads one vector per input: transformers' model for it reads [CLS] through the pretrained
-        pooler, which Trunk's side then does too, whatever the recipe's pooling (its own in the recipe column)."""
+        pooler, which Trunk's side then does too, whatever the recipe's pooling and pooler (its own in the recipe
+        column)."""
         return self.kind in ("classes", "regression", "multilabel", "choices")
 
 
@@ -518,7 +519,8 @@ def trunk_run(task: str, args, precision: str, root: Path, since: float = math.i
         *([] if own else [f"--data.tasks.{name}.init_args.batch_size={args.batch_size}",
                           f"--data.tasks.{name}.init_args.max_length={args.max_length}",
                           f"--model.optimizer.lr={args.lr}", f"--trainer.max_epochs={args.epochs}",
-                          *([f"--model.tasks.{name}.init_args.pooling=cls"] if spec.pooled else [])]),
+                          *([f"--model.tasks.{name}.init_args.{key}" for key in ("pooling=cls", "pooler=true")]
+                            if spec.pooled else [])]),
         "--trainer.val_check_interval=1.0", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}",
         f"--trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}", "--trainer.devices=1",

@@ -287,8 +287,9 @@ def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_
 
 
 def test_a_pooled_task_reads_cls_through_the_pooler_as_transformers_does_whatever_its_recipes_pooling(tmp_path):
-    """transformers' sequence classifier reads [CLS] through the pretrained pooler; GoEmotions' recipe mean-pools. At
-    the Trainer's settings Trunk's side is the same model (pooling cls); the recipe column keeps the recipe's own."""
+    """transformers' sequence classifier reads [CLS] through the pretrained pooler; GoEmotions' recipe mean-pools
+    without it. At the Trainer's settings Trunk's side is the same model (pooling cls, the pooler on); the recipe column
+    keeps the recipe's own."""
     import hf_finetune
     import torch
     from test_hf import tiny
@@ -307,8 +308,9 @@ def test_a_pooled_task_reads_cls_through_the_pooler_as_transformers_does_whateve
     for side in ("goemotions-32-true-seed42", "goemotions-32-true-seed42-recipe"):
         checkpoint, = (tmp_path / "runs" / side).rglob("last.ckpt")
         tasks = torch.load(checkpoint, weights_only=False)["hyper_parameters"]["tasks"]
-        poolings[side] = tasks["goemotions"]["init_args"]["pooling"]
-    assert poolings == {"goemotions-32-true-seed42": "cls", "goemotions-32-true-seed42-recipe": "mean"}
+        chosen = tasks["goemotions"]["init_args"]
+        poolings[side] = chosen["pooling"], chosen["pooler"]
+    assert poolings == {"goemotions-32-true-seed42": ("cls", True), "goemotions-32-true-seed42-recipe": ("mean", False)}
 
 
 TRAINER_PLAN = """

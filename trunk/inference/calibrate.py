@@ -3,7 +3,7 @@
 A model can compute in four forms on a CPU: fp32, bf16 (``bf16-mixed``, where the CPU multiplies bf16 natively),
 int8 (``quantize="int8"``: the trunk's linear layers in int8, the rest in fp32, where it has int8 dot products), and
 int8 with bf16 around it. Which is fastest depends on the CPU's units and on the model's shape, not on flags alone: on
-an AMD EPYC with AVX512-VNNI and AVX512-BF16 int8 beats bf16 on MiniLM, on an Intel Xeon with AMX bf16 ran 2.2x as
+an AMD EPYC with AVX512-VNNI and AVX512-BF16 int8 beats bf16 on MiniLM, on an Intel Xeon with AMX bf16 ran 1.4-1.9x as
 fast as int8 (``benchmarks/int8.py``). So ``auto`` times each form the CPU has units for on a stack of the model's
 own blocks (random weights of its shape: the time of a form depends on the shape, not on the values) and takes the
 fastest; the most exact form wins unless another is more than ``TIE`` faster. The times are cached per CPU, torch
