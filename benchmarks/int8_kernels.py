@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from inference import table
 from torch import nn
 
-from trunk.inference.calibrate import BATCH, LENGTHS
-from trunk.inference.quantize import Int8Linear, quantize_blocks
+from trunk.inference.calibrate import BATCH, LENGTHS, calibration_batches
+from trunk.inference.quantize import Int8Linear, quantize_blocks, quantize_rows
 from trunk.models.trunk import Backbone, TrunkConfig
 from trunk.training.precision import cpu_info
 
@@ -51,22 +51,19 @@ class PackedInt8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(1).clamp(min=1e-12) / 127
-        int8 = torch.round(weight / scale[:, None]).to(torch.int8)
+        int8, scale = quantize_rows(linear.weight.detach().float())
         self.register_buffer("packed", torch.ops.onednn.qlinear_prepack(int8, None))
-        self.register_buffer("weight_scale", scale)
+        self.register_buffer("weight_scale", scale[:, 0])
         self.register_buffer("zero", torch.zeros(len(scale), dtype=torch.int64))
-        self.register_buffer("bias", linear.bias.detach().float())
+        self.register_buffer("bias", linear.bias.detach().float() if linear.bias is not None else None)
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        scale = rows.abs().amax(1, keepdim=True).float().clamp(min=1e-12) / 127
+        inputs, scale = quantize_rows(x.reshape(-1, x.shape[-1]).float())
         product = torch.ops.onednn.qlinear_pointwise(
-            (rows / scale).round().to(torch.int8), 1.0, 0, self.packed, self.weight_scale, self.zero, None, 1.0, 0,
-            x.dtype, "none", [], "")
-        return (product * scale + self.bias).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            inputs, 1.0, 0, self.packed, self.weight_scale, self.zero, None, 1.0, 0, x.dtype, "none", [], "") * scale
+        out = product if self.bias is None else product + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
 def layer_table(cfg: TrunkConfig, tokens: int, rounds: int) -> None:
@@ -79,16 +76,14 @@ def layer_table(cfg: TrunkConfig, tokens: int, rounds: int) -> None:
             layer = Int8Linear.from_float(linear)
             x = torch.randn(tokens, d_in) * torch.rand(tokens, 1) * 4  # tokens of other ranges, as a trunk's are
             x16, w16, b16 = x.bfloat16(), linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
-            scale = x.abs().amax(1, keepdim=True).div_(127)
-            x8 = (x / scale).round_().to(torch.int8)
+            x8, scale = quantize_rows(x)
             product = torch._int_mm(x8, layer.weight_int8)
             packed = PackedInt8Linear(linear)
             sides = {
                 "fp32": lambda: F.linear(x, linear.weight, linear.bias),
                 "bf16": lambda: F.linear(x16, w16, b16),
                 "Int8Linear": lambda: layer(x),
-                "quantize": lambda: (x / x.abs().amax(1, keepdim=True).clamp_(min=1e-12).div_(127)).round_().to(
-                    torch.int8),
+                "quantize": lambda: quantize_rows(x),
                 "_int_mm": lambda: torch._int_mm(x8, layer.weight_int8),
                 "scale back": lambda: product.to(torch.float32).mul_(scale).mul_(layer.weight_scale).add_(layer.bias),
                 "oneDNN packed int8 product": lambda: torch.ops.onednn.qlinear_pointwise(
@@ -110,15 +105,8 @@ def block_table(cfg: TrunkConfig, rounds: int, compile_: bool) -> None:
     stack = Backbone(small).eval()
     int8, packed = copy.deepcopy(stack), copy.deepcopy(stack)
     quantize_blocks(int8)
-    for name, module in list(packed.named_modules()):
-        if isinstance(module, nn.Linear) and name.startswith("blocks."):
-            parent, _, leaf = name.rpartition(".")
-            setattr(packed.get_submodule(parent), leaf, PackedInt8Linear(module))
-    batches = []
-    for length in LENGTHS:
-        real = torch.randint(int(length * 0.85), length + 1, (BATCH,))
-        real[0] = length
-        batches.append((torch.randn(BATCH, length, cfg.d_model), torch.arange(length) < real[:, None]))
+    quantize_blocks(packed, PackedInt8Linear)
+    batches = calibration_batches(cfg)
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
     fp32 = contextlib.nullcontext
     forms = {"fp32": (stack, fp32), "bf16": (stack, bf16), "Trunk int8": (int8, fp32),

@@ -153,6 +153,17 @@ def read_cache(path: Path | None, machine: dict, say: bool = True) -> dict[str, 
     return entries
 
 
+def calibration_batches(cfg: TrunkConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, padding mask) batches of ``BATCH`` vectors of width ``cfg.d_model``, one per length of ``LENGTHS``,
+    each row a little shorter than the longest, as ``predict``'s length-sorted batches are (drawn from torch's RNG)."""
+    batches = []
+    for length in sorted({min(length, cfg.max_len) for length in LENGTHS}):
+        real = torch.randint(int(length * 0.85), length + 1, (BATCH,))
+        real[0] = length
+        batches.append((torch.randn(BATCH, length, cfg.d_model), torch.arange(length) < real[:, None]))
+    return batches
+
+
 def measure(cfg: TrunkConfig, forms: list[str]) -> dict[str, float]:
     """Seconds of a pass over the calibration batches per form through ``BLOCKS`` blocks of shape ``cfg``: the forms
     alternating in rounds after a warm-up, each form's median ratio to fp32's time in the same round, times fp32's
@@ -161,11 +172,7 @@ def measure(cfg: TrunkConfig, forms: list[str]) -> dict[str, float]:
     with torch.random.fork_rng():
         torch.manual_seed(0)
         stack = Backbone(small).eval()
-        batches = []
-        for length in sorted({min(length, cfg.max_len) for length in LENGTHS}):
-            real = torch.randint(int(length * 0.85), length + 1, (BATCH,))
-            real[0] = length
-            batches.append((torch.randn(BATCH, length, cfg.d_model), torch.arange(length) < real[:, None]))
+        batches = calibration_batches(cfg)
     quantized = copy.deepcopy(stack) if any(FORMS[f][1] for f in forms) else None
     if quantized is not None:
         quantize_blocks(quantized)

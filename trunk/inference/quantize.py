@@ -43,9 +43,9 @@ class Int8Linear(nn.Module):
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
         weight = linear.weight.detach().float()
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None).to(weight.device)
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # symmetric: 0 is exact, as padding needs
-        layer.weight_int8.copy_(torch.round(weight / scale[:, None]).t())
-        layer.weight_scale.copy_(scale)
+        int8, scale = quantize_rows(weight)
+        layer.weight_int8.copy_(int8.t())
+        layer.weight_scale.copy_(scale[:, 0])
         if linear.bias is not None:
             layer.bias.copy_(linear.bias.detach().float())
         return layer
@@ -60,9 +60,7 @@ class Int8Linear(nn.Module):
                 "This model's trunk is quantized to int8, which is for inference only: its weights cannot learn. "
                 "Train (or fine-tune) the float checkpoint, and quantize it when predicting or serving."
             )
-        rows = x.reshape(-1, self.in_features).float()
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
-        inputs = (rows / scale).round_().to(torch.int8)
+        inputs, scale = quantize_rows(x.reshape(-1, self.in_features).float())
         # in place: a (tokens, out) product scale would cost a pass over memory as large as the output
         out = torch._int_mm(inputs, self.weight_int8).to(torch.float32).mul_(scale).mul_(self.weight_scale)
         if self.bias is not None:
@@ -71,6 +69,12 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, C) float rows as int8 with one scale per row, (R, 1): symmetric, so 0 is exact, as padding needs."""
+    scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
+    return (rows / scale).round_().to(torch.int8), scale
 
 
 def check_quantize(mode: str | None) -> None:
@@ -103,14 +107,14 @@ def quantize_trunk(model: nn.Module, mode: str | None) -> str | None:
             f"({float_weights:,} weights); embeddings, norms, attention scores, heads and deltas in float.")
 
 
-def quantize_blocks(backbone: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """Put an ``Int8Linear`` in place of each linear layer of a backbone's blocks; the float layers replaced, by
-    name."""
+def quantize_blocks(backbone: nn.Module, make=Int8Linear.from_float) -> list[tuple[str, nn.Linear]]:
+    """Put ``make(linear)`` (an ``Int8Linear``) in place of each linear layer of a backbone's blocks; the float layers
+    replaced, by name."""
     linears = [(name, m) for name, m in backbone.named_modules()
                if isinstance(m, nn.Linear) and name.startswith("blocks.")]
     for name, linear in linears:
         parent, _, leaf = name.rpartition(".")
-        setattr(backbone.get_submodule(parent), leaf, Int8Linear.from_float(linear))
+        setattr(backbone.get_submodule(parent), leaf, make(linear))
     return linears
 
 
