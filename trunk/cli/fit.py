@@ -150,6 +150,19 @@ def _keep_lines(self, text: str, width: int, indent: str) -> str:
 class TrunkCLI(LightningCLI):
     """``trunk fit | validate | test | predict --config configs/<recipe>.yaml`` (and ``trunk export``, see ``main``)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        given = kwargs.get("args")
+        words = sys.argv[1:] if given is None else list(given) if isinstance(given, (list, tuple)) else []
+        self._named = words[0] if words and words[0] in self.subcommands() else None  # `trunk fit ...`
+        super().__init__(*args, **kwargs)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
+        """Lightning builds every subcommand's whole parser (0.3 s each); a command line that names one needs only its
+        own: the others stay bare (their name and help line for `trunk --help`)."""
+        if self._named not in (None, subcommand):
+            return self.init_parser(**kwargs)
+        return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         if add_subcommands:  # one whole line each in `trunk --help`, not the Trainer docstrings' first words
