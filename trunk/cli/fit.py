@@ -158,7 +158,7 @@ class TrunkCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
         """Lightning builds every subcommand's whole parser (0.3 s each); a command line that names one needs only its
-        own: the others stay bare (their name and help line for `trunk --help`)."""
+        own: the others stay bare, registered by name (a mistyped one is still refused with the four listed)."""
         if self._named not in (None, subcommand):
             return self.init_parser(**kwargs)
         return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
