@@ -79,6 +79,18 @@ def test_classification_metrics_match_their_definitions_on_random_predictions():
     assert "f1" not in values  # macro-F1 is logged under a name that says so
 
 
+def test_a_perfect_binary_epoch_logs_its_metrics_as_floats():
+    """torchmetrics' MCC of a perfect binary epoch is an integer tensor; logged as it is, Lightning warns that it
+    "needs to be floating" in every first run on easy data."""
+    objective = TrunkModule({"t": SequenceClassification()}, trunk=TINY,
+                            task_info={"t": {"label_names": ["no", "yes"]}}).objectives["t"]
+    gold = torch.tensor([0, 1, 1, 0])
+    for metric in objective.metrics("val").values():
+        metric.update(F.one_hot(gold, 2).float(), gold)
+    values = objective.compute_metrics("val")
+    assert values["mcc"].item() == 1.0 and all(v.is_floating_point() for v in values.values())
+
+
 def test_primary_metric_stands_for_the_task_in_the_score():
     model = classifier(primary_metric="mcc")
     values = {"acc": torch.tensor(0.9), "mcc": torch.tensor(-0.2)}

@@ -234,7 +234,9 @@ class Objective(nn.Module):
             value = metric.compute()
             values.update({k: v for k, v in value.items()} if isinstance(value, dict) else {name: value})
             metric.reset()
-        return {k: v for k, v in values.items() if v.ndim == 0}  # scalars; a confusion matrix is read by confusion()
+        # scalars (a confusion matrix is read by confusion()), floating: torchmetrics' MCC of a perfect binary epoch is
+        # an integer tensor, which Lightning warns about when it logs it
+        return {k: v if v.is_floating_point() else v.float() for k, v in values.items() if v.ndim == 0}
 
     def epoch_warnings(self, stage: str) -> list[str]:
         """Problems the epoch's metrics show that a number alone hides (a classifier predicting one class
