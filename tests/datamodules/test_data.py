@@ -445,6 +445,8 @@ def test_a_non_utf8_conll_file_names_its_line(tmp_path):
             [0, 1, "negative", "positive"],
             r"column 'label' mixes numbers \['0', '1'\] and names \['negative', 'positive'\] as labels",
         ),
+        ([["joy", "love"], ["anger"]], r"column 'label' holds lists \(\['joy', 'love'\]\), not one class per row. "
+                                       r"Rows with several labels are multi-label: use trunk.tasks.MultiLabel"),
     ],
 )
 def test_labels_that_are_not_classes_are_refused(tmp_path, sentiment_files, labels, problem):

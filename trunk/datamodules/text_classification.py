@@ -115,6 +115,13 @@ def _check_labels(values: list, where: str, column: str, fold: str = "none") -> 
     """
     if any(v is None for v in values):
         raise ValueError(f"{where}: column '{column}' has empty label cells; label every row or remove those rows.")
+    several = next((v for v in values if isinstance(v, (list, tuple, dict))), None)
+    if several is not None:
+        raise ValueError(
+            f"{where}: column '{column}' holds lists ({several!r}), not one class per row. Rows with several labels "
+            "are multi-label: use trunk.tasks.MultiLabelClassification with trunk.datamodules.MultiLabelTextData, "
+            "or point label_column at a column of single labels."
+        )
     floats = [v for v in values if isinstance(v, float)]
     if any(not v.is_integer() for v in floats):
         examples = sorted({v for v in floats if not v.is_integer()})[:3]
