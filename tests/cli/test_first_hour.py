@@ -58,6 +58,27 @@ def test_a_text_file_predicts_one_input_per_line_without_the_training_files(sent
     assert [row["text"] for row in read_jsonl(out)] == ["a gripping, funny film", "a dull plot"]
 
 
+def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run, tmp_path, capsys):
+    """``trunk predict --ckpt_path CKPT`` with no recipe: the run's config.yaml beside its checkpoints is the recipe;
+    a checkpoint moved out of its run's folder is one line that asks for --config."""
+    options, ckpt = sentence_run
+    texts = tmp_path / "my_texts.txt"
+    texts.write_text("a gripping, funny film\na dull plot\n")
+    given, alone = tmp_path / "given.jsonl", tmp_path / "alone.jsonl"
+    run_cli(["predict", *options, *single_task([f"--data.predict={texts}"]), f"--ckpt_path={ckpt}",
+             f"--predictions.output={given}"])
+    run_cli(["predict", "--ckpt_path", ckpt, f"--data.tasks.sentiment.predict={texts}",
+             f"--predictions.output={alone}"])
+    assert read_jsonl(alone) == read_jsonl(given) and len(read_jsonl(alone)) == 2
+    saved = Path(ckpt).parent.parent / "config.yaml"
+    assert f"Recipe: {saved}" in capsys.readouterr().err
+    moved = str(shutil.copy(ckpt, tmp_path / "moved.ckpt"))
+    with pytest.raises(SystemExit, match=rf"error: trunk predict --ckpt_path {re.escape(moved)} without --config reads "
+                                         r"the recipe its run saved, .*config.yaml, and there is none .* Pass the "
+                                         r"recipe it was trained with: --config RECIPE.yaml.$"):
+        run_cli(["predict", f"--ckpt_path={moved}", f"--data.tasks.sentiment.predict={texts}"])
+
+
 def test_a_predict_file_brings_its_own_text_column_or_names_it(sentence_run, tmp_path):
     options, ckpt = sentence_run
     one = tmp_path / "reviews.jsonl"  # one text column (and a number) under another name than the training one's

@@ -1,9 +1,11 @@
-"""The recipe files, read once before LightningCLI parses them: not YAML, a key given twice (PyYAML would keep the
+"""The recipe files, read once before LightningCLI parses them (or, for a checkpoint given without one, the recipe its
+run saved): not YAML, a key given twice (PyYAML would keep the
 last silently), or a later file's ``model.tasks`` / ``data.tasks`` replacing an earlier file's whole: each a one-line
 error. And the loader the parser reads each value with (``PARSER_MODE``)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -44,12 +46,41 @@ def _repeated_key(node: yaml.Node) -> yaml.Node | None:
     return next((found for child in children if (found := _repeated_key(child)) is not None), None)
 
 
+def option_values(args: list[str], name: str) -> list[str]:
+    """The values a command line gives option ``name`` (``--name VALUE`` or ``--name=VALUE``), in order."""
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == name] + [
+        a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")
+    ]
+
+
+def recipe_beside_checkpoint(args: list[str]) -> list[str]:
+    """``trunk validate | test | predict --ckpt_path CKPT`` without ``--config``: the recipe the run saved above its
+    checkpoints folder (config.yaml, every option as it ran; a resumed run's newest config.resumeN.yaml), put first,
+    so a checkpoint is all one needs to keep. Anything else is returned as it is."""
+    if not isinstance(args, (list, tuple)) or not args or args[0] not in ("validate", "test", "predict") \
+            or "-c" in args or option_values(args, "--config") \
+            or any(re.match(r"--model\.tasks(\.[^.=]+)?(=|$)", a) for a in args):  # a recipe on the command line
+        return args
+    given = option_values(args, "--ckpt_path")
+    if not given or given[-1] in ("last", "best") or not Path(given[-1]).is_file():
+        return args  # the parser asks for a recipe; a missing checkpoint is named where it is read
+    folder = Path(given[-1]).resolve().parent.parent  # <run>/lightning_logs/version_N/checkpoints/CKPT
+    resumes = sorted(folder.glob("config.resume*.yaml"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    saved = resumes[-1] if resumes else folder / "config.yaml"
+    if not saved.is_file():
+        sys.exit(
+            f"error: trunk {args[0]} --ckpt_path {given[-1]} without --config reads the recipe its run saved, "
+            f"{saved}, and there is none (a checkpoint moved out of its run's folder). Pass the recipe it was trained "
+            "with: --config RECIPE.yaml."
+        )
+    print(f"Recipe: {saved} (the run's own, beside its checkpoints)", file=sys.stderr)
+    return [args[0], "--config", str(saved), *args[1:]]
+
+
 def check_config_files(args: list[str]) -> None:
     """Fail clearly on a config file that is not YAML, names a task (or any key) twice, or drops an earlier file's
     tasks, before LightningCLI reads it: each file is read once here."""
-    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"] + [
-        a.split("=", 1)[1] for a in args if a.startswith("--config=")
-    ]
+    paths = option_values(args, "--config")
     named: dict[str, tuple[str, set]] = {}  # section -> (the file that set its tasks, their names)
     for path in paths:
         if not Path(path).is_file():

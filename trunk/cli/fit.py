@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from trunk.assembly.run import RunSourceError, resolve, resume_changes
 from trunk.assembly.weights import HeadReuse
 from trunk.cli import COMMANDS, SUBCOMMANDS
-from trunk.cli.config_files import PARSER_MODE, check_config_files
+from trunk.cli.config_files import PARSER_MODE, check_config_files, recipe_beside_checkpoint
 from trunk.core.checkpoint import load_checkpoint
 from trunk.datamodules import MultiTaskData
 from trunk.formats.artifacts import wandb_has_credentials, wandb_reachable
@@ -138,7 +138,8 @@ COMMON_OPTIONS = """The options people change most (every value of a recipe has 
   --data.tasks.NAME.train / .validation / .test / .predict PATH    a task's files
   --data.tasks.NAME.batch_size N, --data.tasks.NAME.max_length N
   --model.optimizer.lr LR, --trainer.max_epochs N, --trainer.max_steps N, --trainer.precision auto|32-true
-  --ckpt_path last|best|PATH            resume (fit), or the weights to evaluate or predict with
+  --ckpt_path last|best|PATH            resume (fit), or the weights to evaluate or predict with (a PATH alone,
+                                        without --config: with the recipe its run saved beside it)
   --trainer.default_root_dir DIR        where the run writes (default runs/RECIPE)"""
 
 
@@ -756,7 +757,8 @@ def run_cli(args: list[str] | None = None, run: bool = True, callbacks: list | N
     """Run the CLI and return it (for tests, notebooks and ``trunk tune``); ``main`` is the console entry point.
     With ``run=False`` there is no subcommand: the classes are only instantiated. ``callbacks``: objects the Trainer
     gets beside the config's (a tune's reporter, which holds its trial)."""
-    check_config_files(sys.argv[1:] if args is None else args)
+    args = recipe_beside_checkpoint(sys.argv[1:] if args is None else args)
+    check_config_files(args)
     quiet_third_party()
     if not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block on a login prompt
