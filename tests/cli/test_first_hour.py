@@ -166,6 +166,19 @@ def test_the_test_after_a_run_without_validation_says_why_it_scores_the_final_we
         run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=2", *LAST])
 
 
+def test_fast_dev_run_trains_one_step_tests_and_writes_no_run(tiny_cli_args, tmp_path, recwarn):
+    """Lightning's dry run: one batch of each loop, nothing logged or saved, so no run folder to lock and no warning
+    about what a one-step model predicts; the test after it says why it scores the final weights."""
+    keep = ["--trainer.callbacks+=trunk.training.callbacks.TrunkCheckpoint", "--trainer.callbacks.monitor=val/score",
+            "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=true"]  # the recipes' checkpoints
+    cli = run_cli(["fit", *tiny_cli_args, "--trainer.fast_dev_run=true", *keep])
+    said = [str(w.message) for w in recwarn]
+    assert cli.trainer.global_step == 1 and "test/score" in cli.trainer.callback_metrics
+    assert any("score the final weights (step 1): fast_dev_run saves no checkpoint" in s for s in said), said
+    assert not any("the model predicted" in s for s in said), said
+    assert not list((tmp_path / "run").rglob("*.ckpt")) and not list((tmp_path / "run").rglob("metrics.csv"))
+
+
 # Trunk's own lines: its run summary and notes, its warnings, the encoding bars, its metrics tables
 OWN = re.compile(r"(Run:|  |Threads:|Precision:|Tasks \[|Model:|Logging every|warning:|Encoding |Traine?d? a "
                  r"|Test metrics:|Validation metrics:|Checkpoint:|Wrote the predictions)")

@@ -234,6 +234,15 @@ def test_pretrain_export_then_finetune_loads_identical_weights_and_tokenizer(pre
     finetune.trainer.fit(model, datamodule=finetune.datamodule)  # trains with the fresh head
 
 
+def test_a_fast_dev_run_of_pretraining_leaves_the_exported_trunk_as_it_was(pretrained, corpus_file, tmp_path):
+    """Lightning's dry run (one step) smoke-tests a recipe: its one-step trunk must not replace the one exported."""
+    _, trunk_dir = pretrained
+    before = {p.name: p.read_bytes() for p in trunk_dir.iterdir()}
+    cli = run_cli([*pretrain_args(corpus_file, tmp_path / "pretrain"), "--trainer.fast_dev_run=true"])
+    assert cli.trainer.global_step == 1
+    assert {p.name: p.read_bytes() for p in trunk_dir.iterdir()} == before
+
+
 def test_export_command_matches_the_end_of_pretraining_export(pretrained, tmp_path, capsys):
     cli, trunk_dir = pretrained
     last = Path(cli.trainer.checkpoint_callback.last_model_path or cli.trainer.checkpoint_callback.best_model_path)

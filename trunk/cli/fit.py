@@ -669,7 +669,8 @@ class TrunkCLI(LightningCLI):
         callback = self.trainer.checkpoint_callback
         best = callback.best_model_path if callback else ""
         if not best:
-            why = ("no validation ran, so none was picked as best" if callback and callback.last_model_path
+            why = ("fast_dev_run saves no checkpoint" if self.trainer.fast_dev_run
+                   else "no validation ran, so none was picked as best" if callback and callback.last_model_path
                    else "no checkpoint was saved")
             rank_zero_warn(f"The test splits score the final weights (step {self.trainer.global_step}): {why}.")
         # A weight-averaging callback (EMA, SWA) would load the checkpoint's raw weights back for the test; the

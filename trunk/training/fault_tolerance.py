@@ -160,8 +160,9 @@ class FaultTolerance(Callback):
 
     def save(self, trainer: L.Trainer) -> None:
         """Write ``last.ckpt`` (every process takes part; the first writes): the full training state.
-        Nothing when the run turned checkpointing off (``trainer.enable_checkpointing: false``)."""
-        if trainer.checkpoint_callback is None:
+        Nothing when the run turned checkpointing off (``trainer.enable_checkpointing: false``) or is Lightning's dry
+        run (``trainer.fast_dev_run``, which suppresses checkpointing)."""
+        if trainer.checkpoint_callback is None or trainer.fast_dev_run:
             return
         path = self.last_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)

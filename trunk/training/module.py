@@ -323,7 +323,8 @@ class TrunkModule(L.LightningModule):
     # -- logging -------------------------------------------------------------------------------------
     def _log_metrics(self, stage: str) -> None:
         """Each task's epoch metrics (already synced across processes), and the run's score."""
-        primaries, warned = [], stage == "val" and not self.trainer.sanity_checking  # two batches prove nothing
+        # a sanity check's two batches, or fast_dev_run's one step, prove nothing about what the model predicts
+        primaries, warned = [], stage == "val" and not (self.trainer.sanity_checking or self.trainer.fast_dev_run)
         if warned:  # kept for the run's summary at its end (trunk fit)
             fresh = {name: o.epoch_warnings(stage) for name, o in self.objectives.items()}
             self.validation_warnings, self.said_warnings = [w for found in fresh.values() for w in found], set()

@@ -19,6 +19,8 @@ class TrunkCheckpoint(LightningModelCheckpoint):
         self.best_weights_only, self._saving_last = best_weights_only, False
 
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
+        if trainer.fast_dev_run:  # Lightning's save of last.ckpt at the end of training does not skip its dry run
+            return
         self._saving_last = True
         try:
             super()._save_last_checkpoint(trainer, monitor_candidates)

@@ -38,10 +38,14 @@ class ExportTrunk(Callback):
         return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero:  # fail before training, not after it, when the output path is taken
+        if trainer.is_global_zero and not trainer.fast_dev_run:  # fail before training, not after it, when the output
+            # path is taken
             check_writable(self.path(trainer), overwrite=True)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fast_dev_run:  # a dry run's one step must not replace a trunk exported before
+            rank_zero_info(f"fast_dev_run: the trunk is not exported (to {self.path(trainer)}).")
+            return
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint is not None and checkpoint.monitor else ""
         # Without a best checkpoint, the final model goes through a checkpoint too (written by every process:

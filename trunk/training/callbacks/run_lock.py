@@ -28,7 +28,7 @@ class RunFolderLock(L.Callback):
         self.resume, self.lock = resume, None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or trainer.global_rank != 0:
+        if stage != "fit" or trainer.global_rank != 0 or trainer.fast_dev_run:  # a dry run writes no folder
             return
         versioned = next((lg for lg in trainer.loggers if hasattr(lg, "_version") and hasattr(lg, "root_dir")), None)
         while True:
