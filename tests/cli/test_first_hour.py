@@ -77,6 +77,14 @@ def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run,
                                          r"the recipe its run saved, .*config.yaml, and there is none .* Pass the "
                                          r"recipe it was trained with: --config RECIPE.yaml.$"):
         run_cli(["predict", f"--ckpt_path={moved}", f"--data.tasks.sentiment.predict={texts}"])
+    with pytest.raises(SystemExit, match=r"error: --ckpt_path nothere.ckpt: no such checkpoint file"):
+        run_cli(["predict", "--ckpt_path", "nothere.ckpt"])
+    for command in ("fit", "predict"):  # no recipe at all: what to give, not the parser's list of missing keys
+        with pytest.raises(SystemExit):
+            run_cli([command])
+        said = capsys.readouterr().err
+        assert f"error: trunk {command} needs a recipe that names its tasks: --config configs/RECIPE.yaml" in said
+        assert ("--ckpt_path CKPT" in said) == (command == "predict") and "model.tasks" not in said
 
 
 def test_a_predict_file_brings_its_own_text_column_or_names_it(sentence_run, tmp_path):

@@ -122,6 +122,12 @@ class TrunkArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
         """jsonargparse's message, and where an option a task's block does not take belongs, if it is a run's."""
+        missing = re.search(r"arguments are required: (fit|validate|test|predict)\.model\.tasks", message)
+        if missing:  # `trunk fit` with no recipe
+            message = (f"trunk {missing.group(1)} needs a recipe that names its tasks: --config configs/RECIPE.yaml "
+                       "(configs/quickstart.yaml needs no files and no network)"
+                       + (", or a checkpoint's path alone: --ckpt_path CKPT (its run's recipe is read)"
+                          if missing.group(1) != "fit" else "") + ".")
         found = re.search(r"Option '(\w+)' is not accepted", message)
         if found and found.group(1) in RUN_OPTIONS and re.search(r"\b(data|model)\.tasks\b", message):
             name, where = found.group(1), RUN_OPTIONS[found.group(1)]
