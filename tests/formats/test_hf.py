@@ -495,6 +495,34 @@ def test_pickled_weights_load_with_weights_only(tmp_path):
     assert torch.equal(pretrained.trunk_weights["stems.text.token.weight"], embeddings)
 
 
+@pytest.mark.parametrize("kind", ["safetensors", "pickle"])
+def test_sharded_weights_read_as_the_whole_file(kind, tmp_path):
+    """Large models ship their weights in shards with an index (model.safetensors.index.json, or older ones
+    pytorch_model.bin.index.json): read as the one file they stand for; a shard missing is named."""
+    tiny("bert", tmp_path / "hf")
+    whole, _ = convert(tmp_path / "hf")
+    tensors = safetensors.torch.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    names, stem, suffix = sorted(tensors), ("model" if kind == "safetensors" else "pytorch_model"), \
+        (".safetensors" if kind == "safetensors" else ".bin")
+    shards = {f"{stem}-0000{i + 1}-of-00002{suffix}": names[i::2] for i in range(2)}
+    for file, keys in shards.items():
+        part = {k: tensors[k] for k in keys}
+        if kind == "safetensors":
+            safetensors.torch.save_file(part, str(tmp_path / "hf" / file))
+        else:
+            torch.save(part, tmp_path / "hf" / file)
+    index = tmp_path / "hf" / f"{stem}{suffix}.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    sharded, _ = convert(tmp_path / "hf")
+    assert sharded.trunk_weights.keys() == whole.trunk_weights.keys()
+    assert all(torch.equal(sharded.trunk_weights[k], v) for k, v in whole.trunk_weights.items())
+    (tmp_path / "hf" / next(iter(shards))).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"index.json' lists 1 shard\(s\) not in its folder \({stem}-00001-of"
+                                                r"-00002.*\): download every shard of the model."):
+        convert(tmp_path / "hf")
+
+
 def test_fine_tuning_from_a_folder_reads_segments_off_its_sep_and_starts_from_its_pooler(sentiment_files, tmp_path):
     model = tiny("bert", tmp_path / "hf", masked_lm=False)
     cli = run_cli(finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), run=False)

@@ -41,8 +41,9 @@ from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
 from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
 from trunk.tasks.objectives.translation import Translation
 
-CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE = (
-    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX = (
+    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json"
 )
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
@@ -1037,7 +1038,9 @@ def download(reference: str) -> Path:
     safetensors)."""
     patterns = [*TRUNK_FILES, *HF_FILES]
     folder = hub.download(reference, patterns)
-    return hub.download(reference, [*patterns, PICKLE]) if is_hf_folder(folder) and not weight_files(folder) else folder
+    if is_hf_folder(folder) and not weight_files(folder):  # older models ship pickles alone, whole or in shards
+        return hub.download(reference, [*patterns, PICKLE, PICKLE_INDEX, "pytorch_model-*.bin"])
+    return folder
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -1070,14 +1073,28 @@ def family_of(values: dict, source: Path) -> Family:
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The files holding a model folder's weights: safetensors (one file, or the shards its index lists), else a
-    pickled ``pytorch_model.bin``; [] if none."""
-    index = folder / SAFETENSORS_INDEX
-    if (folder / SAFETENSORS).is_file():
-        return [folder / SAFETENSORS]
-    if index.is_file():
-        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    return [folder / PICKLE] if (folder / PICKLE).is_file() else []
+    """The files holding a model folder's weights: safetensors (one file, or the shards its index lists), else
+    pickled ones (``pytorch_model.bin``, or its shards); [] if none."""
+    for whole, index in ((SAFETENSORS, SAFETENSORS_INDEX), (PICKLE, PICKLE_INDEX)):
+        if (folder / whole).is_file():
+            return [folder / whole]
+        if (folder / index).is_file():
+            return _shards(folder / index)
+    return []
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's index lists (its ``weight_map``: weight name -> file), each there."""
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"'{index}' is not a shard index (JSON with a weight_map of weight names to files). "
+                         "Download the model again.") from None
+    missing = [name for name in names if not (index.parent / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"'{index}' lists {len(missing)} shard(s) not in its folder ({', '.join(missing[:3])}"
+                                f"{', ...' if len(missing) > 3 else ''}): download every shard of the model.")
+    return [index.parent / name for name in names]
 
 
 def read_pickled(file: Path) -> dict[str, torch.Tensor]:
@@ -1097,7 +1114,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     files = weight_files(folder)
     if not files:
         raise FileNotFoundError(f"'{folder}' holds no weights: a Hugging Face model folder has {SAFETENSORS} (or "
-                                f"shards with {SAFETENSORS_INDEX}) or {PICKLE}.")
+                                f"shards with {SAFETENSORS_INDEX}) or {PICKLE} (or shards with {PICKLE_INDEX}).")
     check_readable(*files)
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
