@@ -571,6 +571,24 @@ def test_a_file_without_a_header_is_read_by_column_names_and_its_data_row_is_not
         ).raw("train")
 
 
+def test_a_csv_of_another_delimiter_is_named_and_read_with_it(tmp_path):
+    """A spreadsheet saved as csv in many locales separates cells by ';': its header reads as one column, which is
+    said with the option that reads it; with it set, training and predict files read (a comma in a text kept)."""
+    path = tmp_path / "semicolons.csv"
+    path.write_text("text;label\ngreat, funny film;pos\ndull;neg\nsuperb;pos\n")
+    with pytest.raises(ValueError, match=r"data.tasks.task.train has no column 'text': its header 'text;label' is one "
+                                         r"cell, its columns separated by ';'. Set data.tasks.task.delimiter: ';'"):
+        TextClassificationData(train=str(path)).raw("train")
+    mine = tmp_path / "mine.csv"  # the user's own inputs, read by their suffix, in the data's delimiter
+    mine.write_text('id;review\n1;"a film; not bad"\n')
+    member = TextClassificationData(train=str(path), predict=str(mine), delimiter=";")
+    assert column(member.raw("train"), "text") == ["great, funny film", "dull", "superb"]
+    assert member.label_names == ["neg", "pos"]
+    assert column(member.raw("predict"), "text") == ["a film; not bad"]
+    with pytest.raises(ValueError, match=r"delimiter=';;': a csv delimiter is one character"):
+        run_data(TextClassificationData(train=str(path), delimiter=";;")).setup("fit")
+
+
 def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):
     rows = [{"text": f"text {i}", "label": "a" if i % 2 else "b", "article": f"article {i // 5}"} for i in range(50)]
     member = TextClassificationData(

@@ -49,6 +49,8 @@ class FileReading:
     encoding: of every text file read (utf-8; latin-1 for older corpora).
     plain_text_as_lines: a ``.txt`` file (or one with no suffix) is one row per line, its column ``text`` (a predict
         input of the user's own, where nothing else is configured).
+    delimiter: the one character between the cells of csv files where it is not a comma (``;`` from a spreadsheet
+        saved in many locales, ``|``); unset: a comma (a tab in tsv files).
     """
 
     column_names: tuple[str, ...] | None = None
@@ -56,9 +58,13 @@ class FileReading:
     line_pattern: str | None = None
     encoding: str = "utf-8"
     plain_text_as_lines: bool = False
+    delimiter: str | None = None
 
     def check(self, option: str) -> None:
         """Refuse settings that cannot work, before anything is read (``option``: the options' prefix)."""
+        if self.delimiter is not None and (len(self.delimiter) != 1 or self.delimiter in "\"\r\n"):
+            raise ValueError(f"{option}.delimiter={self.delimiter!r}: a csv delimiter is one character (';', '|', "
+                             "a tab), not a quote or a line break.")
         try:
             codecs.lookup(self.encoding)
         except LookupError:
@@ -102,6 +108,8 @@ class FileReading:
                     "names its own columns. Remove column_names."
                 )
             options = {**options, "column_names": list(self.column_names)}  # pandas' names: the first row is data
+        if self.delimiter is not None and builder == "csv":  # json and parquet files have no delimited cells
+            options = {**options, "delimiter": self.delimiter}
         return builder, options if builder == "parquet" else {**options, "encoding": self.encoding}
 
     @property
@@ -122,7 +130,8 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         return _load_file(split, role, reading)
     if not reading.is_default:
         raise ValueError(
-            f"{role}: column_names, file_type, line_pattern and encoding say how to read local files; hub and built-in "
+            f"{role}: column_names, file_type, line_pattern, encoding and delimiter say how to read local files; hub "
+            "and built-in "
             "datasets describe their own columns. Remove them, or leave data.dataset unset for files."
         )
     if dataset.startswith(BUILTIN_PREFIX):
@@ -383,6 +392,13 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
                     f"{prefix}.column_names (e.g. "
                     f"{['text', 'label', 'id'][: len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), and "
                     f"set {prefix}.{option} to one of those names."
+                )
+            delimited = next(((name, mark) for name in map(str, ds.column_names) for mark in ";|\t"
+                              if column in name.split(mark)), None)
+            if delimited is not None:  # one header cell holding every column: another delimiter than the reader's
+                raise ValueError(
+                    f"{role} has no column '{column}': its header {delimited[0]!r} is one cell, its columns separated "
+                    f"by {delimited[1]!r}. Set {role.rsplit('.', 1)[0]}.delimiter: {delimited[1]!r} to read them."
                 )
             raise ValueError(
                 f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "

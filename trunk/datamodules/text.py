@@ -258,6 +258,8 @@ class TaskData:
         line_pattern: for files of one example per line in a shape of their own, a regular expression whose named
             groups are the columns (TREC's ``DESC:manner How did ...``: ``(?P<label>[A-Z]+):\\S+ (?P<text>.+)``).
         encoding: of the local text files (utf-8; latin-1 for older corpora such as TREC).
+        delimiter: the one character between the cells of local csv files where it is not a comma (``;``, ``|``),
+            predict files' too.
         select: per split, the rows to keep by column value, for files that hold several splits (SICK's
             ``SemEval_set``): ``{train: {SemEval_set: TRAIN}, test: {SemEval_set: TEST}}``; a list of values keeps any.
         val_fraction: with no validation split, hold out this share of the training rows (random
@@ -305,6 +307,7 @@ class TaskData:
         file_type: str | None = None,
         line_pattern: str | None = None,
         encoding: str = "utf-8",
+        delimiter: str | None = None,
         metrics_per_file: bool = False,
         val_fraction: float = 0.0,
         test_fraction: float = 0.0,
@@ -335,9 +338,8 @@ class TaskData:
             raise ValueError(f"select names the splits {unknown}; the splits are {list(self.split_specs)}.")
         self.select = dict(select or {})
         self.hold_out_by = hold_out_by
-        self.reading = FileReading(
-            tuple(column_names) if column_names is not None else None, file_type, line_pattern, encoding
-        )
+        self.reading = FileReading(tuple(column_names) if column_names is not None else None, file_type, line_pattern,
+                                   encoding, delimiter=delimiter)
         self.metrics_per_file = metrics_per_file
         self._file_rows: dict[str, list[tuple[str, int]]] = {}  # split -> (file, rows) in order, when read from several
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
@@ -676,13 +678,14 @@ class TextDataModule(TaskData):
 
     def reading_of(self, spec: str, role: str) -> FileReading:
         """How one file is read: as configured, except a predict input that is none of the data set's own files (the
-        user's texts): by its suffix, a ``.txt`` (or no suffix) as one input per line, in the configured encoding."""
+        user's texts): by its suffix, a ``.txt`` (or no suffix) as one input per line, in the configured encoding and
+        delimiter."""
         if not role.endswith(tuple(f".{r}" for r in UNLABELLED_ROLES)) or self.dataset is not None:
             return self.reading
         data_set = {path.expanduser().resolve() for path in self.input_files(("train", "validation", "test"))}
         if Path(spec).expanduser().resolve() in data_set:
             return self.reading
-        return FileReading(encoding=self.reading.encoding, plain_text_as_lines=True)
+        return FileReading(encoding=self.reading.encoding, plain_text_as_lines=True, delimiter=self.reading.delimiter)
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
         """Validate a freshly loaded split (columns present, ...). Subclasses extend."""
