@@ -495,6 +495,32 @@ def test_pickled_weights_load_with_weights_only(tmp_path):
     assert torch.equal(pretrained.trunk_weights["stems.text.token.weight"], embeddings)
 
 
+@pytest.mark.parametrize("model_type, task_class", [
+    ("bert", "AutoModelForSequenceClassification"), ("roberta", "AutoModelForSequenceClassification"),
+    ("distilbert", "AutoModelForSequenceClassification"), ("electra", "AutoModelForTokenClassification"),
+    ("bert", "AutoModelForQuestionAnswering"), ("albert", "AutoModelForMultipleChoice"),
+])
+def test_a_fine_tuned_task_model_reads_as_its_base_model_and_says_its_head_is_not_read(model_type, task_class,
+                                                                                       tmp_path):
+    """Hub classifiers (a BERT fine-tuned on SST-2, say) are common starting points: their base model is read as the
+    trunk, and their task head (classifier, qa_outputs), which a run's tasks replace, is named in a note, not refused
+    as an unexpected weight."""
+    base = tiny(model_type, tmp_path / "hf", masked_lm=False)
+    trunk, _ = convert(tmp_path / "hf")
+    labels = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}} if "Sequence" in task_class else {}
+    task = getattr(transformers, task_class).from_config(base.config.__class__(**{**base.config.to_dict(), **labels}))
+    getattr(task, task.base_model_prefix).load_state_dict(base.state_dict(), strict=False)  # some have no pooler
+    task.save_pretrained(tmp_path / "hf")
+    read, notes = convert(tmp_path / "hf")
+    assert all(torch.equal(read.trunk_weights[k], v) for k, v in trunk.trunk_weights.items())
+    head = "qa_outputs" if "Question" in task_class else "classifier, pre_classifier" if model_type == "distilbert" \
+        else "classifier"
+    said = f"not its fine-tuned task head ({head}{'; labels' if labels else ')'}"
+    assert any(said in note for note in notes), notes
+    if labels:
+        assert any("labels ['NEGATIVE', 'POSITIVE']): each task of a run trains a head of its own" in n for n in notes)
+
+
 @pytest.mark.parametrize("kind", ["safetensors", "pickle"])
 def test_sharded_weights_read_as_the_whole_file(kind, tmp_path):
     """Large models ship their weights in shards with an index (model.safetensors.index.json, or older ones

@@ -45,6 +45,9 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX = (
     "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
     "pytorch_model.bin.index.json"
 )
+# the modules a transformers task model (for sequence or token classification, multiple choice, extractive QA) adds
+# beside its base model: its fine-tuned head
+TASK_HEAD = r"(pre_classifier|classifier|qa_outputs)\."
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
 HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
@@ -1318,6 +1321,15 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
         used.update(names.values())
         notes.append("its pooler, which starts the pooler of every [CLS]-pooled head")
     unexpected = sorted(k for k in tensors.keys() - used if not any(re.fullmatch(p, k) for p in family.ignored))
+    # a fine-tuned task model's own head, outside its base model (BertForSequenceClassification's classifier):
+    # a run's tasks train heads of their own (from the pooler, where it has one)
+    fine_tuned = sorted({k.split(".")[0] for k in unexpected if prefix and re.match(TASK_HEAD, k)})
+    if fine_tuned:
+        unexpected = [k for k in unexpected if not (prefix and re.match(TASK_HEAD, k))]
+        labels = [str(name) for _, name in sorted((values.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
+        notes.append(f"not its fine-tuned task head ({', '.join(fine_tuned)}"
+                     f"{f'; labels {labels}' if labels and 'classifier' in fine_tuned else ''}): each task of a run "
+                     "trains a head of its own")
     if missing or unexpected:
         raise ValueError(f"'{source}' does not map onto a {values['model_type']} trunk: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}{' ...' if len(missing) > 5 or len(unexpected) > 5 else ''}. "
