@@ -15,7 +15,7 @@ from conftest import REPO
 
 from trunk.cli.fit import run_cli
 from trunk.cli.search_space import SearchSpace, SpaceError, flat_keys
-from trunk.cli.tune import tune_main
+from trunk.cli.tune import pruning_saved, tune_main
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -111,6 +111,14 @@ def test_a_trial_behind_the_others_is_pruned(sentiment_files, tmp_path):
     assert [t.state.name for t in trials] == ["COMPLETE"] * 4 + ["PRUNED"]
     assert trials[-1].user_attrs["steps"] < trials[0].user_attrs["steps"] / 2
     assert "pruned at" in trials[-1].user_attrs["reason"]
+    # what pruning saved: against each pruned trial's own planned steps (its epochs of its batches), not a guess
+    planned = trials[-1].user_attrs["planned"]
+    assert planned == trials[0].user_attrs["steps"] == trials[0].user_attrs["planned"]  # the same epochs and batches
+    ran = sum(t.user_attrs["steps"] for t in trials)
+    unpruned = ran - trials[-1].user_attrs["steps"] + planned
+    assert pruning_saved(trials) == (
+        f"Pruned 1 trials: the trials ran {ran} steps, {1 - ran / unpruned:.0%} fewer than the {unpruned} they would "
+        "have run to their ends (each pruned trial's planned steps).")
 
 
 def tune_command(folder: Path, recipe_path: Path, space_path: Path, *more: str) -> list[str]:

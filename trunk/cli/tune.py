@@ -290,6 +290,11 @@ def reporter(trial, metric: str):
     class ReportToTrial(Callback):
         last: float | None = None
         steps = 0  # the optimizer steps the run has taken (a resumed run counts its steps before the resume)
+        planned = 0  # the steps it takes when it runs to its end (0: unknown)
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            total = trainer.estimated_stepping_batches
+            self.planned = int(total) if math.isfinite(total) else 0
 
         def on_train_batch_end(self, trainer, *args) -> None:
             self.steps = trainer.global_step
@@ -355,6 +360,8 @@ def run_trial(trial, space: SearchSpace, recipe: Recipe, args: argparse.Namespac
             trial.set_user_attr("seed_steps", steps)
             trial.set_user_attr("steps", sum(steps.values()))
             trial.set_user_attr("minutes", trial.user_attrs.get("minutes", 0) + (time.perf_counter() - began) / 60)
+            if i == 0 and watch.planned:  # the whole trial's steps, had it not been pruned: every seed's run
+                trial.set_user_attr("planned", watch.planned * len(seeds))
         scores[str(seed)] = score_of(cli, watch, args.metric, run)
         test = cli.trainer.callback_metrics.get("test/" + args.metric.split("/", 1)[1])
         if test is not None:
@@ -727,18 +734,21 @@ def summarize(folder: Path) -> None:
 
 
 def pruning_saved(trials) -> str:
-    """The steps pruned trials did not run, against the same trials run to the end (the complete trials' median)."""
+    """The steps pruned trials did not run, against the same trials run to the end: each pruned trial's planned
+    steps (its epochs of its batches, every seed), or where a trial did not record them, the complete trials' median."""
     from optuna.trial import TrialState
 
     complete = sorted(t.user_attrs.get("steps", 0) for t in trials if t.state == TrialState.COMPLETE)
-    pruned = [t.user_attrs.get("steps", 0) for t in trials if t.state == TrialState.PRUNED]
-    if not complete or not pruned:
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    if not pruned or not (complete or all(t.user_attrs.get("planned") for t in pruned)):
         return f"Pruned {len(pruned)} trials."
-    full = complete[len(complete) // 2]
-    ran = sum(complete) + sum(pruned)
-    unpruned = sum(complete) + full * len(pruned)
+    median = complete[len(complete) // 2] if complete else 0
+    ran = sum(complete) + sum(t.user_attrs.get("steps", 0) for t in pruned)
+    unpruned = sum(complete) + sum(t.user_attrs.get("planned") or median for t in pruned)
+    guessed = sum(not t.user_attrs.get("planned") for t in pruned)
+    how = f"; {guessed} of them at the complete trials' median, {median} steps" if guessed else ""
     return (f"Pruned {len(pruned)} trials: the trials ran {ran} steps, {1 - ran / unpruned:.0%} fewer than the "
-            f"{unpruned} they would have unpruned ({full} steps each).")
+            f"{unpruned} they would have run to their ends (each pruned trial's planned steps{how}).")
 
 
 def write_best(folder: Path, meta: dict, best) -> Path:
