@@ -549,6 +549,14 @@ def test_sharded_weights_read_as_the_whole_file(kind, tmp_path):
         convert(tmp_path / "hf")
 
 
+def test_a_folder_under_the_home_directory_is_given_with_a_tilde(sentiment_files, tmp_path, monkeypatch):
+    """``model.init_from: ~/models/x``: read as the data's paths are, from the home directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = tiny("bert", tmp_path / "models" / "hf", masked_lm=False)
+    cli = run_cli(finetune_args("~/models/hf/", sentiment_files, tmp_path / "run"), run=False)
+    assert torch.equal(cli.model.trunk.stems["text"].segment.weight, model.embeddings.token_type_embeddings.weight)
+
+
 def test_fine_tuning_from_a_folder_reads_segments_off_its_sep_and_starts_from_its_pooler(sentiment_files, tmp_path):
     model = tiny("bert", tmp_path / "hf", masked_lm=False)
     cli = run_cli(finetune_args(tmp_path / "hf", sentiment_files, tmp_path / "run"), run=False)

@@ -73,7 +73,7 @@ def resolve_init_from(reference: str | Path) -> Path:
     if reference.startswith(HUB_PREFIX):
         return download(reference)
     if not reference.startswith(ARTIFACT_PREFIX):
-        return Path(reference)
+        return Path(reference).expanduser()  # ~/models/x, as the data's paths are read
     name = reference[len(ARTIFACT_PREFIX) :]
     if name.count("/") != 2 or ":" not in name.rsplit("/", 1)[1]:
         raise ValueError(
