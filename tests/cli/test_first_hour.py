@@ -58,7 +58,7 @@ def test_a_text_file_predicts_one_input_per_line_without_the_training_files(sent
     assert [row["text"] for row in read_jsonl(out)] == ["a gripping, funny film", "a dull plot"]
 
 
-def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run, tmp_path, capsys):
+def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run, tmp_path, capsys, monkeypatch):
     """``trunk predict --ckpt_path CKPT`` with no recipe: the run's config.yaml beside its checkpoints is the recipe;
     a checkpoint moved out of its run's folder is one line that asks for --config."""
     options, ckpt = sentence_run
@@ -70,6 +70,11 @@ def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run,
     run_cli(["predict", "--ckpt_path", ckpt, f"--data.tasks.sentiment.predict={texts}",
              f"--predictions.output={alone}"])
     assert read_jsonl(alone) == read_jsonl(given) and len(read_jsonl(alone)) == 2
+    monkeypatch.setenv("HOME", str(tmp_path))  # and with ~ for the home directory, as every other path
+    home = tmp_path / "home.jsonl"
+    run_cli(["predict", f"--ckpt_path=~/{Path(ckpt).relative_to(tmp_path)}", f"--data.tasks.sentiment.predict={texts}",
+             f"--predictions.output={home}"])
+    assert read_jsonl(home) == read_jsonl(given)
     saved = Path(ckpt).parent.parent / "config.yaml"
     assert f"Recipe: {saved}" in capsys.readouterr().err
     moved = str(shutil.copy(ckpt, tmp_path / "moved.ckpt"))

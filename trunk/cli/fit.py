@@ -390,6 +390,8 @@ class TrunkCLI(LightningCLI):
             config.ckpt_path = "last"  # a requeued job runs its command again: it continues where it was stopped
         if config.get("ckpt_path") in ("last", "best"):
             config.ckpt_path = str(self._run_checkpoint(config, config.ckpt_path))
+        elif str(config.get("ckpt_path") or "").startswith("~"):  # ~/runs/x.ckpt, as every other path is read
+            config.ckpt_path = str(Path(config.ckpt_path).expanduser())
 
     @staticmethod
     def _keep_tasks(config) -> None:
