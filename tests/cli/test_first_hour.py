@@ -73,7 +73,7 @@ def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run,
     monkeypatch.setenv("HOME", str(tmp_path))  # and with ~ for the home directory, as every other path
     home = tmp_path / "home.jsonl"
     run_cli(["predict", f"--ckpt_path=~/{Path(ckpt).relative_to(tmp_path)}", f"--data.tasks.sentiment.predict={texts}",
-             f"--predictions.output={home}"])
+             "--predictions.output=~/home.jsonl"])
     assert read_jsonl(home) == read_jsonl(given)
     saved = Path(ckpt).parent.parent / "config.yaml"
     assert f"Recipe: {saved}" in capsys.readouterr().err

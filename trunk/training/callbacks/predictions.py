@@ -37,7 +37,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def path(self, trainer: L.Trainer, task: str | None = None) -> Path:
         path = (
-            Path(self.output)
+            Path(self.output).expanduser()
             if self.output
             else Path(trainer.log_dir or ".") / ("predictions.txt" if self.field else "predictions.jsonl")
         )
