@@ -246,6 +246,7 @@ def test_two_process_joint_run_uses_every_head_on_every_rank(preset, sentiment_f
     result = subprocess.run([sys.executable, "-m", "trunk.cli", "fit", *args, *ddp], cwd=tmp_path, capture_output=True,
                             text=True, timeout=600, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "sync_dist=True" not in result.stderr  # the metrics are synced before they are logged: no advice to
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))
     assert torch.load(ckpt, weights_only=True)["global_step"] == 8 + 13  # per rank: ceil(128/16) + ceil(100/8)
     one = run_cli(["validate", *args, f"--ckpt_path={ckpt}"]).trainer.callback_metrics

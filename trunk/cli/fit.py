@@ -93,6 +93,10 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
     # run_cli(args) from a script of its own options (a benchmark, a tune's trial): the args given are the ones meant
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended to run from within Python.*")
+    # under DDP, Lightning asks for sync_dist on every epoch-level value: the metrics are torchmetrics', synced across
+    # processes before they are logged (and the score is made of them); the validation and test losses are synced;
+    # the training loss's epoch mean stays each process's own (syncing it would cost a collective every step)
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(train|val|test)/")
 
 
 class TrunkTrainer(Trainer):
