@@ -131,8 +131,7 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
     if not reading.is_default:
         raise ValueError(
             f"{role}: column_names, file_type, line_pattern, encoding and delimiter say how to read local files; hub "
-            "and built-in "
-            "datasets describe their own columns. Remove them, or leave data.dataset unset for files."
+            "and built-in datasets describe their own columns. Remove them, or leave data.dataset unset for files."
         )
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
