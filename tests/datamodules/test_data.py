@@ -2,6 +2,7 @@
 input."""
 
 import collections
+import json
 import os
 import random
 import warnings
@@ -587,6 +588,16 @@ def test_a_csv_of_another_delimiter_is_named_and_read_with_it(tmp_path):
     assert column(member.raw("predict"), "text") == ["a film; not bad"]
     with pytest.raises(ValueError, match=r"delimiter=';;': a csv delimiter is one character"):
         run_data(TextClassificationData(train=str(path), delimiter=";;")).setup("fit")
+
+
+def test_a_json_object_holding_the_rows_is_named_and_a_json_list_is_read(tmp_path):
+    rows = [{"text": "great", "label": "pos"}, {"text": "dull", "label": "neg"}]
+    (tmp_path / "nested.json").write_text(json.dumps({"version": 1, "data": rows}))
+    with pytest.raises(ValueError, match=r"train has no column 'text': the file is one JSON object whose 'data' holds "
+                                         r"the rows \(2 records\). Give the records themselves: a .jsonl file"):
+        TextClassificationData(train=str(tmp_path / "nested.json")).raw("train")
+    (tmp_path / "list.json").write_text(json.dumps(rows))
+    assert column(TextClassificationData(train=str(tmp_path / "list.json")).raw("train"), "text") == ["great", "dull"]
 
 
 def test_hold_out_by_keeps_whole_groups_on_one_side(tmp_path):

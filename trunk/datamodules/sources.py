@@ -392,6 +392,15 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
                     f"{['text', 'label', 'id'][: len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), and "
                     f"set {prefix}.{option} to one of those names."
                 )
+            first = ds[0] if ds.num_rows == 1 else {}  # one JSON object: its rows may be a list inside it
+            nested = next((name for name, value in first.items() if isinstance(value, list) and value
+                           and isinstance(value[0], dict)), None)
+            if nested is not None:
+                raise ValueError(
+                    f"{role} has no column '{column}': the file is one JSON object whose '{nested}' holds the rows "
+                    f"({len(first[nested])} records). Give the records themselves: a .jsonl file of one per line "
+                    f"(jq -c '.{nested}[]' FILE > rows.jsonl) or a JSON list."
+                )
             delimited = next(((name, mark) for name in map(str, ds.column_names) for mark in ";|\t"
                               if column in name.split(mark)), None)
             if delimited is not None:  # one header cell holding every column: another delimiter than the reader's
