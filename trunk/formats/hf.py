@@ -1326,7 +1326,8 @@ def map_weights(values: dict, tensors: dict[str, torch.Tensor], source: str | Pa
     fine_tuned = sorted({k.split(".")[0] for k in unexpected if prefix and re.match(TASK_HEAD, k)})
     if fine_tuned:
         unexpected = [k for k in unexpected if not (prefix and re.match(TASK_HEAD, k))]
-        labels = [str(name) for _, name in sorted((values.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
+        by_id = sorted((values.get("id2label") or {}).items(), key=lambda kv: str(kv[0]).zfill(9))  # "10" after "9"
+        labels = [str(name) for _, name in by_id]
         notes.append(f"not its fine-tuned task head ({', '.join(fine_tuned)}"
                      f"{f'; labels {labels}' if labels and 'classifier' in fine_tuned else ''}): each task of a run "
                      "trains a head of its own")

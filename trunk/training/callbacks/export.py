@@ -38,8 +38,8 @@ class ExportTrunk(Callback):
         return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "trunk"
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero and not trainer.fast_dev_run:  # fail before training, not after it, when the output
-            # path is taken
+        # fail before training, not after it, when the output path is taken (a dry run exports nothing)
+        if trainer.is_global_zero and not trainer.fast_dev_run:
             check_writable(self.path(trainer), overwrite=True)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
