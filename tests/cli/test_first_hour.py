@@ -75,6 +75,11 @@ def test_a_checkpoint_alone_predicts_with_the_recipe_its_run_saved(sentence_run,
     run_cli(["predict", f"--ckpt_path=~/{Path(ckpt).relative_to(tmp_path)}", f"--data.tasks.sentiment.predict={texts}",
              "--predictions.output=~/home.jsonl"])
     assert read_jsonl(home) == read_jsonl(given)
+    saved = Path(ckpt).parent.parent / "config.yaml"  # a joint run that went on to its MT-DNN stages saved this
+    saved.write_text(saved.read_text().replace("finetune_each: 0", "finetune_each: 2"))
+    run_cli(["predict", "--ckpt_path", ckpt, f"--data.tasks.sentiment.predict={texts}", f"--predictions.output={home}",
+             "--predictions.overwrite=true"])
+    assert read_jsonl(home) == read_jsonl(given)
     saved = Path(ckpt).parent.parent / "config.yaml"
     assert f"Recipe: {saved}" in capsys.readouterr().err
     moved = str(shutil.copy(ckpt, tmp_path / "moved.ckpt"))

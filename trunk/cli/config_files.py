@@ -77,7 +77,8 @@ def recipe_beside_checkpoint(args: list[str]) -> list[str]:
             "with: --config RECIPE.yaml."
         )
     print(f"Recipe: {saved} (the run's own, beside its checkpoints)", file=sys.stderr)
-    return [args[0], "--config", str(saved), *args[1:]]
+    # a joint run's MT-DNN stages (finetune_each) followed its training: evaluating its checkpoint runs none
+    return [args[0], "--config", str(saved), "--finetune_each=0", *args[1:]]
 
 
 def check_config_files(args: list[str]) -> None:
