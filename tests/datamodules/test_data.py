@@ -590,6 +590,17 @@ def test_a_csv_of_another_delimiter_is_named_and_read_with_it(tmp_path):
         run_data(TextClassificationData(train=str(path), delimiter=";;")).setup("fit")
 
 
+def test_a_file_given_as_a_split_of_a_named_data_set_says_to_unset_it(tmp_path):
+    """The quickstart's data is built in (dataset: trunk:sentiment): a predict file of one's own beside it is a split
+    name to that data set, which the error says, with the option that makes it a path."""
+    texts = tmp_path / "my_texts.txt"
+    texts.write_text("a gripping film\n")
+    with pytest.raises(ValueError, match=r"data.tasks.task.predict='.*my_texts.txt' is a file, but "
+                                         r"data.tasks.task.dataset='trunk:sentiment' makes every split the name of one "
+                                         r"of that data set's splits. To read files, set data.tasks.task.dataset=null"):
+        TextClassificationData(dataset="trunk:sentiment", train="train", predict=str(texts)).raw("predict")
+
+
 def test_a_json_object_holding_the_rows_is_named_and_a_json_list_is_read(tmp_path):
     rows = [{"text": "great", "label": "pos"}, {"text": "dull", "label": "neg"}]
     (tmp_path / "nested.json").write_text(json.dumps({"version": 1, "data": rows}))

@@ -64,7 +64,7 @@ def recipe_beside_checkpoint(args: list[str]) -> list[str]:
     given = option_values(args, "--ckpt_path")
     if not given or given[-1] in ("last", "best"):
         return args  # the parser asks for a recipe
-    if not Path(given[-1]).expanduser().is_file():
+    if not Path(given[-1]).expanduser().exists():  # a file, or a sharded checkpoint's folder (FSDP2)
         sys.exit(f"error: --ckpt_path {given[-1]}: no such checkpoint file. Pass the path of a .ckpt a run wrote "
                  "(under <run>/lightning_logs/version_N/checkpoints/).")
     folder = Path(given[-1]).expanduser().resolve().parent.parent  # <run>/lightning_logs/version_N/checkpoints/CKPT
@@ -76,9 +76,13 @@ def recipe_beside_checkpoint(args: list[str]) -> list[str]:
             f"{saved}, and there is none (a checkpoint moved out of its run's folder). Pass the recipe it was trained "
             "with: --config RECIPE.yaml."
         )
-    print(f"Recipe: {saved} (the run's own, beside its checkpoints)", file=sys.stderr)
-    # a joint run's MT-DNN stages (finetune_each) followed its training: evaluating its checkpoint runs none
-    return [args[0], "--config", str(saved), "--finetune_each=0", *args[1:]]
+    print(f"Recipe: {saved} (the run's own, beside its checkpoints), on one device of this machine "
+          "(--trainer.devices N for more)", file=sys.stderr)
+    # a joint run's MT-DNN stages (finetune_each) followed its training: evaluating its checkpoint runs none; the
+    # devices it trained on may not be this machine's, and one process scores every example once (DDP's sampler pads)
+    machine = ["--finetune_each=0", "--trainer.accelerator=auto", "--trainer.devices=1", "--trainer.num_nodes=1",
+               "--trainer.strategy=auto"]
+    return [args[0], "--config", str(saved), *machine, *args[1:]]
 
 
 def check_config_files(args: list[str]) -> None:

@@ -133,6 +133,14 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
             f"{role}: column_names, file_type, line_pattern, encoding and delimiter say how to read local files; hub "
             "and built-in datasets describe their own columns. Remove them, or leave data.dataset unset for files."
         )
+    path = Path(split).expanduser()
+    if ("/" in split or path.suffix) and path.is_file():  # a file of the user's own, not a split name such as "test"
+        owner = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"
+        raise ValueError(
+            f"{role}='{split}' is a file, but {owner}.dataset='{dataset}' makes every split the name of one of that "
+            f"data set's splits. To read files, set {owner}.dataset=null beside it (predicting reads only the predict "
+            "split, so the others may stay as they are)."
+        )
     if dataset.startswith(BUILTIN_PREFIX):
         return builtin.load(dataset[len(BUILTIN_PREFIX):], split)
     local = Path(dataset).expanduser().is_dir()
