@@ -64,10 +64,11 @@ def recipe_beside_checkpoint(args: list[str]) -> list[str]:
     given = option_values(args, "--ckpt_path")
     if not given or given[-1] in ("last", "best"):
         return args  # the parser asks for a recipe
-    if not Path(given[-1]).expanduser().exists():  # a file, or a sharded checkpoint's folder (FSDP2)
+    checkpoint = Path(given[-1]).expanduser()
+    if not checkpoint.exists():  # a file, or a sharded checkpoint's folder (FSDP2)
         sys.exit(f"error: --ckpt_path {given[-1]}: no such checkpoint file. Pass the path of a .ckpt a run wrote "
                  "(under <run>/lightning_logs/version_N/checkpoints/).")
-    folder = Path(given[-1]).expanduser().resolve().parent.parent  # <run>/lightning_logs/version_N/checkpoints/CKPT
+    folder = checkpoint.resolve().parent.parent  # <run>/lightning_logs/version_N/checkpoints/CKPT
     resumes = sorted(folder.glob("config.resume*.yaml"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     saved = resumes[-1] if resumes else folder / "config.yaml"
     if not saved.is_file():

@@ -117,6 +117,11 @@ class FileReading:
         return self == FileReading()
 
 
+def options_of(role: str) -> str:
+    """Where a split's reading options are set: data.tasks.<task> for data.tasks.<task>.train (data for data.train)."""
+    return role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"
+
+
 def load_split(dataset: str | None, dataset_config: str | None, split: str, role: str,
                reading: FileReading = FileReading()) -> datasets.Dataset:
     """Load one split.
@@ -135,7 +140,7 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         )
     path = Path(split).expanduser()
     if ("/" in split or path.suffix) and path.is_file():  # a file of the user's own, not a split name such as "test"
-        owner = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"
+        owner = options_of(role)
         raise ValueError(
             f"{role}='{split}' is a file, but {owner}.dataset='{dataset}' makes every split the name of one of that "
             f"data set's splits. To read files, set {owner}.dataset=null beside it (predicting reads only the predict "
@@ -200,7 +205,7 @@ def text_lines(path: str | Path, role: str, kind: str = "text", encoding: str = 
                 except UnicodeDecodeError as err:
                     raise ValueError(
                         f"{role}: {path}, line {line_number}: byte {line[err.start]:#04x} at column {err.start + 1} is "
-                        f"not {encoding}. Set the file's encoding ({role.rsplit('.', 1)[0]}.encoding: latin-1, cp1252, "
+                        f"not {encoding}. Set the file's encoding ({options_of(role)}.encoding: latin-1, cp1252, "
                         "...) or save it as UTF-8."
                     ) from None
     except (OSError, EOFError) as err:  # a truncated or fake .gz
@@ -350,7 +355,7 @@ def read_lines(path: Path, role: str, reading: FileReading) -> datasets.Dataset:
             continue
         match = pattern.fullmatch(line)
         if match is None:
-            raise ValueError(f"{role}: {path}, line {number} does not match {role.rsplit('.', 1)[0]}.line_pattern "
+            raise ValueError(f"{role}: {path}, line {number} does not match {options_of(role)}.line_pattern "
                              f"{reading.line_pattern!r} (which must match whole lines): {line[:100]!r}.")
         for name, value in match.groupdict().items():
             rows[name].append(value)
@@ -389,7 +394,7 @@ def empty_split_error(role: str, spec: str) -> ValueError:
 def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str, prefix: str | None = None) -> None:
     """Fail early, naming the option to change (``<prefix>.<option>``), when a configured column is missing."""
     if prefix is None:  # data.tasks.<task>.train -> data.tasks.<task>
-        prefix = role.rsplit(".", 1)[0] if role.count(".") > 1 else "data"
+        prefix = options_of(role)
     for option, column in columns.items():
         if column is not None and column not in ds.column_names:
             if looks_like_data(ds.column_names):
@@ -414,7 +419,7 @@ def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: st
             if delimited is not None:  # one header cell holding every column: another delimiter than the reader's
                 raise ValueError(
                     f"{role} has no column '{column}': its header {delimited[0]!r} is one cell, its columns separated "
-                    f"by {delimited[1]!r}. Set {role.rsplit('.', 1)[0]}.delimiter: {delimited[1]!r} to read them."
+                    f"by {delimited[1]!r}. Set {options_of(role)}.delimiter: {delimited[1]!r} to read them."
                 )
             raise ValueError(
                 f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
