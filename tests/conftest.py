@@ -24,6 +24,9 @@ os.environ.update(
     TRUNK_CALIBRATE="0",
 )
 os.environ.pop("WANDB_API_KEY", None)
+# the processes tests start skip torchmetrics' imports of the dev extras (tests/site/sitecustomize.py says why)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [os.path.join(os.path.dirname(os.path.abspath(__file__)), "site"), os.environ.get("PYTHONPATH")]))
 # tests run two at a time (make test): one thread each, in their subprocesses too
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
