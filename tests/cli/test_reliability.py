@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -864,17 +865,28 @@ def test_an_unusable_cache_a_giant_word_and_a_broken_task_directory_are_said_in_
 
 
 def test_the_last_validations_warnings_are_said_again_at_the_end_of_the_run(tiny_cli_args, monkeypatch):
-    """A task's validation warning is printed at its first degenerate validation, not at every one, and the last
-    validation's is said again at the end of the run; a run of one validation says it once."""
+    """In fit, a task's validation warning is printed once two validations in a row have it (not at every one), and
+    the last validation's is said again at the end of the run; a run of one validation says it once, at its end; a
+    model that predicts one class at its first validation only (as the quickstart's first epoch) is not warned of."""
     from trunk.tasks import SequenceClassification
 
-    monkeypatch.setattr(SequenceClassification, "epoch_warnings",
-                        lambda self, stage: [f"Task '{self.name}': a degenerate validation"])
-    for validations, expected in ((3, 2), (1, 1)):
+    def run(validations: int, degenerate: Callable[[int], bool]) -> list[str]:
+        seen = []
+
+        def epoch_warnings(self, stage):
+            seen.append(stage)
+            return [f"Task '{self.name}': a degenerate validation"] if degenerate(len(seen)) else []
+
+        monkeypatch.setattr(SequenceClassification, "epoch_warnings", epoch_warnings)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             run_cli(["fit", *tiny_cli_args, f"--trainer.val_check_interval={8 // validations}"])  # 8 batches an epoch
-        said = [str(w.message) for w in caught if "degenerate validation" in str(w.message)]
-        assert said[0] == "Task 'sentiment': a degenerate validation" and len(said) == expected, said
-        if expected == 2:
-            assert said[-1] == "At the last validation: Task 'sentiment': a degenerate validation"
+        assert len(seen) == validations
+        return [str(w.message) for w in caught if "degenerate validation" in str(w.message)]
+
+    always = run(4, lambda validation: True)
+    assert always == ["Task 'sentiment': a degenerate validation",  # at the second validation
+                      "At the last validation: Task 'sentiment': a degenerate validation"]
+    assert run(1, lambda validation: True) == ["At the last validation: Task 'sentiment': a degenerate validation"]
+    assert run(2, lambda validation: validation == 1) == []
+    assert run(4, lambda validation: validation in (2, 3)) == ["Task 'sentiment': a degenerate validation"]

@@ -15,6 +15,7 @@ import os
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
@@ -92,10 +93,13 @@ class TrunkModule(L.LightningModule):
         self.hparams.update(trunk=self.trunk_config)  # every value, a preset's and the defaults included
         self.optim_config, self.finetune = as_config(OptimConfig, optimizer), as_config(FinetuneConfig, finetune)
         self.task_weights, self.validation_warnings = loss_weights(task_weights or {}, objectives), []
-        # the warnings printed at the latest validation, and the tasks warned of: a task's are printed at its first
-        # degenerate validation only, and the last validation's said again at the end unless they were just printed
+        # the warnings printed at the latest validation, the tasks warned of and those the validation before warned
+        # of: in fit a task's are printed once two validations in a row have them (a model one validation into its
+        # training often predicts one class before it learns), once only, and the last validation's are said again
+        # at the end unless they were just printed
         self.said_warnings: set[str] = set()
         self._warned_tasks: set[str] = set()
+        self._degenerate_before: set[str] = set()
         task_info = pair_specs(objectives, task_info)
         self.hparams.update(task_info={name: spec.to_dict() for name, spec in task_info.items()})  # plain values
         self.trunk = build_trunk(self.trunk_config, stems_of(objectives))
@@ -328,7 +332,11 @@ class TrunkModule(L.LightningModule):
         if warned:  # kept for the run's summary at its end (trunk fit)
             fresh = {name: o.epoch_warnings(stage) for name, o in self.objectives.items()}
             self.validation_warnings, self.said_warnings = [w for found in fresh.values() for w in found], set()
-            for name in [name for name, found in fresh.items() if found and name not in self._warned_tasks]:
+            degenerate = {name for name, found in fresh.items() if found}
+            fitting = self.trainer.state.fn == TrainerFn.FITTING
+            persisting = degenerate & self._degenerate_before if fitting else degenerate
+            self._degenerate_before = degenerate
+            for name in sorted(persisting - self._warned_tasks):
                 self._warned_tasks.add(name)
                 self.said_warnings.update(fresh[name])
                 for warning in fresh[name]:
