@@ -375,7 +375,8 @@ def test_one_epoch_of_a_single_task_visits_every_row_once(sentiment_files):
 def test_missing_file(tmp_path):
     member = TextClassificationData(train=str(tmp_path / "nope.csv"))
     run_data(member, tokenizer="unused")
-    with pytest.raises(FileNotFoundError, match=r"data.tasks.sst.train: file .*nope.csv' does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"data.tasks.sst.train: file .*nope.csv' does not exist. .* or set "
+                                                r"data.tasks.sst.dataset to load a hub dataset by name"):
         member.label_names  # noqa: B018 (reading it raises)
 
 

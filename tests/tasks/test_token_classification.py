@@ -200,6 +200,16 @@ def test_bad_column_files_are_clear_errors(tmp_path):
     dm.name = "ner"
     with pytest.raises(ValueError, match="Tag 'NNP' is not 'O' or .* Check data.tasks.ner.tag_column"):
         dm.raw("train")
+    # a task's own files name the task's options (not data.tag_column, which no config has)
+    bad = TokenClassificationData(train=str(tmp_path / "ok.txt"), tag_column=5)
+    bad.name = "ner"
+    with pytest.raises(ValueError, match=r"data.tasks.ner.train: data.tasks.ner.tag_column=5 does not exist: .* Set "
+                                         r"data.tasks.ner.tag_column to"):
+        bad.raw("train")
+    missing = TokenClassificationData(train=str(tmp_path / "missing.txt"))
+    missing.name = "ner"
+    with pytest.raises(FileNotFoundError, match=r"or a split with data.tasks.ner.dataset"):
+        missing.raw("train")
 
 
 @pytest.fixture

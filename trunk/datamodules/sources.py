@@ -136,7 +136,8 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
     if not reading.is_default:
         raise ValueError(
             f"{role}: column_names, file_type, line_pattern, encoding and delimiter say how to read local files; hub "
-            "and built-in datasets describe their own columns. Remove them, or leave data.dataset unset for files."
+            f"and built-in datasets describe their own columns. Remove them, or leave {options_of(role)}.dataset "
+            "unset for files."
         )
     path = Path(split).expanduser()
     if ("/" in split or path.suffix) and path.is_file():  # a file of the user's own, not a split name such as "test"
@@ -156,8 +157,9 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         raise ValueError(
             f"Could not load split '{split}' ({role}) of dataset '{dataset}'"
             f"{f' (config {dataset_config!r})' if dataset_config else ''}: {err}\n"
-            "Check the dataset name, data.dataset_config and the split name; hub datasets need network "
-            "access (or a filled Hugging Face cache). For local files, leave data.dataset unset and give paths."
+            f"Check the dataset name, {options_of(role)}.dataset_config and the split name; hub datasets need "
+            f"network access (or a filled Hugging Face cache). For local files, leave {options_of(role)}.dataset "
+            "unset and give paths."
         ) from err
 
 
@@ -179,7 +181,7 @@ def stream_rows(dataset: str | None, dataset_config: str | None, split: str, rol
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise ValueError(
             f"Could not stream split '{split}' ({role}) of dataset '{dataset}': {err}\nCheck the dataset name, "
-            "data.dataset_config and the split name; hub datasets need network access."
+            f"{options_of(role)}.dataset_config and the split name; hub datasets need network access."
         ) from err
 
 
@@ -190,7 +192,7 @@ def text_lines(path: str | Path, role: str, kind: str = "text", encoding: str = 
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
-                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with {options_of(role)}.dataset.")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
@@ -307,7 +309,7 @@ def _load_file(path_str: str, role: str, reading: FileReading) -> datasets.Datas
     if not path.is_file():
         raise FileNotFoundError(
             f"{role}: file '{path_str}' {missing(path)}. Give the path to a local "
-            f"{'/'.join(FILE_FORMATS)} file, or set data.dataset to load a hub dataset by name."
+            f"{'/'.join(FILE_FORMATS)} file, or set {options_of(role)}.dataset to load a hub dataset by name."
         )
     suffix = reading.suffix(path)
     if suffix == LINES:
@@ -437,7 +439,7 @@ def read_text(path: str | Path, role: str, encoding: str = "utf-8") -> str:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{role}: file '{path}' {missing(path)}. Give text files (plain or .gz), "
-                                f"{'/'.join(FILE_FORMATS)} files, or a split name with data.dataset.")
+                                f"{'/'.join(FILE_FORMATS)} files, or a split name with {options_of(role)}.dataset.")
     check_text_file(path, role, encoding=encoding)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding=encoding, newline="") as f:
@@ -460,7 +462,8 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
     if not path.is_file():
         raise FileNotFoundError(
             f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, the tag in "
-            f"data.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with data.dataset."
+            f"{options_of(role)}.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with "
+            f"{options_of(role)}.dataset."
         )
     check_text_file(path, role, "CoNLL", encoding)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -485,7 +488,7 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
             elif len(columns) != n_columns:
                 raise ValueError(f"{role}: {path}:{line_number} has {len(columns)} columns but line {first_line} has "
                                  f"{n_columns}: {line.strip()!r}. Every word line needs the same columns (word first, "
-                                 "tag in data.tag_column), separated by whitespace.")
+                                 f"tag in {options_of(role)}.tag_column), separated by whitespace.")
             current.append(columns)
     if current:
         sentences.append(current)
@@ -494,8 +497,9 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
     if n_columns == 1:
         return datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(sentences), "document": documents})
     if n_columns is not None and not -n_columns <= tag_column < n_columns:
-        raise ValueError(f"{role}: data.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
-                         f"(0 .. {n_columns - 1}; the word is column 0). Set data.tag_column to the tag's column.")
+        raise ValueError(f"{role}: {options_of(role)}.tag_column={tag_column} does not exist: {path} has {n_columns} "
+                         f"columns (0 .. {n_columns - 1}; the word is column 0). Set {options_of(role)}.tag_column to "
+                         "the tag's column.")
     return datasets.Dataset.from_dict({"tokens": words, "tags": [[row[tag_column] for row in s] for s in sentences],
                                        "document": documents})
 
