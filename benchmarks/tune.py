@@ -10,7 +10,9 @@ recipe's seed for every trial), then the best recipe (its best.yaml) and the shi
 and 3 (not the search's, so the tuned recipe is not scored on the seed it was picked on), scored on the test split.
 ``--unpruned`` runs the same search with ``--pruner none``: its steps against the pruned search's are the compute
 pruning saved, its best dev score beside the pruned search's, and its best recipe trained with the same seeds and
-scored on the test split, say whether it cost the result. Every finished step is a
+scored on the test split, say whether it cost the result; and the pruner itself replayed over the unpruned
+search's trials (``replay``): the compute pruning saves on the same trials, and whether it would have stopped the best
+one. Every finished step is a
 line of the ledger (default runs/bench_tune/results.jsonl); a stopped benchmark goes on where it stopped (the tunes
 themselves resume: finished trials are kept, a stopped one resumes from its checkpoint).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -64,6 +67,45 @@ def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> d
                        "steps": sum(t.user_attrs["steps"] for t in trials_run),
                        "minutes": sum(t.user_attrs["minutes"] for t in trials_run),
                        "pruned": sum(t.state.name == "PRUNED" for t in trials_run), "cpu": str(cpu_info())})
+
+
+def replay(study: optuna.Study, pruner: str) -> dict:
+    """The same trials pruned: ``trunk tune``'s pruner of that name run over an unpruned study's trials, one by one in
+    their order, each reporting the validations it recorded; where the pruner stops a trial, the steps after are the
+    compute saved. Two searches compared instead would differ by the trials their samplers drew, not only by pruning.
+    """
+    from trunk.cli.tune import make_pruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    replayed = optuna.create_study(direction=study.direction, pruner=make_pruner(pruner))
+    steps = kept = 0
+    stopped, unpruned = [], [t for t in study.trials if t.state.name == "COMPLETE" and t.intermediate_values]
+    for recorded in unpruned:
+        curve, trial = sorted(recorded.intermediate_values.items()), replayed.ask()
+        for point, value in curve:
+            trial.report(value, point)
+            if trial.should_prune():  # the steps it took to here: its share of the trial's points
+                replayed.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                stopped.append(recorded.number)
+                steps += round(recorded.user_attrs["steps"] * point / curve[-1][0])
+                break
+        else:
+            replayed.tell(trial, recorded.value)
+            steps += recorded.user_attrs["steps"]
+            kept += 1
+    return {"steps": steps, "unpruned_steps": sum(t.user_attrs["steps"] for t in unpruned), "trials": len(unpruned),
+            "stopped": stopped, "best_dev": replayed.best_value if kept else math.nan,
+            "unpruned_best_dev": study.best_value, "best_trial_stopped": study.best_trial.number in stopped}
+
+
+def replay_search(task: str, pruner: str, root: Path, ledger: Ledger) -> dict:
+    key = {"task": task, "step": "replay", "pruner": pruner}
+    found = ledger.find(key)
+    if found:
+        return found
+    folder = root / task / "none"
+    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+    return ledger.add({**key, **replay(study, pruner), "cpu": str(cpu_info())})
 
 
 def rerun(task: str, which: str, recipe: str, seed: int, root: Path, ledger: Ledger) -> dict:
@@ -139,6 +181,12 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
         unpruned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "tuned unpruned"]
         if unpruned:
             print(f"{task}: the unpruned search's best recipe, test: {spread(unpruned, len(seeds))}")
+    for record in [r for r in records if r["step"] == "replay"]:
+        best = "its best trial stopped" if record["best_trial_stopped"] else "its best trial kept"
+        print(f"{record['task']}: {record['pruner']} pruning replayed over the unpruned search's {record['trials']} "
+              f"trials: {record['steps']} steps against {record['unpruned_steps']} "
+              f"({1 - record['steps'] / record['unpruned_steps']:.0%} saved), trials stopped {record['stopped']}, "
+              f"best dev {record['best_dev']:.4f} against {record['unpruned_best_dev']:.4f} ({best})")
     params = [r for r in records if r["step"] == "search" and r["pruner"] == "median"]
     for record in params:
         print(f"{record['task']}: best trial {record['best_trial']}: {json.dumps(record['best_params'])}")
@@ -184,6 +232,7 @@ def main() -> None:
         unpruned = search(args.task, "none", args.trials, root, ledger)
         for seed in args.seeds:
             rerun(args.task, "tuned unpruned", unpruned["best_recipe"], seed, root, ledger)
+        replay_search(args.task, "median", root, ledger)
     summary(ledger, args.seeds)
 
 

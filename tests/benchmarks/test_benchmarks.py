@@ -785,13 +785,38 @@ def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_res
     assert done.returncode == 0, done.stderr[-3000:]
     ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("pruner") or r["recipe"]) for r in ledger] == [
-        ("search", "median"), ("rerun", "tuned"), ("rerun", "shipped"), ("search", "none"), ("rerun", "tuned unpruned")]
+        ("search", "median"), ("rerun", "tuned"), ("rerun", "shipped"), ("search", "none"), ("rerun", "tuned unpruned"),
+        ("replay", "median")]
     assert ledger[0]["steps"] > 0 and 0 <= ledger[1]["test"] <= 1 and 0 <= ledger[4]["test"] <= 1
+    # two trials are fewer than the median pruner's first 4, which it never stops: the replay saves nothing
+    assert ledger[5]["steps"] == ledger[5]["unpruned_steps"] == ledger[3]["steps"] and ledger[5]["stopped"] == []
     row = next(line for line in done.stdout.splitlines() if line.startswith("| mood |"))
     assert " of 2, " in row and "saved)" in row
     assert "mood: the unpruned search's best recipe, test: " in done.stdout
+    assert "mood: median pruning replayed over the unpruned search's 2 trials: " in done.stdout
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 5
+    assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 6
+
+
+def test_the_pruner_replayed_over_unpruned_trials_counts_the_steps_it_saves():
+    """``benchmarks/tune.py``'s replay: the tune's median pruner over recorded trials, in their order; a trial far
+    behind the first four at its first validation is stopped there, its later steps saved, and where it is the one
+    that would have ended best, the replay says that pruning lost it."""
+    import optuna
+    from tune import replay
+
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+    curves = [[0.5, 0.6, 0.7], [0.55, 0.65, 0.8], [0.5, 0.7, 0.75], [0.6, 0.62, 0.7], [0.1, 0.2, 0.9],
+              [0.58, 0.7, 0.85]]
+    for curve in curves:  # three validations each, 300 steps in all
+        trial = study.ask()
+        for point, value in zip((100, 200, 300), curve):
+            trial.report(value, point)
+        trial.set_user_attr("steps", 300)
+        study.tell(trial, max(curve))
+    result = replay(study, "median")
+    assert result["stopped"] == [4] and result["steps"] == 5 * 300 + 100 and result["unpruned_steps"] == 6 * 300
+    assert result["best_dev"] == 0.85 and result["unpruned_best_dev"] == 0.9 and result["best_trial_stopped"]
 
 
 def test_the_int8_kernel_benchmark_times_layers_that_compute_what_trunks_int8_layer_does():
