@@ -160,6 +160,19 @@ def test_a_killed_tune_goes_on_without_repeating_a_finished_trial(sentiment_file
     assert trials[2].user_attrs["steps"] == trials[0].user_attrs["steps"]  # resumed, not restarted: the same length
 
 
+def test_a_trial_taken_up_after_its_last_step_still_counts_the_steps_it_ran(tiny_cli_args, tmp_path):
+    """A tune stopped after a trial's training ended (in its test) takes the trial up again from its last checkpoint,
+    with no batch left to train: the steps it ran still count (they read 0, and what pruning saved with them)."""
+    from trunk.cli.tune import reporter
+
+    args = ["fit", *tiny_cli_args, "--trainer.max_steps=3", "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.save_last=true"]
+    first, again = reporter(None, "val/score"), reporter(None, "val/score")
+    run_cli(args, callbacks=[first])
+    run_cli([*args, "--ckpt_path=last"], callbacks=[again])
+    assert first.steps == again.steps == 3
+
+
 @pytest.mark.slow
 def test_two_workers_share_one_study_and_run_disjoint_trials(sentiment_files, tmp_path):
     folder = tmp_path / "workers"

@@ -299,6 +299,9 @@ def reporter(trial, metric: str):
         def on_train_batch_end(self, trainer, *args) -> None:
             self.steps = trainer.global_step
 
+        def on_fit_end(self, trainer, pl_module) -> None:  # a run resumed after its last step trains no batch
+            self.steps = trainer.global_step
+
         def on_validation_end(self, trainer, pl_module) -> None:
             if trainer.sanity_checking or trainer.state.fn != "fit":
                 return
