@@ -473,3 +473,22 @@ def test_of_many_processes_racing_for_a_folder_one_holds_it_and_a_killed_holder_
         for p in racers:
             p.kill()
             p.wait()
+
+
+def test_a_validation_stopped_by_sigterm_runs_again_when_the_run_resumes(sentiment_files, ner_files, tmp_path):
+    """SIGTERM in the epoch's closing validation (the run's last): the resumed run validates that step again, in
+    full, so the run's validations, best score and best checkpoint are the uninterrupted run's."""
+    stamp = tmp_path / "signalled"
+    slow = ["--trainer.callbacks+=faults.SignalDuringValidation", f"--trainer.callbacks.stamp={stamp}",
+            "--trainer.callbacks.stage=validate", "--trainer.callbacks.seconds=0.2", "--trainer.callbacks.batch=1"]
+    evaluation = ["--data.tasks.sentiment.eval_batch_size=8", "--data.tasks.ner.eval_batch_size=8"]
+    root = tmp_path / "run"
+    result = trunk([*fit_args(root, sentiment_files, ner_files, epochs=1), *evaluation, *slow], tmp_path)
+    assert result.returncode == 143, result.stderr[-3000:]
+    resumed = trunk([*fit_args(root, sentiment_files, ner_files, epochs=1), *evaluation, "--ckpt_path=last"],
+                    tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight = trunk([*fit_args(tmp_path / "straight", sentiment_files, ner_files, epochs=1), *evaluation], tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    validated, expected = logged_metrics(root), logged_metrics(tmp_path / "straight")
+    assert "val/score" in validated and validated["val/score"] == pytest.approx(expected["val/score"], abs=1e-6)

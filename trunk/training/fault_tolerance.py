@@ -7,7 +7,8 @@
     ``save_every_steps`` steps if set, and at the last step;
   - SIGTERM (a scheduler's preemption) and SIGINT (Ctrl+C) finish the current step, save, print the
     command that resumes, and exit with 128 + the signal number (143, 130); a second Ctrl+C stops at once.
-    During a validation they stop after the current batch and save the step before it; during the
+    During a validation they stop after the current batch and save the step before it (the resumed run
+    validates again, whole, then trains on); during the
     sanity check, validate, test or predict they stop after the current batch (nothing to save).
     SIGUSR1 (SLURM's notice of preemption) does the same, then requeues the job (``scontrol requeue``);
     the requeued job's `trunk fit` resumes from ``last.ckpt`` by itself (exit 138);
@@ -247,9 +248,16 @@ class FaultTolerance(Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if self._saving_mid_validation and self._before_validation is not None:
-            # as if saved at the end of the step: a resume trains on from there (the interrupted validation is not
-            # counted half-done, which would resume it with metrics over its second half only)
-            checkpoint["loops"]["fit_loop"] = self._before_validation[0]
+            # as if saved at the end of the step, with the validation after it started and none of its batches done:
+            # a resume runs that validation again, whole, then trains on. Saved as at the step's end alone, Lightning
+            # takes the validation for done and skips it (the run's best score and checkpoint miss it); counted
+            # half-done, it would resume it with metrics over its second half only.
+            state = copy.deepcopy(self._before_validation[0])
+            for counts in state["epoch_loop.val_loop.batch_progress"].values():
+                if isinstance(counts, dict):  # total and current: one batch started, none processed
+                    counts["ready"] = counts["started"] = counts["completed"] + 1
+                    counts["processed"] = counts["completed"]
+            checkpoint["loops"]["fit_loop"] = state
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """A run folder moved (or copied) before its resume: each ModelCheckpoint's saved state names the old folder,
