@@ -253,7 +253,7 @@ class FaultTolerance(Callback):
             # takes the validation for done and skips it (the run's best score and checkpoint miss it); counted
             # half-done, it would resume it with metrics over its second half only.
             state = copy.deepcopy(self._before_validation[0])
-            for counts in state["epoch_loop.val_loop.batch_progress"].values():
+            for counts in state.get("epoch_loop.val_loop.batch_progress", {}).values():
                 if isinstance(counts, dict):  # total and current: one batch started, none processed
                     counts["ready"] = counts["started"] = counts["completed"] + 1
                     counts["processed"] = counts["completed"]
