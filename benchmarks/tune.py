@@ -48,6 +48,11 @@ TASKS = {  # the shipped recipe and its search space
 }
 
 
+def study_in(folder: Path) -> optuna.Study:
+    """The study a `trunk tune --dir FOLDER` kept: its default storage and name."""
+    return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+
+
 def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> dict:
     key = {"task": task, "step": "search", "pruner": pruner, "trials": trials}
     found = ledger.find(key)
@@ -59,7 +64,7 @@ def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> d
                str(trials), "--seed", "0", "--pruner", pruner, "--dir", str(folder)]
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True)
-    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+    study = study_in(folder)
     trials_run = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
     best = study.best_trial
     return ledger.add({**key, "best_dev": best.value, "best_trial": best.number, "best_params": best.params,
@@ -104,7 +109,7 @@ def replay_search(task: str, pruner: str, root: Path, ledger: Ledger) -> dict:
     if found:
         return found
     folder = root / task / "none"
-    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+    study = study_in(folder)
     return ledger.add({**key, **replay(study, pruner), "cpu": str(cpu_info())})
 
 
@@ -142,7 +147,7 @@ def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -
             subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=pin,
                            stdout=subprocess.DEVNULL)
             walls[n].append(time.perf_counter() - began)
-            study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
+            study = study_in(folder)
             spans[n].append((max(t.datetime_complete for t in study.trials)
                              - min(t.datetime_start for t in study.trials)).total_seconds())
             print(f"round {r}: {n} worker(s) {walls[n][-1]:.0f} s, its trials {spans[n][-1]:.0f} s", flush=True)

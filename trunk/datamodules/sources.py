@@ -133,15 +133,14 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
     """
     if dataset is None:
         return _load_file(split, role, reading)
+    owner = options_of(role)
     if not reading.is_default:
         raise ValueError(
             f"{role}: column_names, file_type, line_pattern, encoding and delimiter say how to read local files; hub "
-            f"and built-in datasets describe their own columns. Remove them, or leave {options_of(role)}.dataset "
-            "unset for files."
+            f"and built-in datasets describe their own columns. Remove them, or leave {owner}.dataset unset for files."
         )
     path = Path(split).expanduser()
     if ("/" in split or path.suffix) and path.is_file():  # a file of the user's own, not a split name such as "test"
-        owner = options_of(role)
         raise ValueError(
             f"{role}='{split}' is a file, but {owner}.dataset='{dataset}' makes every split the name of one of that "
             f"data set's splits. To read files, set {owner}.dataset=null beside it (predicting reads only the predict "
@@ -157,9 +156,8 @@ def load_split(dataset: str | None, dataset_config: str | None, split: str, role
         raise ValueError(
             f"Could not load split '{split}' ({role}) of dataset '{dataset}'"
             f"{f' (config {dataset_config!r})' if dataset_config else ''}: {err}\n"
-            f"Check the dataset name, {options_of(role)}.dataset_config and the split name; hub datasets need "
-            f"network access (or a filled Hugging Face cache). For local files, leave {options_of(role)}.dataset "
-            "unset and give paths."
+            f"Check the dataset name, {owner}.dataset_config and the split name; hub datasets need network access "
+            f"(or a filled Hugging Face cache). For local files, leave {owner}.dataset unset and give paths."
         ) from err
 
 
@@ -458,12 +456,11 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
     many columns as the first one. A file with a single column has words only (for prediction);
     its ``tags`` are None.
     """
-    path = Path(path).expanduser()
+    path, options = Path(path).expanduser(), options_of(role)
     if not path.is_file():
         raise FileNotFoundError(
             f"{role}: file '{path}' {missing(path)}. Give a CoNLL column file (one word per line, the tag in "
-            f"{options_of(role)}.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with "
-            f"{options_of(role)}.dataset."
+            f"{options}.tag_column), a {'/'.join(ROW_FORMATS)} file, or a split with {options}.dataset."
         )
     check_text_file(path, role, "CoNLL", encoding)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -488,7 +485,7 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
             elif len(columns) != n_columns:
                 raise ValueError(f"{role}: {path}:{line_number} has {len(columns)} columns but line {first_line} has "
                                  f"{n_columns}: {line.strip()!r}. Every word line needs the same columns (word first, "
-                                 f"tag in {options_of(role)}.tag_column), separated by whitespace.")
+                                 f"tag in {options}.tag_column), separated by whitespace.")
             current.append(columns)
     if current:
         sentences.append(current)
@@ -497,9 +494,8 @@ def read_conll(path: str | Path, tag_column: int = -1, role: str = "data", encod
     if n_columns == 1:
         return datasets.Dataset.from_dict({"tokens": words, "tags": [None] * len(sentences), "document": documents})
     if n_columns is not None and not -n_columns <= tag_column < n_columns:
-        raise ValueError(f"{role}: {options_of(role)}.tag_column={tag_column} does not exist: {path} has {n_columns} "
-                         f"columns (0 .. {n_columns - 1}; the word is column 0). Set {options_of(role)}.tag_column to "
-                         "the tag's column.")
+        raise ValueError(f"{role}: {options}.tag_column={tag_column} does not exist: {path} has {n_columns} columns "
+                         f"(0 .. {n_columns - 1}; the word is column 0). Set {options}.tag_column to the tag's column.")
     return datasets.Dataset.from_dict({"tokens": words, "tags": [[row[tag_column] for row in s] for s in sentences],
                                        "document": documents})
 
