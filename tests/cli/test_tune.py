@@ -15,7 +15,7 @@ from conftest import REPO
 
 from trunk.cli.fit import run_cli
 from trunk.cli.search_space import SearchSpace, SpaceError, flat_keys
-from trunk.cli.tune import pruning_saved, tune_main
+from trunk.cli.tune import pruning_saved, recipe_settings, recipe_text, tune_main
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -258,7 +258,7 @@ def test_workers_on_other_machines_join_one_study_through_a_database_server(sent
     other = recipe(tmp_path / "machine_c", sentiment_files, epochs=6)
     said = refused(["--config", str(other), "--search", str(space), "--trials", "4", "--storage", postgres,
                     "--study", "shared", "--dir", str(tmp_path / "machine_c" / "tune")])
-    assert "was run with recipe ['--config', 'recipe.yaml (sha256 " in said and "Name a new study" in said
+    assert "was run with another recipe: trainer.max_epochs was 12, now 6." in said and "name a new study" in said
 
 
 def test_bad_search_spaces_are_refused_with_the_fix():
@@ -316,6 +316,28 @@ def test_bad_input_is_refused_in_one_line_before_any_trial(sentiment_files, tmp_
     other = space_file(tmp_path, {"model.optimizer.lr": {"log_uniform": [1e-5, 1e-2]}}, "other.yaml")
     said = refused([*base[:2], "--search", str(other), "--trials", "2", "--dir", str(tmp_path / "f")])
     assert "searches another space: model.tasks.sentiment.init_args.pooling is gone; model.optimizer.lr was" in said
+    # the same recipe reworded (a comment, its keys in another order, another file) goes on with the study; a recipe
+    # that sets other values is refused, naming them
+    settings = yaml.safe_load(good.read_text())
+    reworded = tmp_path / "reworded.yaml"
+    reworded.write_text("# the same settings, reworded\n" + yaml.safe_dump(dict(reversed(settings.items())),
+                                                                             sort_keys=False))
+    tune_main(["--config", str(reworded), *base[2:4], "--trials", "2", "--dir", str(tmp_path / "f")])
+    assert [t.state.name for t in study_of(tmp_path / "f").trials] == ["COMPLETE"] * 2
+    settings["trainer"]["max_epochs"], settings["model"]["optimizer"]["weight_decay"] = 3, 0.1
+    reworded.write_text(yaml.safe_dump(settings))
+    said = refused(["--config", str(reworded), *base[2:4], "--trials", "3", "--dir", str(tmp_path / "f")])
+    assert "was run with another recipe: model.optimizer.weight_decay is new; trainer.max_epochs was 2, now 3" in said
+    # a study of an older Trunk, which kept its recipe files' text: the same text goes on, and its settings are kept
+    storage = f"sqlite:///{tmp_path / 'f' / 'study.db'}"
+    older = optuna.create_study(study_name="older", storage=storage, direction="maximize")
+    for key, value in study_of(tmp_path / "f").user_attrs.items():
+        older.set_user_attr(key, value) if key != "recipe_settings" else None
+    older.set_user_attr("recipe_text", recipe_text(["--config", str(good)]))
+    older.add_trials(study_of(tmp_path / "f").trials)
+    tune_main([*base[:4], "--trials", "2", "--dir", str(tmp_path / "f"), "--study", "older"])
+    assert optuna.load_study(study_name="older", storage=storage).user_attrs["recipe_settings"] == recipe_settings(
+        ["--config", str(good)])
 
     said = refused([*base, "--dir", str(tmp_path / "g"), "--metric", "val/sentiment/nosuch"])
     assert "validations log no val/sentiment/nosuch; they log ['val/score', 'val/sentiment/acc'" in said

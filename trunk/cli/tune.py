@@ -197,9 +197,9 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
             raise TuneError(f"cannot use the study storage {url}: {said}. Check the URL, that its server is "
                             "reachable and that this user may write to it.") from err
     study.sampler = make_sampler(args, trials, len(study.get_trials(deepcopy=False)))
-    wanted = {"space": space.describe(), "recipe": recipe.args, "recipe_text": recipe_text(recipe.args),
+    wanted = {"space": space.describe(), "recipe": recipe.args, "recipe_settings": recipe_settings(recipe.args),
               "metric": args.metric, "seeds": args.seeds}
-    stored = {key: study.user_attrs[key] for key in wanted if key in study.user_attrs}
+    stored = {key: study.user_attrs[key] for key in (*wanted, "recipe_text") if key in study.user_attrs}
     if not stored:
         for key, value in wanted.items():
             study.set_user_attr(key, value)
@@ -207,23 +207,52 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
         raise TuneError(f"study {name!r} in {url} searches another space: {'; '.join(changed)}. Name a new study "
                         "(--study NAME or another --dir), or give the space it was started with.")
     else:
-        # the recipe by its text where the study has it (workers on other machines keep it at other paths); a study
-        # from before it was stored, by the command line
-        for key in ("recipe_text" if "recipe_text" in stored else "recipe", "metric", "seeds"):
-            if key in stored and stored[key] != wanted[key]:
-                said = key.removesuffix("_text")
-                raise TuneError(f"study {name!r} in {url} was run with {said} {stored[key]}, not {wanted[key]}: one "
-                                "study compares trials of one recipe, scored one way. Name a new study "
-                                "(--study NAME or another --dir).")
+        if "recipe_settings" in stored:  # what the recipe sets, whatever its paths, comments or key order
+            changed = differences(stored["recipe_settings"], wanted["recipe_settings"])
+        else:  # a study of an older Trunk: its recipe files' text (or its command line), then its settings from now on
+            old = ("recipe_text", recipe_text(recipe.args)) if "recipe_text" in stored else ("recipe", recipe.args)
+            changed = [f"{old[0].removesuffix('_text')} {stored[old[0]]}, not {old[1]}"] if stored.get(
+                old[0], old[1]) != old[1] else []
+            if not changed:
+                study.set_user_attr("recipe_settings", wanted["recipe_settings"])
+        changed += [f"{key} {stored[key]}, not {wanted[key]}" for key in ("metric", "seeds")
+                    if key in stored and stored[key] != wanted[key]]
+        if changed:
+            raise TuneError(f"study {name!r} in {url} was run with another recipe: {'; '.join(changed[:6])}"
+                            f"{'; ...' if len(changed) > 6 else ''}. One study compares trials of one recipe, scored "
+                            "one way: name a new study (--study NAME or another --dir), or give the recipe it was "
+                            "started with.")
     if study.direction.name.lower() != recipe.direction:
         raise TuneError(f"study {name!r} {study.direction.name.lower()}s its score, and this tune would "
                         f"{recipe.direction} {args.metric}: name a new study or pass --direction.")
     return study, url
 
 
+def recipe_settings(recipe_args: list[str]) -> dict:
+    """What the recipe sets, whatever its files' paths, comments or key order (a study's identity): each --config
+    file's values by dotted path, a later file's over an earlier one's, and the other options as given."""
+    settings, options = {}, []
+    for previous, part in zip(["", *recipe_args], recipe_args):
+        if previous == "--config" and Path(part).is_file():
+            settings.update(dotted(yaml.safe_load(Path(part).read_text()) or {}))
+        elif part != "--config":
+            options += ["--config", part] if previous == "--config" else [part]
+    # JSON's types, as the study stores them (a YAML date would come back a string)
+    return json.loads(json.dumps({**settings, **({"command line": options} if options else {})}, default=str))
+
+
+def dotted(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def recipe_text(recipe_args: list[str]) -> list[str]:
-    """The recipe as its text says, whatever its path: each --config file's name and a digest of its contents, the
-    other options as given."""
+    """How a study of an older Trunk recorded its recipe: each --config file's name and a digest of its bytes."""
     said = []
     for previous, part in zip(["", *recipe_args], recipe_args):
         if previous == "--config" and Path(part).is_file():
