@@ -726,15 +726,22 @@ def main(argv: list[str]) -> None:
         print(f"| {row['task']} ({metric[row['task']]}) | {row['precision']} | {row['trunk']:.4f} | {row['hf']:.4f} | "
               f"{t:.0f} | {h:.0f} | {row['speedup']:.2f}x | {row['seed']} | "
               + "".join(f"{c} | " for c in cells))
-    if len(args.seed) > 1:  # mean ± sd over the seeds, and the gap paired by seed
-        print("\n| task | precision | seeds | Trunk | transformers | Trunk - transformers | speed-up |")
-        print("|---|---|---|---|---|---|---|")
+    if len(args.seed) > 1:  # mean ± sd over the seeds, the gap paired by seed, the speed and memory's range
+        header = ["task", "precision", "seeds", "Trunk", "transformers", "Trunk - transformers", "speed-up",
+                  *(["Trunk's recipe"] if args.recipe else []),
+                  *(["peak GiB, Trunk / transformers"] if memory else [])]
+        print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for key in dict.fromkeys((row["task"], row["precision"]) for row in rows):
             group = [row for row in rows if (row["task"], row["precision"]) == key]
             trunk, hf = [r["trunk"] for r in group], [r["hf"] for r in group]
             gaps = [a - b for a, b in zip(trunk, hf)]
+            recipe = [r["trunk_recipe"] for r in group if not math.isnan(r.get("trunk_recipe", math.nan))]
+            cells = ([mean_sd(recipe) if recipe else "–"] if args.recipe else []) + (
+                [f"{max(r['trunk_peak_gib'] for r in group):.2f} / {max(r['hf_peak_gib'] for r in group):.2f}"]
+                if memory else [])
             print(f"| {key[0]} ({metric[key[0]]}) | {key[1]} | {len(group)} | {mean_sd(trunk)} | {mean_sd(hf)} | "
-                  f"{mean_sd(gaps)} | {statistics.mean(r['speedup'] for r in group):.2f}x |")
+                  f"{mean_sd(gaps)} | {statistics.mean(r['speedup'] for r in group):.2f}x | "
+                  + "".join(f"{c} | " for c in cells))
 
 
 if __name__ == "__main__":

@@ -284,6 +284,7 @@ def test_seeds_give_a_row_each_and_their_mean_and_spread_beside_the_recipes_own_
         "sst2-32-true-seed2-hf", "sst2-32-true-seed2-recipe"]
     line = summary.strip().splitlines()[2].strip("|").split("|")
     assert line[0].strip() == "sst2 (dev acc)" and line[2].strip() == "2" and "±" in line[3] and "±" in line[5]
+    assert "±" in line[7]  # the recipe's mean and spread too
 
 
 def test_a_pooled_task_reads_cls_through_the_pooler_as_transformers_does_whatever_its_recipes_pooling(tmp_path):
