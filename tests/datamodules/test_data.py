@@ -119,6 +119,35 @@ def test_dynamic_padding_pads_to_the_longest_in_batch(sentiment_files):
         assert (batch["input_ids"][batch["attention_mask"] == 0] == data.tasks["sst"].pad_id).all()
 
 
+@pytest.mark.parametrize("replicas", [2, 3, 5, 80])
+def test_data_parallel_evaluation_scores_every_row_once_in_as_many_batches_on_every_replica(sentiment_files, replicas):
+    """Lightning's sampler gives every replica as many rows by repeating some, which then counted twice in the
+    metrics; each replica's shard leaves them out of its batches, and still has as many batches as the others. 80
+    replicas for 64 rows: those without a row of their own score one (said, with how to get exact numbers)."""
+    data = make_data(sentiment_files, batch_size=8)  # evaluation batches of 16; 64 validation rows
+    data.setup("fit")
+    member = data.tasks["sst"]
+
+    def rows(loader) -> list[tuple]:
+        return [tuple(ids[mask.bool()].tolist()) for batch in loader
+                for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+
+    whole = rows(member.loaders("validation")[0])
+    assert len(whole) == 64
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        shards = [member.loaders("validation", shard=(rank, replicas))[0] for rank in range(replicas)]
+    assert len({len(shard) for shard in shards}) == 1  # as many batches on every replica
+    scored = [row for shard in shards for row in rows(shard)]
+    if replicas < 64:
+        assert collections.Counter(scored) == collections.Counter(whole)  # every row once
+        assert not said
+    else:
+        assert len(scored) == replicas and collections.Counter(whole) <= collections.Counter(scored)
+        assert "64 rows for 80 data-parallel replicas" in str(said[0].message) and "trainer.devices" in str(
+            said[0].message)
+
+
 def test_length_bucketing_covers_every_example_once():
     lengths = [random.Random(i).randint(1, 50) for i in range(1000)]
     order = list(range(1000))

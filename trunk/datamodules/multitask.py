@@ -354,11 +354,15 @@ class MultiTaskData(TaskSet, L.LightningDataModule):
         return DataLoader(MultiTaskStream(self), batch_size=None, generator=torch.Generator())
 
     def _loaders(self, role: str, by_length: bool = False) -> list[DataLoader]:
+        # evaluation splits are dealt to the data-parallel replicas here, not by Lightning's sampler, whose repeated
+        # rows would count twice in the metrics (EvalShard); prediction's own sampler repeats none
+        _, rank, replicas = self.position()
+        shard = (rank, replicas) if replicas > 1 and role in ("validation", "test") else None
         return [
             loader
             for name, m in self.tasks.items()
             if m.has_split(role) and (role != "predict" or name in self.predict_tasks)
-            for loader in m.loaders(role, by_length)
+            for loader in m.loaders(role, by_length, shard)
         ]
 
     def val_dataloader(self) -> list[DataLoader]:

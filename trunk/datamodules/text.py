@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Encoding, Tokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from trunk.core.codec import PAD, fingerprint, special_id
 from trunk.core.labels import alike_across, alike_groups, check_fold, describe_alike, fold_label
@@ -211,10 +211,47 @@ class TaggedCollate:
         self.data, self.role, self.task, self.file, self.indexed = data, role, task, file, indexed
 
     def __call__(self, indices: list[int]) -> dict:
-        batch = {"task": self.task, **self.data.make_batch(self.role, indices, train=False)}
+        # rows an evaluation shard repeats are left out; a replica with no row of its own scores one (EvalShard)
+        own = [i for i in indices if not isinstance(i, Repeated)] or [int(i) for i in indices]
+        batch = {"task": self.task, **self.data.make_batch(self.role, own, train=False)}
+        if len(own) < len(indices):  # the shard's places it stands for: every replica's are alike (PredictionSamples)
+            batch["repeated"] = len(indices) - len(own)
         if self.indexed:  # the rows' places in the split (prediction batches come in order of length)
-            batch["index"] = list(indices)
+            batch["index"] = list(own)
         return {**batch, "file": self.file} if self.file is not None else batch
+
+
+class Repeated(int):
+    """A row an evaluation shard gives a replica a second time (``EvalShard``): it is in no batch."""
+
+
+class PaddedRows(Sequence):
+    """An evaluation split's rows, and past their end the rows ``DistributedSampler`` repeats to give every replica as
+    many, marked ``Repeated``."""
+
+    def __init__(self, rows: Sequence[int]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, place: int) -> int:
+        return self.rows[place] if place < len(self.rows) else Repeated(self.rows[place % len(self.rows)])
+
+
+class EvalShard(DistributedSampler):
+    """One data-parallel replica's share of an evaluation split, as Lightning's sampler deals it (rows in turn, every
+    replica as many places, hence as many batches: the collectives of FSDP, tensor parallelism and the metrics' sync
+    need every replica in each), except that a place past the split's end, where that sampler repeats a row, holds a
+    ``Repeated`` one that the batch leaves out: each row counts once in the metrics, as on one device. That place comes
+    first, so its batch keeps the replica's own rows beside it."""
+
+    def __init__(self, rows: PaddedRows, rank: int, replicas: int) -> None:
+        super().__init__(rows, num_replicas=replicas, rank=rank, shuffle=False)
+
+    def __iter__(self) -> Iterator[int]:
+        places = list(range(self.rank, self.total_size, self.num_replicas))
+        return iter(places[-1:] + places[:-1] if places and places[-1] >= len(self.dataset) else places)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,10 +563,12 @@ class TaskData:
         batching by length; None: all rows alike (images)."""
         return None
 
-    def loaders(self, role: str, by_length: bool = False) -> list[DataLoader]:
+    def loaders(self, role: str, by_length: bool = False, shard: tuple[int, int] | None = None) -> list[DataLoader]:
         """The evaluation / prediction loaders of one split, in order; batches carry the task's name. One loader,
         or with ``metrics_per_file`` one per file of a split read from several, its batches marked with the file.
-        ``by_length`` (prediction): the rows in ``length_order``, each batch carrying its rows' places as "index"."""
+        ``by_length`` (prediction): the rows in ``length_order``, each batch carrying its rows' places as "index".
+        ``shard``: (rank, replicas) of a data-parallel run's evaluation: this replica's ``EvalShard`` of each loader's
+        rows."""
         self.prepare(role)
         files = []
         if self.metrics_per_file and role in ("validation", "test"):
@@ -540,16 +579,28 @@ class TaskData:
             order = length_order(lengths) if lengths is not None else list(range(self.size(role)))
             return [self._loader(order, TaggedCollate(self, role, self.name, indexed=True))]
         if len(files) < 2:
-            return [self._loader(range(self.size(role)), TaggedCollate(self, role, self.name))]
+            return [self._loader(range(self.size(role)), TaggedCollate(self, role, self.name), shard)]
         starts = itertools.accumulate([0] + [rows for _, rows in files])
-        return [self._loader(range(start, start + rows), TaggedCollate(self, role, self.name, file))
+        return [self._loader(range(start, start + rows), TaggedCollate(self, role, self.name, file), shard)
                 for (file, rows), start in zip(files, starts)]
 
-    def _loader(self, rows: Sequence[int], collate: TaggedCollate) -> DataLoader:
+    def _loader(self, rows: Sequence[int], collate: TaggedCollate, shard: tuple[int, int] | None = None
+                ) -> DataLoader:
+        sampler = None
+        if shard:
+            rows = PaddedRows(rows)
+            sampler = EvalShard(rows, *shard)
+            if 0 < len(rows) < shard[1]:
+                where = f"{self.option(collate.role)}{f' ({collate.file})' if collate.file else ''}"
+                rank_zero_warn(f"{where}: {len(rows)} rows for {shard[1]} data-parallel replicas, so a replica without "
+                               "a row of its own scores one another replica scores too (every replica takes part in "
+                               "each evaluation batch): those rows count twice in its metrics. Evaluate on fewer "
+                               "devices (trainer.devices) for exact numbers.")
         return DataLoader(
             rows,
             batch_size=self.eval_batch_size,
             shuffle=False,
+            sampler=sampler,
             collate_fn=collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

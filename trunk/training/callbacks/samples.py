@@ -45,8 +45,10 @@ class PredictionSamples(Callback):
         task = batch["task"]
         taken = self._taken.setdefault(task, [])
         start = self._seen.get(task, 0)
-        self._seen[task] = start + batch_size(batch)
-        if len(taken) < self.rows:
+        # places of this process's shard, a repeated row left out of the batch included (EvalShard): every process
+        # then runs the same extra forwards, as FSDP's gathers need
+        self._seen[task] = start + batch_size(batch) + batch.get("repeated", 0)
+        if start < self.rows:
             with torch.no_grad():
                 records = pl_module(batch, "samples")
             taken += [{"id": start + i, **record} for i, record in enumerate(records[: self.rows - len(taken)])]
