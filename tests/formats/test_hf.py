@@ -1190,6 +1190,51 @@ def test_a_hub_model_downloads_its_weights_and_tokenizer_pickles_only_where_it_h
     assert torch.equal(cli.model.trunk.stems["text"].token.weight, model.embeddings.word_embeddings.weight)
 
 
+def sentence_transformers_layout(folder: Path, inside: str) -> None:
+    """Rearrange a transformers folder as a sentence-transformers model: modules.json, a pooling module, and the
+    transformer's files in ``inside`` (older models: 0_Transformer; newer: "", the folder itself)."""
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                  "pooling_mode_mean_tokens": True}))
+    if inside:
+        (folder / inside).mkdir()
+        for path in folder.iterdir():
+            if path.is_file():
+                path.rename(folder / inside / path.name)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": inside, "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+
+
+@pytest.mark.parametrize("inside", ["0_Transformer", ""])
+def test_a_sentence_transformers_model_is_read_from_its_transformers_folder(inside, sentiment_files, tmp_path,
+                                                                            monkeypatch):
+    """Older sentence-transformers models keep the transformer in 0_Transformer/ (modules.json says where), newer ones
+    beside modules.json: a folder of either, and a Hub model of either (its transformer's files downloaded), starts a
+    run with the same weights."""
+    import fnmatch
+
+    import huggingface_hub
+
+    model = tiny("bert", tmp_path / "st", masked_lm=False)
+    sentence_transformers_layout(tmp_path / "st", inside)
+    cli = run_cli(finetune_args(tmp_path / "st", sentiment_files, tmp_path / "run"), run=False)
+    assert torch.equal(cli.model.trunk.stems["text"].token.weight, model.embeddings.word_embeddings.weight)
+
+    def snapshot(repo, revision=None, allow_patterns=None):  # the repository's files the patterns match, as the Hub's
+        local = tmp_path / f"cache{len(list(tmp_path.glob('cache*')))}"
+        for path in (tmp_path / "st").rglob("*"):
+            name = path.relative_to(tmp_path / "st").as_posix()
+            if path.is_file() and any(fnmatch.fnmatch(name, pattern) for pattern in allow_patterns):
+                (local / name).parent.mkdir(parents=True, exist_ok=True)
+                (local / name).write_bytes(path.read_bytes())
+        return str(local)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    cli = run_cli(finetune_args("hf://sentence-transformers/tiny", sentiment_files, tmp_path / "hub_run"), run=False)
+    assert torch.equal(cli.model.trunk.stems["text"].token.weight, model.embeddings.word_embeddings.weight)
+
+
 def test_a_model_folder_without_its_tokenizer_takes_one_from_another_folder(tmp_path):
     tiny("bert", tmp_path / "hf")
     (tmp_path / "tok").mkdir()

@@ -67,13 +67,13 @@ def resolve_init_from(reference: str | Path) -> Path:
     """``model.init_from`` as a local path: a W&B artifact or Hugging Face Hub reference is downloaded (once), anything
     else is a path."""
     reference = str(reference)
-    from trunk.formats.hf import download
+    from trunk.formats.hf import download, transformer_folder
     from trunk.formats.hub import HUB_PREFIX
 
     if reference.startswith(HUB_PREFIX):
         return download(reference)
-    if not reference.startswith(ARTIFACT_PREFIX):
-        return Path(reference).expanduser()  # ~/models/x, as the data's paths are read
+    if not reference.startswith(ARTIFACT_PREFIX):  # ~/models/x, as the data's paths are read
+        return transformer_folder(Path(reference).expanduser())
     name = reference[len(ARTIFACT_PREFIX) :]
     if name.count("/") != 2 or ":" not in name.rsplit("/", 1)[1]:
         raise ValueError(

@@ -50,6 +50,7 @@ CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX = (
 TASK_HEAD = r"(pre_classifier|classifier|qa_outputs)\."
 # what a Hub download of a foreign model fetches (hub.py): safetensors weights (pickled ones where a model has no
 # others), the tokenizer files
+MODULES = "modules.json"  # a sentence-transformers model's modules, in order (transformer_folder)
 HF_FILES = [CONFIG, "*.safetensors", SAFETENSORS_INDEX, "preprocessor_config.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", *SPM_FILES,
             *MARIAN_FILES]
@@ -1038,12 +1039,34 @@ FAMILIES: dict[str, Family] = {"bert": BERT, "roberta": ROBERTA, "xlm-roberta": 
 
 def download(reference: str) -> Path:
     """``hf://ORG/NAME``: a Trunk directory's files or a Hugging Face model's (pickled weights only where it has no
-    safetensors)."""
-    patterns = [*TRUNK_FILES, *HF_FILES]
-    folder = hub.download(reference, patterns)
-    if is_hf_folder(folder) and not weight_files(folder):  # older models ship pickles alone, whole or in shards
-        return hub.download(reference, [*patterns, PICKLE, PICKLE_INDEX, "pytorch_model-*.bin"])
-    return folder
+    safetensors); an older sentence-transformers model's from its transformer's folder (``transformer_folder``)."""
+    patterns = [*TRUNK_FILES, *HF_FILES, MODULES]
+    root = hub.download(reference, patterns)
+    inside = transformer_folder(root).relative_to(root)  # "." but for an older sentence-transformers model
+    files = [MODULES, *(str(inside / pattern) for pattern in patterns)]
+    if inside != Path("."):
+        root = hub.download(reference, files)
+    if is_hf_folder(root / inside) and not weight_files(root / inside):  # older models ship pickles alone
+        pickles = (PICKLE, PICKLE_INDEX, "pytorch_model-*.bin")
+        root = hub.download(reference, [*files, *(str(inside / pattern) for pattern in pickles)])
+    return root / inside
+
+
+def transformer_folder(folder: Path) -> Path:
+    """Where a sentence-transformers model keeps its transformer: the folder its ``modules.json`` names for the
+    Transformer module (older ones: ``0_Transformer/``; newer ones: the model's folder itself); any other folder is
+    its own."""
+    modules = folder / MODULES
+    if is_hf_folder(folder) or not modules.is_file():
+        return folder
+    try:
+        entries = json.loads(modules.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return folder
+    paths = [e.get("path") for e in entries if isinstance(e, dict) and str(e.get("type", "")).endswith(".Transformer")
+             ] if isinstance(entries, list) else []
+    inside = paths[0] if paths and isinstance(paths[0], str) else ""
+    return folder / inside if inside and (folder / inside).is_dir() else folder
 
 
 def is_hf_folder(path: str | Path) -> bool:
