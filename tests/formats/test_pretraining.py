@@ -381,6 +381,11 @@ def test_missing_directory_or_files(trunk_dir, tmp_path):
     (trunk_dir / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing \['model.safetensors'\]"):
         load_pretrained(trunk_dir)
+    (trunk_dir / "config.json").unlink()  # a folder of something else: what it holds, and what is taken
+    (trunk_dir / "weights.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"neither a Trunk directory nor a Hugging Face model folder: it has no "
+                                                r"config.json \(it holds \['weights.pt'\]\)\. model.init_from takes"):
+        load_pretrained(trunk_dir)
 
 
 def without_checksums(trunk_dir: Path) -> None:

@@ -254,6 +254,14 @@ def read_config(path: str | Path) -> tuple[TrunkConfig, dict]:
             f"No pretrained trunk directory or checkpoint at '{path}'.{first} Pretraining writes a directory (see "
             "configs/pretrain.yaml), `trunk export CKPT DIR` makes one from any checkpoint, and a .ckpt works too."
         )
+    if not (path / CONFIG_FILE).is_file():  # not an incomplete export: a folder of something else, or a wrong one
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+        raise FileNotFoundError(
+            f"'{path}' is neither a Trunk directory nor a Hugging Face model folder: it has no {CONFIG_FILE} (it holds "
+            f"{held[:8] + ['...'] if len(held) > 8 else held or 'nothing'}). model.init_from takes a Trunk directory "
+            f"(`trunk export CKPT DIR` writes one), a .ckpt, a transformers model's folder (its {CONFIG_FILE} names "
+            "its model_type), a sentence-transformers model's, or hf://ORG/NAME."
+        )
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(
