@@ -24,7 +24,10 @@ def sentiment_run(path: Path, **options) -> MultiTaskData:
 
 
 @pytest.fixture
-def count_encodes(monkeypatch) -> list:
+def count_encodes(monkeypatch, tmp_path) -> list:
+    """Each encoding a test's runs make, in a cache of the test's own (the cache keys files by their bytes: another
+    test's rows of the same seed would be served)."""
+    monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "own-cache"))
     calls = []
     encode = TextClassificationData.encode
 
@@ -369,6 +372,40 @@ def test_an_edit_that_keeps_size_and_modification_time_is_read_not_served_from_t
     monkeypatch.setenv("TRUNK_CACHE", str(tmp_path / "cold"))  # empty caches: what the edited file holds
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cold-datasets"))
     assert encoded() == after
+
+
+def test_a_file_copied_elsewhere_or_touched_is_served_from_the_cache_not_encoded_again(tmp_path, monkeypatch):
+    """The caches key a file by its bytes: the same rows staged again to another folder (a job's scratch disk) or a
+    file whose times alone changed (a disk mounted again) reuse the tokenizer and the encoded splits."""
+    import shutil
+
+    from trunk.datamodules import encoded
+
+    path, options, _ = labelled_file(tmp_path, "csv")
+    built = []
+    real = encoded.encoded_split
+
+    def counted(key, build, what, origin=None):
+        return real(key, lambda folder: built.append(what) or build(folder), what, origin)
+
+    monkeypatch.setattr("trunk.datamodules.text.encoded_split", counted)
+
+    def rows(source: Path) -> dict:
+        run = MultiTaskData({"task": TextClassificationData(train=str(source), val_fraction=0.1, **options)},
+                            tokenizer_vocab_size=120)
+        run.setup("fit")
+        return run.tasks["task"]._encoded["train"].to_dict()
+
+    first = rows(path)
+    assert built  # encoded once
+    built.clear()
+    staged = tmp_path / "scratch" / "job-2" / path.name
+    staged.parent.mkdir(parents=True)
+    shutil.copy(path, staged)
+    os.utime(path, ns=(0, 0))
+    assert rows(staged) == first and rows(path) == first and not built  # from the cache, both
+    staged.write_text(staged.read_text().replace("good", "nice"))  # other bytes: encoded again
+    assert rows(staged) != first and built
 
 
 def test_a_local_dataset_folder_edited_in_place_is_read_again(tmp_path, monkeypatch):

@@ -72,8 +72,8 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str,
             rank_zero_warn(f"The encoded-data cache {path} for {what} is damaged ({err}); encoding {what} again.")
             shutil.rmtree(path, ignore_errors=True)
     elif record is not None and record.is_file() and record.read_text() != version:
-        rank_zero_warn(f"{what}: its source changed since it was last encoded (another size, modification or change "
-                       "time, or inode); encoding it again.")
+        rank_zero_warn(f"{what}: its source changed since it was last encoded (its files hold other bytes); encoding "
+                       "it again.")
     _remove_abandoned_builds(path)
     tmp = path.parent / f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir(parents=True)

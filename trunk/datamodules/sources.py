@@ -17,6 +17,8 @@ from pathlib import Path
 import datasets
 from lightning.pytorch.utilities import rank_zero_info
 
+from trunk.core.atomic import atomic_write
+from trunk.core.codec import cache_folder
 from trunk.core.tagging import is_tag
 from trunk.datamodules import builtin
 
@@ -253,12 +255,25 @@ def expand_sources(dataset: str | None, spec: str | list[str], role: str) -> lis
 
 
 def file_identity(path: Path) -> list:
-    """A local file as cache keys see it: its path, size, modification and change times and inode. The change time
-    moves with every write and cannot be set back (``touch -d`` restores the modification time only), and a file
-    replaced by another has another inode, so an edit that keeps size and mtime still changes the key; one ``stat``,
-    where hashing the content would read the whole file on every run."""
+    """A local file as cache keys see it: a digest of its bytes, wherever it lies, so a copy, a file staged again to a
+    job's scratch disk or a disk mounted again keeps the cache entries made from it, and an edit in place changes the
+    key whatever it does to the file's size and times. The digest is computed once per version of the file as ``stat``
+    sees it (path, size, modification and change times, inode: the change time moves with every write and cannot be
+    set back), and kept in the cache: a run reads a file whole for it only where the file changed."""
     info = path.stat()
-    return [str(path.resolve()), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    seen = [str(path.resolve()), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    folder = cache_folder("digests")
+    memo = folder / hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:24] if folder is not None else None
+    kept = memo.read_text() if memo is not None and memo.is_file() else ""
+    if re.fullmatch(r"[0-9a-f]{64}", kept):
+        return ["sha256", kept]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if memo is not None:
+        atomic_write(memo, lambda tmp: tmp.write_text(digest.hexdigest()))
+    return ["sha256", digest.hexdigest()]
 
 
 def source_key(dataset: str | None, spec: str) -> list | str:

@@ -796,8 +796,8 @@ class TextDataModule(TaskData):
 
     def tokenizer_key(self) -> list:
         """What the tokenizer trained on this task's text depends on (part of the tokenizer cache key)."""
-        sources = [source_key(self.dataset, spec) for spec in self._train_specs()]
-        return [type(self).__name__, self.dataset, self.dataset_config, sources, self.tokenizer_text_options()]
+        sources = [source_key(self.dataset, spec) for spec in self._train_specs()]  # a hub dataset's name among them
+        return [type(self).__name__, self.dataset_config, sources, self.tokenizer_text_options()]
 
     def _train_specs(self) -> list[str]:
         return expand_sources(self.dataset, self.spec("train"), self.option("train"))
@@ -923,7 +923,8 @@ class TextDataModule(TaskData):
         what the model is told about the data (label names ...), and the tokenizers."""
         options = {}
         for name, value in sorted(vars(self).items()):
-            if not name.startswith("_") and name not in self.not_encoding:
+            # the rows' sources are keyed by what they hold (sources()), not where they lie: a copy is the same data
+            if not name.startswith("_") and name not in self.not_encoding | {"dataset", "split_specs"}:
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # how files are read
                 with contextlib.suppress(TypeError, ValueError):  # not a plain option: left out
                     options[name] = json.loads(json.dumps(value))
