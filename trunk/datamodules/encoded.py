@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from trunk.core.atomic import atomic_write
 from trunk.core.codec import cache_folder
 
-CACHE_VERSION = 3  # bump when the layout of encoded examples, or how files are read, changes
+CACHE_VERSION = 4  # bump when the layout of encoded examples, how files are read, or how sources are keyed changes
 META = "trunk_cache.json"
 
 
@@ -61,7 +61,7 @@ def encoded_split(key: list, build: Callable[[Path], list[str]], what: str,
         notes = build(scratch)
         return _arrow(sorted(scratch.glob("*.arrow"))), notes
     path = folder / key_digest(key)
-    record, version = (None, None) if origin is None else (folder / "origins" / key_digest(origin[0]),
+    record, version = (None, None) if origin is None else (folder / "origins" / key_digest([CACHE_VERSION, *origin[0]]),
                                                            json.dumps(origin[1], default=str))
     if path.exists():
         try:
