@@ -264,7 +264,9 @@ def file_identity(path: Path) -> list:
     seen = [str(path.resolve()), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
     folder = cache_folder("digests")
     memo = folder / hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:24] if folder is not None else None
-    kept = memo.read_text() if memo is not None and memo.is_file() else ""
+    kept = ""
+    with contextlib.suppress(OSError, UnicodeDecodeError):  # none kept, or unreadable: computed again
+        kept = memo.read_text() if memo is not None else ""
     if re.fullmatch(r"[0-9a-f]{64}", kept):
         return ["sha256", kept]
     digest = hashlib.sha256()
