@@ -209,12 +209,9 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
     else:
         if "recipe_settings" in stored:  # what the recipe sets, whatever its paths, comments or key order
             changed = differences(stored["recipe_settings"], wanted["recipe_settings"])
-        else:  # a study of an older Trunk: its recipe files' text (or its command line), then its settings from now on
-            old = ("recipe_text", recipe_text(recipe.args)) if "recipe_text" in stored else ("recipe", recipe.args)
-            changed = [f"{old[0].removesuffix('_text')} {stored[old[0]]}, not {old[1]}"] if stored.get(
-                old[0], old[1]) != old[1] else []
-            if not changed:
-                study.set_user_attr("recipe_settings", wanted["recipe_settings"])
+        else:  # a study of an older Trunk kept its recipe files' bytes (older still: its command line)
+            key, now = ("recipe_text", recipe_text(recipe.args)) if "recipe_text" in stored else ("recipe", recipe.args)
+            changed = [f"{key.removesuffix('_text')} {stored[key]}, not {now}"] if stored.get(key, now) != now else []
         changed += [f"{key} {stored[key]}, not {wanted[key]}" for key in ("metric", "seeds")
                     if key in stored and stored[key] != wanted[key]]
         if changed:
@@ -222,6 +219,8 @@ def open_study(args: argparse.Namespace, folder: Path, space: SearchSpace, recip
                             f"{'; ...' if len(changed) > 6 else ''}. One study compares trials of one recipe, scored "
                             "one way: name a new study (--study NAME or another --dir), or give the recipe it was "
                             "started with.")
+        if "recipe_settings" not in stored:  # an older study goes on, known by what its recipe sets from now on
+            study.set_user_attr("recipe_settings", wanted["recipe_settings"])
     if study.direction.name.lower() != recipe.direction:
         raise TuneError(f"study {name!r} {study.direction.name.lower()}s its score, and this tune would "
                         f"{recipe.direction} {args.metric}: name a new study or pass --direction.")
