@@ -488,6 +488,19 @@ def test_the_progress_bar_redraws_at_most_every_interval_and_at_the_last_batch(t
     ]  # every 0.6 s, and the last batch
 
 
+def test_the_progress_bar_shows_the_runs_version_as_a_number_not_a_metric():
+    """Lightning's rich bar formats every number it shows with ".3f": the run's version read "v_num: 0.000"."""
+    from types import SimpleNamespace
+
+    from trunk.training.callbacks import TrunkProgressBar, TrunkTQDMProgressBar
+
+    trainer = SimpleNamespace(loggers=[SimpleNamespace(version=3)], progress_bar_metrics={"train/loss": 0.8125})
+    for bar in (TrunkProgressBar(), TrunkTQDMProgressBar()):
+        assert bar.get_metrics(trainer, None) == {"v_num": "3", "train/loss": 0.8125}
+    trainer.loggers = [SimpleNamespace(version="version_12")]  # a named version keeps Lightning's last 4 places
+    assert TrunkProgressBar().get_metrics(trainer, None)["v_num"] == "n_12"
+
+
 def free_port() -> int:
     import socket
 

@@ -42,6 +42,13 @@ class ThrottledBar:
         if self.throttle.due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
+    def get_metrics(self, trainer, pl_module) -> dict:
+        # Lightning's rich bar formats every number as a metric (".3f"): the run's version read "v_num: 0.000".
+        metrics = super().get_metrics(trainer, pl_module)
+        if isinstance(metrics.get("v_num"), int):
+            metrics["v_num"] = str(metrics["v_num"])
+        return metrics
+
 
 class TrunkProgressBar(ThrottledBar, RichProgressBar):
     """Lightning's rich bar, throttled: the CLI's bar where rich is installed and the trainer is given no other."""
