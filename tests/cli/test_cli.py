@@ -577,6 +577,14 @@ def test_help_lists_every_subcommand_with_a_one_line_summary():
     assert "The options people change most" in head and "--model.init_from PATH" in head, head
 
 
+def test_serve_and_tune_read_their_options_before_loading_lightning():
+    """A mistyped option is said at once: `trunk serve ... --port=80` took 10 s (the ONNX runtime's imports reached
+    Lightning) where argparse needs a fraction of one."""
+    code = "import sys, trunk.cli.serve, trunk.cli.tune; print(sorted({'lightning', 'trunk.tasks'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 def test_a_command_builds_only_its_own_subcommands_parser(tiny_cli_args):
     """Lightning builds every subcommand's whole parser (0.3 s each); `trunk fit ...` builds fit's alone, the others
     bare (a Lightning that renamed the hook would be slower again, not wrong: this says so)."""

@@ -33,7 +33,6 @@ import yaml
 
 from trunk.cli.search_space import SearchSpace, SpaceError, differences, flat_keys
 from trunk.core.atomic import atomic_write
-from trunk.training.fault_tolerance import without_option
 
 TUNE_FILE = "tune.json"  # in the tune's folder: what it was started with, read by --summary
 INTERRUPTED = (130, 143)  # trunk fit's exit codes after a Ctrl+C or SIGTERM (it saved last.ckpt first)
@@ -652,6 +651,8 @@ def best_trial(study):
 def start_workers(args: argparse.Namespace) -> list[subprocess.Popen]:
     """``--workers N``: N - 1 more processes of this command, each pinned to its share of the cores (this one
     takes the first share), so that no two trials' threads contend for a core."""
+    from trunk.training.fault_tolerance import without_option  # here: a tune's options are read without Lightning
+
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     shares = [cores[i::args.workers] for i in range(args.workers)] if len(cores) >= args.workers else []
     argv = without_option(sys.argv[1:] if sys.argv[1:2] == ["tune"] else ["tune", *sys.argv[1:]], "--workers")

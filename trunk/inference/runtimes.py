@@ -15,8 +15,6 @@ from pathlib import Path
 
 import torch
 
-from trunk.formats.onnx import weights_sha256
-
 
 class Runtime:
     """Each task's prediction records of a batch. ``precision``: the one it computes in (``None``: the model's
@@ -65,6 +63,8 @@ class OnnxRuntime(Runtime):
             import onnxruntime
         except ImportError:
             raise ImportError("The onnx runtime needs onnxruntime: pip install 'trunk[onnx]'.") from None
+        from trunk.formats.onnx import weights_sha256  # here, not above: `trunk serve` reads its options without it
+
         self.listing = json.loads(listing.read_text())
         graphs = {name: spec.get("int8" if quantize else "file") for name, spec in self.listing.items()}
         if not all(graphs.values()):
