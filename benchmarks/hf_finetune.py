@@ -396,7 +396,7 @@ def hf_run(task: str, args, precision: str, root: Path | None = None, since: flo
         scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))
         if saved is not None and epoch + 1 < args.epochs:  # after the last, the state is not needed
             save_hf_state(saved, model, optimizer, schedule, epoch=epoch + 1, batch=0, generator=generator.get_state(),
-                          elapsed=0.0, examples=examples, seconds=seconds, scores=scores)
+                          elapsed=0.0, examples=0, seconds=seconds, scores=scores)  # the next epoch's, so far
     if saved is not None:
         saved.unlink(missing_ok=True)  # done: it was kept to go on from a stop (MiniLM's is 270 MB)
     return max(scores), seconds, examples, peak_memory(args.device)  # the best epoch, as Trunk's checkpoint keeps

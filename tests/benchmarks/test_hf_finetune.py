@@ -124,7 +124,7 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
     class Stop(Exception):
         pass
 
-    stops = {"trunk": 1, "hf": 1}
+    stops = {"trunk": 1, "hf": [(1, 0), (1, 2)]}  # transformers' side: at an epoch's end, then within the next
 
     class StoppingTimer(hf_finetune.EpochTimer):  # the Trunk side stopped in its second epoch, a checkpoint behind
         def on_train_batch_end(self, trainer, *args):
@@ -132,10 +132,10 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
                 stops["trunk"] -= 1
                 raise Stop
 
-    def saving_then_stopping(path, *args, **progress):  # the transformers side: stopped after its 8th batch's save
+    def saving_then_stopping(path, *args, **progress):  # the transformers side: stopped after its 6th, then 8th batch
         saving(path, *args, **progress)
-        if progress["epoch"] == 1 and progress["batch"] == 2 and stops["hf"]:
-            stops["hf"] -= 1
+        if stops["hf"] and (progress["epoch"], progress["batch"]) == stops["hf"][0]:
+            stops["hf"].pop(0)
             raise Stop
 
     saving, run_cli = hf_finetune.save_hf_state, trunk.cli.run_cli
@@ -150,6 +150,9 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
     with pytest.raises(Stop):  # Trunk's side goes on from its checkpoint at step 8; transformers' stops
         hf_finetune.main(stopped)
     assert "Resuming the stopped Trunk side" in capsys.readouterr().err
+    with pytest.raises(Stop):  # transformers' side goes on from its first epoch's end, and stops again
+        hf_finetune.main(stopped)
+    assert "(epoch 2, batch 0)" in capsys.readouterr().err
     hf_finetune.main(stopped)  # transformers' side goes on from its 8th batch
     err = capsys.readouterr().err
     assert "Resuming the stopped transformers side" in err and "(epoch 2, batch 2)" in err
