@@ -391,6 +391,9 @@ def hf_run(task: str, args, precision: str, root: Path | None = None, since: flo
                               elapsed=began - start - paused, examples=examples, seconds=seconds, scores=scores)
                 last_save = time.perf_counter()
                 paused += last_save - began
+        if state is not None:  # resumed after the epoch's last batch (stopped in its evaluation): the next epoch
+            torch.set_rng_state(state["rng"])  # trains from its first batch, drawing on from where the stop was
+            state = None
         synchronize(args.device)
         seconds.append(time.perf_counter() - start - paused)
         scores.append(hf_evaluate(model, dev, collate, bf16, spec, names, args.device))

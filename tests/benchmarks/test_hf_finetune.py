@@ -117,14 +117,15 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
     tiny("bert", tmp_path / "model", masked_lm=False)
     write_sst2(tmp_path / "data")
     command = ["--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--task", "sst2", "--max-batches",
-               "6", "--epochs", "2", "--batch-size", "8", "--max-length", "32", "--ledger"]
+               "6", "--epochs", "3", "--batch-size", "8", "--max-length", "32", "--ledger"]
     hf_finetune.main([*command, str(tmp_path / "straight.jsonl"), "--root", str(tmp_path / "straight")])
     straight = [json.loads(line)["result"] for line in (tmp_path / "straight.jsonl").read_text().splitlines()]
 
     class Stop(Exception):
         pass
 
-    stops = {"trunk": 1, "hf": [(1, 0), (1, 2)]}  # transformers' side: at an epoch's end, then within the next
+    # transformers' side: after an epoch's last batch (before its evaluation), at an epoch's end, within an epoch
+    stops = {"trunk": 1, "hf": [(0, 6), (2, 0), (2, 2)]}
 
     class StoppingTimer(hf_finetune.EpochTimer):  # the Trunk side stopped in its second epoch, a checkpoint behind
         def on_train_batch_end(self, trainer, *args):
@@ -132,7 +133,7 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
                 stops["trunk"] -= 1
                 raise Stop
 
-    def saving_then_stopping(path, *args, **progress):  # the transformers side: stopped after its 6th, then 8th batch
+    def saving_then_stopping(path, *args, **progress):
         saving(path, *args, **progress)
         if stops["hf"] and (progress["epoch"], progress["batch"]) == stops["hf"][0]:
             stops["hf"].pop(0)
@@ -150,15 +151,16 @@ def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_n
     with pytest.raises(Stop):  # Trunk's side goes on from its checkpoint at step 8; transformers' stops
         hf_finetune.main(stopped)
     assert "Resuming the stopped Trunk side" in capsys.readouterr().err
-    with pytest.raises(Stop):  # transformers' side goes on from its first epoch's end, and stops again
-        hf_finetune.main(stopped)
-    assert "(epoch 2, batch 0)" in capsys.readouterr().err
-    hf_finetune.main(stopped)  # transformers' side goes on from its 8th batch
+    for where in ("(epoch 1, batch 6)", "(epoch 3, batch 0)"):  # transformers' side goes on, and stops again
+        with pytest.raises(Stop):
+            hf_finetune.main(stopped)
+        assert where in capsys.readouterr().err
+    hf_finetune.main(stopped)  # transformers' side goes on from its third epoch's 2nd batch
     err = capsys.readouterr().err
-    assert "Resuming the stopped transformers side" in err and "(epoch 2, batch 2)" in err
+    assert "Resuming the stopped transformers side" in err and "(epoch 3, batch 2)" in err
     resumed = [json.loads(line)["result"] for line in (tmp_path / "stopped.jsonl").read_text().splitlines()]
     assert [r[0] for r in resumed] == [r[0] for r in straight]  # the same dev scores, to the last digit
-    assert all(len(r[1]) == 2 and all(0 < s < 600 for s in r[1]) for r in resumed)  # both epochs, each counted once
+    assert all(len(r[1]) == 3 and all(0 < s < 600 for s in r[1]) for r in resumed)  # each epoch, counted once
     assert resumed[0][2] == straight[0][2] and resumed[1][2] == straight[1][2]  # an epoch's examples
     hf_finetune.main([*stopped[:-4], "--lr", "3e-4", *stopped[-4:]])  # other settings: the same folders, anew
     assert "Resuming" not in capsys.readouterr().err
