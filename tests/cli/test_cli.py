@@ -244,7 +244,11 @@ def test_missing_checkpoint_path_is_a_clear_error(tiny_cli_args, tmp_path):
         run_cli(["test", *tiny_cli_args, f"--ckpt_path={tmp_path / 'missing.ckpt'}"])
 
 
-def test_data_longer_than_the_trunk_is_a_clear_error(tiny_cli_args):
+def test_data_longer_than_the_trunk_is_a_clear_error_before_a_tokenizer_is_trained(tiny_cli_args, monkeypatch):
+    def train_tokenizer(self):
+        raise AssertionError("a tokenizer was trained (minutes on a large corpus) before the lengths were checked")
+
+    monkeypatch.setattr("trunk.datamodules.multitask.TaskSet.build_codec", train_tokenizer)
     with pytest.raises(ValueError, match="max_length=64 is longer than the trunk's max_len=32"):
         run_cli(["fit", *tiny_cli_args, "--model.trunk.max_len=32"])
 

@@ -356,6 +356,8 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint, la
         carried = load_weights(model, pretrained, reuse)
         return Resolved(model, report=report + carried, tokenizer_source=source_tokenizer)
 
+    trunk = trunk_config(options.get("trunk") or TrunkConfig())
+    report += fit_lengths(data.tasks, trunk.max_len, None)  # before the codec: a tokenizer can take minutes to train
     codec = data.build_codec()
     data.connect(codec)
     report.append("weights: fresh (from scratch)")
@@ -366,10 +368,8 @@ def _resolve(options: dict, data, *, init_from, ckpt_path, reuse, checkpoint, la
             else "trained on the training text (cached)"
         )
         report.append(f"tokenizer: {origin}, {codec.tokenizer.get_vocab_size()} tokens")
-    trunk = trunk_config(options.get("trunk") or TrunkConfig())
     if codec.tokenizer is not None:
         trunk = dataclasses.replace(trunk, vocab_size=codec.tokenizer.get_vocab_size())
-    report += fit_lengths(data.tasks, trunk.max_len, None)
     layer_decay = (options.get("finetune") or FinetuneConfig())
     layer_decay = layer_decay["layer_decay"] if isinstance(layer_decay, dict) else layer_decay.layer_decay
     if layer_decay < 1.0:
