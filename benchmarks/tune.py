@@ -2,6 +2,7 @@
 
     python benchmarks/tune.py --task trec              # then --task wnut17, --task sst2
     python benchmarks/tune.py --task trec --unpruned   # also the same search without pruning (--pruner none)
+    python benchmarks/tune.py --task trec --trial-seeds 3   # a search scoring each trial by 3 seeds' mean
     python benchmarks/tune.py summary
     python benchmarks/tune.py workers --ledger benchmarks/results/tune_workers.jsonl   # 1 worker against 2
 
@@ -53,15 +54,18 @@ def study_in(folder: Path) -> optuna.Study:
     return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{(folder / 'study.db').resolve()}")
 
 
-def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger) -> dict:
-    key = {"task": task, "step": "search", "pruner": pruner, "trials": trials}
+def search(task: str, pruner: str, trials: int, root: Path, ledger: Ledger, trial_seeds: int = 1) -> dict:
+    """A study's search; ``trial_seeds`` > 1: each trial scored by the mean of that many runs (``--seeds``)."""
+    key = {"task": task, "step": "search", "pruner": pruner, "trials": trials,
+           **({"trial_seeds": trial_seeds} if trial_seeds > 1 else {})}
     found = ledger.find(key)
     if found:
         return found
     recipe, space = TASKS[task]
-    folder = root / task / pruner
+    folder = root / task / (pruner if trial_seeds == 1 else f"{pruner}_seeds{trial_seeds}")
     command = [sys.executable, "-m", "trunk.cli", "tune", "--config", recipe, "--search", space, "--trials",
-               str(trials), "--seed", "0", "--pruner", pruner, "--dir", str(folder)]
+               str(trials), "--seed", "0", "--pruner", pruner, "--dir", str(folder),
+               *(["--seeds", str(trial_seeds)] if trial_seeds > 1 else [])]
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True)
     study = study_in(folder)
@@ -111,6 +115,11 @@ def replay_search(task: str, pruner: str, root: Path, ledger: Ledger) -> dict:
     folder = root / task / "none"
     study = study_in(folder)
     return ledger.add({**key, **replay(study, pruner), "cpu": str(cpu_info())})
+
+
+def tuned_name(found: dict) -> str:
+    """The rerun records' name for a search's best recipe: "tuned" ("tuned_seeds3": each trial by 3 seeds' mean)."""
+    return "tuned" + (f"_seeds{found['trial_seeds']}" if "trial_seeds" in found else "")
 
 
 def rerun(task: str, which: str, recipe: str, seed: int, root: Path, ledger: Ledger) -> dict:
@@ -168,7 +177,8 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
     for task in TASKS:
         runs = {w: [r["test"] for r in records if r["task"] == task and r["step"] == "rerun" and r["recipe"] == w]
                 for w in ("shipped", "tuned")}
-        searches = {r["pruner"]: r for r in records if r["task"] == task and r["step"] == "search"}
+        searches = {r["pruner"]: r for r in records
+                    if r["task"] == task and r["step"] == "search" and r.get("trial_seeds", 1) == 1}
         if not searches and not any(runs.values()):
             continue
         gain = ([t - s for t, s in zip(runs["tuned"], runs["shipped"])]
@@ -186,6 +196,13 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
         unpruned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "tuned unpruned"]
         if unpruned:
             print(f"{task}: the unpruned search's best recipe, test: {spread(unpruned, len(seeds))}")
+        shipped = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "shipped"]
+        for found in [r for r in records if r["task"] == task and r["step"] == "search" and "trial_seeds" in r]:
+            tuned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == tuned_name(found)]
+            gain = [t - s for t, s in zip(tuned, shipped)] if len(tuned) == len(shipped) else []
+            print(f"{task}: the {found['pruner']} search scoring each trial by {found['trial_seeds']} seeds' mean "
+                  f"(best dev {found['best_dev']:.4f}, {found['steps']} steps, {found['minutes']:.0f} min): its best "
+                  f"recipe, test: {spread(tuned, len(seeds))}, gain {spread(gain, len(seeds), signed=True)}")
     for record in [r for r in records if r["step"] == "replay"]:
         best = "its best trial stopped" if record["best_trial_stopped"] else "its best trial kept"
         print(f"{record['task']}: {record['pruner']} pruning replayed over the unpruned search's {record['trials']} "
@@ -211,6 +228,8 @@ def main() -> None:
                         "of about 20 s on one core, whose start-up, a few seconds per worker, then counts little)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--unpruned", action="store_true", help="also the same search with --pruner none")
+    parser.add_argument("--trial-seeds", type=int, default=1, help="runs per trial, the trial's score their mean "
+                        "(trunk tune --seeds): a search of its own, its best recipe rerun as 'tuned_seedsN'")
     parser.add_argument("--root", default="runs/bench_tune")
     parser.add_argument("--ledger", help="the ledger (default <root>/results.jsonl)")
     args = parser.parse_args()
@@ -229,9 +248,9 @@ def main() -> None:
     if args.task not in TASKS:
         parser.error(f"--task: one of {sorted(TASKS)}, or a name of your own with --recipe and --space")
     args.trials = args.trials or 16
-    found = search(args.task, "median", args.trials, root, ledger)
+    found = search(args.task, "median", args.trials, root, ledger, args.trial_seeds)
     for seed in args.seeds:
-        rerun(args.task, "tuned", found["best_recipe"], seed, root, ledger)
+        rerun(args.task, tuned_name(found), found["best_recipe"], seed, root, ledger)
         rerun(args.task, "shipped", TASKS[args.task][0], seed, root, ledger)
     if args.unpruned:  # its best recipe over the same seeds too: did pruning cost the result on the test split?
         unpruned = search(args.task, "none", args.trials, root, ledger)

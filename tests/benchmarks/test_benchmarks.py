@@ -796,6 +796,19 @@ def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_res
     assert "mood: median pruning replayed over the unpruned search's 2 trials: " in done.stdout
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert again.returncode == 0 and (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 6
+    # a search of its own scoring each trial by 2 seeds' mean: its best recipe rerun; the shipped one's rerun is kept
+    from tune import study_in
+
+    seeded = subprocess.run([*command[:-3], "--trial-seeds", "2", *command[-2:]], capture_output=True, text=True,
+                            timeout=900, cwd=tmp_path)
+    assert seeded.returncode == 0, seeded.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("trial_seeds") or r["recipe"]) for r in ledger[6:]] == [("search", 2),
+                                                                                      ("rerun", "tuned_seeds2")]
+    trials = [t for t in study_in(tmp_path / "runs" / "mood" / "median_seeds2").trials if t.state.name == "COMPLETE"]
+    assert trials and all(len(t.user_attrs["scores"]) == 2 for t in trials), [t.user_attrs for t in trials]
+    assert "mood: the median search scoring each trial by 2 seeds' mean (best dev " in seeded.stdout
+    assert next(line for line in seeded.stdout.splitlines() if line.startswith("| mood |")) == row  # the main row
 
 
 def test_the_pruner_replayed_over_unpruned_trials_counts_the_steps_it_saves():
