@@ -169,6 +169,11 @@ def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -
           f"{trials_speedup:.2f}x (the rest: start-up, the recipe's check, the summary, once per study)")
 
 
+def paired_gain(tuned: list[float], shipped: list[float]) -> list[float]:
+    """Tuned minus shipped, seed by seed (the reruns' order); none until both have every seed."""
+    return [t - s for t, s in zip(tuned, shipped)] if len(tuned) == len(shipped) else []
+
+
 def summary(ledger: Ledger, seeds: list[int]) -> None:
     records = ledger.records()
     print("| task | shipped recipe, test | tuned recipe, test | gain | search: trials pruned, steps, minutes | "
@@ -181,8 +186,7 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
                     if r["task"] == task and r["step"] == "search" and r.get("trial_seeds", 1) == 1}
         if not searches and not any(runs.values()):
             continue
-        gain = ([t - s for t, s in zip(runs["tuned"], runs["shipped"])]
-                if len(runs["tuned"]) == len(runs["shipped"]) else [])
+        gain = paired_gain(runs["tuned"], runs["shipped"])
         pruned, unpruned = searches.get("median"), searches.get("none")
         about = (f"{pruned['pruned']} of {pruned['trials']}, {pruned['steps']}, {pruned['minutes']:.0f}" if pruned
                  else "–")
@@ -199,7 +203,7 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
         shipped = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "shipped"]
         for found in [r for r in records if r["task"] == task and r["step"] == "search" and "trial_seeds" in r]:
             tuned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == tuned_name(found)]
-            gain = [t - s for t, s in zip(tuned, shipped)] if len(tuned) == len(shipped) else []
+            gain = paired_gain(tuned, shipped)
             print(f"{task}: the {found['pruner']} search scoring each trial by {found['trial_seeds']} seeds' mean "
                   f"(best dev {found['best_dev']:.4f}, {found['steps']} steps, {found['minutes']:.0f} min): its best "
                   f"recipe, test: {spread(tuned, len(seeds))}, gain {spread(gain, len(seeds), signed=True)}")
