@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import single_task
+from conftest import REPO, single_task
 from kinds import KINDS
 from test_matrix import TRUNK, same_records
 
@@ -350,6 +350,9 @@ def test_a_ctrl_c_at_any_moment_of_start_up_stops_without_a_traceback(after, tin
     os.killpg(process.pid, signal.SIGINT)
     try:
         output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"still running 60 s after the Ctrl+C; it printed:\n{process.communicate()[0][-3000:]}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -358,6 +361,17 @@ def test_a_ctrl_c_at_any_moment_of_start_up_stops_without_a_traceback(after, tin
     while group_members(process.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert group_members(process.pid) == []
+
+
+def test_a_ctrl_c_a_library_swallowed_while_loading_stops_the_server_before_it_starts(tiny_cli_args):
+    """torch's C extension clears a KeyboardInterrupt raised as it imports numpy, and went on to serve: the Ctrl+C is
+    honoured once serving's own handler is in place (exit 130, one line), before the model loads."""
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    done = subprocess.run([sys.executable, str(REPO / "tests/ctrl_c_in_torch_import.py"), "serve", ckpt,
+                           f"--port={free_port()}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and done.stderr.strip() == "Interrupted.", done.stdout + done.stderr[-3000:]
+    assert "trunk serve: http" not in done.stdout
 
 
 def test_serve_refuses_more_workers_than_the_process_has_cores(tmp_path):

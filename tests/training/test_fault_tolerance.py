@@ -146,6 +146,18 @@ def test_sigterm_and_sigint_save_print_the_resume_command_and_exit_non_zero(
     assert "Test metrics:" not in result.stdout  # an interrupted run is not tested
 
 
+def test_a_ctrl_c_a_library_swallowed_while_loading_stops_the_run_before_it_trains(sentiment_files, ner_files,
+                                                                                    tmp_path):
+    """torch's C extension clears a KeyboardInterrupt raised as it imports numpy: the Ctrl+C is still honoured when
+    the run starts (exit 130, one line, nothing trained or saved), not lost."""
+    root = tmp_path / "run"
+    stopped = python([str(REPO / "tests/ctrl_c_in_torch_import.py"), *fit_args(root, sentiment_files, ner_files)],
+                     tmp_path)
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert "Stopped before fit began; nothing to save." in stopped.stderr
+    assert not list(root.rglob("*.ckpt"))
+
+
 def test_a_run_stopped_inside_a_script_prints_its_own_resume_command(sentiment_files, ner_files, tmp_path):
     """A script that runs the CLI (benchmarks/transfer.py, a notebook) has argv of its own: the command printed is
     the run's, and running it finishes the run."""

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
+
+from trunk.core.interrupts import EXIT_CODE as INTERRUPTED_EXIT_CODE
+from trunk.core.interrupts import catch_interrupts, interrupted
 
 COMMANDS = {  # name -> "module:main(args)"
     "export": "trunk.cli.export:export_main",
@@ -64,26 +66,22 @@ def is_collective_failure(err: BaseException) -> bool:
     )
 
 
-_interrupted = False  # a Ctrl+C reached the command before a handler of its own (training's, serve's) took over
-
-
-def _on_interrupt(signum, frame) -> None:
-    global _interrupted
-    _interrupted = True
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    signal.signal(signal.SIGINT, _on_interrupt)
+    catch_interrupts()
     try:
         run_command()
     except KeyboardInterrupt:  # outside training (during training, Ctrl+C saves: see FaultTolerance), also while the
         # libraries load, before any command runs: one line, not a traceback through torch's imports
-        sys.exit("\nInterrupted.")
+        stop_interrupted()
     except Exception:
-        if _interrupted:  # a Ctrl+C inside a library's import can surface as another error (numpy: AttributeError)
-            sys.exit("\nInterrupted.")
+        if interrupted():  # a Ctrl+C inside a library's import can surface as another error (numpy: AttributeError)
+            stop_interrupted()
         raise
+
+
+def stop_interrupted() -> None:
+    print("\nInterrupted.", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 def run_command() -> None:

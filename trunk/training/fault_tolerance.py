@@ -42,6 +42,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from trunk.core.atomic import atomic_write
 from trunk.core.checkpoint import DIGEST_KEY, load_checkpoint, stored_digest
+from trunk.core.interrupts import interrupted
 
 # SIGUSR1: SLURM's advance notice of preemption (#SBATCH --signal=USR1@90): save, requeue the job, stop
 EXIT_CODES = {
@@ -177,6 +178,11 @@ class FaultTolerance(Callback):
         # From the start of every stage (the sanity check, validate, test, predict): Lightning's own SIGTERM
         # handler, registered after this, calls this one too
         self._signal = None
+        if interrupted():  # a Ctrl+C before this handler took over, which a library swallowed as it loaded
+            if trainer.is_global_zero:
+                stage = getattr(stage, "value", stage)  # TrainerFn.FITTING -> fit
+                print(f"Stopped before {stage} began; nothing to save.", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_CODES[signal.SIGINT])
         self._install_handlers()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

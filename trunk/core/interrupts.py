@@ -1,0 +1,29 @@
+"""A Ctrl+C that came before a command's own handler took over (training's, serving's).
+
+Python turns SIGINT into a KeyboardInterrupt, which a library may swallow: torch's C extension imports numpy and
+clears any error it raised, so a Ctrl+C while torch loads left `trunk serve` serving. The handler below also keeps a
+flag, and each command's hand-over (serving's signal handler, training's ``FaultTolerance.setup``) stops on it."""
+
+from __future__ import annotations
+
+import signal
+
+EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl+C
+
+_received = False
+
+
+def _on_interrupt(signum, frame) -> None:
+    global _received
+    _received = True
+    raise KeyboardInterrupt
+
+
+def catch_interrupts() -> None:
+    """From here on a Ctrl+C raises KeyboardInterrupt, as Python's own handler does, and is remembered."""
+    signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl+C reached this process through ``catch_interrupts``'s handler, caught or not."""
+    return _received
