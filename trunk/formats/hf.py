@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -36,10 +37,9 @@ from trunk.formats.hub import TRUNK_FILES
 from trunk.formats.spm import MARIAN_FILES, SPM_FILES, m2m100_tokenizer, marian_tokenizers, spm_folder_tokenizer
 from trunk.formats.trunk_dir import PretrainedTrunk, check_weights
 from trunk.models import SpecialIds, TrunkConfig, build_trunk
-from trunk.tasks.objectives.base import Objective
-from trunk.tasks.objectives.masked_lm import MaskedLanguageModeling
-from trunk.tasks.objectives.replaced_token_detection import ReplacedTokenDetection
-from trunk.tasks.objectives.translation import Translation
+
+if TYPE_CHECKING:
+    from trunk.tasks.objectives.base import Objective
 
 CONFIG, SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX = (
     "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -66,6 +66,14 @@ REFUSED = {
 }
 
 
+def objective_of(kind: str, **options) -> Objective:
+    """A head's task kind (a class of ``trunk.tasks``), imported when a model is converted rather than with this module:
+    the kinds load torchmetrics (seconds), and `trunk import` should answer a mistyped option at once."""
+    import trunk.tasks
+
+    return getattr(trunk.tasks, kind)(**options)
+
+
 @dataclass(frozen=True)
 class HeadTable:
     """A pretrained head that comes along as a task's: its objective (from the config's values and the checkpoint's
@@ -83,15 +91,15 @@ def replaced_token_detection(table: dict[str, str], cls_context: bool = False) -
     """A discriminator's replaced-token head, stored as the task ``electra`` (``configs/pretrain_electra.yaml``'s):
     the ELECTRA objective goes on from it, its generator (never released) fresh."""
     return HeadTable("replaced-token detection head",
-                     lambda values, tensors: ReplacedTokenDetection(cls_context=cls_context), table)
+                     lambda values, tensors: objective_of("ReplacedTokenDetection", cls_context=cls_context), table)
 
 
 def masked_lm(table: dict[str, str]) -> HeadTable:
     """A masked-LM head: its decoder's weight is the token embedding; with DeBERTa's enhanced mask decoder where the
     checkpoint has the decoder's position table (``table``'s ``decoder_positions``)."""
-    def objective(values: dict, tensors: dict) -> MaskedLanguageModeling:
+    def objective(values: dict, tensors: dict) -> Objective:
         positions = tensors.get(f"{table.get('decoder_positions')}.weight")
-        return MaskedLanguageModeling(enhanced_mask_decoder=0 if positions is None else len(positions))
+        return objective_of("MaskedLanguageModeling", enhanced_mask_decoder=0 if positions is None else len(positions))
 
     return HeadTable("masked-LM head", objective, table, tied={"head.decoder.weight": "stems.text.token.weight"})
 
@@ -880,7 +888,7 @@ def seq2seq_decoder(stem: dict[str, str]) -> HeadTable:
     theirs: a position table, an embedding norm, a final norm)."""
     return HeadTable(
         "decoder (sequence to sequence)",
-        lambda values, tensors: Translation(decoder_layers=values["decoder_layers"]),
+        lambda values, tensors: objective_of("Translation", decoder_layers=values["decoder_layers"]),
         {
             "decoder": "decoder",  # its output bias (bart_logits_bias)
             **stem,
@@ -1012,8 +1020,9 @@ T5_FAMILY = Family(
     ("",),
     heads={"translation": HeadTable(
         "decoder (sequence to sequence)",
-        lambda values, tensors: Translation(decoder_layers=values.get("num_decoder_layers") or values["num_layers"],
-                                   tied_output=values.get("tie_word_embeddings", True) is not False),
+        lambda values, tensors: objective_of(
+            "Translation", decoder_layers=values.get("num_decoder_layers") or values["num_layers"],
+            tied_output=values.get("tie_word_embeddings", True) is not False),
         {
             "decoder": "decoder",  # its output bias (zero: t5_adjust)
             "decoder.position_bias.embedding": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias",

@@ -32,7 +32,6 @@ from trunk.core.atomic import followed, replace_directory, temporary_path
 from trunk.core.checkpoint import check_readable, is_sharded_checkpoint, load_checkpoint
 from trunk.core.codec import Codec, load_tokenizer
 from trunk.models import POSITIONS, TrunkConfig, build_trunk
-from trunk.tasks.objectives.base import is_metric_state
 
 FORMAT_NAME, FORMAT_VERSION = "trunk", 2
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -442,6 +441,9 @@ def _checkpoint_config(ckpt: dict, path: Path) -> TrunkConfig:
 
 
 def _pretrained_from_checkpoint(path: Path, ckpt: dict | None = None) -> PretrainedTrunk:
+    from trunk.tasks.objectives.base import is_metric_state  # the task kinds load torchmetrics' (seconds): not
+    # on importing this module, so `trunk export` and `trunk import` answer a bad option at once
+
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
     meta, config = _checkpoint_meta(ckpt, path), _checkpoint_config(ckpt, path)
     state = ckpt["state_dict"]
