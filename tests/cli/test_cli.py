@@ -591,6 +591,17 @@ def test_the_plain_commands_read_their_options_before_loading_lightning():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+def test_a_ctrl_c_a_library_swallowed_while_a_command_loaded_stops_it_before_it_writes(tiny_cli_args, tmp_path):
+    """torch's C extension clears a KeyboardInterrupt raised as it imports numpy: `trunk export` went on and wrote its
+    directory; the Ctrl+C is honoured once the command's module has loaded (exit 130, one line, nothing written)."""
+    fit = run_cli(["fit", *tiny_cli_args, "--trainer.max_steps=1"])
+    ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
+    done = subprocess.run([sys.executable, str(REPO / "tests/ctrl_c_in_torch_import.py"), "export", ckpt,
+                           str(tmp_path / "exported")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130 and done.stderr.strip() == "Interrupted.", done.stdout + done.stderr[-3000:]
+    assert not (tmp_path / "exported").exists()
+
+
 def test_a_command_builds_only_its_own_subcommands_parser(tiny_cli_args):
     """Lightning builds every subcommand's whole parser (0.3 s each); `trunk fit ...` builds fit's alone, the others
     bare (a Lightning that renamed the hook would be slower again, not wrong: this says so)."""

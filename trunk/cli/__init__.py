@@ -93,7 +93,10 @@ def run_command() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         module, function = COMMANDS[sys.argv[1]].split(":")
-        getattr(importlib.import_module(module), function)(sys.argv[2:])
+        command = getattr(importlib.import_module(module), function)
+        if interrupted():  # a Ctrl+C while its module loaded, which a library swallowed (trunk.core.interrupts)
+            raise KeyboardInterrupt
+        command(sys.argv[2:])
         return
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
