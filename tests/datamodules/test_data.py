@@ -631,6 +631,23 @@ def test_a_file_given_as_a_split_of_a_named_data_set_says_to_unset_it(tmp_path):
         TextClassificationData(dataset="trunk:sentiment", train="train", predict=str(texts)).raw("predict")
 
 
+def test_every_missing_column_is_named_at_once(tmp_path):
+    """A file whose text and labels are both under other names: one error names both options (fixing one, training
+    a tokenizer, to be told the other was a run wasted)."""
+    path = write_rows(tmp_path / "rows.jsonl", [{"review": "great", "sentiment": "pos"}, {"review": "dull",
+                                                                                          "sentiment": "neg"}])
+    with pytest.raises(ValueError, match=r"train has no columns 'text' \(set by data.tasks.task.text_column\) and "
+                                         r"'label' \(set by data.tasks.task.label_column\). Its columns are "
+                                         r"\['review', 'sentiment'\]"):
+        TextClassificationData(train=str(path)).raw("train")
+    with pytest.raises(ValueError, match=r"validation has no columns 'review' .* and 'sentiment' "):
+        TextClassificationData(train=str(path), text_column="review", label_column="sentiment",
+                               validation=str(write_rows(tmp_path / "dev.jsonl", [{"t": "ok", "l": "pos"}]))
+                               ).raw("validation")
+    member = TextClassificationData(train=str(path), text_column="review", label_column="sentiment")
+    assert column(member.raw("train"), "review") == ["great", "dull"]
+
+
 def test_a_json_object_holding_the_rows_is_named_and_a_json_list_is_read(tmp_path):
     rows = [{"text": "great", "label": "pos"}, {"text": "dull", "label": "neg"}]
     (tmp_path / "nested.json").write_text(json.dumps({"version": 1, "data": rows}))

@@ -409,39 +409,47 @@ def empty_split_error(role: str, spec: str) -> ValueError:
 
 
 def check_columns(ds: datasets.Dataset, columns: dict[str, str | None], role: str, prefix: str | None = None) -> None:
-    """Fail early, naming the option to change (``<prefix>.<option>``), when a configured column is missing."""
+    """Fail early, naming the option to change (``<prefix>.<option>``), when a configured column is missing (every
+    missing one at once)."""
     if prefix is None:  # data.tasks.<task>.train -> data.tasks.<task>
         prefix = options_of(role)
-    for option, column in columns.items():
-        if column is not None and column not in ds.column_names:
-            if looks_like_data(ds.column_names):
-                raise ValueError(
-                    f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, "
-                    "looks like data rather than a header: if the file has no header row, name its columns with "
-                    f"{prefix}.column_names (e.g. "
-                    f"{['text', 'label', 'id'][: len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), and "
-                    f"set {prefix}.{option} to one of those names."
-                )
-            first = ds[0] if ds.num_rows == 1 else {}  # one JSON object: its rows may be a list inside it
-            nested = next((name for name, value in first.items() if isinstance(value, list) and value
-                           and isinstance(value[0], dict)), None)
-            if nested is not None:
-                raise ValueError(
-                    f"{role} has no column '{column}': the file is one JSON object whose '{nested}' holds the rows "
-                    f"({len(first[nested])} records). Give the records themselves: a .jsonl file of one per line "
-                    f"(jq -c '.{nested}[]' FILE > rows.jsonl) or a JSON list."
-                )
-            delimited = next(((name, mark) for name in map(str, ds.column_names) for mark in ";|\t"
-                              if column in name.split(mark)), None)
-            if delimited is not None:  # one header cell holding every column: another delimiter than the reader's
-                raise ValueError(
-                    f"{role} has no column '{column}': its header {delimited[0]!r} is one cell, its columns separated "
-                    f"by {delimited[1]!r}. Set {options_of(role)}.delimiter: {delimited[1]!r} to read them."
-                )
-            raise ValueError(
-                f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
-                f"set {prefix}.{option} to one of them."
-            )
+    absent = {option: column for option, column in columns.items()
+              if column is not None and column not in ds.column_names}
+    if not absent:
+        return
+    option, column = next(iter(absent.items()))
+    if looks_like_data(ds.column_names):
+        raise ValueError(
+            f"{role} has no column '{column}' (set by {prefix}.{option}). Its first row, {ds.column_names}, "
+            "looks like data rather than a header: if the file has no header row, name its columns with "
+            f"{prefix}.column_names (e.g. "
+            f"{['text', 'label', 'id'][: len(ds.column_names)] + ['...'] * (len(ds.column_names) > 3)}), and "
+            f"set {prefix}.{option} to one of those names."
+        )
+    first = ds[0] if ds.num_rows == 1 else {}  # one JSON object: its rows may be a list inside it
+    nested = next((name for name, value in first.items() if isinstance(value, list) and value
+                   and isinstance(value[0], dict)), None)
+    if nested is not None:
+        raise ValueError(
+            f"{role} has no column '{column}': the file is one JSON object whose '{nested}' holds the rows "
+            f"({len(first[nested])} records). Give the records themselves: a .jsonl file of one per line "
+            f"(jq -c '.{nested}[]' FILE > rows.jsonl) or a JSON list."
+        )
+    delimited = next(((name, mark) for name in map(str, ds.column_names) for mark in ";|\t"
+                      if column in name.split(mark)), None)
+    if delimited is not None:  # one header cell holding every column: another delimiter than the reader's
+        raise ValueError(
+            f"{role} has no column '{column}': its header {delimited[0]!r} is one cell, its columns separated "
+            f"by {delimited[1]!r}. Set {options_of(role)}.delimiter: {delimited[1]!r} to read them."
+        )
+    if len(absent) == 1:
+        raise ValueError(
+            f"{role} has no column '{column}' (set by {prefix}.{option}). Its columns are {ds.column_names}: "
+            f"set {prefix}.{option} to one of them."
+        )
+    named = " and ".join(f"'{column}' (set by {prefix}.{option})" for option, column in absent.items())
+    raise ValueError(f"{role} has no columns {named}. Its columns are {ds.column_names}: set each of those options "
+                     "to one of them.")
 
 
 def looks_like_data(names: list[str]) -> bool:

@@ -62,20 +62,21 @@ class TextRowsData(TextDataModule):
         return {"text_column": self.text_column, "text_pair_column": self.text_pair_column}
 
     def check(self, ds: datasets.Dataset, role: str) -> None:
-        self.check_inputs(ds, role)
         if role in UNLABELLED_ROLES:
+            self.check_inputs(ds, role)
             return
         missing = {
             option: c for option, c in self.target_columns().items() if c is not None and c not in ds.column_names
         }
-        if missing and role != "train" and not looks_like_data(ds.column_names):
+        inputs = [c for c in self.input_columns().values() if c is not None]
+        if missing and role != "train" and not looks_like_data(ds.column_names) and set(inputs) <= set(ds.column_names):
             option, name = next(iter(missing.items()))
             raise self.unlabelled(
                 role,
                 f"has no column '{name}' (set by {self.option(option)}; its columns are {ds.column_names}): if the "
                 f"labels are in another column, set {self.option(option)} to it",
             )
-        check_columns(ds, self.target_columns(), self.option(role))
+        check_columns(ds, {**self.input_columns(), **self.target_columns()}, self.option(role))  # every one missing
 
     def columns_read(self) -> str:
         """In words, for the run's summary: the text column(s) and the target."""
