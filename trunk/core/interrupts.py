@@ -2,7 +2,8 @@
 
 Python turns SIGINT into a KeyboardInterrupt, which a library may swallow: torch's C extension imports numpy and
 clears any error it raised, so a Ctrl+C while torch loads left `trunk serve` serving. The handler below also keeps a
-flag, and each command's hand-over (serving's signal handler, training's ``FaultTolerance.setup``) stops on it."""
+flag, and each hand-over stops on it: a plain command once its module has loaded (``trunk.cli.run_command``),
+serving's signal handler, training's ``FaultTolerance.setup``."""
 
 from __future__ import annotations
 
