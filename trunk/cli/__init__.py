@@ -10,7 +10,7 @@ import os
 import sys
 
 from trunk.core.interrupts import EXIT_CODE as INTERRUPTED_EXIT_CODE
-from trunk.core.interrupts import catch_interrupts, interrupted
+from trunk.core.interrupts import catch_interrupts, interrupted, raise_if_interrupted
 
 COMMANDS = {  # name -> "module:main(args)"
     "export": "trunk.cli.export:export_main",
@@ -94,8 +94,7 @@ def run_command() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         module, function = COMMANDS[sys.argv[1]].split(":")
         command = getattr(importlib.import_module(module), function)
-        if interrupted():  # a Ctrl+C while its module loaded, which a library swallowed (trunk.core.interrupts)
-            raise KeyboardInterrupt
+        raise_if_interrupted()  # a Ctrl+C while its module loaded, which a library swallowed
         command(sys.argv[2:])
         return
     from lightning.fabric.utilities.exceptions import MisconfigurationException

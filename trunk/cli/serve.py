@@ -7,7 +7,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from trunk.core.interrupts import interrupted
+from trunk.core.interrupts import raise_if_interrupted
 from trunk.inference.runtimes import RUNTIMES
 from trunk.training.threads import usable_cores
 
@@ -83,8 +83,7 @@ def serve_main(args: list[str]) -> None:
         sys.exit(f"error: --workers={options.workers}: this process has {why}, and each worker needs a core of its "
                  f"own. Use --workers {cores} or fewer.")
     stop_on_signals()  # from here on: a Ctrl+C or SIGTERM while the model loads stops at once, with no traceback
-    if interrupted():  # one before, which a library swallowed as it loaded (main() says so in one line)
-        raise KeyboardInterrupt
+    raise_if_interrupted()  # one before, which a library swallowed as it loaded (main() says so in one line)
     try:
         server, threads = build_server(
             options.model,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl+C
+EXIT_CODE = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl+C
 
 _received = False
 
@@ -28,3 +28,9 @@ def catch_interrupts() -> None:
 def interrupted() -> bool:
     """Whether a Ctrl+C reached this process through ``catch_interrupts``'s handler, caught or not."""
     return _received
+
+
+def raise_if_interrupted() -> None:
+    """At a hand-over: a Ctrl+C that came before, caught or swallowed, stops here (as KeyboardInterrupt)."""
+    if _received:
+        raise KeyboardInterrupt
