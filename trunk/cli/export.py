@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from trunk.core.atomic import check_output_dir
-from trunk.core.locks import hold_output, release
+from trunk.core.locks import writing_output_dir
 from trunk.formats.artifacts import log_trunk_artifact, wandb_has_credentials, wandb_reachable
 from trunk.formats.merge import MERGE_METHODS, merge_trunks
 from trunk.formats.trunk_dir import export_checkpoint
@@ -98,14 +97,10 @@ def export_main(args: list[str]) -> None:
         sys.exit("error: --quantize int8 writes int8 ONNX graphs, so it needs --onnx. A PyTorch model is quantized "
                  "when it is loaded: trunk predict / serve --quantize int8, or load(DIR, quantize='int8').")
     try:
-        check_output_dir(Path(options.dir), "DIR")
-        lock = hold_output(Path(options.dir), "DIR")  # one writer per output
+        with writing_output_dir(Path(options.dir), "DIR"):  # one writer per output
+            write_export(options)
     except (PermissionError, FileExistsError) as err:
         sys.exit(f"error: {err}")
-    try:
-        write_export(options)
-    finally:
-        release(lock)
 
 
 def write_export(options) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trunk.core.atomic import check_output_dir
-from trunk.core.locks import hold_output, release
+from trunk.core.locks import writing_output_dir
 from trunk.formats.artifacts import resolve_init_from
 from trunk.formats.hf import FAMILIES, convert
 from trunk.formats.hub import write_model_card
@@ -31,18 +30,12 @@ def import_main(args: list[str]) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace DIR (atomically) if it already holds a trunk")
     options = parser.parse_args(args)
     try:
-        check_output_dir(Path(options.dir), "DIR")
-        lock = hold_output(Path(options.dir), "DIR")  # one writer per output
-    except (PermissionError, FileExistsError) as err:
+        with writing_output_dir(Path(options.dir), "DIR"):  # one writer per output
+            pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
+            path = save_pretrained(options.dir, pretrained, overwrite=options.overwrite)
+            write_model_card(path, origin=options.src)
+    except (PermissionError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         sys.exit(f"error: {err}")
-    try:
-        pretrained, notes = convert(resolve_init_from(options.src), options.tokenizer)
-        path = save_pretrained(options.dir, pretrained, overwrite=options.overwrite)
-        write_model_card(path, origin=options.src)
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
-        sys.exit(f"error: {err}")
-    finally:
-        release(lock)
     c = pretrained.config
     print(f"Wrote {path}: {c.n_layers} blocks of width {c.d_model}, {c.vocab_size} tokens"
           + (f"; {'; '.join(notes)}" if notes else "") + f". Fine-tune from it with --model.init_from={path}")

@@ -13,7 +13,11 @@ import os
 import socket
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from trunk.core.atomic import check_output_dir
 
 _HELD: dict[Path, int] = {}  # this process's locks: released at exit, however the work ended
 
@@ -107,3 +111,15 @@ def hold_output(path: Path, option: str) -> Path:
                               f"(since {owner['started']}): two writers would leave only one's output. Wait for it "
                               "to end, or write elsewhere.")
     return lock
+
+
+@contextmanager
+def writing_output_dir(path: Path, option: str) -> Iterator[None]:
+    """Before any work, refuse an output directory this process cannot create or another process writes
+    (``check_output_dir``, ``hold_output``); hold it for the block."""
+    check_output_dir(Path(path), option)
+    lock = hold_output(Path(path), option)
+    try:
+        yield
+    finally:
+        release(lock)
