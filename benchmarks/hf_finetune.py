@@ -27,7 +27,9 @@ prints the tables of what it holds, running nothing (Trunk's sides are of the ve
 benchmarks/ledger.py's ``TRUNK_VERSION``: ``--trunk-version N --summary`` prints an older one's). A side stopped midway
 (a session's end, a kill) goes on from where it stopped when the command runs again: Trunk's from its last checkpoint,
 transformers' from its state saved every 10 minutes and at each epoch's end in <root>/<task>-<precision>-seed<N>-hf,
-either ending as a run never stopped would. Both sides train fp32 master weights (a model folder stored in bf16 is read
+either ending as a run never stopped would. ``--sides hf`` (or ``trunk``, ``recipe``) runs only those sides, the others
+read from the ledger: a seed's sides in processes of their own, on cores of their own, each with its own ledger (their
+lines put in one file for ``--summary``). Both sides train fp32 master weights (a model folder stored in bf16 is read
 into fp32). The sides alternate task by task and precision by precision in the same process, so a machine that slows
 down or speeds up meanwhile weighs on both. ``--device cuda``: both sides train on the GPU (the GPU check,
 benchmarks/gpu_check.py)."""
@@ -35,6 +37,7 @@ benchmarks/gpu_check.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -628,7 +631,7 @@ def compare(args) -> list[dict]:
                     if found:
                         print(f"  {task} {precision} seed {seed} {name}: from {ledger.path}", flush=True)
                         return tuple(found["result"])
-                    if args.summary:
+                    if args.summary or name not in args.sides:
                         raise NotRecorded(name)
                     since = claim(folder, {**key, **({} if name == "hf" else {"trunk_version": args.trunk_version})})
                     result = (isolated if args.isolate else lambda f, *a: f(*a))(run_side, task, run, precision,
@@ -637,13 +640,17 @@ def compare(args) -> list[dict]:
                         ledger.add({**key, "result": list(result)})
                     return result
 
-                try:
-                    trunk_metric, trunk_seconds, trunk_examples, trunk_memory = side("trunk", trunk_run, root)
-                    hf_metric, hf_seconds, hf_examples, hf_memory = side("hf", hf_run,
-                                                                         root.with_name(root.name + "-hf"))
-                except NotRecorded as missing:
-                    print(f"  {task} {precision} seed {seed}: the {missing} side is not recorded yet", flush=True)
+                results = {}
+                for name, run_side, suffix in (("trunk", trunk_run, ""), ("hf", hf_run, "-hf"),
+                                               *([("recipe", recipe_run, "-recipe")] if args.recipe else [])):
+                    with contextlib.suppress(NotRecorded):  # a side not run here: its row waits for it
+                        results[name] = side(name, run_side, root.with_name(root.name + suffix))
+                missing = [name for name in ("trunk", "hf") if name not in results]
+                if missing:
+                    print(f"  {task} {precision} seed {seed}: the {missing[0]} side is not recorded yet", flush=True)
                     continue
+                trunk_metric, trunk_seconds, trunk_examples, trunk_memory = results["trunk"]
+                hf_metric, hf_seconds, hf_examples, hf_memory = results["hf"]
                 t, h = (statistics.fmean(known) if (known := [x for x in s if not math.isnan(x)]) else math.nan
                         for s in (trunk_seconds, hf_seconds))  # a resumed epoch's seconds may be unknown
                 rows.append({"task": task, "precision": precision, "seed": seed, "trunk": trunk_metric,
@@ -652,11 +659,7 @@ def compare(args) -> list[dict]:
                              "speedup": h / t * trunk_examples / hf_examples, "trunk_peak_gib": trunk_memory,
                              "hf_peak_gib": hf_memory})
                 if args.recipe:
-                    try:
-                        rows[-1]["trunk_recipe"] = side("recipe", recipe_run,
-                                                        root.with_name(root.name + "-recipe"))[0]
-                    except NotRecorded:
-                        rows[-1]["trunk_recipe"] = math.nan
+                    rows[-1]["trunk_recipe"] = results["recipe"][0] if "recipe" in results else math.nan
                 print(f"  {task} {precision} seed {seed}: Trunk {trunk_metric:.4f} in {t:.1f} s/epoch, transformers "
                       f"{hf_metric:.4f} in {h:.1f} s/epoch", flush=True)
     return rows
@@ -691,10 +694,15 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--summary", action="store_true",
                         help="print the tables of what the ledger holds for this command, running nothing (also while "
                              "the benchmark runs)")
+    parser.add_argument("--sides", nargs="+", choices=["trunk", "hf", "recipe"], default=["trunk", "hf", "recipe"],
+                        help="run only these sides (the others are taken from the ledger where recorded): one "
+                             "process a side, each with a ledger of its own, spreads a seed's sides over the cores")
     add_version_option(parser)
     args = parser.parse_args(argv)
     if args.summary and not args.ledger:
         parser.error("--summary reads a ledger: give --ledger FILE.jsonl")
+    if "recipe" in args.sides and len(args.sides) == 1 and not args.recipe:
+        parser.error("--sides recipe runs Trunk's recipe: add --recipe")
     checked_version(parser, args.trunk_version, args.summary)
     return args
 

@@ -104,6 +104,35 @@ def test_a_ledger_keeps_each_sides_result_and_a_rerun_goes_on_from_it(tmp_path, 
     assert "this code computes version" in capsys.readouterr().err
 
 
+def test_sides_run_in_processes_of_their_own_each_with_its_ledger_and_their_lines_make_the_row(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """--sides: only the sides named run (the others waited for, the row printed once both trunk and hf are
+    recorded); two commands with ledgers of their own split a seed's sides, and their lines in one file make the
+    row, the recipe's column with it."""
+    import hf_finetune
+
+    ran = []
+
+    def stub(name, metric):
+        return lambda *a: ran.append(name) or (metric, [1.0], 8, None)
+
+    for name, metric in (("trunk", 0.75), ("hf", 0.5), ("recipe", 0.875)):
+        monkeypatch.setattr(hf_finetune, f"{name}_run", stub(name, metric))
+    command = ["--model", str(tmp_path / "model"), "--task", "sst2", "--recipe", "--root", str(tmp_path / "runs")]
+    hf_finetune.main([*command, "--sides", "hf", "--ledger", str(tmp_path / "hf.jsonl")])
+    assert ran == ["hf"] and "sst2 32-true seed 42: the trunk side is not recorded yet" in capsys.readouterr().out
+    hf_finetune.main([*command, "--sides", "trunk", "recipe", "--ledger", str(tmp_path / "trunk.jsonl")])
+    assert ran == ["hf", "trunk", "recipe"] and "the hf side is not recorded yet" in capsys.readouterr().out
+    both = tmp_path / "both.jsonl"
+    both.write_text((tmp_path / "trunk.jsonl").read_text() + (tmp_path / "hf.jsonl").read_text())
+    hf_finetune.main([*command, "--ledger", str(both), "--summary"])
+    row = capsys.readouterr().out.split("| task |")[1].splitlines()[2]
+    assert ran == ["hf", "trunk", "recipe"] and "0.7500" in row and "0.5000" in row and "0.8750" in row
+    with pytest.raises(SystemExit):
+        hf_finetune.main([*command[:-3], "--sides", "recipe"])  # the recipe's side without --recipe
+    assert "add --recipe" in capsys.readouterr().err
+
+
 def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_never_stopped(tmp_path, capsys,
                                                                                              monkeypatch):
     """A session's end stops a side of hours: the same command again goes on from the side's last checkpoint (Trunk's
