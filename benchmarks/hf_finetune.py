@@ -694,15 +694,16 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--summary", action="store_true",
                         help="print the tables of what the ledger holds for this command, running nothing (also while "
                              "the benchmark runs)")
-    parser.add_argument("--sides", nargs="+", choices=["trunk", "hf", "recipe"], default=["trunk", "hf", "recipe"],
+    parser.add_argument("--sides", nargs="+", choices=["trunk", "hf", "recipe"],
                         help="run only these sides (the others are taken from the ledger where recorded): one "
                              "process a side, each with a ledger of its own, spreads a seed's sides over the cores")
     add_version_option(parser)
     args = parser.parse_args(argv)
     if args.summary and not args.ledger:
         parser.error("--summary reads a ledger: give --ledger FILE.jsonl")
-    if "recipe" in args.sides and len(args.sides) == 1 and not args.recipe:
+    if args.sides and "recipe" in args.sides and not args.recipe:  # named but not run: refused, not skipped silently
         parser.error("--sides recipe runs Trunk's recipe: add --recipe")
+    args.sides = args.sides or ["trunk", "hf", "recipe"]  # none named: every side
     checked_version(parser, args.trunk_version, args.summary)
     return args
 

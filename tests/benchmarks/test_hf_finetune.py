@@ -128,9 +128,10 @@ def test_sides_run_in_processes_of_their_own_each_with_its_ledger_and_their_line
     hf_finetune.main([*command, "--ledger", str(both), "--summary"])
     row = capsys.readouterr().out.split("| task |")[1].splitlines()[2]
     assert ran == ["hf", "trunk", "recipe"] and "0.7500" in row and "0.5000" in row and "0.8750" in row
-    with pytest.raises(SystemExit):
-        hf_finetune.main([*command[:-3], "--sides", "recipe"])  # the recipe's side without --recipe
-    assert "add --recipe" in capsys.readouterr().err
+    for sides in (["recipe"], ["trunk", "recipe"]):  # the recipe's side named without --recipe
+        with pytest.raises(SystemExit):
+            hf_finetune.main([*command[:-3], "--sides", *sides])
+        assert "add --recipe" in capsys.readouterr().err
 
 
 def test_a_side_stopped_midway_goes_on_from_where_it_stopped_and_ends_as_a_run_never_stopped(tmp_path, capsys,
