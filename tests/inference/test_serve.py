@@ -388,6 +388,12 @@ def test_serve_refuses_more_workers_than_the_process_has_cores(tmp_path):
         done.stderr and "model.ckpt" not in done.stderr
 
 
+def ignores_sigint(pid: int) -> bool:
+    """Whether a live process's SIGINT disposition is 'ignore' (read from /proc)."""
+    ignored = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigIgn"))
+    return bool(int(ignored.split()[1], 16) & 1 << (signal.SIGINT - 1))
+
+
 def group_members(group: int) -> list[int]:
     """The live processes of a process group (read from /proc: stopped or zombie ones do not count)."""
     members = []
@@ -423,11 +429,17 @@ def test_serve_listens_on_this_machine_only_and_a_signal_stops_all_its_processes
     ckpt = fit.trainer.checkpoint_callback.last_model_path or fit.trainer.checkpoint_callback.best_model_path
     from trunk.training.threads import usable_cores
 
-    server = Server(ckpt, f"--workers={min(2, usable_cores()[0])}")  # one per core
+    workers = min(2, usable_cores()[0])
+    server = Server(ckpt, f"--workers={workers}")  # one per core
     try:
         assert f"http://127.0.0.1:{server.port}/predict (this machine only" in server.output()
         assert listening_on(server.port) == {"0100007F"}  # 127.0.0.1, no other interface
         assert len(group_members(server.process.pid)) >= 3  # the server, its HTTP and inference workers
+        # a terminal's Ctrl+C reaches the group: only the server acts on it (a worker would print a traceback)
+        spawned = [pid for pid in group_members(server.process.pid)
+                   if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(spawned) == workers and all(ignores_sigint(pid) for pid in spawned)
+        assert not ignores_sigint(server.process.pid)
         os.kill(server.process.pid, signum)
         deadline = time.monotonic() + 10
         while group_members(server.process.pid) and time.monotonic() < deadline:

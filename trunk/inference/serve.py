@@ -19,11 +19,14 @@ with what is wrong (an unknown field, task or input type, an empty text, no inpu
 import base64
 import binascii
 import contextlib
+import hashlib
 import io
 import json
 import multiprocessing
 import os
+import shlex
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -32,6 +35,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from trunk.core.codec import cache_folder
 from trunk.training.threads import threads_per_process, user_threads
 
 
@@ -392,6 +396,27 @@ def stop_on_signals(grace: float = 3.0) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
+    workers_ignore_ctrl_c()
+
+
+def workers_ignore_ctrl_c() -> None:
+    """The workers LitServe spawns from here on start with SIGINT ignored, through a launcher script: a Ctrl+C reaches
+    the whole process group, and a worker still importing torch printed a KeyboardInterrupt traceback before this
+    process stopped it. An ignored signal survives exec and Python leaves it ignored; the SIGTERM ``stop`` sends does
+    not. (A signal mask would not do: the spawned interpreter starts with none.)"""
+    folder = cache_folder("launchers")
+    if folder is None:
+        return
+    script = ("#!/bin/sh\n# trunk serve's workers: a Ctrl+C is for the server, which stops them\n"
+              f'trap "" INT\nexec {shlex.quote(sys.executable)} "$@"\n')
+    launcher = folder / f"python-ignoring-ctrl-c-{hashlib.sha256(script.encode()).hexdigest()[:12]}"
+    if not launcher.exists():
+        partial = launcher.with_name(f"{launcher.name}.{os.getpid()}.partial")
+        partial.write_text(script)
+        partial.chmod(0o755)
+        os.replace(partial, launcher)  # whole or not at all, whichever server writes it first
+    if os.access(launcher, os.X_OK):  # not where the cache is on a noexec mount: workers start as before
+        multiprocessing.set_executable(str(launcher))
 
 
 def describe(predictor) -> dict:
