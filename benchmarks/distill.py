@@ -12,7 +12,10 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     group's):
     - ``teacher``: the recipe alone (``benchmarks/transfer.py``'s ``alone`` way, the same run);
     - ``student``: the recipe on a 3-block trunk of MiniLM's blocks 0, 2 and 4 (``--model.init_layers=every_other``);
-    - ``student, kd``: the same, learning from the teacher (``--model.distill``: ``--alpha``, ``--temperature``);
+    - ``student, kd``: the same, learning from the teacher (``--model.distill``: ``--alpha``, ``--temperature``;
+      ``--layers 0:1 1:3 2:5`` adds the hidden-state and attention-relation losses on those block pairs, weighted by
+      ``--hidden`` and ``--relations``). Settings other than the defaults name a way of their own ("student, kd,
+      alpha 0.9, layers 0:1 1:3 2:5, hidden 1, relations 1"), so the ledger keeps each apart;
     - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
       ``configs/pretrain_large.yaml`` writes).
     Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32 and int8), one thread,
@@ -44,12 +47,28 @@ from transfer import GROUPS, alone, checkpoint_of, fit, folder, joint_and_mtdnn,
 from trunk.cli import run_cli  # noqa: E402
 from trunk.training.precision import cpu_info  # noqa: E402
 
-STUDENT_WAYS = ("student", "student, kd", "own", "own, kd")
+KD_DEFAULTS = {"alpha": 0.5, "temperature": 2.0}
 
 
-def distill_option(teachers: dict[str, str], alpha: float, temperature: float) -> str:
-    return "--model.distill=" + json.dumps({task: {"teachers": [path], "alpha": alpha, "temperature": temperature}
-                                            for task, path in teachers.items()})
+def kd_settings(args) -> dict:
+    """``model.distill.<task>``'s settings beside its teachers, from the command line."""
+    settings = {"alpha": args.alpha, "temperature": args.temperature}
+    if args.layers:
+        settings.update(layers=args.layers, hidden=args.hidden, relations=args.relations)
+    return settings
+
+
+def kd_way(way: str, settings: dict) -> str:
+    """``way`` learning from teachers: "student, kd", naming the settings that are not the defaults, so that a run of
+    other settings is a way of its own (never found in the ledger as another's)."""
+    shown = {"T" if key == "temperature" else key:
+             " ".join(f"{s}:{t}" for s, t in value) if key == "layers" else f"{value:g}"
+             for key, value in settings.items() if KD_DEFAULTS.get(key) != value}
+    return ", ".join([f"{way}, kd", *(f"{key} {value}" for key, value in shown.items())])
+
+
+def distill_option(teachers: dict[str, str], settings: dict) -> str:
+    return "--model.distill=" + json.dumps({task: {"teachers": [path], **settings} for task, path in teachers.items()})
 
 
 def group_of(task: str) -> str:
@@ -81,13 +100,13 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
     group = group_of(task)
     for seed in seeds:
         teacher = checkpoint_of(alone(group, task, seed, root, ledger))
-        kd = [distill_option({task: teacher}, args.alpha, args.temperature)]
+        kd = [distill_option({task: teacher}, kd_settings(args))]
         starts = [("student", ["--model.init_layers=every_other"])]
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
             student(task, seed, way, start, root, ledger, 0, args.student_epochs)
-            student(task, seed, f"{way}, kd", [*start, *kd], root, ledger, 1, args.student_epochs)
+            student(task, seed, kd_way(way, kd_settings(args)), [*start, *kd], root, ledger, 1, args.student_epochs)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -108,7 +127,8 @@ def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
     from trunk.training.threads import fit_threads
 
     runs = {way_name(r): r for r in ledger.records() if r.get("task") == task and r["seed"] == seed
-            and "checkpoint" in r and r["way"] in ("alone", *STUDENT_WAYS) and Path(r["checkpoint"]).is_file()}
+            and "checkpoint" in r and r["way"].split(",")[0] in ("alone", "student", "own")
+            and Path(r["checkpoint"]).is_file()}
     inputs = validation_inputs(task) if "alone" in runs and len(runs) > 1 else []
     if not inputs:
         return
@@ -128,15 +148,24 @@ def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> No
     for seed in seeds:
         teachers = {task: checkpoint_of(alone(group, task, seed, root, ledger)) for task in GROUPS[group]["alone"]}
         joint_and_mtdnn(group, seed, GROUPS[group].get("finetune_epochs", 2), root, ledger, [])
-        key = {"group": group, "way": "joint, kd", "seed": seed}
+        key = {"group": group, "way": kd_way("joint", kd_settings(args)), "seed": seed}
         if ledger.find(key):
             continue
         cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}",
-                            distill_option(teachers, args.alpha, args.temperature)],
+                            distill_option(teachers, kd_settings(args))],
                            root / group / folder(key["way"]) / f"seed{seed}")
         steps = cli.trainer.global_step
         ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps, "minutes": minutes,
                     "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+
+
+def block_pair(text: str) -> list[int]:
+    """``--layers``' "S:T": the student's block S compared with the teacher's block T."""
+    try:
+        student_block, teacher_block = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a student and a teacher block as S:T, e.g. 2:5") from None
+    return [student_block, teacher_block]
 
 
 def way_name(run: dict) -> str:
@@ -174,6 +203,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument("--layers", type=block_pair, nargs="+", metavar="S:T",
+                        help="student:teacher block pairs whose insides are compared too (model.distill's layers)")
+    parser.add_argument("--hidden", type=float, default=1.0, help="with --layers: the hidden states' loss weight")
+    parser.add_argument("--relations", type=float, default=1.0,
+                        help="with --layers: the attention relations' loss weight")
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")

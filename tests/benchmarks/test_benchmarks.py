@@ -760,6 +760,12 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "Resuming" not in again.stderr
     assert (tmp_path / "runs" / "results.jsonl").read_text().count("\n") == 3
+    # other teachers' settings are a way of their own: run, not found in the ledger as the first student's
+    other = subprocess.run([*command, "--alpha", "0.9", "--layers", "0:1"], capture_output=True, text=True, timeout=900)
+    assert other.returncode == 0, other.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [r["way"] for r in ledger][3:] == ["student, kd, alpha 0.9, layers 0:1, hidden 1, relations 1"]
+    assert ledger[3]["teacher_passes"] == ledger[3]["steps"] > 0
 
 
 def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_resumes(sentiment_files, tmp_path):
