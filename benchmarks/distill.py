@@ -54,7 +54,7 @@ def kd_settings(args) -> dict:
     """``model.distill.<task>``'s settings beside its teachers, from the command line."""
     settings = {"alpha": args.alpha, "temperature": args.temperature}
     if args.layers:
-        settings.update(layers=args.layers, hidden=args.hidden, relations=args.relations)
+        settings.update(layers=args.layers, hidden=args.hidden or 1.0, relations=args.relations or 1.0)
     return settings
 
 
@@ -97,16 +97,16 @@ def student(task: str, seed: int, way: str, options: list[str], root: Path, ledg
 
 
 def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
-    group = group_of(task)
+    group, settings = group_of(task), kd_settings(args)
     for seed in seeds:
         teacher = checkpoint_of(alone(group, task, seed, root, ledger))
-        kd = [distill_option({task: teacher}, kd_settings(args))]
+        kd = [distill_option({task: teacher}, settings)]
         starts = [("student", ["--model.init_layers=every_other"])]
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
             student(task, seed, way, start, root, ledger, 0, args.student_epochs)
-            student(task, seed, kd_way(way, kd_settings(args)), [*start, *kd], root, ledger, 1, args.student_epochs)
+            student(task, seed, kd_way(way, settings), [*start, *kd], root, ledger, 1, args.student_epochs)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -145,14 +145,15 @@ def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
 
 
 def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
+    settings = kd_settings(args)
     for seed in seeds:
         teachers = {task: checkpoint_of(alone(group, task, seed, root, ledger)) for task in GROUPS[group]["alone"]}
         joint_and_mtdnn(group, seed, GROUPS[group].get("finetune_epochs", 2), root, ledger, [])
-        key = {"group": group, "way": kd_way("joint", kd_settings(args)), "seed": seed}
+        key = {"group": group, "way": kd_way("joint", settings), "seed": seed}
         if ledger.find(key):
             continue
         cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}",
-                            distill_option(teachers, kd_settings(args))],
+                            distill_option(teachers, settings)],
                            root / group / folder(key["way"]) / f"seed{seed}")
         steps = cli.trainer.global_step
         ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps, "minutes": minutes,
@@ -205,9 +206,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--layers", type=block_pair, nargs="+", metavar="S:T",
                         help="student:teacher block pairs whose insides are compared too (model.distill's layers)")
-    parser.add_argument("--hidden", type=float, default=1.0, help="with --layers: the hidden states' loss weight")
-    parser.add_argument("--relations", type=float, default=1.0,
-                        help="with --layers: the attention relations' loss weight")
+    parser.add_argument("--hidden", type=float, help="with --layers: the hidden states' loss weight (1)")
+    parser.add_argument("--relations", type=float, help="with --layers: the attention relations' loss weight (1)")
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
@@ -217,6 +217,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.groups:
         GROUPS.update(yaml.safe_load(args.groups.read_text()))
+    if (args.hidden is not None or args.relations is not None) and not args.layers:  # else ignored silently
+        parser.error("--hidden and --relations weigh the losses of --layers' block pairs: add --layers S:T ...")
     if args.part == "groups" and args.group not in GROUPS:
         parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
     ledger = Ledger(args.ledger or args.root, checked_version(parser, args.trunk_version, args.part == "summary"))

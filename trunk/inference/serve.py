@@ -412,9 +412,13 @@ def workers_ignore_ctrl_c() -> None:
     launcher = folder / f"python-ignoring-ctrl-c-{hashlib.sha256(script.encode()).hexdigest()[:12]}"
     if not launcher.exists():
         partial = launcher.with_name(f"{launcher.name}.{os.getpid()}.partial")
-        partial.write_text(script)
-        partial.chmod(0o755)
-        os.replace(partial, launcher)  # whole or not at all, whichever server writes it first
+        try:
+            partial.write_text(script)
+            partial.chmod(0o755)
+            os.replace(partial, launcher)  # whole or not at all, whichever server writes it first
+        except OSError:  # a full disk: workers start as before
+            partial.unlink(missing_ok=True)
+            return
     if os.access(launcher, os.X_OK):  # not where the cache is on a noexec mount: workers start as before
         multiprocessing.set_executable(str(launcher))
 
