@@ -602,6 +602,27 @@ def test_a_ctrl_c_a_library_swallowed_while_a_command_loaded_stops_it_before_it_
     assert not (tmp_path / "exported").exists()
 
 
+def test_a_ctrl_c_inside_a_callback_python_cannot_raise_from_is_remembered_without_a_traceback():
+    """A Ctrl+C that lands in a callback run inside an import (or a finalizer) cannot be raised there: Python printed it
+    as an "Exception ignored ... KeyboardInterrupt" traceback (seen from `trunk serve` as it loaded). It is remembered
+    and said once; another error in such a callback is still printed."""
+    code = ("import signal, weakref\n"
+            "from trunk.core.interrupts import catch_interrupts, interrupted\n"
+            "catch_interrupts()\n"
+            "class Loaded: pass\n"
+            "class Broken:\n"
+            "    def __del__(self): raise ValueError('a finalizer of ours failed')\n"
+            "loaded = Loaded()\n"
+            "watch = weakref.ref(loaded, lambda _: signal.raise_signal(signal.SIGINT))\n"
+            "del loaded\n"
+            "Broken()\n"
+            "print('interrupted:', interrupted())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "interrupted: True", done.stdout + done.stderr
+    assert "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert "ValueError: a finalizer of ours failed" in done.stderr, done.stderr
+
+
 def test_a_command_builds_only_its_own_subcommands_parser(tiny_cli_args):
     """Lightning builds every subcommand's whole parser (0.3 s each); `trunk fit ...` builds fit's alone, the others
     bare (a Lightning that renamed the hook would be slower again, not wrong: this says so)."""
