@@ -6,6 +6,8 @@ the small students their predict speed against their teacher's.
     python benchmarks/distill.py groups --group ner --seeds 1 2 3         # the related-task groups of transfer.py
     python benchmarks/distill.py summary --seeds 1 2 3
     python benchmarks/distill.py compress --groups my_groups.yaml --task mine   # groups of your own, GROUPS' layout
+    python benchmarks/distill.py sentences --corpus ../shared/data/enwiki2018/part3.txt.gz --rows 14000 \
+        --out runs/distill/wiki14k.txt                                       # then compress --unlabelled that file
 
 Run it from the repository (the recipes read ../shared/data). The ways:
   * compress, for a task of a group's alone recipes (SST-2: the sentiment group's MiniLM recipe; CoNLL-2003: the NER
@@ -14,8 +16,10 @@ Run it from the repository (the recipes read ../shared/data). The ways:
     - ``student``: the recipe on a 3-block trunk of MiniLM's blocks 0, 2 and 4 (``--model.init_layers=every_other``);
     - ``student, kd``: the same, learning from the teacher (``--model.distill``: ``--alpha``, ``--temperature``;
       ``--layers 0:1 1:3 2:5`` adds the hidden-state and attention-relation losses on those block pairs, weighted by
-      ``--hidden`` and ``--relations``). Settings other than the defaults name a way of their own ("student, kd,
-      alpha 0.9, layers 0:1 1:3 2:5, hidden 1, relations 1"), so the ledger keeps each apart;
+      ``--hidden`` and ``--relations``; ``--unlabelled FILE`` adds inputs without labels that the student learns
+      from its teacher's answers alone, ``data.tasks.<task>.unlabelled``). Settings other than the defaults name a
+      way of their own ("student, kd, alpha 0.9, layers 0:1 1:3 2:5, hidden 1, relations 1", "student, kd,
+      unlabelled wiki14k.txt"), so the ledger keeps each apart;
     - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
       ``configs/pretrain_large.yaml`` writes).
     Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32 and int8), one thread,
@@ -23,6 +27,9 @@ Run it from the repository (the recipes read ../shared/data). The ways:
   * groups: ``alone``, ``joint`` and ``mtdnn`` as ``benchmarks/transfer.py`` runs them, and ``joint, kd``: the
     group's joint recipe with every task learning from its ``alone`` model (MT-DNN-KD, Liu et al. 2019; one teacher
     per task here, where they averaged an ensemble).
+  * sentences: unlabelled inputs for ``--unlabelled`` from a prose corpus (``enwiki2018``'s paragraph-per-line
+    ``.txt.gz``, titles skipped): its first ``--rows`` sentences of 5-60 words, words and punctuation apart as
+    CoNLL-2003's are, one per line.
 Steps count the student's optimizer steps; ``teacher passes`` the teachers' forward passes (each a third of a training
 step's compute, about: a forward without a backward). Every finished run is a line of the ledger (``--ledger``;
 default runs/distill/results.jsonl): a stopped benchmark goes on where it stopped.
@@ -31,7 +38,9 @@ default runs/distill/results.jsonl): a stopped benchmark goes on where it stoppe
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -67,6 +76,38 @@ def kd_way(way: str, settings: dict) -> str:
     return ", ".join([f"{way}, kd", *(f"{key} {value}" for key, value in shown.items())])
 
 
+def kd_options(task: str, teacher: str, settings: dict, unlabelled: Path | None) -> tuple[str, list[str]]:
+    """A student's way suffix and options for learning from ``teacher``: the settings, and ``unlabelled`` inputs."""
+    options = [distill_option({task: teacher}, settings)]
+    if unlabelled is None:
+        return "", options
+    return f", unlabelled {unlabelled.name}", [*options, f"--data.tasks.{task}.unlabelled={unlabelled.resolve()}"]
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+WORD = re.compile(r"(?:[A-Za-z]\.){2,}|\w+(?:[-'’.&]\w+)*|[^\w\s]")  # "U.S.", "Smith's", "1996-08-22" whole
+
+
+def sentences(corpus: Path, rows: int, out: Path) -> None:
+    """The first ``rows`` sentences of 5-60 words of a paragraph-per-line corpus, tokenized, into ``out``."""
+    kept = []
+    with (gzip.open if corpus.suffix == ".gz" else open)(corpus, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("=") or not line.strip():  # an article's title, the blank line between articles
+                continue
+            for sentence in SENTENCE_END.split(line.strip()):
+                words = WORD.findall(sentence)
+                if 5 <= len(words) <= 60:
+                    kept.append(" ".join(words))
+            if len(kept) >= rows:
+                break
+    if len(kept) < rows:
+        sys.exit(f"error: {corpus} holds {len(kept)} sentences of 5-60 words, fewer than --rows {rows}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(kept[:rows]) + "\n", encoding="utf-8")
+    print(f"{rows} sentences of {corpus} in {out}")
+
+
 def distill_option(teachers: dict[str, str], settings: dict) -> str:
     return "--model.distill=" + json.dumps({task: {"teachers": [path], **settings} for task, path in teachers.items()})
 
@@ -100,13 +141,13 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
     group, settings = group_of(task), kd_settings(args)
     for seed in seeds:
         teacher = checkpoint_of(alone(group, task, seed, root, ledger))
-        kd = [distill_option({task: teacher}, settings)]
+        suffix, kd = kd_options(task, teacher, settings, args.unlabelled)
         starts = [("student", ["--model.init_layers=every_other"])]
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
             student(task, seed, way, start, root, ledger, 0, args.student_epochs)
-            student(task, seed, kd_way(way, settings), [*start, *kd], root, ledger, 1, args.student_epochs)
+            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, 1, args.student_epochs)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -197,7 +238,7 @@ def summary(seeds: list[int], ledger: Ledger) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=["compress", "groups", "summary"])
+    parser.add_argument("part", choices=["compress", "groups", "summary", "sentences"])
     parser.add_argument("--task", default="sst2", help="compress: a task of a group's alone recipes")
     parser.add_argument("--group", default="ner")
     parser.add_argument("--groups", type=Path, help="a YAML file of groups of your own, laid out as transfer.py's")
@@ -208,6 +249,11 @@ def main() -> None:
                         help="student:teacher block pairs whose insides are compared too (model.distill's layers)")
     parser.add_argument("--hidden", type=float, help="with --layers: the hidden states' loss weight (1)")
     parser.add_argument("--relations", type=float, help="with --layers: the attention relations' loss weight (1)")
+    parser.add_argument("--unlabelled", type=Path, help="compress: a .txt of inputs without labels, one per line, "
+                        "that the students with a teacher learn from too")
+    parser.add_argument("--corpus", type=Path, help="sentences: a paragraph-per-line text (.txt or .txt.gz)")
+    parser.add_argument("--rows", type=int, default=14000, help="sentences: how many")
+    parser.add_argument("--out", type=Path, help="sentences: the .txt to write")
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
@@ -219,6 +265,14 @@ def main() -> None:
         GROUPS.update(yaml.safe_load(args.groups.read_text()))
     if (args.hidden is not None or args.relations is not None) and not args.layers:  # else ignored silently
         parser.error("--hidden and --relations weigh the losses of --layers' block pairs: add --layers S:T ...")
+    if args.part == "sentences":
+        if not (args.corpus and args.out):
+            parser.error("sentences: give --corpus (a paragraph-per-line text) and --out (the .txt to write)")
+        return sentences(args.corpus, args.rows, args.out)
+    if args.unlabelled and args.part != "compress":
+        parser.error("--unlabelled is compress's: a group's students learn from their teachers on its tasks' data")
+    if args.unlabelled and not args.unlabelled.is_file():
+        parser.error(f"--unlabelled {args.unlabelled}: no such file (make one with the sentences part)")
     if args.part == "groups" and args.group not in GROUPS:
         parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
     ledger = Ledger(args.ledger or args.root, checked_version(parser, args.trunk_version, args.part == "summary"))

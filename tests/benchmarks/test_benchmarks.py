@@ -766,6 +766,34 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert [r["way"] for r in ledger][3:] == ["student, kd, alpha 0.9, layers 0:1, hidden 1, relations 1"]
     assert ledger[3]["teacher_passes"] == ledger[3]["steps"] > 0
+    # inputs without labels: a way of its own, whose student takes their batches beside the labelled ones
+    texts = [line.split("\t")[0] for line in sentiment_files["train"].read_text().splitlines()[1:]]
+    (tmp_path / "more.txt").write_text("\n".join(texts) + "\n")
+    more = subprocess.run([*command, "--unlabelled", str(tmp_path / "more.txt")], capture_output=True, text=True,
+                          timeout=900)
+    assert more.returncode == 0, more.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [r["way"] for r in ledger][4:] == ["student, kd, unlabelled more.txt"]
+    assert ledger[4]["steps"] > ledger[2]["steps"]
+
+
+def test_the_distill_benchmark_makes_unlabelled_sentences_from_a_prose_corpus(tmp_path):
+    """sentences: a paragraph-per-line corpus (gzipped, titles, blank lines) into sentences of 5-60 words, tokenized
+    as CoNLL-2003 is; asked for more than it holds, it says so."""
+    import gzip
+
+    corpus = tmp_path / "wiki.txt.gz"
+    with gzip.open(corpus, "wt") as out:
+        out.write("= Paris =\nParis is the capital of France, on the Seine. Too short here.\n\n"
+                  "= Smith =\nJohn Smith's U.S. trip began on 1996-08-22 in New York. He stayed (briefly) in Boston!\n")
+    from distill import sentences
+
+    sentences(corpus, 3, tmp_path / "out.txt")
+    assert (tmp_path / "out.txt").read_text().splitlines() == [
+        "Paris is the capital of France , on the Seine .", "John Smith's U.S. trip began on 1996-08-22 in New York .",
+        "He stayed ( briefly ) in Boston !"]
+    with pytest.raises(SystemExit, match="holds 3 sentences of 5-60 words, fewer than --rows 4"):
+        sentences(corpus, 4, tmp_path / "more.txt")
 
 
 def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_resumes(sentiment_files, tmp_path):
