@@ -216,7 +216,8 @@ def way_name(run: dict) -> str:
 
 
 def summary(seeds: list[int], ledger: Ledger) -> None:
-    """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``."""
+    """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``, both
+    in points (x 100)."""
     records = [r for r in ledger.records() if r["seed"] in seeds]
     for group in sorted({r["group"] for r in records}):
         rows = []
@@ -228,7 +229,7 @@ def summary(seeds: list[int], ledger: Ledger) -> None:
                     by_way.setdefault(way_name(r), []).append(r["scores"][task])
             base = statistics.mean(by_way["alone"]) if "alone" in by_way else None
             for way, values in sorted(by_way.items()):
-                gain = f"{statistics.mean(values) - base:+.4f}" if base is not None and way != "alone" else ""
+                gain = f"{100 * (statistics.mean(values) - base):+.2f}" if base is not None and way != "alone" else ""
                 steps = [r["steps"] for r in records
                          if r["group"] == group and way_name(r) == way and task in r["scores"]]
                 rows.append([task, way, spread(values, len(seeds)), gain, int(statistics.mean(steps))])
