@@ -15,9 +15,12 @@ run writes), one panel per metric, one line per run:
 
 ``transfer``: each task's gain over training it alone per way (jointly, jointly then alone, merged, other samplers
 and merges), mean and standard deviation of the gains paired by seed, one panel per group, from
-benchmarks/transfer.py's ledger:
+benchmarks/transfer.py's ledger, or benchmarks/distill.py's (the same layout: its students against their teacher,
+which is the task alone; ``--groups`` picks panels, ``--title`` names the figure):
 
     python benchmarks/plot.py transfer runs/transfer/results.jsonl benchmarks/figures/transfer.png
+    python benchmarks/plot.py transfer runs/distill/results.jsonl benchmarks/figures/distill.png --groups ner sick \
+        --title "Students against their teachers (benchmarks/distill.py)"
 """
 
 from __future__ import annotations
@@ -126,7 +129,14 @@ WAYS = {"joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "sequential
 FLOOR = -8.0  # points: a bar below is cut there and labelled with its value (a failed merge would flatten the rest)
 
 
-def transfer_figure(ledger: Path, output: Path) -> None:
+def ledger_way(run: dict) -> str:
+    """A run's way, with its epochs where they are not its recipe's (distill.py's students of 1 epoch)."""
+    return run["way"] + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else "")
+
+
+def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
+                    title: str = "Related tasks on one MiniLM trunk: each way against each task alone "
+                                 "(benchmarks/transfer.py)") -> None:
     import json
     import statistics
 
@@ -136,20 +146,24 @@ def transfer_figure(ledger: Path, output: Path) -> None:
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    held = sorted({r["group"] for r in records})
+    if groups and (missing := sorted(set(groups) - set(held))):
+        raise SystemExit(f"error: {ledger} holds no run of the groups {missing}: its groups are {held}.")
+    records = [{**r, "way": ledger_way(r)} for r in records if not groups or r["group"] in groups]
     alone = {(r["group"], r["task"], r["seed"]): r["scores"][r["task"]] for r in records if r["way"] == "alone"}
     others = [r for r in records if r["way"] != "alone"]
     if not others:
         raise SystemExit(f"error: {ledger} holds no run to compare with alone: give the results.jsonl of "
                          "benchmarks/transfer.py once a joint or merged way has finished.")
-    groups = list(dict.fromkeys(r["group"] for r in others))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
+    panels = list(dict.fromkeys(r["group"] for r in others))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     # the recipe's ways in WAYS' order, then other samplers and merges (benchmarks/transfer.py --sampling, --merge)
     found = list(dict.fromkeys(r["way"] for r in others))
     labels = {**WAYS, **{way: way for way in found if way not in WAYS}}
     palette = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd", "#c44e52",
                "#8c8c8c", "#1b9e77", "#e7298a"]  # twelve ways before a colour repeats
     colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], palette * 3))
-    for ax, group in zip(axes[0], groups):
+    for ax, group in zip(axes[0], panels):
         mine = [r for r in others if r["group"] == group]
         tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
         ways = [way for way in colours if any(r["way"] == way for r in mine)]
@@ -174,8 +188,7 @@ def transfer_figure(ledger: Path, output: Path) -> None:
         seeds = sorted({r["seed"] for r in mine})
         ax.set_title(f"{group} ({'seeds' if len(seeds) > 1 else 'seed'} {', '.join(map(str, seeds))})", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Related tasks on one MiniLM trunk: each way against each task alone (benchmarks/transfer.py)",
-                 fontsize=9)
+    fig.suptitle(title, fontsize=9)
     # each way once, below the panels
     legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(legend.values(), legend.keys(), fontsize=7, loc="upper center", ncol=3, bbox_to_anchor=(0.5, 0.0))
@@ -203,14 +216,18 @@ def main() -> None:
     )
     curves.add_argument("--x", choices=["step", "epoch"], default="step")
     curves.add_argument("--title")
-    transfer = commands.add_parser("transfer", help="each task's score per way from benchmarks/transfer.py's ledger")
-    transfer.add_argument("ledger", type=Path, help="the results.jsonl of benchmarks/transfer.py")
+    transfer = commands.add_parser("transfer", help="each task's score per way against alone, from "
+                                   "benchmarks/transfer.py's or distill.py's ledger")
+    transfer.add_argument("ledger", type=Path, help="the results.jsonl of benchmarks/transfer.py or distill.py")
     transfer.add_argument("output", type=Path)
+    transfer.add_argument("--groups", nargs="+", help="only these groups' panels (the ledger's group names)")
+    transfer.add_argument("--title", help="the figure's title (default: transfer.py's)")
     options = parser.parse_args()
     if options.figure == "throughput":
         throughput_figure(options.table, options.output)
     elif options.figure == "transfer":
-        transfer_figure(options.ledger, options.output)
+        transfer_figure(options.ledger, options.output, options.groups,
+                        **({"title": options.title} if options.title else {}))
     else:
         curves_figure(options.output, options.run, options.metric, options.x, options.title)
 

@@ -775,6 +775,13 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert [r["way"] for r in ledger][4:] == ["student, kd, unlabelled more.txt"]
     assert ledger[4]["steps"] > ledger[2]["steps"]
+    # the figure of each student against its teacher, from the same ledger as transfer.py's; a group it lacks named
+    plot = [sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" / "results.jsonl"),
+            str(tmp_path / "distill.png"), "--title", "students"]
+    figure = subprocess.run([*plot, "--groups", "tiny"], capture_output=True, text=True)
+    assert figure.returncode == 0 and (tmp_path / "distill.png").read_bytes()[:4] == b"\x89PNG", figure.stderr
+    figure = subprocess.run([*plot, "--groups", "tiny", "ner"], capture_output=True, text=True)
+    assert figure.returncode == 1 and "holds no run of the groups ['ner']: its groups are ['tiny']" in figure.stderr
 
 
 def test_the_distill_benchmark_makes_unlabelled_sentences_from_a_prose_corpus(tmp_path):
