@@ -235,6 +235,35 @@ def summary(seeds: list[int], ledger: Ledger) -> None:
                 rows.append([task, way, spread(values, len(seeds)), gain, int(statistics.mean(steps))])
         table(f"{group}: test score by way (mean ± sd over seeds {seeds})", ["task", "way", "score", "vs alone",
                                                                            "steps"], rows)
+    multi_task_targets(records)
+
+
+def multi_task_targets(records: list[dict]) -> None:
+    """Per group and multi-task way, what the targets read: its worst task against that task alone, its small tasks'
+    mean gain (paired by seed, points), and its compute against training the tasks one by one: its steps with each
+    teacher pass a third of a step (a forward without a backward), then with the teachers' own training added."""
+    rows = []
+    for group in sorted({r["group"] for r in records if "task" not in r}):
+        tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
+        alone = {(r["task"], r["seed"]): r for r in records if r["group"] == group and r["way"] == "alone"}
+        for way in sorted({r["way"] for r in records if r["group"] == group and "task" not in r}):
+            runs = [r for r in records if r["group"] == group and r["way"] == way
+                    and all((task, r["seed"]) in alone for task in tasks)]
+            if not runs:
+                continue
+            gains = {task: statistics.mean(100 * (r["scores"][task] - alone[task, r["seed"]]["scores"][task])
+                                           for r in runs) for task in tasks}
+            worst = min(gains, key=gains.get)
+            one_by_one = statistics.mean(sum(alone[task, r["seed"]]["steps"] for task in tasks) for r in runs)
+            cost = statistics.mean(r["steps"] + r.get("teacher_passes", 0) / 3 for r in runs) / one_by_one
+            taught = any(r.get("teacher_passes") for r in runs)
+            rows.append([group, way, f"{gains[worst]:+.2f} ({worst})",
+                         f"{statistics.mean(gains[task] for task in small):+.2f}" if small else "–",
+                         f"{cost:.2f}x", f"{cost + 1:.2f}x" if taught else "", len(runs)])
+    if rows:
+        table("multi-task ways against each task alone (points, paired by seed; compute in steps of the tasks one by "
+              "one)", ["group", "way", "worst task", "small tasks, mean", "compute", "with the teachers' training",
+                       "seeds"], rows)
 
 
 def main() -> None:

@@ -784,6 +784,26 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     assert figure.returncode == 1 and "holds no run of the groups ['ner']: its groups are ['tiny']" in figure.stderr
 
 
+def test_the_distill_summary_reads_the_multi_task_targets_paired_by_seed(capsys):
+    """Each multi-task way against each task alone of the same seed: its worst task, its small tasks' mean gain, its
+    compute in steps of the tasks one by one (a teacher pass a third of a step; then with the teachers' training)."""
+    from distill import multi_task_targets
+
+    def run(way, seed, sick, entailment, steps, **more):
+        return {"group": "sick", "way": way, "seed": seed, "scores": {"sick": sick, "entailment": entailment},
+                "steps": steps, **more}
+
+    alone = [{"group": "sick", "way": "alone", "task": task, "seed": seed, "scores": {task: score}, "steps": 800}
+             for seed, scores in ((1, {"sick": 0.88, "entailment": 0.86}), (2, {"sick": 0.90, "entailment": 0.84}))
+             for task, score in scores.items()]
+    multi_task_targets([*alone, run("joint, kd", 1, 0.879, 0.87, 1600, teacher_passes=1600),
+                        run("joint, kd", 2, 0.899, 0.86, 1600, teacher_passes=1600),
+                        run("joint", 1, 0.87, 0.86, 1600), run("joint", 3, 0.99, 0.99, 1600)])  # seed 3: no alone
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| sick")]
+    assert rows == ["| sick | joint | -1.00 (sick) | +0.00 | 1.00x |  | 1 |",
+                    "| sick | joint, kd | -0.10 (sick) | +1.50 | 1.33x | 2.33x | 2 |"]
+
+
 def test_the_distill_benchmark_makes_unlabelled_sentences_from_a_prose_corpus(tmp_path):
     """sentences: a paragraph-per-line corpus (gzipped, titles, blank lines) into sentences of 5-60 words, tokenized
     as CoNLL-2003 is; asked for more than it holds, it says so."""
