@@ -31,8 +31,9 @@ Run it from the repository (the recipes read ../shared/data). The ways:
   * sentences: unlabelled inputs for ``--unlabelled`` from a prose corpus (``enwiki2018``'s paragraph-per-line
     ``.txt.gz``, titles skipped): its first ``--rows`` sentences of 5-60 words, words and punctuation apart as
     CoNLL-2003's are, one per line.
-Steps count the student's optimizer steps; ``teacher passes`` the teachers' forward passes (each a third of a training
-step's compute, about: a forward without a backward). Every finished run is a line of the ledger (``--ledger``;
+Steps count the student's optimizer steps; ``teacher passes`` the teachers' forward passes as the run counted them
+(each a third of a training step's compute, about: a forward without a backward; with ``--cache``, each training row's
+answers kept after the first epoch, that epoch's only). Every finished run is a line of the ledger (``--ledger``;
 default runs/distill/results.jsonl): a stopped benchmark goes on where it stopped.
 """
 
@@ -62,7 +63,7 @@ KD_DEFAULTS = {"alpha": 0.5, "temperature": 2.0}
 
 def kd_settings(args) -> dict:
     """``model.distill.<task>``'s settings beside its teachers, from the command line."""
-    settings = {"alpha": args.alpha, "temperature": args.temperature}
+    settings = {"alpha": args.alpha, "temperature": args.temperature, **({"cache": True} if args.cache else {})}
     if args.layers:
         settings.update(layers=args.layers, hidden=args.hidden or 1.0, relations=args.relations or 1.0)
     return settings
@@ -73,8 +74,9 @@ def kd_way(way: str, settings: dict) -> str:
     other settings is a way of its own (never found in the ledger as another's)."""
     shown = {"T" if key == "temperature" else key:
              " ".join(f"{s}:{t}" for s, t in value) if key == "layers" else f"{value:g}"
-             for key, value in settings.items() if KD_DEFAULTS.get(key) != value}
-    return ", ".join([f"{way}, kd", *(f"{key} {value}" for key, value in shown.items())])
+             for key, value in settings.items() if KD_DEFAULTS.get(key) != value and key != "cache"}
+    cached = ["cached"] if settings.get("cache") else []
+    return ", ".join([f"{way}, kd", *(f"{key} {value}" for key, value in shown.items()), *cached])
 
 
 def kd_options(task: str, teacher: str, settings: dict, unlabelled: Path | None) -> tuple[str, list[str]]:
@@ -113,6 +115,12 @@ def distill_option(teachers: dict[str, str], settings: dict) -> str:
     return "--model.distill=" + json.dumps({task: {"teachers": [path], **settings} for task, path in teachers.items()})
 
 
+def teacher_passes(cli) -> int:
+    """The teachers' forward passes of a finished run, as its module counted them (answers kept with ``--cache``
+    not counted; a resumed run's counted on from its checkpoint)."""
+    return sum(teachers.passes for teachers in cli.model.teachers.values())
+
+
 def group_of(task: str) -> str:
     """The group whose alone recipes train ``task`` (its teacher's recipe)."""
     found = [group for group, spec in GROUPS.items() if task in spec["alone"]]
@@ -122,7 +130,7 @@ def group_of(task: str) -> str:
     return found[0]
 
 
-def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger, teachers: int,
+def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger,
             epochs: int | None = None) -> dict:
     """One student run of ``task``'s alone recipe with ``options``; ``epochs``: other than the recipe's (a shorter
     comparison, recorded as such: ``epochs`` in its ledger line)."""
@@ -134,7 +142,7 @@ def student(task: str, seed: int, way: str, options: list[str], root: Path, ledg
                         *([f"--trainer.max_epochs={epochs}"] if epochs else [])],
                        root / group / folder(way) / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}")
     steps = cli.trainer.global_step
-    return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps * teachers,
+    return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": teacher_passes(cli),
                        "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
@@ -147,8 +155,8 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
-            student(task, seed, way, start, root, ledger, 0, args.student_epochs)
-            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, 1, args.student_epochs)
+            student(task, seed, way, start, root, ledger, args.student_epochs)
+            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -203,8 +211,8 @@ def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> No
                             distill_option(teachers, settings)],
                            root / group / folder(key["way"]) / f"seed{seed}")
         steps = cli.trainer.global_step
-        ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": steps, "minutes": minutes,
-                    "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+        ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": teacher_passes(cli),
+                    "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
 def block_pair(text: str) -> list[int]:
@@ -291,6 +299,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=14000, help="sentences: how many")
     parser.add_argument("--out", type=Path, help="sentences: the .txt to write")
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
+    parser.add_argument("--cache", action="store_true", help="the teachers' answers kept per training row after "
+                        "their first epoch (model.distill.<task>.cache): a way of its own, 'kd, cached'")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))

@@ -1,6 +1,7 @@
 """The benchmark scripts' own logic: the FLOP count the MFU column rests on, and the figure script."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -780,6 +781,13 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
     assert [r["way"] for r in ledger][4:] == ["student, kd, unlabelled more.txt"]
     assert ledger[4]["steps"] > ledger[2]["steps"]
+    # the teacher's answers kept after the first epoch: a way of its own, whose teacher passes are that epoch's only
+    cached = subprocess.run([*command, "--cache", "--student-epochs", "2"], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "TRUNK_CACHE": str(tmp_path / "cache")})
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [(r["way"], r["epochs"]) for r in ledger[5:]] == [("student", 2), ("student, kd, cached", 2)]
+    assert ledger[6]["steps"] == 2 * ledger[2]["steps"] and ledger[6]["teacher_passes"] == ledger[2]["steps"]
     # the figure of each student against its teacher, from the same ledger as transfer.py's; a group it lacks named
     plot = [sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" / "results.jsonl"),
             str(tmp_path / "distill.png"), "--title", "students"]

@@ -282,6 +282,8 @@ def test_kept_answers_are_the_teachers_own_and_serve_the_next_run(teacher, tmp_p
     kept = list((Path(os.environ["TRUNK_CACHE"]) / "teachers").glob("*.safetensors"))
     cache = first.model.teachers["sentiment"].cache
     assert cache.saved and cache.path in kept and len(cache.answers) == 256
+    # the teacher ran in the first epoch only (16 batches of 16): the second one's answers were the kept ones
+    assert first.model.teachers["sentiment"].passes == 16 and first.trainer.global_step == 32
     batch = next(iter(first.datamodule.train_dataloader()))
     asked = first.model.teachers["sentiment"]
     asked_cache, asked.cache = asked.cache, None
@@ -290,6 +292,7 @@ def test_kept_answers_are_the_teachers_own_and_serve_the_next_run(teacher, tmp_p
     assert torch.allclose(asked_cache.get(batch["rows"]), fresh, atol=1e-6)
     second = run_cli(["fit", *args, *trainer(tmp_path / "b", epochs=1)])
     assert second.model.teachers["sentiment"].cache.saved  # read, not written: every row answered from the file
+    assert second.model.teachers["sentiment"].passes == 0
     assert logged_metrics(tmp_path / "b")["train/sentiment/distill_loss_epoch"] > 0
 
 
@@ -298,9 +301,10 @@ def test_a_resumed_run_refuses_teachers_that_changed_since_it_began(teacher, tmp
     copy = tmp_path / "teacher.ckpt"
     copy.write_bytes(ckpt.read_bytes())
     args = [*EXACT, *sentiment_task(files), distill(copy), *trainer(tmp_path / "s", epochs=1)]
-    run_cli(["fit", *args])
+    assert run_cli(["fit", *args]).model.teachers["sentiment"].passes == 16  # without cache: one a step
     resumed = run_cli(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])  # the same teachers: it goes on
     assert resumed.trainer.global_step == 2 * 16
+    assert resumed.model.teachers["sentiment"].passes == 2 * 16  # counted on from the checkpoint's
     copy.write_bytes(next((tmp_path / "s").rglob("last.ckpt")).read_bytes())  # retrained: another model of the task
     with pytest.raises(ValueError, match=r"model.distill.sentiment: the teachers .* are not the ones this run began "
                                          r"with"):

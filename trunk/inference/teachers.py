@@ -59,6 +59,7 @@ class TaskTeachers:
         self.members = [Teacher(source, predictor, self._teacher_task(source, predictor))
                         for source, predictor in teachers]
         self.digest, self.cache, self.tapped = digest, None, {}
+        self.passes = 0  # what the teachers cost the run: a forward pass per teacher per batch it answered
         self.width = self.members[0].predictor.model.trunk_config.d_model
         self.check(student)
 
@@ -176,6 +177,7 @@ class TaskTeachers:
         if self.cache is not None and "rows" in batch and (kept := self.cache.get(batch["rows"])) is not None:
             return kept.to(batch_device(batch))
         answers = [self._answer(member, batch) for member in self.members]
+        self.passes += len(answers)
         targets = answers[0] if len(answers) == 1 else torch.stack(answers).mean(0)
         if self.cache is not None and "rows" in batch:
             self.cache.put(batch["rows"], targets)
@@ -290,6 +292,7 @@ def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = Non
     report = []
     loaded: dict[tuple, tuple[Predictor, str]] = {}  # a teacher of several tasks (in one form) loads once
     began_with = (checkpoint or {}).get("distill_teachers") or {}
+    passes_before = (checkpoint or {}).get("distill_passes") or {}  # a resumed run counts on from its checkpoint
     for task, config in model.distill.items():
         teachers, digests = [], []
         for source in config.teachers:
@@ -311,6 +314,7 @@ def attach_teachers(model: TrunkModule, data=None, checkpoint: dict | None = Non
                              "the teachers it began with, or start a new run (without --ckpt_path) with these.")
         member = data.tasks[task] if data is not None else None
         own = TaskTeachers(model, task, config, teachers, digest, member)
+        own.passes = passes_before.get(task, 0)
         if config.cache:
             if member is None or not hasattr(member, "encoding_key"):
                 raise ValueError(f"model.distill.{task}.cache keeps answers by the rows of a text task's encoded "

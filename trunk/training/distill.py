@@ -102,6 +102,7 @@ class Teachers(Protocol):
     digest: str  # their contents, stored in checkpoints: a resumed run must learn from the same teachers
     tapped: dict  # with ``layers``: the teacher's insides of the latest batch (``Taps.read``)
     width: int  # the (first) teacher's trunk width: its hidden states' size
+    passes: int  # the teachers' forward passes so far (a batch each teacher answered; kept answers not counted)
 
     def soft_targets(self, batch: dict) -> torch.Tensor:
         """The teachers' answers to a training batch of the student, averaged, in the student's label order."""

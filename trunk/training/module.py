@@ -205,6 +205,7 @@ class TrunkModule(L.LightningModule):
             checkpoint["codec"] = self.codec.state_dict()
         if self.teachers:  # which teachers the run learns from, by their contents: a resumed run must have the same
             checkpoint["distill_teachers"] = {task: teachers.digest for task, teachers in self.teachers.items()}
+            checkpoint["distill_passes"] = {task: teachers.passes for task, teachers in self.teachers.items()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("state_dict", {})
