@@ -53,7 +53,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import yaml  # noqa: E402
 from inference import alternate, table  # noqa: E402
 from ledger import Ledger, add_version_option, checked_version  # noqa: E402
-from transfer import GROUPS, alone, checkpoint_of, fit, folder, joint_and_mtdnn, primary_scores, spread  # noqa: E402
+from transfer import (  # noqa: E402
+    GROUPS,
+    alone,
+    checkpoint_of,
+    fit,
+    folder,
+    joint_and_mtdnn,
+    other_precision,
+    primary_scores,
+    spread,
+)
 
 from trunk.cli import run_cli  # noqa: E402
 from trunk.training.precision import cpu_info, int8_is_native  # noqa: E402
@@ -131,32 +141,35 @@ def group_of(task: str) -> str:
 
 
 def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger,
-            epochs: int | None = None) -> dict:
+            epochs: int | None = None, precision: str | None = None) -> dict:
     """One student run of ``task``'s alone recipe with ``options``; ``epochs``: other than the recipe's (a shorter
-    comparison, recorded as such: ``epochs`` in its ledger line)."""
-    group = group_of(task)
-    key = {"group": group, "way": way, "task": task, "seed": seed, **({"epochs": epochs} if epochs else {})}
+    comparison, recorded as such: ``epochs`` in its ledger line); ``precision``: other than the recipe's."""
+    group, (precision_field, precision_options, suffix) = group_of(task), other_precision(precision)
+    key = {"group": group, "way": way, "task": task, "seed": seed, **({"epochs": epochs} if epochs else {}),
+           **precision_field}
     if found := ledger.find(key):
         return found
     cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
-                        *([f"--trainer.max_epochs={epochs}"] if epochs else [])],
-                       root / group / folder(way) / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}")
+                        *([f"--trainer.max_epochs={epochs}"] if epochs else []), *precision_options],
+                       root / group / folder(way) / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}{suffix}")
     steps = cli.trainer.global_step
     return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": teacher_passes(cli),
-                       "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+                       "minutes": minutes, "precision": cli.trainer.precision,
+                       "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
 def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
     group, settings = group_of(task), kd_settings(args)
     for seed in seeds:
-        teacher = checkpoint_of(alone(group, task, seed, root, ledger))
+        teacher = checkpoint_of(alone(group, task, seed, root, ledger, precision=args.precision))
         suffix, kd = kd_options(task, teacher, settings, args.unlabelled)
         starts = [("student", ["--model.init_layers=every_other"])]
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
-            student(task, seed, way, start, root, ledger, args.student_epochs)
-            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs)
+            student(task, seed, way, start, root, ledger, args.student_epochs, args.precision)
+            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs,
+                    args.precision)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -301,6 +314,9 @@ def main() -> None:
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--cache", action="store_true", help="the teachers' answers kept per training row after "
                         "their first epoch (model.distill.<task>.cache): a way of its own, 'kd, cached'")
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="compress: every run's precision, "
+                        "and a ledger line's only if it has this one (default: the recipes' auto, which picks "
+                        "bf16-mixed on a CPU with bf16 units); every line records the one it trained in")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))

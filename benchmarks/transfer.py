@@ -105,17 +105,29 @@ def fit(arguments: list[str], directory: Path):
 
 
 def alone(group: str, task: str, seed: int, root: Path, ledger: Ledger, way: str = "alone",
-          options: tuple[str, ...] = ()) -> dict:
+          options: tuple[str, ...] = (), precision: str | None = None) -> dict:
     """``task``'s own recipe; ``way``, ``options``: another way of training it alone, by overrides of that recipe (the
-    LoRA delta of ``alone, lora``; ``sequential``'s starting model)."""
-    key = {"group": group, "way": way, "task": task, "seed": seed}
+    LoRA delta of ``alone, lora``; ``sequential``'s starting model). ``precision``: the trainer's, instead of the
+    recipe's (a run of another precision in the ledger is not this one)."""
+    precision_field, precision_options, suffix = other_precision(precision)
+    key = {"group": group, "way": way, "task": task, "seed": seed, **precision_field}
     found = ledger.find(key)
     if found:
         return found
-    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options],
-                       root / group / folder(way) / task / f"seed{seed}")
+    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
+                        *precision_options], root / group / folder(way) / task / f"seed{seed}{suffix}")
     return ledger.add({**key, "scores": primary_scores(cli), "steps": cli.trainer.global_step, "minutes": minutes,
+                       "precision": cli.trainer.precision,
                        "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+
+
+def other_precision(precision: str | None) -> tuple[dict, list[str], str]:
+    """A run in ``precision`` instead of its recipe's (``auto``, which differs by machine): its ledger key's field,
+    its option and its run folder's suffix (a finished run of another precision is not resumed as this one); None:
+    nothing."""
+    if not precision:
+        return {}, [], ""
+    return {"precision": precision}, [f"--trainer.precision={precision}"], f"_{precision}"
 
 
 def checkpoint_of(run: dict) -> str:
