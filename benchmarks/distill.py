@@ -22,9 +22,9 @@ Run it from the repository (the recipes read ../shared/data). The ways:
       unlabelled wiki14k.txt"), so the ledger keeps each apart;
     - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
       ``configs/pretrain_large.yaml`` writes).
-    Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32, and int8 on a CPU with
-    int8 dot-product units), one thread, the students and their teacher alternating in one process, median of
-    ``--rounds``.
+    Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32, and bf16, int8 and
+    int8 + bf16 on a CPU with units for them), one thread, the students and their teacher alternating in one process,
+    median of ``--rounds``.
   * groups: ``alone``, ``joint`` and ``mtdnn`` as ``benchmarks/transfer.py`` runs them, and ``joint, kd``: the
     group's joint recipe with every task learning from its ``alone`` model (MT-DNN-KD, Liu et al. 2019; one teacher
     per task here, where they averaged an ensemble).
@@ -66,7 +66,7 @@ from transfer import (  # noqa: E402
 )
 
 from trunk.cli import run_cli  # noqa: E402
-from trunk.training.precision import cpu_info, int8_is_native  # noqa: E402
+from trunk.training.precision import cpu_info  # noqa: E402
 
 KD_DEFAULTS = {"alpha": 0.5, "temperature": 2.0}
 
@@ -185,7 +185,9 @@ def validation_inputs(task: str) -> list:
 
 
 def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
-    """inputs/s of each model of ``task`` (seed ``seed``), fp32 and int8, each against the teacher's."""
+    """inputs/s of each model of ``task`` (seed ``seed``) in each form this CPU has units for (fp32; bf16, int8 and
+    both where native), each against the teacher's in the same form."""
+    from trunk.inference.calibrate import FORMS, candidate_forms
     from trunk.tasks import load
     from trunk.training.threads import fit_threads
 
@@ -196,17 +198,18 @@ def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
     if not inputs:
         return
     fit_threads(1)
-    # int8 where it can pay: on a CPU without int8 dot-product units it runs tens of times slower than fp32, which
-    # would take hours here and say nothing of the students
-    native, why = int8_is_native()
-    if not native:
-        print(f"predict speed: fp32 only, {why}")
+    # only the forms this CPU computes natively: bf16 or int8 without their units runs tens of times slower than
+    # fp32, which would take hours here and say nothing of the students
+    forms = candidate_forms()
+    if forms == ["fp32"]:
+        print(f"predict speed: fp32 only, this CPU ({cpu_info()}) has no bf16 or int8 units")
     rows = []
-    for quantize in (None, "int8") if native else (None,):
-        models = {way: load(run["checkpoint"], precision="32-true", quantize=quantize) for way, run in runs.items()}
+    for form in forms:
+        precision, quantize = FORMS[form]
+        models = {way: load(run["checkpoint"], precision=precision, quantize=quantize) for way, run in runs.items()}
         rates = alternate({way: (lambda m=m: m.predict(inputs, task=task)) for way, m in models.items()}, len(inputs),
                           rounds)
-        rows += [[way, quantize or "fp32", rate, rate / rates["alone"]] for way, rate in rates.items()]
+        rows += [[way, form, rate, rate / rates["alone"]] for way, rate in rates.items()]
     table(f"{task}: predict speed, {len(inputs)} validation inputs, 1 thread ({cpu_info()}, torch "
           f"{torch.__version__})",
           ["model", "weights", "inputs/s", "against the teacher's"], rows)

@@ -755,13 +755,14 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| mood |")]
     assert {row[1] for row in rows} == {"alone", "student", "student, kd"}
     speed = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| alone |", "| student"))]
-    # int8 is timed only where the CPU has int8 dot-product units (elsewhere tens of times slower than fp32)
-    from trunk.training.precision import int8_is_native
+    # bf16 and int8 are timed only where the CPU has units for them (elsewhere tens of times slower than fp32)
+    from trunk.training.precision import cpu_bf16_is_native, int8_is_native
 
-    timed = ("fp32", "int8") if int8_is_native()[0] else ("fp32",)
+    timed = {"fp32", *(["bf16"] if cpu_bf16_is_native()[0] else []), *(["int8"] if int8_is_native()[0] else []),
+             *(["int8 + bf16"] if cpu_bf16_is_native()[0] and int8_is_native()[0] else [])}
     assert {(row[0].strip("| "), row[1]) for row in speed} == {(way, weights) for way in ("alone", "student",
                                                                 "student, kd") for weights in timed}
-    assert int8_is_native()[0] or "predict speed: fp32 only, this CPU" in done.stdout
+    assert timed != {"fp32"} or "predict speed: fp32 only, this CPU" in done.stdout
     assert all(float(row[2].replace(",", "")) > 0 for row in speed)
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "Resuming" not in again.stderr
