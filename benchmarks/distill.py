@@ -216,19 +216,22 @@ def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
 
 
 def groups(group: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
-    settings = kd_settings(args)
+    settings, (precision_field, precision_options, suffix) = kd_settings(args), other_precision(args.precision)
     for seed in seeds:
-        teachers = {task: checkpoint_of(alone(group, task, seed, root, ledger)) for task in GROUPS[group]["alone"]}
-        joint_and_mtdnn(group, seed, GROUPS[group].get("finetune_epochs", 2), root, ledger, [])
-        key = {"group": group, "way": kd_way("joint", settings), "seed": seed}
+        teachers = {task: checkpoint_of(alone(group, task, seed, root, ledger, precision=args.precision))
+                    for task in GROUPS[group]["alone"]}
+        joint_and_mtdnn(group, seed, GROUPS[group].get("finetune_epochs", 2), root, ledger, [],
+                        precision=args.precision)
+        key = {"group": group, "way": kd_way("joint", settings), "seed": seed, **precision_field}
         if ledger.find(key):
             continue
         cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}",
-                            distill_option(teachers, settings)],
-                           root / group / folder(key["way"]) / f"seed{seed}")
+                            distill_option(teachers, settings), *precision_options],
+                           root / group / folder(key["way"]) / f"seed{seed}{suffix}")
         steps = cli.trainer.global_step
         ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": teacher_passes(cli),
-                    "minutes": minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+                    "minutes": minutes, "precision": cli.trainer.precision,
+                    "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
 
 
 def block_pair(text: str) -> list[int]:
@@ -317,7 +320,7 @@ def main() -> None:
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
     parser.add_argument("--cache", action="store_true", help="the teachers' answers kept per training row after "
                         "their first epoch (model.distill.<task>.cache): a way of its own, 'kd, cached'")
-    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="compress: every run's precision, "
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="every run's precision, "
                         "and a ledger line's only if it has this one (default: the recipes' auto, which picks "
                         "bf16-mixed on a CPU with bf16 units); every line records the one it trained in")
     parser.add_argument("--rounds", type=int, default=3)

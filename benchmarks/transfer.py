@@ -172,22 +172,26 @@ def sampler_name(sampling: str | None, temperature: float | None) -> str:
 
 
 def joint_and_mtdnn(group: str, seed: int, epochs: int, root: Path, ledger: Ledger, sampling: list[str],
-                    sampler: str = "") -> tuple[dict, dict]:
-    """``sampling``: the command's overrides of the recipe's sampler, named ``sampler`` in the ways' names."""
-    keys = [{"group": group, "way": way + sampler, "seed": seed} for way in ("joint", "mtdnn")]
+                    sampler: str = "", precision: str | None = None) -> tuple[dict, dict]:
+    """``sampling``: the command's overrides of the recipe's sampler, named ``sampler`` in the ways' names;
+    ``precision``: the trainer's, instead of the recipe's."""
+    precision_field, precision_options, suffix = other_precision(precision)
+    keys = [{"group": group, "way": way + sampler, "seed": seed, **precision_field} for way in ("joint", "mtdnn")]
     found = [ledger.find(key) for key in keys]
     if all(found):
         return found[0], found[1]
     cli, minutes = fit(["--config", GROUPS[group]["recipe"], f"--seed_everything={seed}", f"--finetune_each={epochs}",
-                        *sampling], root / group / folder(keys[0]["way"]) / f"seed{seed}")
+                        *sampling, *precision_options], root / group / folder(keys[0]["way"]) / f"seed{seed}{suffix}")
     stages = cli.finetune_stages
     joint_minutes = minutes - sum(stage["minutes"] for stage in stages.values())
+    trained = {"precision": cli.trainer.precision}
     joint = ledger.add({**keys[0], "scores": primary_scores(cli), "steps": cli.trainer.global_step,
-                        "minutes": joint_minutes, "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
+                        "minutes": joint_minutes, **trained,
+                        "checkpoint": cli.trainer.checkpoint_callback.best_model_path})
     mtdnn = ledger.add({**keys[1], "scores": {task: stage["test_score"] for task, stage in stages.items()},
                         "steps": joint["steps"] + sum(stage["steps"] for stage in stages.values()),
                         "minutes": joint_minutes + sum(stage["minutes"] for stage in stages.values()),
-                        "finetune_epochs": epochs})
+                        "finetune_epochs": epochs, **trained})
     return joint, mtdnn
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -617,10 +618,9 @@ def test_a_transfer_ledger_kept_apart_from_its_runs_says_which_checkpoint_is_mis
     assert kept.read_text().count("\n") == 3  # nothing recorded
 
 
-def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
-                                                                       tmp_path):
-    """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
-    merged; the table has every task and way, and a second run trains nothing."""
+def tiny_group(trunk_dir: Path, sentiment_files: dict, ner_files: dict, folder: Path) -> Path:
+    """A groups file of one group, "tiny" (as transfer.py's GROUPS): a classification task and a small NER task from
+    ``trunk_dir``, each alone and jointly, one epoch each."""
     import yaml
 
     def task(kind: str, files: dict) -> tuple[dict, dict]:
@@ -632,20 +632,30 @@ def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk
         return objective, data
 
     def recipe(tasks: dict, name: str) -> str:
-        config = {"model": {"init_from": str(tiny_trunk_dir), "tasks": {t: o for t, (o, _) in tasks.items()},
+        config = {"model": {"init_from": str(trunk_dir), "tasks": {t: o for t, (o, _) in tasks.items()},
                             "optimizer": {"lr": 3e-3}},
                   "data": {"tasks": {t: d for t, (_, d) in tasks.items()}},
                   "trainer": {"max_epochs": 1, "accelerator": "cpu", "logger": False, "callbacks": [
                       {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                        "init_args": {"monitor": "val/score", "mode": "max"}}]}}
-        path = tmp_path / f"{name}.yaml"
+        path = folder / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         return str(path)
 
     tasks = {"mood": task("SequenceClassification", sentiment_files), "names": task("TokenClassification", ner_files)}
-    groups = {"tiny": {"recipe": recipe(tasks, "group"), "small": ["names"], "base": str(tiny_trunk_dir),
+    groups = {"tiny": {"recipe": recipe(tasks, "group"), "small": ["names"], "base": str(trunk_dir),
                        "alone": {name: recipe({name: spec}, name) for name, spec in tasks.items()}}}
-    (tmp_path / "groups.yaml").write_text(yaml.safe_dump(groups))
+    (folder / "groups.yaml").write_text(yaml.safe_dump(groups))
+    return folder / "groups.yaml"
+
+
+def test_the_transfer_benchmark_runs_every_way_over_seeds_and_resumes(tiny_trunk_dir, sentiment_files, ner_files,
+                                                                       tmp_path):
+    """A group of your own (--groups): each task alone, jointly then each fine-tuned (one command), the alone models
+    merged; the table has every task and way, and a second run trains nothing."""
+    import yaml
+
+    groups = yaml.safe_load(tiny_group(tiny_trunk_dir, sentiment_files, ner_files, tmp_path).read_text())
     command = [sys.executable, str(BENCHMARKS / "transfer.py"), "--groups", str(tmp_path / "groups.yaml"), "--group",
                "tiny", "--seeds", "0", "1", "--finetune-epochs", "1", "--root", str(tmp_path / "runs")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
@@ -806,6 +816,31 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     assert figure.returncode == 0 and (tmp_path / "distill.png").read_bytes()[:4] == b"\x89PNG", figure.stderr
     figure = subprocess.run([*plot, "--groups", "tiny", "ner"], capture_output=True, text=True)
     assert figure.returncode == 1 and "holds no run of the groups ['ner']: its groups are ['tiny']" in figure.stderr
+
+
+def test_the_distill_benchmark_teaches_a_groups_joint_model_with_its_tasks_alone_models(tiny_trunk_dir,
+                                                                                         sentiment_files, ner_files,
+                                                                                         tmp_path):
+    """groups (MT-DNN-KD), on a group of your own, in one precision whatever the CPU: each task alone (the teachers),
+    joint and MT-DNN, and joint with every task learning from its alone model; the targets table; run again, nothing."""
+    groups = tiny_group(tiny_trunk_dir, sentiment_files, ner_files, tmp_path)
+    command = [sys.executable, str(BENCHMARKS / "distill.py"), "groups", "--groups", str(groups), "--group", "tiny",
+               "--seeds", "0", "--precision", "32-true", "--root", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [(r["way"], r.get("task"), r["precision"]) for r in ledger] == [
+        ("alone", "mood", "32-true"), ("alone", "names", "32-true"), ("joint", None, "32-true"),
+        ("mtdnn", None, "32-true"), ("joint, kd", None, "32-true")]
+    taught = ledger[-1]
+    # one task's batch a step, each through that task's teacher; the joint run's steps, the teachers' passes counted
+    assert taught["steps"] == ledger[2]["steps"] == taught["teacher_passes"] > 0
+    assert set(taught["scores"]) == {"mood", "names"}
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| tiny | joint, kd |")).split(" | ")
+    assert row[2].endswith(("(mood)", "(names)")) and row[4:6] == ["1.33x", "2.33x"] and row[6].strip(" |") == "1"
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "Resuming" not in again.stderr, again.stderr[-3000:]
+    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == len(ledger)
 
 
 def test_the_distill_summary_reads_the_multi_task_targets_paired_by_seed(capsys):
