@@ -177,6 +177,38 @@ def test_a_run_stopped_inside_a_script_prints_its_own_resume_command(sentiment_f
     assert torch.load(last(root), weights_only=True)["global_step"] == STEPS_PER_EPOCH
 
 
+def test_after_a_run_inside_a_script_its_signals_are_the_scripts_again(sentiment_files, ner_files, tmp_path):
+    """A run's SIGTERM and SIGINT handling ends with the run: a script that trained (or whose run failed) and goes on
+    stops on a SIGTERM as it did before, and a Ctrl+C raises KeyboardInterrupt. (Lightning's teardown put back the
+    handlers it found, which were the run's: the script went on, printing 'saving a checkpoint after this step'.)
+    After a run that fails, Lightning's teardown comes last and leaves the run's handler: it passes signals on."""
+    script = """if True:
+        import json, os, signal, sys
+        from trunk.cli.fit import run_cli
+        args = json.loads(sys.argv[1])
+        run_cli(args)
+        found = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        assert found == (signal.default_int_handler, signal.SIG_DFL), found
+        try:  # a run that fails while it trains (diverged, as in the test below)
+            run_cli([*args, "--model.optimizer.lr=1e4", "--model.optimizer.warmup=0",
+                     "--trainer.default_root_dir=diverged"])
+        except BaseException as failure:
+            print("failed:", type(failure).__name__, flush=True)
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print("Ctrl+C: KeyboardInterrupt", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 5) if hasattr(signal, "sigtimedwait") else __import__("time").sleep(5)
+        print("still running after SIGTERM", flush=True)
+    """
+    done = python(["-c", script, json.dumps(fit_args(tmp_path / "run", sentiment_files, ner_files, epochs=1))],
+                  tmp_path)
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["failed: TrainingDiverged", "Ctrl+C: KeyboardInterrupt"], done.stdout
+    assert "Received SIGTERM" not in done.stderr
+
+
 def test_the_resume_command_drops_the_old_ckpt_path_in_either_spelling():
     from trunk.training.fault_tolerance import without_option
 

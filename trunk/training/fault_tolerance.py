@@ -50,6 +50,18 @@ EXIT_CODES = {
 }
 
 
+def pass_on(signum: int, frame, handler) -> None:
+    """A signal to the handler it would have reached: nothing for SIG_IGN, the default action for SIG_DFL (delivered
+    again with it: SIGTERM ends the process), else the function (Python's SIGINT handler raises KeyboardInterrupt)."""
+    if handler is signal.SIG_IGN:
+        return
+    if handler in (signal.SIG_DFL, None):
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    handler(signum, frame)
+
+
 def without_option(args: list[str], option: str) -> list[str]:
     """A command line without one option, written either ``--option=value`` or ``--option value``."""
     kept, skip = [], False
@@ -137,7 +149,8 @@ class FaultTolerance(Callback):
         )
         self.skipped = 0
         self._signal: int | None = None
-        self._previous_handlers: dict = {}
+        self._outer_handlers: dict = {}  # the handlers this run's replaced, put back when a stage ends
+        self._handling = False
         self._last_save = (time.monotonic(), -1)  # (when, global step)
         self._loss: torch.Tensor | None = None
         self._task: str | None = None
@@ -187,14 +200,23 @@ class FaultTolerance(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._signal, self._last_save = None, (time.monotonic(), trainer.global_step)
-        self._restore_handlers()
         self._install_handlers()  # alone while training: Lightning's would stop the step loop on its own terms
 
     def _install_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread() and not self._previous_handlers:
-            self._previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in EXIT_CODES}
+        """This run's handler for its signals; the ones it replaces are remembered when a stage begins (where one of
+        them is this run's own, left by Lightning, the one that it had replaced)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if not self._handling:
+            self._outer_handlers = {sig: self._outer_handlers.get(sig, signal.SIG_DFL) if found == self._on_signal
+                                    else found for sig, found in ((sig, signal.getsignal(sig)) for sig in EXIT_CODES)}
+        for sig in EXIT_CODES:
+            signal.signal(sig, self._on_signal)
+        self._handling = True
 
     def _on_signal(self, signum: int, frame) -> None:
+        if not self._handling:  # the stage is over; Lightning's teardown put this handler back after the stage's own
+            return pass_on(signum, frame, self._outer_handlers.get(signum, signal.SIG_DFL))
         if self._signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl+C: stop now, saving nothing more
         self._signal = signum
@@ -202,12 +224,15 @@ class FaultTolerance(Callback):
               "(Ctrl+C again stops at once).", file=sys.stderr, flush=True)
 
     def _restore_handlers(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers = {}
+        """The handlers from before the stage. Lightning's teardown, which may come after this, puts back the ones
+        it found, this run's: they pass a signal on to these (``_on_signal``), and the next stage's end or a script's
+        next run sets them right."""
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._outer_handlers.items():
+                signal.signal(sig, handler)
+        self._handling = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_handlers()
         if self._last_save[1] != trainer.global_step:
             self.save(trainer)  # the final steps are never lost
 
