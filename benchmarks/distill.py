@@ -167,9 +167,11 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
         if args.student_trunk:
             starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
         for way, start in starts:
-            student(task, seed, way, start, root, ledger, args.student_epochs, args.precision)
-            student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs,
-                    args.precision)
+            if "alone" in args.students:
+                student(task, seed, way, start, root, ledger, args.student_epochs, args.precision)
+            if "kd" in args.students:
+                student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs,
+                        args.precision)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -323,6 +325,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="every run's precision, "
                         "and a ledger line's only if it has this one (default: the recipes' auto, which picks "
                         "bf16-mixed on a CPU with bf16 units); every line records the one it trained in")
+    parser.add_argument("--students", nargs="+", choices=["alone", "kd"], default=["alone", "kd"],
+                        help="compress: which students to train (after the teacher): without and with it; one each in "
+                        "two processes, each with a ledger of its own, trains them on two cores at once")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--student-epochs", type=int, help="the students' epochs, where not the recipe's (recorded)")
     parser.add_argument("--root", type=Path, default=Path("runs/distill"))
