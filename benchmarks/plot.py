@@ -29,6 +29,8 @@ import argparse
 import csv
 from pathlib import Path
 
+from ledger import TRUNK_VERSION, Ledger, add_version_option
+
 
 def read_markdown_table(path: Path) -> list[dict[str, str]]:
     """The rows of the first markdown table in ``path``, as dicts keyed by the header."""
@@ -136,8 +138,9 @@ def ledger_way(run: dict) -> str:
 
 def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
                     title: str = "Related tasks on one MiniLM trunk: each way against each task alone "
-                                 "(benchmarks/transfer.py)") -> None:
-    import json
+                                 "(benchmarks/transfer.py)", version: int | None = None) -> None:
+    """``version``: the Trunk version whose records are drawn (a ledger keeps every version's; a panel mixing two
+    would pair runs of different code); None: this code's."""
     import statistics
 
     import matplotlib
@@ -145,10 +148,12 @@ def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    version = version or TRUNK_VERSION
+    records = Ledger(ledger, version).records()
     held = sorted({r["group"] for r in records})
     if groups and (missing := sorted(set(groups) - set(held))):
-        raise SystemExit(f"error: {ledger} holds no run of the groups {missing}: its groups are {held}.")
+        raise SystemExit(f"error: {ledger} holds no run of Trunk version {version} of the groups {missing}: its "
+                         f"groups of that version are {held} (--trunk-version N draws another's).")
     records = [{**r, "way": ledger_way(r)} for r in records if not groups or r["group"] in groups]
     alone = {(r["group"], r["task"], r["seed"]): r["scores"][r["task"]] for r in records if r["way"] == "alone"}
     others = [r for r in records if r["way"] != "alone"]
@@ -222,12 +227,13 @@ def main() -> None:
     transfer.add_argument("output", type=Path)
     transfer.add_argument("--groups", nargs="+", help="only these groups' panels (the ledger's group names)")
     transfer.add_argument("--title", help="the figure's title (default: transfer.py's)")
+    add_version_option(transfer)
     options = parser.parse_args()
     if options.figure == "throughput":
         throughput_figure(options.table, options.output)
     elif options.figure == "transfer":
         transfer_figure(options.ledger, options.output, options.groups,
-                        **({"title": options.title} if options.title else {}))
+                        **({"title": options.title} if options.title else {}), version=options.trunk_version)
     else:
         curves_figure(options.output, options.run, options.metric, options.x, options.title)
 

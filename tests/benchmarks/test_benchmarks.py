@@ -815,7 +815,7 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     figure = subprocess.run([*plot, "--groups", "tiny"], capture_output=True, text=True)
     assert figure.returncode == 0 and (tmp_path / "distill.png").read_bytes()[:4] == b"\x89PNG", figure.stderr
     figure = subprocess.run([*plot, "--groups", "tiny", "ner"], capture_output=True, text=True)
-    assert figure.returncode == 1 and "holds no run of the groups ['ner']: its groups are ['tiny']" in figure.stderr
+    assert figure.returncode == 1 and "of the groups ['ner']: its groups of that version are ['tiny']" in figure.stderr
 
 
 def test_the_distill_benchmark_teaches_a_groups_joint_model_with_its_tasks_alone_models(tiny_trunk_dir,
@@ -841,6 +841,30 @@ def test_the_distill_benchmark_teaches_a_groups_joint_model_with_its_tasks_alone
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "Resuming" not in again.stderr, again.stderr[-3000:]
     assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == len(ledger)
+
+
+def test_the_ledger_figure_draws_one_trunk_version_the_current_by_default(tmp_path):
+    """A ledger keeps every version's runs; a figure pairs runs of one (a panel mixing two would compare runs of
+    different code): another version's group is not there by default, and is with --trunk-version."""
+    from ledger import TRUNK_VERSION
+
+    def run(group: str, way: str, seed: int, score: float, version: int) -> str:
+        return json.dumps({"group": group, "way": way, "task": "mood", "seed": seed, "scores": {"mood": score},
+                           "steps": 10, "trunk_version": version})
+
+    lines = [run("old", "alone", 1, 0.8, 1), run("old", "joint", 1, 0.9, 1),
+             run("new", "alone", 1, 0.8, TRUNK_VERSION), run("new", "joint", 1, 0.7, TRUNK_VERSION)]
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    plot = [sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "results.jsonl"),
+            str(tmp_path / "figure.png")]
+    old = subprocess.run([*plot, "--groups", "old"], capture_output=True, text=True)
+    assert old.returncode == 1 and f"no run of Trunk version {TRUNK_VERSION} of the groups ['old']: its groups of " \
+        "that version are ['new'] (--trunk-version N draws another's)" in old.stderr, old.stderr
+    for args in (["--groups", "new"], ["--groups", "old", "--trunk-version", "1"]):
+        drawn = subprocess.run([*plot, *args], capture_output=True, text=True)
+        assert drawn.returncode == 0, drawn.stderr
+        assert (tmp_path / "figure.png").read_bytes()[:4] == b"\x89PNG"
+        (tmp_path / "figure.png").unlink()
 
 
 def test_the_distill_summary_reads_the_multi_task_targets_paired_by_seed(capsys):
