@@ -185,6 +185,8 @@ def test_after_a_run_inside_a_script_its_signals_are_the_scripts_again(sentiment
     script = """if True:
         import json, os, signal, sys
         from trunk.cli.fit import run_cli
+        # as in a script started from a terminal (pytest-xdist's workers start theirs with SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         args = json.loads(sys.argv[1])
         run_cli(args)
         found = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
