@@ -208,8 +208,12 @@ class FaultTolerance(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         if not self._handling:
-            self._outer_handlers = {sig: self._outer_handlers.get(sig, signal.SIG_DFL) if found == self._on_signal
-                                    else found for sig, found in ((sig, signal.getsignal(sig)) for sig in EXIT_CODES)}
+            for sig in EXIT_CODES:
+                found = signal.getsignal(sig)
+                if found == self._on_signal:  # this run's own, left by Lightning: keep the one it had replaced
+                    self._outer_handlers.setdefault(sig, signal.SIG_DFL)
+                else:
+                    self._outer_handlers[sig] = found
         for sig in EXIT_CODES:
             signal.signal(sig, self._on_signal)
         self._handling = True
