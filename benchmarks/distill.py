@@ -21,7 +21,8 @@ Run it from the repository (the recipes read ../shared/data). The ways:
       way of their own ("student, kd, alpha 0.9, layers 0:1 1:3 2:5, hidden 1, relations 1", "student, kd,
       unlabelled wiki14k.txt"), so the ledger keeps each apart;
     - ``--student-trunk DIR`` adds ``own`` and ``own, kd``: the recipe from another trunk (as
-      ``configs/pretrain_large.yaml`` writes).
+      ``configs/pretrain_large.yaml`` writes); ``--starts own`` trains those alone, without the 3-block ones;
+      ``--student-recipe`` trains them by that trunk's own recipe of the task rather than the teacher's.
     Predict speed: inputs/s on the task's validation inputs through ``trunk.tasks.load`` (fp32, and bf16, int8 and
     int8 + bf16 on a CPU with units for them), one thread, the students and their teacher alternating in one process,
     median of ``--rounds``.
@@ -52,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import yaml  # noqa: E402
 from inference import alternate, table  # noqa: E402
-from ledger import Ledger, add_version_option, checked_version  # noqa: E402
+from ledger import Ledger, add_version_option, checked_version, way_name  # noqa: E402
 from transfer import (  # noqa: E402
     GROUPS,
     alone,
@@ -141,17 +142,19 @@ def group_of(task: str) -> str:
 
 
 def student(task: str, seed: int, way: str, options: list[str], root: Path, ledger: Ledger,
-            epochs: int | None = None, precision: str | None = None) -> dict:
+            epochs: int | None = None, precision: str | None = None, recipe: str | None = None) -> dict:
     """One student run of ``task``'s alone recipe with ``options``; ``epochs``: other than the recipe's (a shorter
-    comparison, recorded as such: ``epochs`` in its ledger line); ``precision``: other than the recipe's."""
+    comparison, recorded as such: ``epochs`` in its ledger line); ``precision``: other than the recipe's; ``recipe``:
+    another recipe of the task (the student trunk's own; recorded, and part of the run's key)."""
     group, (precision_field, precision_options, suffix) = group_of(task), other_precision(precision)
     key = {"group": group, "way": way, "task": task, "seed": seed, **({"epochs": epochs} if epochs else {}),
-           **precision_field}
+           **precision_field, "recipe": recipe}  # None: the teacher's (a key without it would find another's)
     if found := ledger.find(key):
         return found
-    cli, minutes = fit(["--config", GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
+    run_folder = folder(way + (f", {Path(recipe).stem}" if recipe else ""))
+    cli, minutes = fit(["--config", recipe or GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
                         *([f"--trainer.max_epochs={epochs}"] if epochs else []), *precision_options],
-                       root / group / folder(way) / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}{suffix}")
+                       root / group / run_folder / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}{suffix}")
     steps = cli.trainer.global_step
     return ledger.add({**key, "scores": primary_scores(cli), "steps": steps, "teacher_passes": teacher_passes(cli),
                        "minutes": minutes, "precision": cli.trainer.precision,
@@ -163,15 +166,16 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
     for seed in seeds:
         teacher = checkpoint_of(alone(group, task, seed, root, ledger, precision=args.precision))
         suffix, kd = kd_options(task, teacher, settings, args.unlabelled)
-        starts = [("student", ["--model.init_layers=every_other"])]
-        if args.student_trunk:
-            starts.append(("own", [f"--model.init_from={args.student_trunk}"]))
+        starts = [(way, start) for way, start in [("student", ["--model.init_layers=every_other"]),
+                                                  ("own", [f"--model.init_from={args.student_trunk}"])]
+                  if way in args.starts]
         for way, start in starts:
+            recipe = args.student_recipe if way == "own" else None
             if "alone" in args.students:
-                student(task, seed, way, start, root, ledger, args.student_epochs, args.precision)
+                student(task, seed, way, start, root, ledger, args.student_epochs, args.precision, recipe)
             if "kd" in args.students:
                 student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs,
-                        args.precision)
+                        args.precision, recipe)
     speed(task, seeds[0], ledger, args.rounds)
 
 
@@ -245,11 +249,6 @@ def block_pair(text: str) -> list[int]:
     return [student_block, teacher_block]
 
 
-def way_name(run: dict) -> str:
-    """A run's way, with its epochs where they are not its recipe's."""
-    return run["way"] + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else "")
-
-
 def summary(seeds: list[int], ledger: Ledger) -> None:
     """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``, both
     in points (x 100)."""
@@ -320,6 +319,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=14000, help="sentences: how many")
     parser.add_argument("--out", type=Path, help="sentences: the .txt to write")
     parser.add_argument("--student-trunk", help="a trunk directory to start the 'own' students from")
+    parser.add_argument("--student-recipe", help="the recipe the 'own' students train by, with and without the "
+                        "teacher (their trunk's own, e.g. configs/trec_finetune.yaml; init_from set to "
+                        "--student-trunk); default the teacher's recipe")
+    parser.add_argument("--starts", nargs="+", choices=["student", "own"],
+                        help="compress: which students: MiniLM's 3-block copy ('student') and/or --student-trunk's "
+                        "('own'); default both where --student-trunk is given, else the 3-block one")
     parser.add_argument("--cache", action="store_true", help="the teachers' answers kept per training row after "
                         "their first epoch (model.distill.<task>.cache): a way of its own, 'kd, cached'")
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="every run's precision, "
@@ -348,6 +353,13 @@ def main() -> None:
         parser.error(f"--unlabelled {args.unlabelled}: no such file (make one with the sentences part)")
     if args.part == "groups" and args.group not in GROUPS:
         parser.error(f"--group {args.group}: the groups are {', '.join(sorted(GROUPS))}")
+    if args.starts is None:
+        args.starts = ["student", "own"] if args.student_trunk else ["student"]
+    if args.student_recipe and not Path(args.student_recipe).is_file():
+        parser.error(f"--student-recipe {args.student_recipe}: no such file")
+    if "own" in args.starts and not args.student_trunk:
+        parser.error("--starts own: the 'own' students start from --student-trunk DIR (as configs/pretrain_large.yaml "
+                     "writes it, runs/pretrain_large/trunk)")
     ledger = Ledger(args.ledger or args.root, checked_version(parser, args.trunk_version, args.part == "summary"))
     if args.part == "compress":
         compress(args.task, args.seeds, args.root, ledger, args)

@@ -60,6 +60,13 @@ class Ledger:
         return record
 
 
+def way_name(run: dict) -> str:
+    """A record's way as tables and figures name it: with its recipe where it is not its group's (distill.py's
+    students of another trunk, by that trunk's recipe) and its epochs where they are not its recipe's."""
+    return (run["way"] + (f", {Path(run['recipe']).stem}" if run.get("recipe") else "")
+            + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else ""))
+
+
 def add_version_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trunk-version", type=int, default=TRUNK_VERSION,
                         help=f"the version of Trunk whose records the ledger is read for (default: this one's, "

@@ -29,7 +29,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from ledger import TRUNK_VERSION, Ledger, add_version_option
+from ledger import TRUNK_VERSION, Ledger, add_version_option, way_name
 
 
 def read_markdown_table(path: Path) -> list[dict[str, str]]:
@@ -131,11 +131,6 @@ WAYS = {"joint": "jointly", "mtdnn": "jointly, then alone (MT-DNN)", "sequential
 FLOOR = -8.0  # points: a bar below is cut there and labelled with its value (a failed merge would flatten the rest)
 
 
-def ledger_way(run: dict) -> str:
-    """A run's way, with its epochs where they are not its recipe's (distill.py's students of 1 epoch)."""
-    return run["way"] + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else "")
-
-
 def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
                     title: str = "Related tasks on one MiniLM trunk: each way against each task alone "
                                  "(benchmarks/transfer.py)", version: int | None = None) -> None:
@@ -154,7 +149,7 @@ def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
     if groups and (missing := sorted(set(groups) - set(held))):
         raise SystemExit(f"error: {ledger} holds no run of Trunk version {version} of the groups {missing}: its "
                          f"groups of that version are {held} (--trunk-version N draws another's).")
-    records = [{**r, "way": ledger_way(r)} for r in records if not groups or r["group"] in groups]
+    records = [{**r, "way": way_name(r)} for r in records if not groups or r["group"] in groups]
     alone = {(r["group"], r["task"], r["seed"]): r["scores"][r["task"]] for r in records if r["way"] == "alone"}
     others = [r for r in records if r["way"] != "alone"]
     if not others:

@@ -809,6 +809,23 @@ def test_the_distill_benchmark_trains_a_teacher_and_its_students_and_times_them(
     assert auto == "32-true" or (ledger[5]["way"], ledger[5]["precision"]) == ("alone", "32-true")
     assert [(r["way"], r["epochs"], r["precision"]) for r in taught] == [("student, kd, cached", 2, "32-true")]
     assert taught[0]["steps"] == 2 * ledger[2]["steps"] and taught[0]["teacher_passes"] == ledger[2]["steps"]
+    # students of another trunk ("own"), alone: by that trunk's own recipe, then by the teacher's, each a way apart
+    (tmp_path / "mood_own.yaml").write_text(yaml.safe_dump({**recipe, "model": {**recipe["model"],
+                                                                                "optimizer": {"lr": 1e-3}}}))
+    own = [*command, "--student-trunk", str(tiny_trunk_dir), "--starts", "own"]
+    for extra in (["--student-recipe", str(tmp_path / "mood_own.yaml")], []):
+        done = subprocess.run([*own, *extra], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ledger = [json.loads(line) for line in (tmp_path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [(r["way"], r["recipe"]) for r in ledger[-4:]] == [
+        ("own", str(tmp_path / "mood_own.yaml")), ("own, kd", str(tmp_path / "mood_own.yaml")), ("own", None),
+        ("own, kd", None)]
+    assert ledger[-3]["teacher_passes"] == ledger[-3]["steps"] > 0 and ledger[-4]["teacher_passes"] == 0
+    speed = {line.split(" | ")[0].strip("| ") for line in done.stdout.splitlines() if line.startswith("| own")}
+    assert speed == {"own, mood_own", "own, kd, mood_own", "own", "own, kd"}
+    refused = subprocess.run([*command, "--starts", "own"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--starts own: the 'own' students start from --student-trunk DIR" in \
+        refused.stderr
     # the figure of each student against its teacher, from the same ledger as transfer.py's; a group it lacks named
     plot = [sys.executable, str(BENCHMARKS / "plot.py"), "transfer", str(tmp_path / "runs" / "results.jsonl"),
             str(tmp_path / "distill.png"), "--title", "students"]
