@@ -151,7 +151,7 @@ def student(task: str, seed: int, way: str, options: list[str], root: Path, ledg
            **precision_field, "recipe": recipe}  # None: the teacher's (a key without it would find another's)
     if found := ledger.find(key):
         return found
-    run_folder = folder(way + (f", {Path(recipe).stem}" if recipe else ""))
+    run_folder = folder(way_name({"way": way, "recipe": recipe}))  # the epochs name the seed's folder below
     cli, minutes = fit(["--config", recipe or GROUPS[group]["alone"][task], f"--seed_everything={seed}", *options,
                         *([f"--trainer.max_epochs={epochs}"] if epochs else []), *precision_options],
                        root / group / run_folder / task / f"seed{seed}{f'_{epochs}epochs' if epochs else ''}{suffix}")
