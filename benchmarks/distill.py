@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import yaml  # noqa: E402
 from inference import alternate, table  # noqa: E402
-from ledger import Ledger, add_version_option, checked_version, way_name  # noqa: E402
+from ledger import Ledger, add_version_option, checked_version, precision_of, way_name  # noqa: E402
 from transfer import (  # noqa: E402
     GROUPS,
     alone,
@@ -163,9 +163,10 @@ def student(task: str, seed: int, way: str, options: list[str], root: Path, ledg
 
 def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> None:
     group, settings = group_of(task), kd_settings(args)
+    teachers = {}  # by seed: the alone runs the students learn from and are timed against
     for seed in seeds:
-        teacher = checkpoint_of(alone(group, task, seed, root, ledger, precision=args.precision))
-        suffix, kd = kd_options(task, teacher, settings, args.unlabelled)
+        teachers[seed] = alone(group, task, seed, root, ledger, precision=args.precision)
+        suffix, kd = kd_options(task, checkpoint_of(teachers[seed]), settings, args.unlabelled)
         starts = [(way, start) for way, start in [("student", ["--model.init_layers=every_other"]),
                                                   ("own", [f"--model.init_from={args.student_trunk}"])]
                   if way in args.starts]
@@ -176,7 +177,7 @@ def compress(task: str, seeds: list[int], root: Path, ledger: Ledger, args) -> N
             if "kd" in args.students:
                 student(task, seed, kd_way(way, settings) + suffix, [*start, *kd], root, ledger, args.student_epochs,
                         args.precision, recipe)
-    speed(task, seeds[0], ledger, args.rounds)
+    speed(task, seeds[0], precision_of(teachers[seeds[0]]), ledger, args.rounds)
 
 
 def validation_inputs(task: str) -> list:
@@ -190,16 +191,16 @@ def validation_inputs(task: str) -> list:
     return [x for loader in member.loaders("validation") for batch in loader for x in batch[key]]
 
 
-def speed(task: str, seed: int, ledger: Ledger, rounds: int) -> None:
-    """inputs/s of each model of ``task`` (seed ``seed``) in each form this CPU has units for (fp32; bf16, int8 and
-    both where native), each against the teacher's in the same form."""
+def speed(task: str, seed: int, precision: str, ledger: Ledger, rounds: int) -> None:
+    """inputs/s of each model of ``task`` (seed ``seed``, trained in ``precision``: its teacher's) in each form this
+    CPU has units for (fp32; bf16, int8 and both where native), each against the teacher's in the same form."""
     from trunk.inference.calibrate import FORMS, candidate_forms
     from trunk.tasks import load
     from trunk.training.threads import fit_threads
 
     runs = {way_name(r): r for r in ledger.records() if r.get("task") == task and r["seed"] == seed
-            and "checkpoint" in r and r["way"].split(",")[0] in ("alone", "student", "own")
-            and Path(r["checkpoint"]).is_file()}
+            and precision_of(r) == precision and "checkpoint" in r
+            and r["way"].split(",")[0] in ("alone", "student", "own") and Path(r["checkpoint"]).is_file()}
     inputs = validation_inputs(task) if "alone" in runs and len(runs) > 1 else []
     if not inputs:
         return
@@ -250,23 +251,26 @@ def block_pair(text: str) -> list[int]:
 
 
 def summary(seeds: list[int], ledger: Ledger) -> None:
-    """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone``, both
-    in points (x 100)."""
+    """Per group and task: each way's test score (mean ± sd over the seeds found) and its gain over ``alone`` of the
+    same precision, both in points (x 100); where a task has runs in more than one precision, each way is shown per
+    precision."""
     records = [r for r in ledger.records() if r["seed"] in seeds]
     for group in sorted({r["group"] for r in records}):
         rows = []
         tasks = sorted({task for r in records if r["group"] == group for task in r["scores"]})
         for task in tasks:
-            by_way: dict[str, list[float]] = {}
-            for r in records:
-                if r["group"] == group and task in r["scores"]:
-                    by_way.setdefault(way_name(r), []).append(r["scores"][task])
-            base = statistics.mean(by_way["alone"]) if "alone" in by_way else None
-            for way, values in sorted(by_way.items()):
-                gain = f"{100 * (statistics.mean(values) - base):+.2f}" if base is not None and way != "alone" else ""
-                steps = [r["steps"] for r in records
-                         if r["group"] == group and way_name(r) == way and task in r["scores"]]
-                rows.append([task, way, spread(values, len(seeds)), gain, int(statistics.mean(steps))])
+            mine = [r for r in records if r["group"] == group and task in r["scores"]]
+            by_way: dict[tuple[str, str], list[dict]] = {}
+            for r in mine:
+                by_way.setdefault((way_name(r), precision_of(r)), []).append(r)
+            mixed = len({precision for _, precision in by_way}) > 1
+            for (way, precision), runs in sorted(by_way.items()):
+                values = [r["scores"][task] for r in runs]
+                base = by_way.get(("alone", precision))
+                gain = (f"{100 * (statistics.mean(values) - statistics.mean(r['scores'][task] for r in base)):+.2f}"
+                        if base and way != "alone" else "")
+                rows.append([task, f"{way} ({precision})" if mixed else way, spread(values, len(seeds)), gain,
+                             int(statistics.mean(r["steps"] for r in runs))])
         table(f"{group}: test score by way (mean ± sd over seeds {seeds})", ["task", "way", "score", "vs alone",
                                                                            "steps"], rows)
     multi_task_targets(records)
@@ -279,16 +283,21 @@ def multi_task_targets(records: list[dict]) -> None:
     rows = []
     for group in sorted({r["group"] for r in records if "task" not in r}):
         tasks, small = list(GROUPS[group]["alone"]), GROUPS[group]["small"]
-        alone = {(r["task"], r["seed"]): r for r in records if r["group"] == group and r["way"] == "alone"}
+        alone = {(r["task"], r["seed"], precision_of(r)): r for r in records
+                 if r["group"] == group and r["way"] == "alone"}
+
+        def alone_of(task: str, run: dict) -> dict | None:  # that task alone, of the run's seed and precision
+            return alone.get((task, run["seed"], precision_of(run)))
+
         for way in sorted({r["way"] for r in records if r["group"] == group and "task" not in r}):
             runs = [r for r in records if r["group"] == group and r["way"] == way
-                    and all((task, r["seed"]) in alone for task in tasks)]
+                    and all(alone_of(task, r) for task in tasks)]
             if not runs:
                 continue
-            gains = {task: statistics.mean(100 * (r["scores"][task] - alone[task, r["seed"]]["scores"][task])
-                                           for r in runs) for task in tasks}
+            gains = {task: statistics.mean(100 * (r["scores"][task] - alone_of(task, r)["scores"][task]) for r in runs)
+                     for task in tasks}
             worst = min(gains, key=gains.get)
-            one_by_one = statistics.mean(sum(alone[task, r["seed"]]["steps"] for task in tasks) for r in runs)
+            one_by_one = statistics.mean(sum(alone_of(task, r)["steps"] for task in tasks) for r in runs)
             cost = statistics.mean(r["steps"] + r.get("teacher_passes", 0) / 3 for r in runs) / one_by_one
             taught = any(r.get("teacher_passes") for r in runs)
             rows.append([group, way, f"{gains[worst]:+.2f} ({worst})",

@@ -67,6 +67,13 @@ def way_name(run: dict) -> str:
             + (f", {run['epochs']} epoch{'s' * (run['epochs'] > 1)}" if run.get("epochs") else ""))
 
 
+def precision_of(run: dict) -> str:
+    """The precision a record trained in: runs are compared only with runs of their own (a CPU with bf16 units trains
+    the same recipe in bf16, and the scores differ). Version-2 lines written before the field was recorded trained in
+    fp32, the AVX2 machine's ``auto``."""
+    return run.get("precision") or "32-true"
+
+
 def add_version_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trunk-version", type=int, default=TRUNK_VERSION,
                         help=f"the version of Trunk whose records the ledger is read for (default: this one's, "

@@ -29,7 +29,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from ledger import TRUNK_VERSION, Ledger, add_version_option, way_name
+from ledger import TRUNK_VERSION, Ledger, add_version_option, precision_of, way_name
 
 
 def read_markdown_table(path: Path) -> list[dict[str, str]]:
@@ -150,7 +150,9 @@ def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
         raise SystemExit(f"error: {ledger} holds no run of Trunk version {version} of the groups {missing}: its "
                          f"groups of that version are {held} (--trunk-version N draws another's).")
     records = [{**r, "way": way_name(r)} for r in records if not groups or r["group"] in groups]
-    alone = {(r["group"], r["task"], r["seed"]): r["scores"][r["task"]] for r in records if r["way"] == "alone"}
+    # each run against its task alone of the same seed and precision
+    alone = {(r["group"], r["task"], r["seed"], precision_of(r)): r["scores"][r["task"]] for r in records
+             if r["way"] == "alone"}
     others = [r for r in records if r["way"] != "alone"]
     if not others:
         raise SystemExit(f"error: {ledger} holds no run to compare with alone: give the results.jsonl of "
@@ -169,9 +171,10 @@ def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
         ways = [way for way in colours if any(r["way"] == way for r in mine)]
         width = 0.8 / len(ways)
         for k, way in enumerate(ways):
-            gains = [[100 * (r["scores"][task] - alone[group, task, r["seed"]]) for r in mine
-                      if r["way"] == way and task in r["scores"] and (group, task, r["seed"]) in alone]
-                     for task in tasks]  # paired by seed
+            gains = [[100 * (r["scores"][task] - alone[paired]) for r in mine
+                      if r["way"] == way and task in r["scores"]
+                      and (paired := (group, task, r["seed"], precision_of(r))) in alone]
+                     for task in tasks]
             means = [statistics.mean(g) if g else 0.0 for g in gains]
             spreads = [statistics.stdev(g) if len(g) > 1 else 0.0 for g in gains]
             xs = [i + (k - (len(ways) - 1) / 2) * width for i in range(len(tasks))]

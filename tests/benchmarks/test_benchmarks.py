@@ -885,8 +885,9 @@ def test_the_ledger_figure_draws_one_trunk_version_the_current_by_default(tmp_pa
 
 
 def test_the_distill_summary_reads_the_multi_task_targets_paired_by_seed(capsys):
-    """Each multi-task way against each task alone of the same seed: its worst task, its small tasks' mean gain, its
-    compute in steps of the tasks one by one (a teacher pass a third of a step; then with the teachers' training)."""
+    """Each multi-task way against each task alone of the same seed and precision: its worst task, its small tasks'
+    mean gain, its compute in steps of the tasks one by one (a teacher pass a third of a step; then with the
+    teachers' training)."""
     from distill import multi_task_targets
 
     def run(way, seed, sick, entailment, steps, **more):
@@ -896,12 +897,36 @@ def test_the_distill_summary_reads_the_multi_task_targets_paired_by_seed(capsys)
     alone = [{"group": "sick", "way": "alone", "task": task, "seed": seed, "scores": {task: score}, "steps": 800}
              for seed, scores in ((1, {"sick": 0.88, "entailment": 0.86}), (2, {"sick": 0.90, "entailment": 0.84}))
              for task, score in scores.items()]
+    # seed 1's tasks alone again in bf16, after the fp32 ones: the fp32 multi-task runs are not read against them
+    alone += [{**r, "scores": {r["task"]: 0.5}, "precision": "bf16-mixed"} for r in alone if r["seed"] == 1]
     multi_task_targets([*alone, run("joint, kd", 1, 0.879, 0.87, 1600, teacher_passes=1600),
                         run("joint, kd", 2, 0.899, 0.86, 1600, teacher_passes=1600),
                         run("joint", 1, 0.87, 0.86, 1600), run("joint", 3, 0.99, 0.99, 1600)])  # seed 3: no alone
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| sick")]
     assert rows == ["| sick | joint | -1.00 (sick) | +0.00 | 1.00x |  | 1 |",
                     "| sick | joint, kd | -0.10 (sick) | +1.50 | 1.33x | 2.33x | 2 |"]
+
+
+def test_the_distill_summary_compares_each_way_with_its_teacher_of_the_same_precision(tmp_path, capsys):
+    """A task trained in two precisions (the recipes' ``auto`` differs by CPU): each way shown per precision and read
+    against the teacher of its own; a line without the field is fp32 (written before it was recorded)."""
+    from distill import summary
+    from ledger import TRUNK_VERSION, Ledger
+
+    def run(way, seed, score, precision=None):
+        return {"group": "sentiment", "way": way, "task": "sst2", "seed": seed, "scores": {"sst2": score},
+                "steps": 10, **({"precision": precision} if precision else {}), "trunk_version": TRUNK_VERSION}
+
+    ledger = tmp_path / "distill.jsonl"
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in [
+        run("alone", 1, 0.90), run("alone", 2, 0.92, "32-true"), run("student", 1, 0.89), run("student", 2, 0.89),
+        run("alone", 1, 0.80, "bf16-mixed"), run("own", 1, 0.75, "bf16-mixed")]))
+    summary([1, 2], Ledger(ledger, TRUNK_VERSION))
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| sst2")]
+    assert rows == ["| sst2 | alone (32-true) | 91.00 ± 1.41 |  | 10 |",
+                    "| sst2 | alone (bf16-mixed) | 80.00 (n=1) |  | 10 |",
+                    "| sst2 | own (bf16-mixed) | 75.00 (n=1) | -5.00 | 10 |",
+                    "| sst2 | student (32-true) | 89.00 ± 0.00 | -2.00 | 10 |"]
 
 
 def test_the_distill_benchmark_makes_unlabelled_sentences_from_a_prose_corpus(tmp_path):
