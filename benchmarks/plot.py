@@ -163,8 +163,9 @@ def transfer_figure(ledger: Path, output: Path, groups: list[str] | None = None,
     found = list(dict.fromkeys(r["way"] for r in others))
     labels = {**WAYS, **{way: way for way in found if way not in WAYS}}
     palette = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd", "#c44e52",
-               "#8c8c8c", "#1b9e77", "#e7298a"]  # twelve ways before a colour repeats
-    colours = dict(zip([*WAYS, *sorted(set(found) - set(WAYS))], palette * 3))
+               "#8c8c8c", "#1b9e77", "#e7298a", "#66a61e", "#e6ab02", "#404040", "#a6761d"]  # 16 before one repeats
+    # colours for the ways drawn only: WAYS' own first, in its order
+    colours = dict(zip([*(way for way in WAYS if way in found), *sorted(set(found) - set(WAYS))], palette * 3))
     for ax, group in zip(axes[0], panels):
         mine = [r for r in others if r["group"] == group]
         tasks = list(dict.fromkeys(task for r in mine for task in r["scores"]))
