@@ -169,9 +169,15 @@ def workers(trials: int, rounds: int, epochs: int, root: Path, ledger: Ledger) -
           f"{trials_speedup:.2f}x (the rest: start-up, the recipe's check, the summary, once per study)")
 
 
-def paired_gain(tuned: list[float], shipped: list[float]) -> list[float]:
-    """Tuned minus shipped, seed by seed (the reruns' order); none until both have every seed."""
-    return [t - s for t, s in zip(tuned, shipped)] if len(tuned) == len(shipped) else []
+def test_scores(records: list[dict], task: str, recipe: str, seeds: list[int]) -> dict[int, float]:
+    """A recipe's reruns of ``task``: test score by seed (the seeds run in any order, by several processes)."""
+    return {r["seed"]: r["test"] for r in records
+            if r["task"] == task and r["step"] == "rerun" and r["recipe"] == recipe and r["seed"] in seeds}
+
+
+def paired_gain(tuned: dict[int, float], shipped: dict[int, float]) -> list[float]:
+    """Tuned minus shipped, paired by seed; none until both have the same seeds."""
+    return [tuned[seed] - shipped[seed] for seed in sorted(tuned)] if tuned.keys() == shipped.keys() else []
 
 
 def summary(ledger: Ledger, seeds: list[int]) -> None:
@@ -180,8 +186,7 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
           "best dev, pruned / unpruned | steps, pruned / unpruned |")
     print("|---|---|---|---|---|---|---|")
     for task in TASKS:
-        runs = {w: [r["test"] for r in records if r["task"] == task and r["step"] == "rerun" and r["recipe"] == w]
-                for w in ("shipped", "tuned")}
+        runs = {w: test_scores(records, task, w, seeds) for w in ("shipped", "tuned")}
         searches = {r["pruner"]: r for r in records
                     if r["task"] == task and r["step"] == "search" and r.get("trial_seeds", 1) == 1}
         if not searches and not any(runs.values()):
@@ -194,19 +199,21 @@ def summary(ledger: Ledger, seeds: list[int]) -> None:
         steps = " / ".join(str(s["steps"]) if s else "–" for s in (pruned, unpruned))
         if pruned and unpruned:
             steps += f" ({1 - pruned['steps'] / unpruned['steps']:.0%} saved)"
-        print(f"| {task} | {spread(runs['shipped'], len(seeds))} | {spread(runs['tuned'], len(seeds))} | "
+        print(f"| {task} | {spread(list(runs['shipped'].values()), len(seeds))} | "
+              f"{spread(list(runs['tuned'].values()), len(seeds))} | "
               f"{spread(gain, len(seeds), signed=True)} | {about} | {dev} | {steps} |")
     for task in TASKS:
-        unpruned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "tuned unpruned"]
+        unpruned = test_scores(records, task, "tuned unpruned", seeds)
         if unpruned:
-            print(f"{task}: the unpruned search's best recipe, test: {spread(unpruned, len(seeds))}")
-        shipped = [r["test"] for r in records if r["task"] == task and r.get("recipe") == "shipped"]
+            print(f"{task}: the unpruned search's best recipe, test: {spread(list(unpruned.values()), len(seeds))}")
+        shipped = test_scores(records, task, "shipped", seeds)
         for found in [r for r in records if r["task"] == task and r["step"] == "search" and "trial_seeds" in r]:
-            tuned = [r["test"] for r in records if r["task"] == task and r.get("recipe") == tuned_name(found)]
+            tuned = test_scores(records, task, tuned_name(found), seeds)
             gain = paired_gain(tuned, shipped)
             print(f"{task}: the {found['pruner']} search scoring each trial by {found['trial_seeds']} seeds' mean "
                   f"(best dev {found['best_dev']:.4f}, {found['steps']} steps, {found['minutes']:.0f} min): its best "
-                  f"recipe, test: {spread(tuned, len(seeds))}, gain {spread(gain, len(seeds), signed=True)}")
+                  f"recipe, test: {spread(list(tuned.values()), len(seeds))}, "
+                  f"gain {spread(gain, len(seeds), signed=True)}")
     for record in [r for r in records if r["step"] == "replay"]:
         best = "its best trial stopped" if record["best_trial_stopped"] else "its best trial kept"
         print(f"{record['task']}: {record['pruner']} pruning replayed over the unpruned search's {record['trials']} "
@@ -231,6 +238,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8, help="workers: each trial's epochs (the recipe's 8: a trial "
                         "of about 20 s on one core, whose start-up, a few seconds per worker, then counts little)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--reruns", nargs="+", choices=["tuned", "shipped"], default=["tuned", "shipped"],
+                        help="which recipes the seeds train (one of them: two processes can share the reruns)")
     parser.add_argument("--unpruned", action="store_true", help="also the same search with --pruner none")
     parser.add_argument("--trial-seeds", type=int, default=1, help="runs per trial, the trial's score their mean "
                         "(trunk tune --seeds): a search of its own, its best recipe rerun as 'tuned_seedsN'")
@@ -254,8 +263,10 @@ def main() -> None:
     args.trials = args.trials or 16
     found = search(args.task, "median", args.trials, root, ledger, args.trial_seeds)
     for seed in args.seeds:
-        rerun(args.task, tuned_name(found), found["best_recipe"], seed, root, ledger)
-        rerun(args.task, "shipped", TASKS[args.task][0], seed, root, ledger)
+        if "tuned" in args.reruns:
+            rerun(args.task, tuned_name(found), found["best_recipe"], seed, root, ledger)
+        if "shipped" in args.reruns:
+            rerun(args.task, "shipped", TASKS[args.task][0], seed, root, ledger)
     if args.unpruned:  # its best recipe over the same seeds too: did pruning cost the result on the test split?
         unpruned = search(args.task, "none", args.trials, root, ledger)
         for seed in args.seeds:

@@ -999,6 +999,27 @@ def test_the_tune_benchmark_searches_then_reruns_both_recipes_over_seeds_and_res
     assert next(line for line in seeded.stdout.splitlines() if line.startswith("| mood |")) == row  # the main row
 
 
+def test_the_tune_summary_pairs_the_reruns_by_seed_whatever_order_they_ran_in(tmp_path, capsys):
+    """Reruns shared between processes land in any order (tuned seed 3 before seed 2): the gain is still tuned minus
+    shipped of the same seed, and none is shown while a seed has only one side."""
+    from ledger import Ledger
+    from tune import summary
+
+    ledger = tmp_path / "tune.jsonl"
+    runs = [("shipped", 1, 0.90), ("shipped", 2, 0.80), ("tuned", 1, 0.91), ("tuned", 3, 0.95), ("tuned", 2, 0.83),
+            ("shipped", 3, 0.90)]
+    lines = [{"task": "sst2", "step": "rerun", "recipe": recipe, "seed": seed, "test": test, "cpu": "cpu"}
+             for recipe, seed, test in runs]
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines[:-1]))
+    summary(Ledger(ledger), [1, 2, 3])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| sst2 |"))
+    assert row.split("|")[4].strip() == "–"  # seed 3's shipped run still to come
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary(Ledger(ledger), [1, 2, 3])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| sst2 |"))
+    assert row.split("|")[4].strip() == "+3.00 ± 2.00"  # +1, +3, +5 by seed
+
+
 def test_the_pruner_replayed_over_unpruned_trials_counts_the_steps_it_saves():
     """``benchmarks/tune.py``'s replay: the tune's median pruner over recorded trials, in their order; a trial far
     behind the first four at its first validation is stopped there, its later steps saved, and where it is the one
